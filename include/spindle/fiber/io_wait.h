@@ -1,0 +1,20 @@
+#pragma once
+/// Waiting for a registered descriptor to become ready: the bridge from the Reactor to fibers.
+
+#include <system_error>
+
+#include "spindle/io/deadline.h"
+#include "spindle/io/reactor.h"
+
+namespace spindle {
+
+/// Which readiness to wait for.
+enum class IoDirection { kRead, kWrite };
+
+/// Parks the calling fiber until `slot` reports readiness in `direction` (or error/hang-up),
+/// `deadline` passes (std::errc::timed_out) or the fiber is asked to stop
+/// (std::errc::operation_canceled). One waiter per direction. Call only after the syscall said
+/// EAGAIN: readiness is edge-triggered. Outside a fiber: std::errc::operation_not_permitted.
+[[nodiscard]] std::error_code wait_ready(IoSlot& slot, IoDirection direction, Deadline deadline);
+
+}  // namespace spindle

@@ -1,0 +1,59 @@
+#pragma once
+/// StackPool: the per-worker "coroutine pool" of fiber stacks.
+///
+/// Each stack is an mmap'd region with a PROT_NONE guard page below it, so an overflow faults
+/// instead of corrupting a neighbour. Freed stacks of the pool's size are kept for reuse, so a
+/// spawn on a warm pool costs no syscall. Not thread-safe: one pool per worker.
+
+#include <cstddef>
+#include <vector>
+
+namespace spindle {
+
+/// One fiber stack: [base, base + size) is usable; the guard page lies just below base.
+struct Stack {
+  /// Lowest usable address.
+  void* base = nullptr;
+  /// Usable bytes.
+  std::size_t size = 0;
+
+  /// The highest address (where a downward-growing stack starts).
+  void* top() const { return static_cast<char*>(base) + size; }
+};
+
+/// A cache of guarded stacks of one size.
+class StackPool {
+ public:
+  /// The default usable stack size.
+  static constexpr std::size_t kDefaultStackSize = 64 * 1024;
+
+  /// A pool of `stack_size`-byte stacks (rounded up to pages) keeping at most `max_cached`.
+  explicit StackPool(std::size_t stack_size = kDefaultStackSize, std::size_t max_cached = 1024);
+  ~StackPool();
+  StackPool(const StackPool&) = delete;
+  StackPool& operator=(const StackPool&) = delete;
+
+  /// A stack of at least `size` bytes (0: the pool's size). Throws std::bad_alloc when the
+  /// kernel refuses the mapping (see vm.max_map_count: each stack needs two mappings).
+  Stack allocate(std::size_t size = 0);
+  /// Returns a stack; kept for reuse if it has the pool's size and the cache has room.
+  void deallocate(Stack stack);
+
+  /// Usable size of the pool's stacks.
+  std::size_t stack_size() const { return stack_size_; }
+  /// Stacks waiting for reuse.
+  std::size_t cached() const { return free_.size(); }
+
+  /// Size of the guard page(s) below each stack.
+  static std::size_t guard_size();
+
+ private:
+  /// Usable bytes of each pooled stack, page-aligned.
+  std::size_t stack_size_;
+  /// Most stacks kept for reuse.
+  std::size_t max_cached_;
+  /// Stacks ready for reuse (LIFO: the most recently used is warmest in cache).
+  std::vector<Stack> free_;
+};
+
+}  // namespace spindle

@@ -1,0 +1,145 @@
+#pragma once
+/// Worker: one OS thread with its own Scheduler, Reactor, timers and stack pool. Fibers never
+/// leave the worker that started them, so nothing on the hot path takes a lock.
+
+#include <sys/epoll.h>
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "spindle/fiber/fiber.h"
+#include "spindle/fiber/scheduler.h"
+#include "spindle/fiber/spin_lock.h"
+#include "spindle/fiber/stack_pool.h"
+#include "spindle/io/reactor.h"
+#include "spindle/io/timer_queue.h"
+
+namespace spindle {
+
+class Runtime;
+struct RuntimeOptions;
+
+/// A task posted to a worker from any thread.
+using Task = std::move_only_function<void()>;
+
+/// One event-loop thread of a Runtime.
+class Worker {
+ public:
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+  ~Worker();
+
+  /// The worker whose thread is calling, or nullptr on any other thread. This is spindle's
+  /// only thread_local.
+  static Worker* current();
+
+  /// Position in the runtime, 0-based.
+  std::size_t index() const { return index_; }
+  /// The runtime that owns this worker.
+  Runtime& runtime() const { return *runtime_; }
+
+  /// Runs `task` on this worker's thread soon (outside any fiber; it must not block). Safe from
+  /// any thread: an MPSC inbox plus an eventfd wake-up.
+  void post(Task task);
+
+  /// Makes `fiber` (owned by this worker) runnable, starting it if new. From the owner thread
+  /// it goes straight onto the run queue; from another thread through the inbox.
+  void schedule(Fiber* fiber);
+
+  /// The scheduler (owner thread only).
+  Scheduler& scheduler() { return scheduler_; }
+  /// The reactor (owner thread only).
+  Reactor& reactor() { return reactor_; }
+  /// The timers (owner thread only).
+  TimerQueue& timers() { return timers_; }
+  /// The stack pool (owner thread only).
+  StackPool& stacks() { return stacks_; }
+  /// Fibers started on this worker and not yet finished (owner thread only).
+  std::size_t live_fibers() const { return live_count_; }
+  /// A fresh fiber id (owner thread or before start).
+  FiberId next_fiber_id() {
+    return (FiberId{index_} << 48) | (fiber_seq_.fetch_add(1, std::memory_order_relaxed) + 1);
+  }
+
+ private:
+  friend class Runtime;
+
+  Worker(Runtime& runtime, std::size_t index, const RuntimeOptions& options);
+
+  /// Starts the thread.
+  void start();
+  /// Asks the loop to cancel every fiber and exit once none is left. Any thread.
+  void request_stop();
+  /// Waits for the thread to exit.
+  void join();
+
+  /// The thread's body.
+  void loop();
+  /// Runs posted tasks and makes remotely woken fibers runnable.
+  void drain_inbox();
+  /// Runs the fibers that are runnable now (not those they make runnable).
+  void run_ready();
+  /// Fires due timers.
+  void fire_timers(Clock::time_point now);
+  /// Waits for I/O (or for `timeout`) and wakes the parked fibers.
+  void poll(std::chrono::milliseconds timeout);
+  /// How long poll() may sleep.
+  std::chrono::milliseconds poll_timeout(Clock::time_point now) const;
+  /// Creates the fiber's context and queues it (owner thread).
+  void start_fiber(Fiber* fiber);
+  /// Unlinks a finished fiber and drops the worker's reference.
+  void retire_fiber(Fiber* fiber);
+  /// Cancels every live fiber (owner thread).
+  void cancel_all();
+  /// A fiber that could not get a stack: it finishes with the error instead of running.
+  void fail_start(Fiber* fiber, std::exception_ptr error);
+  /// Wakes the waiter parked in `slot` (reader or writer), if any.
+  static void wake_io(Waiter*& parked);
+
+  /// The owning runtime.
+  Runtime* runtime_;
+  /// Position in the runtime.
+  std::size_t index_;
+  /// The OS thread.
+  std::thread thread_;
+  /// Run queue and switching.
+  Scheduler scheduler_;
+  /// epoll + eventfd.
+  Reactor reactor_;
+  /// Pending timers.
+  TimerQueue timers_;
+  /// Fiber stacks for this worker.
+  StackPool stacks_;
+
+  /// Guards the inbox.
+  SpinLock inbox_lock_;
+  /// Posted tasks.
+  std::vector<Task> inbox_tasks_;
+  /// Remotely woken or remotely spawned fibers (intrusive list via next_ready_).
+  Fiber* inbox_fibers_head_ = nullptr;
+  Fiber* inbox_fibers_tail_ = nullptr;
+  /// True while the inbox may be non-empty (lets the loop skip the lock when idle).
+  std::atomic<bool> inbox_nonempty_{false};
+  /// Scratch vector the inbox tasks are swapped into.
+  std::vector<Task> running_tasks_;
+
+  /// Head of the intrusive list of live fibers.
+  Fiber* live_head_ = nullptr;
+  /// Number of live fibers.
+  std::size_t live_count_ = 0;
+  /// Counter behind next_fiber_id() (atomic: a fiber may be created on another thread).
+  std::atomic<FiberId> fiber_seq_{0};
+  /// Set by request_stop(); the loop exits when no fiber is left.
+  std::atomic<bool> stop_requested_{false};
+  /// True once the loop has cancelled all fibers for the stop.
+  bool stopping_ = false;
+  /// When stopping began, to report fibers that ignore cancellation.
+  Clock::time_point stop_started_{};
+  /// True once the slow-stop warning was logged.
+  bool stop_warned_ = false;
+};
+
+}  // namespace spindle

@@ -1,0 +1,107 @@
+#pragma once
+/// Reactor: one edge-triggered epoll instance per worker, plus an eventfd to wake it from other
+/// threads.
+///
+/// It is a mechanism only: it tells its owner which registered descriptors became ready and
+/// knows nothing of fibers. An fd is registered once, for reading and writing, for its lifetime
+/// (EPOLLET), so readiness costs no epoll_ctl per wait. Not thread-safe except wake().
+
+#include <sys/epoll.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "spindle/base/error.h"
+#include "spindle/io/unique_fd.h"
+
+namespace spindle {
+
+class Waiter;
+
+/// Per-descriptor state of one registration. Slots are pooled and reused; a generation
+/// number discards events that were queued for a slot's previous owner.
+struct IoSlot {
+  /// The registered descriptor (not owned).
+  int fd = -1;
+  /// Incremented on every release; part of the epoll cookie.
+  std::uint32_t generation = 0;
+  /// Index in the reactor's slot table.
+  std::uint32_t index = 0;
+  /// Who is parked waiting for readability (owned by the fiber layer), or nullptr.
+  Waiter* reader = nullptr;
+  /// Who is parked waiting for writability, or nullptr.
+  Waiter* writer = nullptr;
+};
+
+/// The edge-triggered epoll loop of one worker.
+class Reactor {
+ public:
+  /// Creates the epoll instance and the wake-up eventfd. Throws std::system_error on failure.
+  Reactor();
+  Reactor(const Reactor&) = delete;
+  Reactor& operator=(const Reactor&) = delete;
+
+  /// Registers `fd` (non-blocking) for EPOLLIN|EPOLLOUT|EPOLLRDHUP, edge-triggered.
+  /// Returns the slot, or the epoll_ctl error.
+  [[nodiscard]] Result<IoSlot*> add(int fd);
+
+  /// Releases a slot before its descriptor is closed. Costs no syscall: closing the descriptor
+  /// removes it from epoll, and the generation check drops events already queued for it.
+  void release(IoSlot* slot);
+
+  /// Waits up to `timeout` (negative: forever, zero: poll) and calls `on_ready(slot, events)`
+  /// for each ready registration. Returns the number of events, or the epoll error.
+  template <typename OnReady>
+  Result<int> poll(std::chrono::milliseconds timeout, OnReady&& on_ready);
+
+  /// Makes a blocked or future poll() return promptly. Safe from any thread.
+  void wake();
+
+  /// Number of slots in use.
+  std::size_t registered() const { return slots_.size() - free_.size(); }
+
+ private:
+  static constexpr int kMaxEvents = 256;
+  /// Cookie of the wake-up eventfd (no slot has this index).
+  static constexpr std::uint64_t kWakeCookie = UINT64_MAX;
+
+  /// Maps an event cookie to its slot, or nullptr if it is stale or the wake-up fd.
+  IoSlot* slot_for(std::uint64_t cookie);
+  /// Reads the eventfd so that the next wake() produces a new edge.
+  void drain_wake();
+
+  /// The epoll instance.
+  UniqueFd epoll_;
+  /// Written by wake() to interrupt epoll_wait.
+  UniqueFd wake_fd_;
+  /// True while a wake-up is written and not yet drained: later wake() calls skip the write.
+  std::atomic<bool> wake_pending_{false};
+  /// Slot table; a deque so that slot addresses stay stable as it grows.
+  std::deque<IoSlot> slots_;
+  /// Indexes of free slots.
+  std::vector<std::uint32_t> free_;
+  /// Buffer for epoll_wait.
+  epoll_event events_[kMaxEvents];
+};
+
+template <typename OnReady>
+Result<int> Reactor::poll(std::chrono::milliseconds timeout, OnReady&& on_ready) {
+  int n = ::epoll_wait(epoll_.get(), events_, kMaxEvents, static_cast<int>(timeout.count()));
+  if (n < 0) {
+    if (errno == EINTR) return 0;
+    return fail_errno();
+  }
+  for (int i = 0; i < n; ++i) {
+    if (events_[i].data.u64 == kWakeCookie) {
+      drain_wake();
+      continue;
+    }
+    if (IoSlot* slot = slot_for(events_[i].data.u64)) on_ready(*slot, events_[i].events);
+  }
+  return n;
+}
+
+}  // namespace spindle

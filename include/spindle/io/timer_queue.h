@@ -1,0 +1,65 @@
+#pragma once
+/// TimerQueue: the per-worker set of pending timers, a binary min-heap of intrusive nodes.
+///
+/// push and erase are O(log n); the earliest timer is O(1). Not thread-safe: a queue belongs to
+/// one worker, and only that worker's thread touches it.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "spindle/io/deadline.h"
+
+namespace spindle {
+
+class Waiter;
+
+/// One pending timer. The owner embeds it (no allocation) and must erase it before destroying it.
+struct Timer {
+  /// Position in the heap, or kNotQueued.
+  static constexpr std::size_t kNotQueued = SIZE_MAX;
+
+  /// When the timer fires.
+  Clock::time_point when{};
+  /// Tie-breaker so equal deadlines fire in insertion order.
+  std::uint64_t seq = 0;
+  /// Heap position (maintained by TimerQueue).
+  std::size_t index = kNotQueued;
+  /// Whom the timer wakes when it fires (the fiber layer's waiter).
+  Waiter* waiter = nullptr;
+
+  /// True while the timer is in a queue.
+  bool queued() const { return index != kNotQueued; }
+};
+
+/// A min-heap of Timer pointers ordered by (when, seq).
+class TimerQueue {
+ public:
+  /// Adds `t` (which must not be queued). O(log n).
+  void push(Timer* t);
+  /// Removes `t` if it is queued. O(log n).
+  void erase(Timer* t);
+  /// The earliest timer, or nullptr if empty.
+  Timer* top() const { return heap_.empty() ? nullptr : heap_.front(); }
+  /// Removes and returns the earliest timer if it is due at `now`, else nullptr.
+  Timer* pop_due(Clock::time_point now);
+  /// Number of queued timers.
+  std::size_t size() const { return heap_.size(); }
+  /// True if no timer is queued.
+  bool empty() const { return heap_.empty(); }
+
+ private:
+  static bool earlier(const Timer* a, const Timer* b) {
+    return a->when < b->when || (a->when == b->when && a->seq < b->seq);
+  }
+  void place(std::size_t i, Timer* t);
+  void sift_up(std::size_t i);
+  void sift_down(std::size_t i);
+
+  /// The heap; heap_[i]->index == i for every element.
+  std::vector<Timer*> heap_;
+  /// Next insertion sequence number.
+  std::uint64_t next_seq_ = 0;
+};
+
+}  // namespace spindle

@@ -1,0 +1,37 @@
+#pragma once
+/// Event: a manual-reset flag that fibers and threads can wait for.
+
+#include <system_error>
+
+#include "spindle/fiber/spin_lock.h"
+#include "spindle/io/deadline.h"
+#include "spindle/sync/wait_list.h"
+
+namespace spindle {
+
+/// Once set, every wait returns at once until reset().
+class Event {
+ public:
+  Event() = default;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+
+  /// Sets the flag and wakes every waiter. Safe from any thread, fiber or not.
+  void set();
+  /// Clears the flag.
+  void reset();
+  /// True if set.
+  bool is_set();
+  /// Waits until set. Returns {}, std::errc::timed_out or std::errc::operation_canceled.
+  [[nodiscard]] std::error_code wait(Deadline deadline = Deadline::never());
+
+ private:
+  /// Guards set_ and waiters_.
+  SpinLock lock_;
+  /// The flag.
+  bool set_ = false;
+  /// Who waits for it.
+  WaitList waiters_;
+};
+
+}  // namespace spindle

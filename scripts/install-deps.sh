@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs the Debian packages spindle needs to build, test or benchmark.
+# Usage: scripts/install-deps.sh [build|test|bench]...  (default: build)
+# A no-op when everything is present; needs root (or sudo) otherwise.
+set -euo pipefail
+
+build_pkgs=(build-essential cmake ninja-build pkg-config
+  libboost-context-dev libfmt-dev libc-ares-dev)
+test_pkgs=(googletest libgtest-dev libgmock-dev python3 python3-pytest
+  clang-format clang libclang-rt-14-dev)
+bench_pkgs=(libbenchmark-dev python3-matplotlib)
+
+want=("${build_pkgs[@]}")
+for set in "$@"; do
+  case "$set" in
+    build) ;;
+    test) want+=("${test_pkgs[@]}") ;;
+    bench) want+=("${test_pkgs[@]}" "${bench_pkgs[@]}") ;;
+    *) echo "install-deps: unknown set '$set' (build|test|bench)" >&2; exit 2 ;;
+  esac
+done
+
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root to apt-get install ${missing[*]}" >&2; exit 1; }
+  sudo=sudo
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

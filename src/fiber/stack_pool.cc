@@ -1,0 +1,67 @@
+#include "spindle/fiber/stack_pool.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <new>
+
+namespace spindle {
+namespace {
+
+std::size_t page_size() {
+  static const std::size_t size = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  return size;
+}
+
+std::size_t round_to_pages(std::size_t n) {
+  std::size_t page = page_size();
+  return (n + page - 1) / page * page;
+}
+
+Stack map_stack(std::size_t size) {
+  const std::size_t guard = StackPool::guard_size();
+  void* region = ::mmap(nullptr, size + guard, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+  if (region == MAP_FAILED) throw std::bad_alloc();
+  if (::mprotect(region, guard, PROT_NONE) != 0) {
+    ::munmap(region, size + guard);
+    throw std::bad_alloc();
+  }
+  return Stack{static_cast<char*>(region) + guard, size};
+}
+
+void unmap_stack(Stack stack) {
+  const std::size_t guard = StackPool::guard_size();
+  ::munmap(static_cast<char*>(stack.base) - guard, stack.size + guard);
+}
+
+}  // namespace
+
+std::size_t StackPool::guard_size() { return page_size(); }
+
+StackPool::StackPool(std::size_t stack_size, std::size_t max_cached)
+    : stack_size_(round_to_pages(stack_size)), max_cached_(max_cached) {}
+
+StackPool::~StackPool() {
+  for (Stack s : free_) unmap_stack(s);
+}
+
+Stack StackPool::allocate(std::size_t size) {
+  size = size == 0 ? stack_size_ : round_to_pages(size);
+  if (size == stack_size_ && !free_.empty()) {
+    Stack s = free_.back();
+    free_.pop_back();
+    return s;
+  }
+  return map_stack(size);
+}
+
+void StackPool::deallocate(Stack stack) {
+  if (stack.size == stack_size_ && free_.size() < max_cached_) {
+    free_.push_back(stack);
+  } else {
+    unmap_stack(stack);
+  }
+}
+
+}  // namespace spindle

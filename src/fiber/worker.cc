@@ -1,0 +1,256 @@
+#include "spindle/fiber/worker.h"
+
+#include <boost/context/stack_context.hpp>
+
+#include <cassert>
+
+#include "sanitizer.h"
+#include "spindle/base/log.h"
+#include "spindle/fiber/runtime.h"
+#include "spindle/fiber/waiter.h"
+#include "stack_overflow.h"
+
+namespace spindle {
+namespace {
+
+thread_local Worker* t_current_worker = nullptr;
+
+// Boost.Context's StackAllocator concept over a worker's StackPool; records the stack in the
+// fiber so that overflow reports and sanitizers know its bounds.
+class PooledStackAllocator {
+ public:
+  PooledStackAllocator(StackPool& pool, Stack& record, std::size_t size)
+      : pool_(&pool), record_(&record), size_(size) {}
+
+  boost::context::stack_context allocate() {
+    Stack stack = pool_->allocate(size_);
+    *record_ = stack;
+    boost::context::stack_context context;
+    context.size = stack.size;
+    context.sp = stack.top();
+    return context;
+  }
+
+  void deallocate(boost::context::stack_context& context) {
+    pool_->deallocate(Stack{static_cast<char*>(context.sp) - context.size, context.size});
+  }
+
+ private:
+  StackPool* pool_;
+  Stack* record_;
+  std::size_t size_;
+};
+
+}  // namespace
+
+Worker* Worker::current() { return t_current_worker; }
+
+Worker::Worker(Runtime& runtime, std::size_t index, const RuntimeOptions& options)
+    : runtime_(&runtime), index_(index), stacks_(options.stack_size, options.stack_cache) {}
+
+Worker::~Worker() {
+  assert(!thread_.joinable());
+  // Fibers spawned onto a worker that never ran them: drop the worker's references.
+  for (Fiber* f = inbox_fibers_head_; f;) {
+    Fiber* next = f->next_ready_;
+    if (!f->started_) f->release();
+    f = next;
+  }
+}
+
+void Worker::start() {
+  thread_ = std::thread([this] { loop(); });
+}
+
+void Worker::request_stop() {
+  stop_requested_.store(true, std::memory_order_release);
+  reactor_.wake();
+}
+
+void Worker::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void Worker::post(Task task) {
+  inbox_lock_.lock();
+  inbox_tasks_.push_back(std::move(task));
+  inbox_nonempty_.store(true, std::memory_order_release);
+  inbox_lock_.unlock();
+  reactor_.wake();
+}
+
+void Worker::schedule(Fiber* fiber) {
+  if (t_current_worker == this) {
+    if (fiber->started_) {
+      scheduler_.push(fiber);
+    } else {
+      start_fiber(fiber);
+    }
+    return;
+  }
+  inbox_lock_.lock();
+  fiber->next_ready_ = nullptr;
+  if (inbox_fibers_tail_) {
+    inbox_fibers_tail_->next_ready_ = fiber;
+  } else {
+    inbox_fibers_head_ = fiber;
+  }
+  inbox_fibers_tail_ = fiber;
+  inbox_nonempty_.store(true, std::memory_order_release);
+  inbox_lock_.unlock();
+  reactor_.wake();
+}
+
+void Worker::start_fiber(Fiber* fiber) {
+  fiber->started_ = true;
+  if (stopping_) fiber->stop_.store(true, std::memory_order_release);
+  std::size_t size = fiber->stack_size_;
+  try {
+    fiber->context_ = boost::context::fiber(
+        std::allocator_arg, PooledStackAllocator(stacks_, fiber->stack_, size),
+        [fiber](boost::context::fiber&& caller) {
+          fiber->caller_ = std::move(caller);
+          Scheduler& scheduler = fiber->worker_->scheduler_;
+          scheduler.on_fiber_entry(fiber);
+          fiber->main();
+          scheduler.on_fiber_exit(fiber);
+          return std::move(fiber->caller_);
+        });
+  } catch (...) {
+    // The spawner learns of it from join(), wherever it spawned from.
+    fail_start(fiber, std::current_exception());
+    return;
+  }
+  fiber->tsan_fiber_ = sanitizer::tsan_create();
+  fiber->next_live_ = live_head_;
+  if (live_head_) live_head_->prev_live_ = fiber;
+  live_head_ = fiber;
+  ++live_count_;
+  scheduler_.push(fiber);
+}
+
+void Worker::fail_start(Fiber* fiber, std::exception_ptr error) {
+  log_error("fiber {:#x} could not start: no stack (raise vm.max_map_count or lower the count)",
+            fiber->id_);
+  fiber->error_ = std::move(error);
+  fiber->finish();
+  fiber->release();
+}
+
+void Worker::retire_fiber(Fiber* fiber) {
+  if (fiber->prev_live_) {
+    fiber->prev_live_->next_live_ = fiber->next_live_;
+  } else {
+    live_head_ = fiber->next_live_;
+  }
+  if (fiber->next_live_) fiber->next_live_->prev_live_ = fiber->prev_live_;
+  --live_count_;
+  fiber->release();
+}
+
+void Worker::cancel_all() {
+  for (Fiber* f = live_head_; f; f = f->next_live_) {
+    f->stop_.store(true, std::memory_order_release);
+    f->cancel_wait();
+  }
+}
+
+void Worker::drain_inbox() {
+  inbox_lock_.lock();
+  std::swap(inbox_tasks_, running_tasks_);
+  Fiber* fiber = std::exchange(inbox_fibers_head_, nullptr);
+  inbox_fibers_tail_ = nullptr;
+  inbox_nonempty_.store(false, std::memory_order_relaxed);
+  inbox_lock_.unlock();
+
+  while (fiber) {
+    Fiber* next = fiber->next_ready_;
+    if (fiber->started_) {
+      scheduler_.push(fiber);
+    } else {
+      start_fiber(fiber);
+    }
+    fiber = next;
+  }
+  for (Task& task : running_tasks_) {
+    try {
+      task();
+    } catch (const std::exception& e) {
+      log_error("worker {}: posted task threw: {}", index_, e.what());
+    } catch (...) {
+      log_error("worker {}: posted task threw an exception of unknown type", index_);
+    }
+  }
+  running_tasks_.clear();
+}
+
+void Worker::run_ready() {
+  // Only the fibers runnable now: those they wake or that yield wait for the next round, so
+  // I/O and timers are never starved.
+  for (std::size_t n = scheduler_.ready(); n > 0; --n) {
+    Fiber* fiber = scheduler_.pop();
+    if (scheduler_.resume(fiber)) retire_fiber(fiber);
+  }
+}
+
+void Worker::fire_timers(Clock::time_point now) {
+  while (Timer* timer = timers_.pop_due(now)) {
+    Waiter* waiter = timer->waiter;
+    if (waiter->claim(WakeReason::kTimedOut)) waiter->wake();
+  }
+}
+
+void Worker::wake_io(Waiter*& parked) {
+  if (Waiter* waiter = std::exchange(parked, nullptr)) {
+    if (waiter->claim(WakeReason::kNotified)) waiter->wake();
+  }
+}
+
+std::chrono::milliseconds Worker::poll_timeout(Clock::time_point now) const {
+  using std::chrono::milliseconds;
+  if (scheduler_.ready() > 0 || inbox_nonempty_.load(std::memory_order_acquire)) {
+    return milliseconds(0);
+  }
+  // While stopping, wake up now and then to report fibers that ignore cancellation.
+  milliseconds cap = stopping_ ? milliseconds(1000) : milliseconds(-1);
+  const Timer* next = timers_.top();
+  if (!next) return cap;
+  if (next->when <= now) return milliseconds(0);
+  // Round up: waking a little late is fine, waking early only spins.
+  auto left = std::chrono::ceil<milliseconds>(next->when - now);
+  return cap.count() >= 0 ? std::min(left, cap) : left;
+}
+
+void Worker::poll(std::chrono::milliseconds timeout) {
+  auto polled = reactor_.poll(timeout, [](IoSlot& slot, std::uint32_t events) {
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) wake_io(slot.reader);
+    if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) wake_io(slot.writer);
+  });
+  if (!polled) log_error("worker {}: epoll_wait failed: {}", index_, polled.error().message());
+}
+
+void Worker::loop() {
+  t_current_worker = this;
+  AltSignalStack alt_stack;
+  for (;;) {
+    if (inbox_nonempty_.load(std::memory_order_acquire)) drain_inbox();
+    if (!stopping_ && stop_requested_.load(std::memory_order_acquire)) {
+      stopping_ = true;
+      stop_started_ = Clock::now();
+      cancel_all();
+    }
+    run_ready();
+    if (stopping_ && live_count_ == 0 && !inbox_nonempty_.load(std::memory_order_acquire)) break;
+    auto now = Clock::now();
+    fire_timers(now);
+    if (stopping_ && !stop_warned_ && now - stop_started_ > std::chrono::seconds(5)) {
+      stop_warned_ = true;
+      log_warn("worker {}: {} fiber(s) still running 5 s after stop; they ignore cancellation",
+               index_, live_count_);
+    }
+    poll(poll_timeout(now));
+  }
+  t_current_worker = nullptr;
+}
+
+}  // namespace spindle

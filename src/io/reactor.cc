@@ -1,0 +1,76 @@
+#include "spindle/io/reactor.h"
+
+#include <sys/eventfd.h>
+
+#include <cassert>
+
+namespace spindle {
+namespace {
+
+std::uint64_t cookie_of(const IoSlot& slot) {
+  return (std::uint64_t{slot.generation} << 32) | slot.index;
+}
+
+}  // namespace
+
+Reactor::Reactor()
+    : epoll_(::epoll_create1(EPOLL_CLOEXEC)), wake_fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+  if (!epoll_ || !wake_fd_) throw std::system_error(last_errno(), "reactor: epoll/eventfd");
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLET;
+  ev.data.u64 = kWakeCookie;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, wake_fd_.get(), &ev) != 0) {
+    throw std::system_error(last_errno(), "reactor: register eventfd");
+  }
+}
+
+Result<IoSlot*> Reactor::add(int fd) {
+  IoSlot* slot;
+  if (!free_.empty()) {
+    slot = &slots_[free_.back()];
+    free_.pop_back();
+  } else {
+    slot = &slots_.emplace_back();
+    slot->index = static_cast<std::uint32_t>(slots_.size() - 1);
+  }
+  slot->fd = fd;
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+  ev.data.u64 = cookie_of(*slot);
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+    auto ec = last_errno();
+    release(slot);
+    return fail(ec);
+  }
+  return slot;
+}
+
+void Reactor::release(IoSlot* slot) {
+  assert(slot->reader == nullptr && slot->writer == nullptr);
+  slot->fd = -1;
+  ++slot->generation;
+  free_.push_back(slot->index);
+}
+
+IoSlot* Reactor::slot_for(std::uint64_t cookie) {
+  auto index = static_cast<std::uint32_t>(cookie);
+  auto generation = static_cast<std::uint32_t>(cookie >> 32);
+  if (index >= slots_.size()) return nullptr;
+  IoSlot& slot = slots_[index];
+  return slot.generation == generation && slot.fd >= 0 ? &slot : nullptr;
+}
+
+void Reactor::wake() {
+  if (wake_pending_.exchange(true, std::memory_order_acq_rel)) return;
+  std::uint64_t one = 1;
+  [[maybe_unused]] auto n = ::write(wake_fd_.get(), &one, sizeof one);
+}
+
+void Reactor::drain_wake() {
+  // Clear the flag before reading: a wake() racing with us then writes again, which is harmless.
+  wake_pending_.store(false, std::memory_order_release);
+  std::uint64_t value;
+  [[maybe_unused]] auto n = ::read(wake_fd_.get(), &value, sizeof value);
+}
+
+}  // namespace spindle
