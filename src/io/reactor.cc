@@ -67,10 +67,13 @@ void Reactor::wake() {
 }
 
 void Reactor::drain_wake() {
-  // Clear the flag before reading: a wake() racing with us then writes again, which is harmless.
-  wake_pending_.store(false, std::memory_order_release);
   std::uint64_t value;
   [[maybe_unused]] auto n = ::read(wake_fd_.get(), &value, sizeof value);
+  // Only now clear the flag. Cleared before the read, a racing wake() could write between the
+  // two, have its count read away here, and leave the flag set with no event to come: every
+  // later wake() would then be skipped. The exchange also acquires what the last waker
+  // published before its wake(), which the owner looks at next.
+  wake_pending_.exchange(false, std::memory_order_acq_rel);
 }
 
 }  // namespace spindle

@@ -1,0 +1,35 @@
+#pragma once
+// Test helpers: run a test body inside a fiber of a fresh Runtime (like userver's UTEST).
+
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <fstream>
+#include <string>
+
+#include "spindle/fiber/runtime.h"
+
+namespace spindle::testing {
+
+/// Runs `body` in a fiber on worker 0 of a new runtime with `workers` workers, then stops it.
+template <typename Fn>
+void run_in_fiber(Fn&& body, std::size_t workers = 2) {
+  Runtime runtime(RuntimeOptions{.workers = workers});
+  runtime.block_on(std::forward<Fn>(body));
+}
+
+/// The current value of a /proc/sys setting, or -1.
+inline long read_proc_number(const std::string& path) {
+  std::ifstream in(path);
+  long value = -1;
+  in >> value;
+  return value;
+}
+
+}  // namespace spindle::testing
+
+/// A GoogleTest test whose body runs inside a fiber of a fresh two-worker Runtime.
+#define FIBER_TEST(Suite, Name)                                                           \
+  static void Suite##_##Name##_FiberBody();                                               \
+  TEST(Suite, Name) { ::spindle::testing::run_in_fiber(&Suite##_##Name##_FiberBody); }    \
+  static void Suite##_##Name##_FiberBody()
