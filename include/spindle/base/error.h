@@ -4,8 +4,21 @@
 #include <cerrno>
 #include <expected>
 #include <system_error>
+#include <type_traits>
 
 namespace spindle {
+
+/// spindle's own error conditions (those std::errc has no name for).
+enum class Errc {
+  /// The peer closed the stream before the expected number of bytes arrived.
+  kEndOfStream = 1,
+};
+
+/// The category of spindle::Errc codes ("spindle").
+const std::error_category& spindle_category();
+
+/// Makes a spindle::Errc into a std::error_code.
+inline std::error_code make_error_code(Errc e) { return {static_cast<int>(e), spindle_category()}; }
 
 /// The result type of fallible io/net/fiber calls.
 template <typename T>
@@ -32,3 +45,6 @@ inline std::unexpected<std::error_code> fail(std::error_code ec) { return std::u
 inline std::unexpected<std::error_code> fail_errno() { return std::unexpected(last_errno()); }
 
 }  // namespace spindle
+
+template <>
+struct std::is_error_code_enum<spindle::Errc> : std::true_type {};

@@ -1,0 +1,52 @@
+#pragma once
+/// TcpListener: a listening stream socket whose accept() parks the fiber.
+
+#include "spindle/base/error.h"
+#include "spindle/io/deadline.h"
+#include "spindle/net/address.h"
+#include "spindle/net/socket.h"
+#include "spindle/net/tcp_stream.h"
+
+namespace spindle {
+
+/// How a listener is set up.
+struct ListenOptions {
+  /// listen(2) backlog (the kernel caps it at net.core.somaxconn).
+  int backlog = 1024;
+  /// SO_REUSEPORT, so that every worker can bind its own socket to the same port and the kernel
+  /// spreads connections between them. Ignored for Unix sockets.
+  bool reuse_port = true;
+  /// SO_REUSEADDR, so that a restart can bind while old connections are in TIME_WAIT.
+  bool reuse_address = true;
+};
+
+/// A bound, listening socket owned by one worker.
+class TcpListener {
+ public:
+  TcpListener() = default;
+
+  /// Binds and listens on `address` (port 0: the kernel picks one; see local_address()).
+  /// Errors: std::errc::address_in_use, std::errc::permission_denied, ...
+  [[nodiscard]] static Result<TcpListener> bind(const Address& address,
+                                                ListenOptions options = {});
+
+  /// Waits for and returns the next connection (non-blocking, close-on-exec).
+  /// Fails with std::errc::timed_out, std::errc::operation_canceled, or the kernel's error
+  /// (std::errc::too_many_files_open when out of descriptors).
+  [[nodiscard]] Result<TcpStream> accept(Deadline deadline = Deadline::never());
+
+  /// The bound address (with the real port).
+  [[nodiscard]] Result<Address> local_address() const { return socket_.local_address(); }
+  /// The descriptor.
+  int fd() const { return socket_.fd(); }
+  /// Stops listening. Idempotent.
+  void close() { socket_.close(); }
+
+ private:
+  explicit TcpListener(Socket socket) : socket_(std::move(socket)) {}
+
+  /// The registered socket.
+  Socket socket_;
+};
+
+}  // namespace spindle

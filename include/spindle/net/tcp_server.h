@@ -1,0 +1,59 @@
+#pragma once
+/// TcpServer: one SO_REUSEPORT listener and one acceptor fiber per worker, and a fiber per
+/// connection running the handler. It knows nothing of the protocol spoken.
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "spindle/base/error.h"
+#include "spindle/fiber/runtime.h"
+#include "spindle/fiber/spawn.h"
+#include "spindle/net/address.h"
+#include "spindle/net/tcp_listener.h"
+#include "spindle/net/tcp_stream.h"
+
+namespace spindle {
+
+/// How a TcpServer accepts.
+struct TcpServerOptions {
+  /// Listener settings (backlog, SO_REUSEPORT).
+  ListenOptions listen;
+  /// Set TCP_NODELAY on every accepted connection.
+  bool nodelay = true;
+  /// Stack size of connection fibers (0: the runtime's default).
+  std::size_t stack_size = 0;
+};
+
+/// Serves connections on every worker of a runtime.
+class TcpServer {
+ public:
+  /// Runs once per connection, in its own fiber on the worker that accepted it. Copied once per
+  /// worker; it must be safe to call from several workers at once.
+  using Handler = std::function<void(TcpStream)>;
+
+  /// Binds `address` on every worker of `runtime` (started if needed) and starts accepting.
+  /// With port 0 the first worker's port is reused by the others. Call from outside the
+  /// runtime's workers or from one of its fibers. Fails with the first bind error.
+  [[nodiscard]] static Result<std::unique_ptr<TcpServer>> start(
+      Runtime& runtime, const Address& address, Handler handler, TcpServerOptions options = {});
+
+  /// Stops accepting (waits for the acceptor fibers to end). Connections already accepted run
+  /// on. Idempotent.
+  void stop();
+  /// stop().
+  ~TcpServer() { stop(); }
+
+  /// The bound address, with the real port.
+  const Address& address() const { return address_; }
+
+ private:
+  explicit TcpServer(Address address) : address_(std::move(address)) {}
+
+  /// The bound address.
+  Address address_;
+  /// One acceptor per worker.
+  std::vector<JoinHandle<void>> acceptors_;
+};
+
+}  // namespace spindle

@@ -1,0 +1,74 @@
+#pragma once
+/// TcpStream: a connected stream socket (TCP, or Unix-domain) for fibers. Every call tries the
+/// syscall first and parks the fiber only on EAGAIN; every call takes a deadline and is
+/// cancellable (std::errc::operation_canceled).
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <span>
+
+#include "spindle/base/error.h"
+#include "spindle/io/deadline.h"
+#include "spindle/net/address.h"
+#include "spindle/net/socket.h"
+
+namespace spindle {
+
+/// A connected stream. Move-only; closes on destruction. Owned by one worker.
+class TcpStream {
+ public:
+  TcpStream() = default;
+  /// Wraps an accepted or connected socket.
+  explicit TcpStream(Socket socket) : socket_(std::move(socket)) {}
+
+  /// Connects to `address`, giving up at `deadline` (std::errc::timed_out). Errors are the
+  /// kernel's (std::errc::connection_refused, ...).
+  [[nodiscard]] static Result<TcpStream> connect(const Address& address,
+                                                 Deadline deadline = Deadline::never());
+
+  /// Reads some bytes into `buffer`; 0 means the peer closed its side.
+  [[nodiscard]] Result<std::size_t> read(std::span<char> buffer,
+                                         Deadline deadline = Deadline::never());
+  /// Reads exactly buffer.size() bytes; Errc::kEndOfStream if the peer closes first.
+  [[nodiscard]] Result<void> read_exact(std::span<char> buffer,
+                                        Deadline deadline = Deadline::never());
+  /// Writes some (at least one) of `data`; returns how many bytes.
+  [[nodiscard]] Result<std::size_t> write(std::span<const char> data,
+                                          Deadline deadline = Deadline::never());
+  /// Writes all of `data`.
+  [[nodiscard]] Result<void> write_all(std::span<const char> data,
+                                       Deadline deadline = Deadline::never());
+  /// Writes all of the buffers, in order, with as few sendmsg calls as the kernel allows.
+  /// Returns the total written.
+  [[nodiscard]] Result<std::size_t> writev(std::span<const iovec> buffers,
+                                           Deadline deadline = Deadline::never());
+  /// Sends `count` bytes of `file_fd` from `offset` with sendfile(2); stops early only at the
+  /// end of the file. Returns the bytes sent.
+  [[nodiscard]] Result<std::size_t> sendfile(int file_fd, off_t offset, std::size_t count,
+                                             Deadline deadline = Deadline::never());
+
+  /// Which direction shutdown() closes.
+  enum class Shutdown { kRead = 0, kWrite = 1, kBoth = 2 };
+  /// Half-closes the connection (kWrite sends FIN after the queued data).
+  [[nodiscard]] Result<void> shutdown(Shutdown how);
+  /// Turns Nagle's algorithm off (true) or on. A no-op success on Unix sockets.
+  [[nodiscard]] Result<void> set_nodelay(bool on);
+
+  /// The local address.
+  [[nodiscard]] Result<Address> local_address() const { return socket_.local_address(); }
+  /// The peer's address.
+  [[nodiscard]] Result<Address> peer_address() const { return socket_.peer_address(); }
+  /// The descriptor (for options spindle has no call for).
+  int fd() const { return socket_.fd(); }
+  /// True while open.
+  bool is_open() const { return socket_.is_open(); }
+  /// Closes the connection. Idempotent.
+  void close() { socket_.close(); }
+
+ private:
+  /// The registered socket.
+  Socket socket_;
+};
+
+}  // namespace spindle

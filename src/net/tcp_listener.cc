@@ -1,0 +1,34 @@
+#include "spindle/net/tcp_listener.h"
+
+#include <sys/socket.h>
+
+namespace spindle {
+
+Result<TcpListener> TcpListener::bind(const Address& address, ListenOptions options) {
+  auto socket = Socket::open(address.domain(), SOCK_STREAM);
+  if (!socket) return fail(socket.error());
+  if (address.family() != Address::Family::kUnix) {
+    if (options.reuse_address) {
+      if (auto r = socket->set_option(SOL_SOCKET, SO_REUSEADDR, 1); !r) return fail(r.error());
+    }
+    if (options.reuse_port) {
+      if (auto r = socket->set_option(SOL_SOCKET, SO_REUSEPORT, 1); !r) return fail(r.error());
+    }
+  }
+  if (::bind(socket->fd(), address.data(), address.size()) != 0) return fail_errno();
+  if (::listen(socket->fd(), options.backlog) != 0) return fail_errno();
+  return TcpListener(std::move(*socket));
+}
+
+Result<TcpStream> TcpListener::accept(Deadline deadline) {
+  auto fd = socket_.retry(IoDirection::kRead, deadline, [&] {
+    return static_cast<ssize_t>(
+        ::accept4(socket_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+  });
+  if (!fd) return fail(fd.error());
+  auto socket = Socket::adopt(UniqueFd(static_cast<int>(*fd)));
+  if (!socket) return fail(socket.error());
+  return TcpStream(std::move(*socket));
+}
+
+}  // namespace spindle

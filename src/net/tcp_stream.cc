@@ -1,0 +1,127 @@
+#include "spindle/net/tcp_stream.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+
+#include <vector>
+
+namespace spindle {
+
+Result<TcpStream> TcpStream::connect(const Address& address, Deadline deadline) {
+  auto socket = Socket::open(address.domain(), SOCK_STREAM);
+  if (!socket) return fail(socket.error());
+  if (::connect(socket->fd(), address.data(), address.size()) != 0) {
+    if (errno != EINPROGRESS && errno != EAGAIN) return fail_errno();
+    // Writable once the handshake is over, either way; SO_ERROR tells which way.
+    auto done = socket->retry(IoDirection::kWrite, deadline, [&]() -> ssize_t {
+      int error = 0;
+      socklen_t length = sizeof error;
+      if (::getsockopt(socket->fd(), SOL_SOCKET, SO_ERROR, &error, &length) != 0) return -1;
+      if (error == 0) {
+        // Still connecting reports no error either: a zero-byte probe tells us which.
+        sockaddr_storage peer{};
+        socklen_t peer_length = sizeof peer;
+        if (::getpeername(socket->fd(), reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0) {
+          return 0;
+        }
+        errno = EAGAIN;
+        return -1;
+      }
+      errno = error;
+      return -1;
+    });
+    if (!done) return fail(done.error());
+  }
+  return TcpStream(std::move(*socket));
+}
+
+Result<std::size_t> TcpStream::read(std::span<char> buffer, Deadline deadline) {
+  auto n = socket_.retry(IoDirection::kRead, deadline,
+                         [&] { return ::recv(socket_.fd(), buffer.data(), buffer.size(), 0); });
+  if (!n) return fail(n.error());
+  return static_cast<std::size_t>(*n);
+}
+
+Result<void> TcpStream::read_exact(std::span<char> buffer, Deadline deadline) {
+  while (!buffer.empty()) {
+    auto n = read(buffer, deadline);
+    if (!n) return fail(n.error());
+    if (*n == 0) return fail(make_error_code(Errc::kEndOfStream));
+    buffer = buffer.subspan(*n);
+  }
+  return {};
+}
+
+Result<std::size_t> TcpStream::write(std::span<const char> data, Deadline deadline) {
+  auto n = socket_.retry(IoDirection::kWrite, deadline, [&] {
+    return ::send(socket_.fd(), data.data(), data.size(), MSG_NOSIGNAL);
+  });
+  if (!n) return fail(n.error());
+  return static_cast<std::size_t>(*n);
+}
+
+Result<void> TcpStream::write_all(std::span<const char> data, Deadline deadline) {
+  while (!data.empty()) {
+    auto n = write(data, deadline);
+    if (!n) return fail(n.error());
+    data = data.subspan(*n);
+  }
+  return {};
+}
+
+Result<std::size_t> TcpStream::writev(std::span<const iovec> buffers, Deadline deadline) {
+  std::size_t total = 0;
+  for (const iovec& b : buffers) total += b.iov_len;
+  // The common case: one sendmsg writes everything and nothing is copied.
+  std::vector<iovec> rest;
+  std::span<const iovec> pending = buffers;
+  std::size_t written = 0;
+  while (written < total) {
+    msghdr message{};
+    message.msg_iov = const_cast<iovec*>(pending.data());
+    message.msg_iovlen = std::min<std::size_t>(pending.size(), IOV_MAX);
+    auto n = socket_.retry(IoDirection::kWrite, deadline,
+                           [&] { return ::sendmsg(socket_.fd(), &message, MSG_NOSIGNAL); });
+    if (!n) return fail(n.error());
+    written += static_cast<std::size_t>(*n);
+    if (written == total) break;
+    // Partial write: drop what was sent and go on with a copy of the rest.
+    rest.assign(pending.begin(), pending.end());
+    std::size_t skip = static_cast<std::size_t>(*n);
+    std::size_t first = 0;
+    while (skip >= rest[first].iov_len) skip -= rest[first++].iov_len;
+    rest[first].iov_base = static_cast<char*>(rest[first].iov_base) + skip;
+    rest[first].iov_len -= skip;
+    rest.erase(rest.begin(), rest.begin() + static_cast<std::ptrdiff_t>(first));
+    pending = rest;
+  }
+  return total;
+}
+
+Result<std::size_t> TcpStream::sendfile(int file_fd, off_t offset, std::size_t count,
+                                        Deadline deadline) {
+  std::size_t sent = 0;
+  while (sent < count) {
+    auto n = socket_.retry(IoDirection::kWrite, deadline,
+                           [&] { return ::sendfile(socket_.fd(), file_fd, &offset, count - sent); });
+    if (!n) return fail(n.error());
+    if (*n == 0) break;  // end of file
+    sent += static_cast<std::size_t>(*n);
+  }
+  return sent;
+}
+
+Result<void> TcpStream::shutdown(Shutdown how) {
+  if (::shutdown(socket_.fd(), static_cast<int>(how)) != 0) return fail_errno();
+  return {};
+}
+
+Result<void> TcpStream::set_nodelay(bool on) {
+  auto local = socket_.local_address();
+  if (local && local->family() == Address::Family::kUnix) return {};
+  return socket_.set_option(IPPROTO_TCP, TCP_NODELAY, on ? 1 : 0);
+}
+
+}  // namespace spindle
