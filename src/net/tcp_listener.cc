@@ -20,13 +20,19 @@ Result<TcpListener> TcpListener::bind(const Address& address, ListenOptions opti
   return TcpListener(std::move(*socket));
 }
 
-Result<TcpStream> TcpListener::accept(Deadline deadline) {
+Result<UniqueFd> TcpListener::accept_fd(Deadline deadline) {
   auto fd = socket_.retry(IoDirection::kRead, deadline, [&] {
     return static_cast<ssize_t>(
         ::accept4(socket_.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
   });
   if (!fd) return fail(fd.error());
-  auto socket = Socket::adopt(UniqueFd(static_cast<int>(*fd)));
+  return UniqueFd(static_cast<int>(*fd));
+}
+
+Result<TcpStream> TcpListener::accept(Deadline deadline) {
+  auto fd = accept_fd(deadline);
+  if (!fd) return fail(fd.error());
+  auto socket = Socket::adopt(std::move(*fd));
   if (!socket) return fail(socket.error());
   return TcpStream(std::move(*socket));
 }

@@ -6,13 +6,37 @@
 namespace spindle {
 namespace {
 
+// Starts the handler for one connection in a fiber on `worker`.
+void serve_connection(Worker& worker, UniqueFd fd,
+                      std::shared_ptr<const TcpServer::Handler> handler,
+                      const TcpServerOptions& options) {
+  bool nodelay = options.nodelay;
+  spawn_on(
+      worker,
+      [handler = std::move(handler), fd = std::move(fd), nodelay]() mutable {
+        auto socket = Socket::adopt(std::move(fd));
+        if (!socket) {
+          log_warn("cannot register an accepted connection: {}", socket.error().message());
+          return;
+        }
+        TcpStream stream(std::move(*socket));
+        if (nodelay) (void)stream.set_nodelay(true);
+        (*handler)(std::move(stream));
+      },
+      SpawnOptions{.stack_size = options.stack_size})
+      .detach();
+}
+
+// Accepts until cancelled. Connections go to `workers` round-robin (just this worker when each
+// worker has its own listener).
 void accept_loop(TcpListener listener, std::shared_ptr<const TcpServer::Handler> handler,
-                 TcpServerOptions options) {
+                 TcpServerOptions options, std::vector<Worker*> workers) {
   auto last_warning = Clock::time_point{};
+  std::size_t next = 0;
   for (;;) {
-    auto stream = listener.accept();
-    if (!stream) {
-      std::error_code ec = stream.error();
+    auto fd = listener.accept_fd();
+    if (!fd) {
+      std::error_code ec = fd.error();
       if (ec == std::errc::operation_canceled) return;
       if (ec == std::errc::connection_aborted || ec == std::errc::interrupted) continue;
       auto now = Clock::now();
@@ -27,10 +51,7 @@ void accept_loop(TcpListener listener, std::shared_ptr<const TcpServer::Handler>
       if (this_fiber::sleep_for(std::chrono::milliseconds(10))) return;
       continue;
     }
-    if (options.nodelay) (void)stream->set_nodelay(true);
-    spawn([handler, s = std::move(*stream)]() mutable { (*handler)(std::move(s)); },
-          SpawnOptions{.stack_size = options.stack_size})
-        .detach();
+    serve_connection(*workers[next++ % workers.size()], std::move(*fd), handler, options);
   }
 }
 
@@ -41,7 +62,12 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(Runtime& runtime, const Addr
   if (Worker::current() == nullptr) runtime.start();
   Address bound = address;
   std::unique_ptr<TcpServer> server;
-  for (std::size_t i = 0; i < runtime.size(); ++i) {
+  // Without SO_REUSEPORT only one socket can bind the port: worker 0 accepts for everyone.
+  const bool per_worker = options.listen.reuse_port;
+  std::vector<Worker*> all_workers;
+  for (std::size_t i = 0; i < runtime.size(); ++i) all_workers.push_back(&runtime.worker(i));
+  const std::size_t listeners = per_worker ? runtime.size() : 1;
+  for (std::size_t i = 0; i < listeners; ++i) {
     // Each worker binds its own socket, so it is registered with that worker's reactor.
     auto listener = spawn_on(runtime.worker(i), [&]() -> Result<TcpListener> {
                       auto l = TcpListener::bind(bound, options.listen);
@@ -59,10 +85,11 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(Runtime& runtime, const Addr
     if (i == 0) server.reset(new TcpServer(bound));
     // Per-worker copy: connection fibers share it without cross-core reference counting.
     auto worker_handler = std::make_shared<const Handler>(handler);
+    std::vector<Worker*> targets = per_worker ? std::vector<Worker*>{&runtime.worker(i)} : all_workers;
     server->acceptors_.push_back(spawn_on(
         runtime.worker(i),
-        [l = std::move(*listener), worker_handler, options]() mutable {
-          accept_loop(std::move(l), std::move(worker_handler), options);
+        [l = std::move(*listener), worker_handler, options, targets]() mutable {
+          accept_loop(std::move(l), std::move(worker_handler), options, std::move(targets));
         }));
   }
   return server;

@@ -34,6 +34,9 @@ class TcpListener {
   /// Fails with std::errc::timed_out, std::errc::operation_canceled, or the kernel's error
   /// (std::errc::too_many_files_open when out of descriptors).
   [[nodiscard]] Result<TcpStream> accept(Deadline deadline = Deadline::never());
+  /// Like accept(), but returns the bare descriptor, unregistered, so that another worker can
+  /// adopt it (Socket::adopt); used when one listener feeds every worker.
+  [[nodiscard]] Result<UniqueFd> accept_fd(Deadline deadline = Deadline::never());
 
   /// The bound address (with the real port).
   [[nodiscard]] Result<Address> local_address() const { return socket_.local_address(); }

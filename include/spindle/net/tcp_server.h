@@ -17,7 +17,9 @@ namespace spindle {
 
 /// How a TcpServer accepts.
 struct TcpServerOptions {
-  /// Listener settings (backlog, SO_REUSEPORT).
+  /// Listener settings. With listen.reuse_port (the default) every worker has its own listener
+  /// and the kernel spreads connections; without it, worker 0 accepts for all and hands the
+  /// connections out round-robin.
   ListenOptions listen;
   /// Set TCP_NODELAY on every accepted connection.
   bool nodelay = true;

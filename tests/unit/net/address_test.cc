@@ -1,0 +1,61 @@
+#include "spindle/net/address.h"
+
+#include <gtest/gtest.h>
+
+using spindle::Address;
+
+TEST(Address, ParsesAndFormatsIpv4) {
+  auto a = Address::parse("127.0.0.1:8080");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->family(), Address::Family::kIpv4);
+  EXPECT_EQ(a->port(), 8080);
+  EXPECT_EQ(a->to_string(), "127.0.0.1:8080");
+}
+
+TEST(Address, ParsesAndFormatsBracketedIpv6) {
+  auto a = Address::parse("[::1]:443");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->family(), Address::Family::kIpv6);
+  EXPECT_EQ(a->port(), 443);
+  EXPECT_EQ(a->to_string(), "[::1]:443");
+}
+
+TEST(Address, ParsesUnixPaths) {
+  auto a = Address::parse("unix:/tmp/spindle.sock");
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(a->family(), Address::Family::kUnix);
+  EXPECT_EQ(a->unix_path(), "/tmp/spindle.sock");
+  EXPECT_EQ(a->to_string(), "unix:/tmp/spindle.sock");
+}
+
+TEST(Address, RoundTripsThroughToString) {
+  for (const char* text : {"0.0.0.0:0", "10.1.2.3:65535", "[fe80::1]:1", "unix:/x"}) {
+    auto a = Address::parse(text);
+    ASSERT_TRUE(a.has_value()) << text;
+    auto b = Address::parse(a->to_string());
+    ASSERT_TRUE(b.has_value()) << text;
+    EXPECT_EQ(*a, *b) << text;
+  }
+}
+
+TEST(Address, RejectsBadText) {
+  for (const char* text :
+       {"", "127.0.0.1", "127.0.0.1:", "127.0.0.1:http", "127.0.0.1:65536", "127.0.0.1:-1",
+        "127.0.0.1:80x", "256.0.0.1:80", "localhost:80", "::1:80", "[::1]", "[::1]:",
+        "[zz::1]:80", "unix:", ":80"}) {
+    auto a = Address::parse(text);
+    ASSERT_FALSE(a.has_value()) << "accepted '" << text << "'";
+    EXPECT_EQ(a.error(), std::errc::invalid_argument) << text;
+  }
+}
+
+TEST(Address, RejectsOverlongUnixPath) {
+  std::string path = "unix:/" + std::string(200, 'a');
+  EXPECT_FALSE(Address::parse(path).has_value());
+}
+
+TEST(Address, WithPortChangesOnlyThePort) {
+  auto a = Address::parse("192.168.0.1:1").value();
+  EXPECT_EQ(a.with_port(99).to_string(), "192.168.0.1:99");
+  EXPECT_EQ(Address::loopback_v4(7).to_string(), "127.0.0.1:7");
+}
