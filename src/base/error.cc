@@ -10,7 +10,8 @@ class SpindleCategory final : public std::error_category {
   const char* name() const noexcept override { return "spindle"; }
   std::string message(int value) const override {
     switch (static_cast<Errc>(value)) {
-      case Errc::kEndOfStream: return "end of stream before the expected data";
+      case Errc::kEndOfStream:
+        return "end of stream before the expected data";
     }
     return "unknown spindle error";
   }

@@ -8,6 +8,7 @@
 #include <climits>
 #include <thread>
 
+#include "sanitizer.h"
 #include "spindle/base/intrusive_ptr.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/fiber_local.h"
@@ -15,7 +16,6 @@
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/fiber/waiter.h"
 #include "spindle/fiber/worker.h"
-#include "sanitizer.h"
 
 namespace spindle {
 namespace {
@@ -37,8 +37,8 @@ void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, Deadli
 }
 
 void futex_wake_all(std::atomic<std::uint32_t>* word) {
-  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX,
-            nullptr, nullptr, 0);
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+            nullptr, 0);
 }
 
 }  // namespace
@@ -136,10 +136,14 @@ void Waiter::wake() {
 
 std::error_code wake_error(WakeReason reason) {
   switch (reason) {
-    case WakeReason::kNotified: return {};
-    case WakeReason::kTimedOut: return std::make_error_code(std::errc::timed_out);
-    case WakeReason::kCanceled: return std::make_error_code(std::errc::operation_canceled);
-    case WakeReason::kWaiting: break;
+    case WakeReason::kNotified:
+      return {};
+    case WakeReason::kTimedOut:
+      return std::make_error_code(std::errc::timed_out);
+    case WakeReason::kCanceled:
+      return std::make_error_code(std::errc::operation_canceled);
+    case WakeReason::kWaiting:
+      break;
   }
   assert(false && "woken waiter without a reason");
   return std::make_error_code(std::errc::state_not_recoverable);

@@ -43,8 +43,7 @@ void report_overflow(const Fiber& fiber) {
   out = append_number(out, end, fiber.id(), 16);
   out = append(out, end, " (stack ");
   out = append_number(out, end, fiber.stack().size, 10);
-  out = append(out, end,
-               " bytes); raise SpawnOptions::stack_size or RuntimeOptions::stack_size\n");
+  out = append(out, end, " bytes); raise SpawnOptions::stack_size or RuntimeOptions::stack_size\n");
   [[maybe_unused]] auto n = ::write(STDERR_FILENO, message, out - message);
 }
 
@@ -81,8 +80,8 @@ void install_stack_overflow_handler() {
 }
 
 AltSignalStack::AltSignalStack() {
-  void* memory = ::mmap(nullptr, kAltStackSize, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  void* memory =
+      ::mmap(nullptr, kAltStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (memory == MAP_FAILED) return;
   stack_t stack{};
   stack.ss_sp = memory;

@@ -1,7 +1,6 @@
 #include "spindle/fiber/worker.h"
 
 #include <boost/context/stack_context.hpp>
-
 #include <cassert>
 
 #include "sanitizer.h"
@@ -106,16 +105,16 @@ void Worker::start_fiber(Fiber* fiber) {
   if (stopping_) fiber->stop_.store(true, std::memory_order_release);
   std::size_t size = fiber->stack_size_;
   try {
-    fiber->context_ = boost::context::fiber(
-        std::allocator_arg, PooledStackAllocator(stacks_, fiber->stack_, size),
-        [fiber](boost::context::fiber&& caller) {
-          fiber->caller_ = std::move(caller);
-          Scheduler& scheduler = fiber->worker_->scheduler_;
-          scheduler.on_fiber_entry(fiber);
-          fiber->main();
-          scheduler.on_fiber_exit(fiber);
-          return std::move(fiber->caller_);
-        });
+    fiber->context_ = boost::context::fiber(std::allocator_arg,
+                                            PooledStackAllocator(stacks_, fiber->stack_, size),
+                                            [fiber](boost::context::fiber&& caller) {
+                                              fiber->caller_ = std::move(caller);
+                                              Scheduler& scheduler = fiber->worker_->scheduler_;
+                                              scheduler.on_fiber_entry(fiber);
+                                              fiber->main();
+                                              scheduler.on_fiber_exit(fiber);
+                                              return std::move(fiber->caller_);
+                                            });
   } catch (...) {
     // The spawner learns of it from join(), wherever it spawned from.
     fail_start(fiber, std::current_exception());

@@ -98,17 +98,23 @@ Address Address::loopback_v4(std::uint16_t port) {
 
 Address::Family Address::family() const {
   switch (storage_.ss_family) {
-    case AF_INET: return Family::kIpv4;
-    case AF_INET6: return Family::kIpv6;
-    default: return Family::kUnix;
+    case AF_INET:
+      return Family::kIpv4;
+    case AF_INET6:
+      return Family::kIpv6;
+    default:
+      return Family::kUnix;
   }
 }
 
 std::uint16_t Address::port() const {
   switch (storage_.ss_family) {
-    case AF_INET: return ntohs(reinterpret_cast<const sockaddr_in*>(&storage_)->sin_port);
-    case AF_INET6: return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_port);
-    default: return 0;
+    case AF_INET:
+      return ntohs(reinterpret_cast<const sockaddr_in*>(&storage_)->sin_port);
+    case AF_INET6:
+      return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_port);
+    default:
+      return 0;
   }
 }
 
@@ -125,7 +131,8 @@ Address Address::with_port(std::uint16_t port) const {
 std::string_view Address::unix_path() const {
   if (storage_.ss_family != AF_UNIX) return {};
   const auto* un = reinterpret_cast<const sockaddr_un*>(&storage_);
-  std::size_t max = length_ > offsetof(sockaddr_un, sun_path) ? length_ - offsetof(sockaddr_un, sun_path) : 0;
+  std::size_t max =
+      length_ > offsetof(sockaddr_un, sun_path) ? length_ - offsetof(sockaddr_un, sun_path) : 0;
   return std::string_view(un->sun_path, strnlen(un->sun_path, max));
 }
 

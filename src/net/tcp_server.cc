@@ -85,10 +85,10 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(Runtime& runtime, const Addr
     if (i == 0) server.reset(new TcpServer(bound));
     // Per-worker copy: connection fibers share it without cross-core reference counting.
     auto worker_handler = std::make_shared<const Handler>(handler);
-    std::vector<Worker*> targets = per_worker ? std::vector<Worker*>{&runtime.worker(i)} : all_workers;
+    std::vector<Worker*> targets =
+        per_worker ? std::vector<Worker*>{&runtime.worker(i)} : all_workers;
     server->acceptors_.push_back(spawn_on(
-        runtime.worker(i),
-        [l = std::move(*listener), worker_handler, options, targets]() mutable {
+        runtime.worker(i), [l = std::move(*listener), worker_handler, options, targets]() mutable {
           accept_loop(std::move(l), std::move(worker_handler), options, std::move(targets));
         }));
   }

@@ -104,8 +104,9 @@ Result<std::size_t> TcpStream::sendfile(int file_fd, off_t offset, std::size_t c
                                         Deadline deadline) {
   std::size_t sent = 0;
   while (sent < count) {
-    auto n = socket_.retry(IoDirection::kWrite, deadline,
-                           [&] { return ::sendfile(socket_.fd(), file_fd, &offset, count - sent); });
+    auto n = socket_.retry(IoDirection::kWrite, deadline, [&] {
+      return ::sendfile(socket_.fd(), file_fd, &offset, count - sent);
+    });
     if (!n) return fail(n.error());
     if (*n == 0) break;  // end of file
     sent += static_cast<std::size_t>(*n);

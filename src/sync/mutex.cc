@@ -4,22 +4,26 @@ namespace spindle {
 
 std::error_code Mutex::lock_until(Deadline deadline, bool cancellable) {
   if (try_lock()) return {};
-  lock_.lock();
-  // Mark the mutex contended so that the holder's unlock comes to the wait list; if it was
-  // released meanwhile we now hold it (contended needlessly: its unlock just finds nobody).
-  if (state_.exchange(kContended, std::memory_order_acquire) == kUnlocked) {
+  for (;;) {
+    lock_.lock();
+    // Mark the mutex contended so that the holder's unlock looks at the wait list. If it was
+    // free we now hold it (contended needlessly: our unlock just finds nobody to wake).
+    if (state_.exchange(kContended, std::memory_order_acquire) == kUnlocked) {
+      lock_.unlock();
+      return {};
+    }
+    auto ec = waiters_.wait(lock_, deadline, cancellable);
     lock_.unlock();
-    return {};
+    if (ec) return ec;
+    // Woken by an unlock: compete again. No hand-off, so the unlocker (or anyone running) may
+    // take it first; that avoids a lock convoy at the cost of strict FIFO fairness.
   }
-  // Woken without error means unlock() handed the lock to us (state stays kContended).
-  auto ec = waiters_.wait(lock_, deadline, cancellable);
-  lock_.unlock();
-  return ec;
 }
 
 void Mutex::unlock_slow() {
+  // Called when the state was kContended: it is now unlocked; wake one waiter to compete.
   lock_.lock();
-  if (!waiters_.notify_one()) state_.store(kUnlocked, std::memory_order_release);
+  waiters_.notify_one();
   lock_.unlock();
 }
 

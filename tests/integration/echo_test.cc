@@ -9,8 +9,8 @@
 
 #include "spindle/fiber/runtime.h"
 #include "spindle/net/tcp_stream.h"
-#include "spindle/sync/wait_group.h"
 #include "spindle/subprocess.h"
+#include "spindle/sync/wait_group.h"
 
 using namespace spindle;
 using namespace std::chrono_literals;
@@ -32,7 +32,8 @@ std::string send_pattern(TcpStream& stream, int client, Deadline deadline) {
     for (std::size_t i = 0; i < kChunk; ++i) chunk[i] = pattern(client, sent + i);
     if (auto r = stream.write_all(chunk, deadline); !r) return "write: " + r.error().message();
   }
-  if (auto r = stream.shutdown(TcpStream::Shutdown::kWrite); !r) return "shutdown: " + r.error().message();
+  if (auto r = stream.shutdown(TcpStream::Shutdown::kWrite); !r)
+    return "shutdown: " + r.error().message();
   return {};
 }
 
@@ -86,7 +87,8 @@ TEST(EchoIntegration, ThousandClientsEachSendOneMebibyteAndGetEveryByteBack) {
   ASSERT_TRUE(banner.has_value()) << "echo exited before listening";
   const std::string prefix = "echo: listening on ";
   ASSERT_TRUE(banner->starts_with(prefix)) << *banner;
-  auto server = Address::parse(banner->substr(prefix.size(), banner->find(' ', prefix.size()) - prefix.size()));
+  auto server = Address::parse(
+      banner->substr(prefix.size(), banner->find(' ', prefix.size()) - prefix.size()));
   ASSERT_TRUE(server.has_value()) << *banner;
 
   Runtime runtime(RuntimeOptions{.workers = 2});
@@ -96,7 +98,8 @@ TEST(EchoIntegration, ThousandClientsEachSendOneMebibyteAndGetEveryByteBack) {
     std::vector<JoinHandle<void>> clients;
     for (int c = 0; c < kClients; ++c) {
       auto& worker = runtime.worker(c % runtime.size());
-      clients.push_back(spawn_on(worker, [&, c] { failures[c] = run_client(*server, c, deadline); }));
+      clients.push_back(
+          spawn_on(worker, [&, c] { failures[c] = run_client(*server, c, deadline); }));
     }
     for (auto& c : clients) c.join();
     return failures;

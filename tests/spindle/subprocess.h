@@ -1,10 +1,10 @@
 #pragma once
 // A child process for integration tests: started with its stdout on a pipe, stopped by PID.
 
+#include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <chrono>

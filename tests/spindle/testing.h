@@ -29,7 +29,7 @@ inline long read_proc_number(const std::string& path) {
 }  // namespace spindle::testing
 
 /// A GoogleTest test whose body runs inside a fiber of a fresh two-worker Runtime.
-#define FIBER_TEST(Suite, Name)                                                           \
-  static void Suite##_##Name##_FiberBody();                                               \
-  TEST(Suite, Name) { ::spindle::testing::run_in_fiber(&Suite##_##Name##_FiberBody); }    \
+#define FIBER_TEST(Suite, Name)                                                        \
+  static void Suite##_##Name##_FiberBody();                                            \
+  TEST(Suite, Name) { ::spindle::testing::run_in_fiber(&Suite##_##Name##_FiberBody); } \
   static void Suite##_##Name##_FiberBody()

@@ -41,7 +41,8 @@ template <typename... Args>
 void log(LogLevel level, LogFormat format, const Args&... args) {
   if (level < log_level()) return;
   try {
-    detail::write_log_line(level, format.where, fmt::vformat(format.text, fmt::make_format_args(args...)));
+    detail::write_log_line(level, format.where,
+                           fmt::vformat(format.text, fmt::make_format_args(args...)));
   } catch (...) {
     detail::write_log_line(level, format.where, "(log line failed to format)");
   }

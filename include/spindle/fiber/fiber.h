@@ -5,9 +5,8 @@
 /// Users hold fibers through JoinHandle (spawn.h) and act on the current one through
 /// this_fiber (this_fiber.h); this header is the machinery both are built on.
 
-#include <boost/context/fiber.hpp>
-
 #include <atomic>
+#include <boost/context/fiber.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -19,8 +18,8 @@
 #include <vector>
 
 #include "spindle/fiber/spin_lock.h"
-#include "spindle/io/deadline.h"
 #include "spindle/fiber/stack_pool.h"
+#include "spindle/io/deadline.h"
 
 namespace spindle {
 

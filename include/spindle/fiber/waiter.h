@@ -48,7 +48,9 @@ class Waiter {
     return true;
   }
   /// The reason it was claimed for (kWaiting while parked).
-  WakeReason reason() const { return static_cast<WakeReason>(state_.load(std::memory_order_acquire)); }
+  WakeReason reason() const {
+    return static_cast<WakeReason>(state_.load(std::memory_order_acquire));
+  }
   /// The owning fiber, or nullptr for a thread.
   Fiber* fiber() const { return fiber_; }
 

@@ -37,8 +37,10 @@ class TcpServer {
   /// Binds `address` on every worker of `runtime` (started if needed) and starts accepting.
   /// With port 0 the first worker's port is reused by the others. Call from outside the
   /// runtime's workers or from one of its fibers. Fails with the first bind error.
-  [[nodiscard]] static Result<std::unique_ptr<TcpServer>> start(
-      Runtime& runtime, const Address& address, Handler handler, TcpServerOptions options = {});
+  [[nodiscard]] static Result<std::unique_ptr<TcpServer>> start(Runtime& runtime,
+                                                                const Address& address,
+                                                                Handler handler,
+                                                                TcpServerOptions options = {});
 
   /// Stops accepting (waits for the acceptor fibers to end). Connections already accepted run
   /// on. Idempotent.

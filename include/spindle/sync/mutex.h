@@ -1,6 +1,7 @@
 #pragma once
 /// Mutex: a fiber-aware mutual-exclusion lock (std::timed_mutex names). A contended lock()
-/// parks the fiber, never the thread; unlock() hands the lock straight to the first waiter.
+/// parks the fiber, never the thread; unlock() wakes the first waiter, which competes for the
+/// lock again (no hand-off: throughput over strict FIFO fairness).
 
 #include <atomic>
 #include <chrono>
@@ -38,12 +39,9 @@ class Mutex {
   bool try_lock_for(std::chrono::duration<Rep, Period> d) {
     return !lock_until(Deadline::after(d));
   }
-  /// Releases the lock, handing it to the first waiter if there is one.
+  /// Releases the lock and wakes the first waiter, if any.
   void unlock() {
-    std::uint32_t expected = kLocked;
-    if (!state_.compare_exchange_strong(expected, kUnlocked, std::memory_order_release)) {
-      unlock_slow();
-    }
+    if (state_.exchange(kUnlocked, std::memory_order_release) == kContended) unlock_slow();
   }
 
  private:

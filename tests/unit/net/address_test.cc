@@ -39,10 +39,9 @@ TEST(Address, RoundTripsThroughToString) {
 }
 
 TEST(Address, RejectsBadText) {
-  for (const char* text :
-       {"", "127.0.0.1", "127.0.0.1:", "127.0.0.1:http", "127.0.0.1:65536", "127.0.0.1:-1",
-        "127.0.0.1:80x", "256.0.0.1:80", "localhost:80", "::1:80", "[::1]", "[::1]:",
-        "[zz::1]:80", "unix:", ":80"}) {
+  for (const char* text : {"", "127.0.0.1", "127.0.0.1:", "127.0.0.1:http", "127.0.0.1:65536",
+                           "127.0.0.1:-1", "127.0.0.1:80x", "256.0.0.1:80", "localhost:80",
+                           "::1:80", "[::1]", "[::1]:", "[zz::1]:80", "unix:", ":80"}) {
     auto a = Address::parse(text);
     ASSERT_FALSE(a.has_value()) << "accepted '" << text << "'";
     EXPECT_EQ(a.error(), std::errc::invalid_argument) << text;

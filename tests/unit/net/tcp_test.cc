@@ -139,7 +139,8 @@ FIBER_TEST(TcpStream, SendfileSendsTheFileRange) {
   for (std::size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 31);
   ASSERT_EQ(std::fwrite(content.data(), 1, content.size(), file), content.size());
   std::fflush(file);
-  auto sender = spawn([&] { return pair.client.sendfile(fileno(file), 100, content.size() - 200); });
+  auto sender =
+      spawn([&] { return pair.client.sendfile(fileno(file), 100, content.size() - 200); });
   std::vector<char> got(content.size() - 200);
   ASSERT_TRUE(pair.server.read_exact(got, Deadline::after(10s)).has_value());
   EXPECT_EQ(sender.join().value(), content.size() - 200);
@@ -207,7 +208,8 @@ FIBER_TEST(TcpListener, AcceptTimesOutAndCanBeCancelled) {
 FIBER_TEST(TcpListener, BindingABusyPortWithoutReusePortFails) {
   auto first = TcpListener::bind(Address::loopback_v4(0), ListenOptions{.reuse_port = false});
   ASSERT_TRUE(first.has_value());
-  auto second = TcpListener::bind(first->local_address().value(), ListenOptions{.reuse_port = false});
+  auto second =
+      TcpListener::bind(first->local_address().value(), ListenOptions{.reuse_port = false});
   ASSERT_FALSE(second.has_value());
   EXPECT_EQ(second.error(), std::errc::address_in_use);
 }
@@ -249,8 +251,8 @@ TEST(TcpServer, AcceptsOnEveryWorkerAndServesConcurrentClients) {
       spawn_on(runtime.worker(i % 2), [&, i] {
         auto stream = TcpStream::connect(address, Deadline::after(5s));
         char c = static_cast<char>('a' + i % 26), back = 0;
-        if (stream && stream->write_all({&c, 1}) && stream->read_exact({&back, 1}, Deadline::after(5s)) &&
-            back == c) {
+        if (stream && stream->write_all({&c, 1}) &&
+            stream->read_exact({&back, 1}, Deadline::after(5s)) && back == c) {
           ++good;
         }
         group.done();
@@ -269,11 +271,13 @@ TEST(TcpServer, AcceptsOnEveryWorkerAndServesConcurrentClients) {
 
 TEST(TcpServer, StartFailsCleanlyWhenThePortIsTaken) {
   Runtime runtime(RuntimeOptions{.workers = 2});
-  auto first = TcpServer::start(runtime, Address::loopback_v4(0), [](TcpStream) {},
-                                TcpServerOptions{.listen = {.reuse_port = false}});
+  auto first = TcpServer::start(
+      runtime, Address::loopback_v4(0), [](TcpStream) {},
+      TcpServerOptions{.listen = {.reuse_port = false}});
   ASSERT_TRUE(first.has_value());
-  auto second = TcpServer::start(runtime, (*first)->address(), [](TcpStream) {},
-                                 TcpServerOptions{.listen = {.reuse_port = false}});
+  auto second = TcpServer::start(
+      runtime, (*first)->address(), [](TcpStream) {},
+      TcpServerOptions{.listen = {.reuse_port = false}});
   ASSERT_FALSE(second.has_value());
   EXPECT_EQ(second.error(), std::errc::address_in_use);
 }
@@ -303,7 +307,8 @@ FIBER_TEST(Resolver, ResolvesLocalhostFromTheHostsFileWithoutBlockingTheWorker) 
   ASSERT_FALSE(addresses->empty());
   for (const auto& a : *addresses) {
     EXPECT_EQ(a.port(), 8080);
-    EXPECT_TRUE(a.to_string().starts_with("127.") || a.to_string().starts_with("[::1]")) << a.to_string();
+    EXPECT_TRUE(a.to_string().starts_with("127.") || a.to_string().starts_with("[::1]"))
+        << a.to_string();
   }
   EXPECT_TRUE(ticked);
 }

@@ -1,0 +1,42 @@
+# The user-facing verbs. Each installs missing Debian packages first (scripts/install-deps.sh).
+#
+#   make run     build and start the server on 127.0.0.1:8080 (until the HTTP server lands:
+#                the echo example on 127.0.0.1:8080)
+#   make test    format check, then the whole suite in release, asan (ASan+UBSan) and tsan
+#   make build   release build: build/release/bin/
+#   make bench   micro-benchmarks and the echo throughput comparison, written to docs/
+#   make format  reformat every source file with clang-format
+
+SHELL := /bin/bash
+JOBS ?= $(shell nproc)
+
+.PHONY: run test build bench format format-check deps deps-test deps-bench debug asan tsan
+
+deps:
+	@scripts/install-deps.sh build
+deps-test:
+	@scripts/install-deps.sh test
+deps-bench:
+	@scripts/install-deps.sh bench
+
+build: deps
+	@scripts/build.sh release
+
+debug: deps
+	@scripts/build.sh debug
+
+run: build
+	build/release/bin/echo 127.0.0.1:8080
+
+test: deps-test
+	@scripts/run-tests.sh
+
+bench: deps-bench
+	@scripts/build.sh release
+	@bench/run.sh
+
+format: deps-test
+	@git ls-files '*.h' '*.cc' | xargs clang-format -i
+
+format-check: deps-test
+	@scripts/check-format.sh

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The whole suite: format check, then every test in the release and asan builds, then the
+# cross-worker tests under ThreadSanitizer. Fails if any test fails or if no test ran.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+scripts/prepare-test-host.sh
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+
+total_pass=0
+total_fail=0
+failed_runs=()
+
+# ctest in build/$1 with extra ctest arguments; adds its counts to the totals.
+run_ctest() {
+  local config=$1; shift
+  local log=build/$config/ctest.log
+  echo "== ctest ($config) =="
+  (cd "build/$config" && ctest --output-on-failure -j "$jobs" "$@") 2>&1 | tee "$log" | grep -E '^\s*[0-9]+/[0-9]+ Test .*(Failed|Timeout|Exception|Not Run)|tests passed|Total Test time'
+  local summary passed failed ran
+  summary=$(grep -E 'tests passed, [0-9]+ tests failed out of [0-9]+' "$log" | tail -1)
+  if [ -z "$summary" ]; then
+    echo "run-tests: ctest ($config) printed no summary: treated as a failure"
+    failed_runs+=("$config:no-summary"); return
+  fi
+  failed=$(sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\1/' <<<"$summary")
+  ran=$(sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\2/' <<<"$summary")
+  passed=$((ran - failed))
+  total_pass=$((total_pass + passed))
+  total_fail=$((total_fail + failed))
+  if [ "$ran" -eq 0 ]; then failed_runs+=("$config:no-tests"); fi
+  if [ "$failed" -ne 0 ]; then failed_runs+=("$config"); fi
+}
+
+if ! scripts/check-format.sh; then failed_runs+=("format"); fi
+
+for config in release asan; do
+  echo "== build ($config) =="
+  if ! scripts/build.sh "$config" >"build-$config.log" 2>&1 && ! scripts/build.sh "$config"; then
+    failed_runs+=("$config:build"); continue
+  fi
+  rm -f "build-$config.log"
+  run_ctest "$config"
+done
+
+echo "== build (tsan) =="
+if scripts/build.sh tsan unit_fiber unit_sync unit_net >build-tsan.log 2>&1 || scripts/build.sh tsan unit_fiber unit_sync unit_net; then
+  rm -f build-tsan.log
+  # The tests where fibers on different workers (and plain threads) wake each other.
+  # The 100k-fiber test and the death test say nothing more under TSan and take long there.
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" run_ctest tsan -L 'fiber|sync|net' \
+    -E 'HundredThousand|DeathTest|Integration'
+else
+  failed_runs+=("tsan:build")
+fi
+
+echo
+echo "run-tests: $total_pass passed, $total_fail failed"
+if [ ${#failed_runs[@]} -ne 0 ]; then
+  echo "run-tests: FAILED: ${failed_runs[*]}"
+  exit 1
+fi
+if [ "$total_pass" -eq 0 ]; then
+  echo "run-tests: no test ran: FAILED"
+  exit 1
+fi
+echo "$total_pass passed, $total_fail failed"
