@@ -126,9 +126,9 @@ void Fiber::cancel_wait() {
 
 Waiter::Waiter() : fiber_(current_fiber()) { timer.waiter = this; }
 
-void Waiter::wake() {
-  if (fiber_) {
-    fiber_->worker().schedule(fiber_);
+void Waiter::wake(Fiber* owner) {
+  if (owner) {
+    owner->worker().schedule(owner);
   } else {
     futex_wake_all(&state_);
   }

@@ -1,10 +1,36 @@
 #include "spindle/fiber/scheduler.h"
 
+#include <boost/context/detail/fcontext.hpp>
+
 #include <cassert>
 
 #include "sanitizer.h"
+#include "spindle/fiber/worker.h"
 
 namespace spindle {
+
+// Fibers switch with Boost.Context's fcontext primitives (make_fcontext / jump_fcontext), the
+// assembly under boost::context::fiber. Driving them directly lets a finished fiber simply
+// jump away and leave its stack to the pool: no forced unwinding, no frames that run after
+// the last switch (which would also confuse ThreadSanitizer's shadow stacks).
+namespace fctx = boost::context::detail;
+
+/// The first frame of every fiber: runs its body, then leaves its stack for good.
+struct FiberEntry {
+  [[noreturn]] static void run(fctx::transfer_t transfer) {
+    auto* fiber = static_cast<Fiber*>(transfer.data);
+    fiber->caller_ = transfer.fctx;
+    Scheduler& self = fiber->worker().scheduler();
+    sanitizer::finish_switch(nullptr, &self.thread_stack_bottom_, &self.thread_stack_size_);
+    fiber->main();
+    fiber->exited_ = true;
+    // The last switch: nullptr lets ASan free this stack's fake frames.
+    sanitizer::start_switch(nullptr, self.thread_stack_bottom_, self.thread_stack_size_);
+    sanitizer::tsan_switch(self.thread_tsan_fiber_);
+    fctx::jump_fcontext(fiber->caller_, nullptr);
+    __builtin_unreachable();
+  }
+};
 
 void Scheduler::push(Fiber* fiber) {
   fiber->next_ready_ = nullptr;
@@ -27,6 +53,11 @@ Fiber* Scheduler::pop() {
   return fiber;
 }
 
+void Scheduler::prepare(Fiber* fiber) {
+  fiber->context_ =
+      fctx::make_fcontext(fiber->stack_.top(), fiber->stack_.size, &FiberEntry::run);
+}
+
 bool Scheduler::resume(Fiber* fiber) {
   assert(current_ == nullptr);
   current_ = fiber;
@@ -34,11 +65,12 @@ bool Scheduler::resume(Fiber* fiber) {
   void* fake_stack = nullptr;
   sanitizer::start_switch(&fake_stack, fiber->stack_.base, fiber->stack_.size);
   sanitizer::tsan_switch(fiber->tsan_fiber_);
-  fiber->context_ = std::move(fiber->context_).resume();
+  fctx::transfer_t back = fctx::jump_fcontext(fiber->context_, fiber);
   sanitizer::finish_switch(fake_stack, nullptr, nullptr);
+  fiber->context_ = back.fctx;
   current_ = nullptr;
   if (after_.fn) std::exchange(after_, AfterSwitch{})();
-  return !fiber->context_;
+  return fiber->exited_;
 }
 
 void Scheduler::suspend(AfterSwitch after) {
@@ -47,18 +79,11 @@ void Scheduler::suspend(AfterSwitch after) {
   after_ = after;
   sanitizer::start_switch(&fiber->asan_fake_stack_, thread_stack_bottom_, thread_stack_size_);
   sanitizer::tsan_switch(thread_tsan_fiber_);
-  fiber->caller_ = std::move(fiber->caller_).resume();
+  fctx::transfer_t back = fctx::jump_fcontext(fiber->caller_, nullptr);
+  // Resumed: the scheduler's context may differ from the one we left (it is the same thread,
+  // but a different point in its loop).
+  fiber->caller_ = back.fctx;
   sanitizer::finish_switch(fiber->asan_fake_stack_, &thread_stack_bottom_, &thread_stack_size_);
-}
-
-void Scheduler::on_fiber_entry(Fiber*) {
-  sanitizer::finish_switch(nullptr, &thread_stack_bottom_, &thread_stack_size_);
-}
-
-void Scheduler::on_fiber_exit(Fiber*) {
-  // nullptr: this stack's fake frames can be freed, it is never resumed again.
-  sanitizer::start_switch(nullptr, thread_stack_bottom_, thread_stack_size_);
-  sanitizer::tsan_switch(thread_tsan_fiber_);
 }
 
 }  // namespace spindle

@@ -1,6 +1,5 @@
 #include "spindle/fiber/worker.h"
 
-#include <boost/context/stack_context.hpp>
 #include <cassert>
 
 #include "sanitizer.h"
@@ -13,32 +12,6 @@ namespace spindle {
 namespace {
 
 thread_local Worker* t_current_worker = nullptr;
-
-// Boost.Context's StackAllocator concept over a worker's StackPool; records the stack in the
-// fiber so that overflow reports and sanitizers know its bounds.
-class PooledStackAllocator {
- public:
-  PooledStackAllocator(StackPool& pool, Stack& record, std::size_t size)
-      : pool_(&pool), record_(&record), size_(size) {}
-
-  boost::context::stack_context allocate() {
-    Stack stack = pool_->allocate(size_);
-    *record_ = stack;
-    boost::context::stack_context context;
-    context.size = stack.size;
-    context.sp = stack.top();
-    return context;
-  }
-
-  void deallocate(boost::context::stack_context& context) {
-    pool_->deallocate(Stack{static_cast<char*>(context.sp) - context.size, context.size});
-  }
-
- private:
-  StackPool* pool_;
-  Stack* record_;
-  std::size_t size_;
-};
 
 }  // namespace
 
@@ -103,23 +76,14 @@ void Worker::schedule(Fiber* fiber) {
 void Worker::start_fiber(Fiber* fiber) {
   fiber->started_ = true;
   if (stopping_) fiber->stop_.store(true, std::memory_order_release);
-  std::size_t size = fiber->stack_size_;
   try {
-    fiber->context_ = boost::context::fiber(std::allocator_arg,
-                                            PooledStackAllocator(stacks_, fiber->stack_, size),
-                                            [fiber](boost::context::fiber&& caller) {
-                                              fiber->caller_ = std::move(caller);
-                                              Scheduler& scheduler = fiber->worker_->scheduler_;
-                                              scheduler.on_fiber_entry(fiber);
-                                              fiber->main();
-                                              scheduler.on_fiber_exit(fiber);
-                                              return std::move(fiber->caller_);
-                                            });
+    fiber->stack_ = stacks_.allocate(fiber->stack_size_);
   } catch (...) {
     // The spawner learns of it from join(), wherever it spawned from.
     fail_start(fiber, std::current_exception());
     return;
   }
+  Scheduler::prepare(fiber);
   fiber->tsan_fiber_ = sanitizer::tsan_create();
   fiber->next_live_ = live_head_;
   if (live_head_) live_head_->prev_live_ = fiber;
@@ -144,6 +108,8 @@ void Worker::retire_fiber(Fiber* fiber) {
   }
   if (fiber->next_live_) fiber->next_live_->prev_live_ = fiber->prev_live_;
   --live_count_;
+  // The fiber has left its stack for good: it can go back to the pool at once.
+  stacks_.deallocate(std::exchange(fiber->stack_, Stack{}));
   fiber->release();
 }
 

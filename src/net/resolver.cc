@@ -89,6 +89,8 @@ Result<std::vector<Address>> Resolver::resolve(std::string_view host, std::uint1
                                                Deadline deadline) {
   if (auto numeric = Address::from_host_port(host, port)) return std::vector<Address>{*numeric};
   if (host.empty()) return fail(gai_error(EAI_NONAME));
+  // Too late already: do not start a lookup nobody will wait for.
+  if (deadline.expired()) return fail(std::errc::timed_out);
   auto request = std::make_shared<Lookup>();
   request->host = std::string(host);
   request->port = port;

@@ -6,7 +6,6 @@
 /// this_fiber (this_fiber.h); this header is the machinery both are built on.
 
 #include <atomic>
-#include <boost/context/fiber.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -99,6 +98,7 @@ class Fiber {
  private:
   friend class Worker;
   friend class Scheduler;
+  friend struct FiberEntry;
   friend class FiberLocalStorage;
   friend std::error_code park(Waiter& waiter, Deadline deadline, bool cancellable,
                               AfterSwitch after);
@@ -122,12 +122,14 @@ class Fiber {
   std::size_t stack_size_;
   /// The stack, once started.
   Stack stack_;
-  /// The fiber's own context while it is suspended (empty while running or once finished).
-  boost::context::fiber context_;
-  /// The scheduler's context while the fiber runs.
-  boost::context::fiber caller_;
+  /// The fiber's saved context (a Boost.Context fcontext_t) while it is suspended.
+  void* context_ = nullptr;
+  /// The scheduler's saved context while the fiber runs.
+  void* caller_ = nullptr;
   /// True once the worker created the context.
   bool started_ = false;
+  /// True once the body has run to its end and the fiber switched away for good.
+  bool exited_ = false;
   /// Link in the scheduler's run queue or the worker's remote inbox.
   Fiber* next_ready_ = nullptr;
   /// Links in the worker's list of live fibers.
@@ -192,8 +194,6 @@ class FiberImpl final : public ResultFiber<T> {
       } else {
         this->value_.emplace((*fn_)());
       }
-    } catch (const boost::context::detail::forced_unwind&) {
-      throw;  // Boost.Context unwinding a fiber that is destroyed while suspended.
     } catch (...) {
       this->error_ = std::current_exception();
     }

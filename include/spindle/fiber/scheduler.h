@@ -29,12 +29,13 @@ class Scheduler {
   /// The fiber now running on this scheduler, or nullptr.
   Fiber* current() const { return current_; }
 
-  /// Sanitizer hook for the fiber's first instructions (no-op in normal builds).
-  void on_fiber_entry(Fiber* fiber);
-  /// Sanitizer hook for the fiber's last switch back (no-op in normal builds).
-  void on_fiber_exit(Fiber* fiber);
+  /// Prepares a new fiber's context on its stack (no switch happens yet).
+  static void prepare(Fiber* fiber);
 
  private:
+  /// Holds the first frame of every fiber (defined with the switching code).
+  friend struct FiberEntry;
+
   /// Head and tail of the intrusive run queue.
   Fiber* head_ = nullptr;
   Fiber* tail_ = nullptr;

@@ -39,12 +39,17 @@ class Waiter {
     return state_.compare_exchange_strong(expected, static_cast<std::uint32_t>(reason),
                                           std::memory_order_acq_rel, std::memory_order_acquire);
   }
-  /// Makes the owner runnable. Call after a successful claim(), from any thread.
-  void wake();
-  /// claim(kNotified) and wake(); true if this call woke the waiter.
+  /// Makes the owner runnable. Call after a successful claim(), and only for a fiber waiter
+  /// or from a path that knows the waiter still exists (see notify()).
+  void wake() { wake(fiber_); }
+  /// claim(kNotified) and wake(); true if this call woke the waiter. Safe from any thread while
+  /// the waiter is published (linked under the caller's lock).
   bool notify() {
+    // Read the owner before claiming: a thread waiter may see the claim, return and reuse this
+    // memory before we get to wake it.
+    Fiber* owner = fiber_;
     if (!claim(WakeReason::kNotified)) return false;
-    wake();
+    wake(owner);
     return true;
   }
   /// The reason it was claimed for (kWaiting while parked).
@@ -63,6 +68,10 @@ class Waiter {
   Timer timer;
 
  private:
+  /// Wakes `owner`, or this waiter's futex if it is a thread. Touches no member but the
+  /// futex address, which stays harmless after the waiter is gone.
+  void wake(Fiber* owner);
+
   friend std::error_code park(Waiter& waiter, Deadline deadline, bool cancellable,
                               AfterSwitch after);
   /// The owner fiber, or nullptr for a plain thread.
