@@ -150,12 +150,10 @@ void Worker::drain_inbox() {
 }
 
 void Worker::run_ready() {
-  // Only the fibers runnable now: those they wake or that yield wait for the next round, so
-  // I/O and timers are never starved.
-  for (std::size_t n = scheduler_.ready(); n > 0; --n) {
-    Fiber* fiber = scheduler_.pop();
-    if (scheduler_.resume(fiber)) retire_fiber(fiber);
-  }
+  // Fibers switch among themselves; after this many switches control comes back here, so
+  // that I/O and timers are never starved by fibers that keep yielding.
+  constexpr std::size_t kSwitchBudget = 64;
+  scheduler_.run(std::max(scheduler_.ready(), kSwitchBudget));
 }
 
 void Worker::fire_timers(Clock::time_point now) {
@@ -195,8 +193,11 @@ void Worker::poll(std::chrono::milliseconds timeout) {
 }
 
 void Worker::loop() {
+  // Runnable rounds between two looks at timers and the reactor.
+  constexpr int kRoundsPerPoll = 8;
   t_current_worker = this;
   AltSignalStack alt_stack;
+  int busy_rounds = 0;
   for (;;) {
     if (inbox_nonempty_.load(std::memory_order_acquire)) drain_inbox();
     if (!stopping_ && stop_requested_.load(std::memory_order_acquire)) {
@@ -206,6 +207,10 @@ void Worker::loop() {
     }
     run_ready();
     if (stopping_ && live_count_ == 0 && !inbox_nonempty_.load(std::memory_order_acquire)) break;
+    // While fibers are runnable, keep running them and look at timers and sockets only every
+    // few rounds: an epoll_wait per round would cost more than the rounds themselves.
+    if (scheduler_.ready() > 0 && ++busy_rounds < kRoundsPerPoll) continue;
+    busy_rounds = 0;
     auto now = Clock::now();
     fire_timers(now);
     if (stopping_ && !stop_warned_ && now - stop_started_ > std::chrono::seconds(5)) {

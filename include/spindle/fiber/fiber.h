@@ -124,12 +124,8 @@ class Fiber {
   Stack stack_;
   /// The fiber's saved context (a Boost.Context fcontext_t) while it is suspended.
   void* context_ = nullptr;
-  /// The scheduler's saved context while the fiber runs.
-  void* caller_ = nullptr;
   /// True once the worker created the context.
   bool started_ = false;
-  /// True once the body has run to its end and the fiber switched away for good.
-  bool exited_ = false;
   /// Link in the scheduler's run queue or the worker's remote inbox.
   Fiber* next_ready_ = nullptr;
   /// Links in the worker's list of live fibers.

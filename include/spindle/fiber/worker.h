@@ -66,6 +66,7 @@ class Worker {
 
  private:
   friend class Runtime;
+  friend struct FiberEntry;
 
   Worker(Runtime& runtime, std::size_t index, const RuntimeOptions& options);
 

@@ -244,11 +244,15 @@ TEST(Runtime, SpawnOutsideAWorkerThrows) {
 }
 
 namespace {
+// Deliberately unbounded: it must run into the guard page.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Winfinite-recursion"
 int recurse(int depth) {
   volatile char frame[512];
   frame[0] = static_cast<char>(depth);
   return recurse(depth + 1) + frame[0];
 }
+#pragma GCC diagnostic pop
 }  // namespace
 
 TEST(FiberDeathTest, StackOverflowCrashesWithAClearMessage) {
