@@ -78,7 +78,8 @@ BENCHMARK(BM_SpawnJoin_spindle)->UseRealTime();
 void BM_SpawnJoin_pthread(benchmark::State& state) {
   for (auto _ : state) {
     pthread_t thread;
-    pthread_create(&thread, nullptr, [](void*) -> void* { return nullptr; }, nullptr);
+    pthread_create(
+        &thread, nullptr, [](void*) -> void* { return nullptr; }, nullptr);
     pthread_join(thread, nullptr);
   }
   state.SetItemsProcessed(state.iterations());

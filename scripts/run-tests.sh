@@ -16,7 +16,7 @@ run_ctest() {
   local config=$1; shift
   local log=build/$config/ctest.log
   echo "== ctest ($config) =="
-  (cd "build/$config" && ctest --output-on-failure -j "$jobs" "$@") 2>&1 | tee "$log" | grep -E '^\s*[0-9]+/[0-9]+ Test .*(Failed|Timeout|Exception|Not Run)|tests passed|Total Test time'
+  (cd "build/$config" && ctest --output-on-failure -j "$jobs" "$@") 2>&1 | tee "$log" | grep -E '\*\*\*(Failed|Timeout|Exception)|Not Run|tests passed|Total Test time'
   local summary passed failed ran
   summary=$(grep -E 'tests passed, [0-9]+ tests failed out of [0-9]+' "$log" | tail -1)
   if [ -z "$summary" ]; then
