@@ -33,9 +33,11 @@ static int flush(struct conn* c) {
   return 0;
 }
 
-/* Echoes until the socket has nothing more or the output must wait; -1 on close/error. */
-static int serve(struct conn* c) {
-  if (flush(c) < 0) return -1;
+/* Echoes until the socket has nothing more or the output must wait; -1 on close/error.
+ * Only what the event asks for: no recv on a bare EPOLLOUT, no send with nothing pending. */
+static int serve(struct conn* c, unsigned events) {
+  if (c->pending > 0 && flush(c) < 0) return -1;
+  if (!(events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) return 0;
   while (c->pending == 0) {
     ssize_t n = recv(c->fd, c->data, BUFFER, 0);
     if (n == 0) return -1;
@@ -81,7 +83,7 @@ int main(int argc, char** argv) {
         }
         continue;
       }
-      if (serve(c) < 0) {
+      if (serve(c, events[i].events) < 0) {
         close(c->fd);
         free(c);
       }

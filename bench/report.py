@@ -117,7 +117,7 @@ def main():
     right.set_xticks(list(x), names)
     right.set_ylabel("messages / s")
     right.set_title("Echo throughput (same run)")
-    right.legend()
+    right.legend(loc="lower center")
     fig.tight_layout()
     fig.savefig(a.chart, dpi=110)
 
