@@ -259,4 +259,12 @@ std::error_code wait_ready(IoSlot& slot, IoDirection direction, Deadline deadlin
   return ec;
 }
 
+void cancel_waits(IoSlot& slot) {
+  for (Waiter** parked : {&slot.reader, &slot.writer}) {
+    if (Waiter* waiter = std::exchange(*parked, nullptr)) {
+      if (waiter->claim(WakeReason::kCanceled)) waiter->wake();
+    }
+  }
+}
+
 }  // namespace spindle

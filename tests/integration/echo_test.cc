@@ -112,3 +112,10 @@ TEST(EchoIntegration, ThousandClientsEachSendOneMebibyteAndGetEveryByteBack) {
   EXPECT_EQ(failed, 0);
   EXPECT_EQ(echo.stop(SIGTERM, 10s), 0) << "echo did not stop cleanly on SIGTERM";
 }
+
+TEST(EchoIntegration, BadAddressIsReportedWithTheAcceptedForms) {
+  spindle::testing::Subprocess echo({SPINDLE_ECHO_BINARY, "localhost:80"});
+  ASSERT_TRUE(echo.started());
+  EXPECT_FALSE(echo.read_line().has_value());  // nothing on stdout: it never listened
+  EXPECT_EQ(echo.stop(0, 10s), 2);
+}

@@ -54,10 +54,10 @@ class Subprocess {
     if (!s.empty() && s.back() == '\n') s.pop_back();
     return s;
   }
-  /// Sends `signo` and waits up to `timeout` for the exit; returns the exit code, or -1 if it
-  /// was killed by a signal or did not exit in time (it is then killed).
+  /// Sends `signo` (0: none, just wait) and waits up to `timeout` for the exit; returns the
+  /// exit code, or -1 if it was killed by a signal or did not exit in time (it is then killed).
   int stop(int signo, std::chrono::seconds timeout) {
-    ::kill(pid_, signo);
+    if (signo != 0) ::kill(pid_, signo);
     auto deadline = std::chrono::steady_clock::now() + timeout;
     int status = 0;
     while (::waitpid(pid_, &status, WNOHANG) == 0) {

@@ -17,4 +17,8 @@ enum class IoDirection { kRead, kWrite };
 /// EAGAIN: readiness is edge-triggered. Outside a fiber: std::errc::operation_not_permitted.
 [[nodiscard]] std::error_code wait_ready(IoSlot& slot, IoDirection direction, Deadline deadline);
 
+/// Wakes the fibers parked on `slot` (their wait returns std::errc::operation_canceled), so
+/// that the slot can be released: used when a socket is closed under a waiting fiber.
+void cancel_waits(IoSlot& slot);
+
 }  // namespace spindle

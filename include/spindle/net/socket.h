@@ -37,7 +37,8 @@ class Socket {
   int fd() const { return fd_.get(); }
   /// True while open.
   bool is_open() const { return static_cast<bool>(fd_); }
-  /// Unregisters and closes. Idempotent.
+  /// Unregisters and closes. A fiber parked on the socket wakes with
+  /// std::errc::operation_canceled. Idempotent.
   void close();
 
   /// The local address (getsockname).

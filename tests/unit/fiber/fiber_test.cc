@@ -76,6 +76,13 @@ FIBER_TEST(Fiber, SleepForWaitsAtLeastTheDuration) {
   EXPECT_GE(spindle::Clock::now() - start, 20ms);
 }
 
+FIBER_TEST(Fiber, SleepUntilAPastDeadlineReturnsAtOnce) {
+  auto start = spindle::Clock::now();
+  EXPECT_FALSE(this_fiber::sleep_until(Deadline::at(start - 1s)));
+  EXPECT_FALSE(this_fiber::sleep_until(Deadline::at(start + 15ms)));
+  EXPECT_GE(spindle::Clock::now() - start, 15ms);
+}
+
 FIBER_TEST(Fiber, SleepingFibersWakeInDeadlineOrder) {
   std::vector<int> order;
   std::vector<spindle::JoinHandle<void>> handles;
@@ -237,6 +244,19 @@ TEST(Runtime, DetachedFiberExceptionEndsOnlyThatFiber) {
     return spawn([] { return 3; }).join();
   });
   EXPECT_EQ(after, 3);
+}
+
+TEST(Runtime, PostFromAPlainThreadRunsOnTheWorker) {
+  Runtime runtime(RuntimeOptions{.workers = 2});
+  runtime.start();
+  std::atomic<int> ran_on{-1};
+  spindle::Event done;
+  runtime.worker(1).post([&] {
+    ran_on = static_cast<int>(spindle::Worker::current()->index());
+    done.set();
+  });
+  EXPECT_FALSE(done.wait(Deadline::after(10s)));
+  EXPECT_EQ(ran_on.load(), 1);
 }
 
 TEST(Runtime, SpawnOutsideAWorkerThrows) {

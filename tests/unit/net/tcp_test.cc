@@ -348,3 +348,19 @@ TEST(TcpServer, WithoutReusePortOneListenerFeedsEveryWorker) {
   EXPECT_EQ(served_by[0].load(), 10);
   EXPECT_EQ(served_by[1].load(), 10);
 }
+
+FIBER_TEST(TcpStream, ClosingAStreamWakesAFiberParkedOnIt) {
+  auto pair = connect_pair();
+  auto reader = spawn([&] {
+    char buffer[8];
+    return pair.server.read(buffer, Deadline::after(10s)).error();
+  });
+  (void)this_fiber::sleep_for(5ms);
+  pair.server.close();
+  EXPECT_EQ(reader.join(), std::errc::operation_canceled);
+  // The released slot is reusable: a new connection on this worker works normally.
+  auto next = connect_pair();
+  ASSERT_TRUE(next.client.write_all(std::string_view("ok")).has_value());
+  char buffer[2];
+  EXPECT_TRUE(next.server.read_exact(buffer, Deadline::after(5s)).has_value());
+}
