@@ -1,0 +1,107 @@
+#pragma once
+/// HeaderMap: HTTP header fields — case-insensitive names, insertion order kept, repeated names
+/// allowed. Fields are string_views: into the read buffer for a parsed request (no copy), into
+/// the map's own arena for values a handler adds. The first 24 fields and 1 KiB of copied text
+/// need no allocation.
+
+#include <array>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+namespace spindle::http {
+
+/// True if `a` and `b` are equal ignoring ASCII case.
+bool iequals(std::string_view a, std::string_view b);
+
+/// One header field.
+struct Field {
+  /// The name as received or added (compare with iequals).
+  std::string_view name;
+  /// The value, without surrounding whitespace.
+  std::string_view value;
+};
+
+/// An ordered multimap of header fields.
+class HeaderMap {
+ public:
+  HeaderMap() = default;
+  HeaderMap(const HeaderMap&) = delete;
+  HeaderMap& operator=(const HeaderMap&) = delete;
+  HeaderMap(HeaderMap&&) = delete;
+  HeaderMap& operator=(HeaderMap&&) = delete;
+
+  /// Appends a field whose text outlives the map (a parsed buffer, a literal). No copy.
+  void add_view(std::string_view name, std::string_view value);
+  /// Appends a field, copying name and value into the map.
+  void add(std::string_view name, std::string_view value);
+  /// Replaces every field named `name` with one field (copied).
+  void set(std::string_view name, std::string_view value);
+  /// Removes every field named `name`; returns how many.
+  std::size_t erase(std::string_view name);
+  /// Removes everything (keeps the first arena block).
+  void clear();
+
+  /// The first value of `name`, if present.
+  std::optional<std::string_view> get(std::string_view name) const;
+  /// True if a field named `name` is present.
+  bool contains(std::string_view name) const { return get(name).has_value(); }
+  /// How many fields are named `name`.
+  std::size_t count(std::string_view name) const;
+  /// True if `name`'s comma-separated values contain `token` (case-insensitive), as for
+  /// `Connection: keep-alive, Upgrade`.
+  bool has_token(std::string_view name, std::string_view token) const;
+
+  /// Number of fields.
+  std::size_t size() const { return size_; }
+  /// True if there are none.
+  bool empty() const { return size_ == 0; }
+  /// Field `i` in insertion order.
+  const Field& operator[](std::size_t i) const { return i < kInline ? inline_[i] : overflow_[i - kInline]; }
+
+  /// Iteration in insertion order.
+  class Iterator {
+   public:
+    Iterator(const HeaderMap* map, std::size_t i) : map_(map), i_(i) {}
+    const Field& operator*() const { return (*map_)[i_]; }
+    const Field* operator->() const { return &(*map_)[i_]; }
+    Iterator& operator++() {
+      ++i_;
+      return *this;
+    }
+    bool operator==(const Iterator& o) const { return i_ == o.i_; }
+
+   private:
+    const HeaderMap* map_;
+    std::size_t i_;
+  };
+  Iterator begin() const { return {this, 0}; }
+  Iterator end() const { return {this, size_}; }
+
+ private:
+  static constexpr std::size_t kInline = 24;
+  static constexpr std::size_t kArenaInline = 1024;
+
+  Field& at(std::size_t i) { return i < kInline ? inline_[i] : overflow_[i - kInline]; }
+  /// Copies `text` into the arena; the view stays valid until clear() or destruction.
+  std::string_view copy(std::string_view text);
+
+  /// The first fields.
+  std::array<Field, kInline> inline_{};
+  /// Fields beyond kInline.
+  std::vector<Field> overflow_;
+  /// Number of fields.
+  std::size_t size_ = 0;
+  /// First arena block, and how much of it is used.
+  char arena_[kArenaInline];
+  std::size_t arena_used_ = 0;
+  /// Further blocks for copied text that does not fit (never moved, so views stay valid).
+  std::vector<std::unique_ptr<char[]>> blocks_;
+  /// Free bytes left at the end of the last block, and where they start.
+  char* block_free_ = nullptr;
+  std::size_t block_left_ = 0;
+};
+
+}  // namespace spindle::http

@@ -1,0 +1,84 @@
+#pragma once
+/// The HTTP/1 request-head parser: a pure function over bytes (no I/O, no allocation for up to
+/// 24 header fields), incremental, zero-copy (the parsed head points into the input), strict to
+/// RFC 9110/9112. Every rejection carries the status to answer with; after any of them the
+/// connection's framing can no longer be trusted and it must be closed.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "spindle/http/header_map.h"
+
+namespace spindle::http {
+
+/// Size limits of a request head.
+struct ParserLimits {
+  /// Longest request line (method, target, version); longer gets 414.
+  std::size_t max_request_line = 8 * 1024;
+  /// Longest head (request line and all header lines); longer gets 431.
+  std::size_t max_head = 16 * 1024;
+  /// Most header fields; more get 431.
+  std::size_t max_headers = 100;
+};
+
+/// A parsed request head. The views point into the parsed input and live as long as it does.
+struct RequestHead {
+  /// The method token, e.g. "GET" (case-sensitive, as RFC 9110 says).
+  std::string_view method;
+  /// The request target as sent: origin-form "/a?b", absolute-form "http://h/a",
+  /// authority-form "h:443" (CONNECT) or "*" (OPTIONS).
+  std::string_view target;
+  /// The minor version: 0 for HTTP/1.0, 1 for HTTP/1.1 (and later 1.x, answered as 1.1).
+  int minor_version = 1;
+  /// All header fields, in order.
+  HeaderMap headers;
+  /// The body length from Content-Length, if present.
+  std::optional<std::uint64_t> content_length;
+  /// True if the body is chunked (Transfer-Encoding: chunked).
+  bool chunked = false;
+  /// True if the connection may carry another request after this one.
+  bool keep_alive = true;
+  /// True if the client sent "Expect: 100-continue" (HTTP/1.1).
+  bool expect_continue = false;
+
+  /// Clears everything for the next request.
+  void clear();
+};
+
+/// The outcome of RequestParser::parse.
+struct ParseResult {
+  /// What happened.
+  enum class State { kIncomplete, kComplete, kError };
+  /// kComplete: the head was parsed; kIncomplete: more bytes are needed; kError: rejected.
+  State state = State::kIncomplete;
+  /// kComplete: the bytes the head took (the body, if any, starts there).
+  std::size_t consumed = 0;
+  /// kError: the status to answer with (400, 414, 417, 431, 501, 505).
+  int status = 0;
+  /// kError: a short reason for the log and the error page.
+  std::string_view reason;
+};
+
+/// Parses one request head at a time.
+class RequestParser {
+ public:
+  /// A parser with `limits`.
+  explicit RequestParser(ParserLimits limits = {}) : limits_(limits) {}
+
+  /// Parses the head at the start of `input`. After kIncomplete call again with the same bytes
+  /// plus more (it does not rescan what it has seen). After kComplete or kError call reset()
+  /// before the next request. `head` is filled only on kComplete.
+  ParseResult parse(std::string_view input, RequestHead& head);
+  /// Forgets the progress of the current request.
+  void reset() { scanned_ = 0; }
+
+ private:
+  /// The limits in force.
+  ParserLimits limits_;
+  /// Bytes of the current input already known not to hold the end of the head.
+  std::size_t scanned_ = 0;
+};
+
+}  // namespace spindle::http

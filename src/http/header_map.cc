@@ -1,0 +1,118 @@
+#include "spindle/http/header_map.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace spindle::http {
+namespace {
+
+constexpr char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; }
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+}  // namespace
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (lower(a[i]) != lower(b[i])) return false;
+  }
+  return true;
+}
+
+void HeaderMap::add_view(std::string_view name, std::string_view value) {
+  if (size_ < kInline) {
+    inline_[size_] = {name, value};
+  } else {
+    overflow_.push_back({name, value});
+  }
+  ++size_;
+}
+
+void HeaderMap::add(std::string_view name, std::string_view value) {
+  std::string_view n = copy(name);
+  add_view(n, copy(value));
+}
+
+void HeaderMap::set(std::string_view name, std::string_view value) {
+  erase(name);
+  add(name, value);
+}
+
+std::size_t HeaderMap::erase(std::string_view name) {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < size_; ++i) {
+    if (!iequals(at(i).name, name)) at(kept++) = at(i);
+  }
+  std::size_t removed = size_ - kept;
+  size_ = kept;
+  if (size_ <= kInline) {
+    overflow_.clear();
+  } else {
+    overflow_.resize(size_ - kInline);
+  }
+  return removed;
+}
+
+void HeaderMap::clear() {
+  size_ = 0;
+  overflow_.clear();
+  arena_used_ = 0;
+  blocks_.clear();
+  block_free_ = nullptr;
+  block_left_ = 0;
+}
+
+std::optional<std::string_view> HeaderMap::get(std::string_view name) const {
+  for (const Field& f : *this) {
+    if (iequals(f.name, name)) return f.value;
+  }
+  return std::nullopt;
+}
+
+std::size_t HeaderMap::count(std::string_view name) const {
+  std::size_t n = 0;
+  for (const Field& f : *this) n += iequals(f.name, name) ? 1 : 0;
+  return n;
+}
+
+bool HeaderMap::has_token(std::string_view name, std::string_view token) const {
+  for (const Field& f : *this) {
+    if (!iequals(f.name, name)) continue;
+    std::string_view rest = f.value;
+    while (!rest.empty()) {
+      std::size_t comma = rest.find(',');
+      if (iequals(trim(rest.substr(0, comma)), token)) return true;
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+  }
+  return false;
+}
+
+std::string_view HeaderMap::copy(std::string_view text) {
+  if (text.empty()) return {};
+  if (arena_used_ + text.size() <= kArenaInline) {
+    char* out = arena_ + arena_used_;
+    std::memcpy(out, text.data(), text.size());
+    arena_used_ += text.size();
+    return {out, text.size()};
+  }
+  if (block_left_ < text.size()) {
+    std::size_t size = std::max<std::size_t>(4096, text.size());
+    blocks_.push_back(std::make_unique<char[]>(size));
+    block_free_ = blocks_.back().get();
+    block_left_ = size;
+  }
+  char* out = block_free_;
+  std::memcpy(out, text.data(), text.size());
+  block_free_ += text.size();
+  block_left_ -= text.size();
+  return {out, text.size()};
+}
+
+}  // namespace spindle::http

@@ -1,0 +1,249 @@
+#include "spindle/http/http1_parser.h"
+
+#include <array>
+
+namespace spindle::http {
+namespace {
+
+using State = ParseResult::State;
+
+constexpr std::string_view kCrlf = "\r\n";
+
+// RFC 9110 tchar: the characters of a token (method, field name, coding).
+constexpr std::array<bool, 256> make_tchar_table() {
+  std::array<bool, 256> t{};
+  for (int c = '0'; c <= '9'; ++c) t[c] = true;
+  for (int c = 'a'; c <= 'z'; ++c) t[c] = true;
+  for (int c = 'A'; c <= 'Z'; ++c) t[c] = true;
+  for (char c : std::string_view("!#$%&'*+-.^_`|~")) t[static_cast<unsigned char>(c)] = true;
+  return t;
+}
+constexpr auto kTchar = make_tchar_table();
+
+bool is_tchar(char c) { return kTchar[static_cast<unsigned char>(c)]; }
+
+// A field value may hold HTAB, SP, visible ASCII and obs-text; no other control character
+// (so no NUL, no bare CR, no LF).
+bool is_field_value_char(char c) {
+  auto u = static_cast<unsigned char>(c);
+  return u == '\t' || (u >= 0x20 && u != 0x7f);
+}
+
+// The request target: visible ASCII only.
+bool is_target_char(char c) {
+  auto u = static_cast<unsigned char>(c);
+  return u > 0x20 && u < 0x7f;
+}
+
+std::string_view trim_ows(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+ParseResult error(int status, std::string_view reason) {
+  return {State::kError, 0, status, reason};
+}
+
+// Content-Length: 1*DIGIT, or a list of identical ones ("5, 5", which RFC 9110 lets a
+// recipient accept). Signs, hex, spaces inside and overflow are errors.
+std::optional<std::uint64_t> parse_content_length(std::string_view value) {
+  std::optional<std::uint64_t> result;
+  while (true) {
+    std::size_t comma = value.find(',');
+    std::string_view item = trim_ows(value.substr(0, comma));
+    if (item.empty() || item.size() > 18) return std::nullopt;  // 18 digits cannot overflow
+    std::uint64_t n = 0;
+    for (char c : item) {
+      if (c < '0' || c > '9') return std::nullopt;
+      n = n * 10 + static_cast<std::uint64_t>(c - '0');
+    }
+    if (result && *result != n) return std::nullopt;
+    result = n;
+    if (comma == std::string_view::npos) return result;
+    value.remove_prefix(comma + 1);
+  }
+}
+
+// Request line: method SP request-target SP HTTP-version (without CRLF).
+ParseResult parse_request_line(std::string_view line, RequestHead& head) {
+  std::size_t sp1 = line.find(' ');
+  if (sp1 == 0 || sp1 == std::string_view::npos) return error(400, "malformed request line");
+  head.method = line.substr(0, sp1);
+  for (char c : head.method) {
+    if (!is_tchar(c)) return error(400, "invalid character in method");
+  }
+  std::string_view rest = line.substr(sp1 + 1);
+  std::size_t sp2 = rest.find(' ');
+  if (sp2 == 0 || sp2 == std::string_view::npos) return error(400, "malformed request line");
+  head.target = rest.substr(0, sp2);
+  for (char c : head.target) {
+    if (!is_target_char(c)) return error(400, "invalid character in request target");
+  }
+  std::string_view version = rest.substr(sp2 + 1);
+  if (version.size() != 8 || !version.starts_with("HTTP/") || version[6] != '.' ||
+      version[5] < '0' || version[5] > '9' || version[7] < '0' || version[7] > '9') {
+    return error(400, "malformed HTTP version");
+  }
+  if (version[5] != '1') return error(505, "HTTP version not supported");
+  head.minor_version = version[7] == '0' ? 0 : 1;
+
+  // The four target forms, each only where it belongs.
+  std::string_view t = head.target;
+  bool origin = t.front() == '/';
+  bool absolute = t.find("://") != std::string_view::npos && is_tchar(t.front());
+  bool asterisk = t == "*" && head.method == "OPTIONS";
+  bool authority = head.method == "CONNECT" && !origin && t.find('/') == std::string_view::npos;
+  if (!origin && !absolute && !asterisk && !authority) return error(400, "invalid request target");
+  return {State::kComplete, 0, 0, {}};
+}
+
+// Transfer-Encoding: only "chunked" is supported, and it must come last (RFC 9112 6.1, 6.3).
+ParseResult check_transfer_encoding(const RequestHead& head, bool& chunked) {
+  chunked = false;
+  bool other = false;
+  std::string_view last;
+  for (const Field& f : head.headers) {
+    if (!iequals(f.name, "transfer-encoding")) continue;
+    std::string_view rest = f.value;
+    while (true) {
+      std::size_t comma = rest.find(',');
+      std::string_view coding = trim_ows(rest.substr(0, comma));
+      coding = trim_ows(coding.substr(0, coding.find(';')));
+      if (coding.empty()) return error(400, "empty transfer coding");
+      if (iequals(coding, "chunked")) {
+        if (chunked) return error(400, "chunked applied twice");
+        chunked = true;
+      } else {
+        other = true;
+      }
+      last = coding;
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+  }
+  if (!iequals(last, "chunked")) return error(400, "chunked is not the final transfer coding");
+  if (other) return error(501, "transfer coding not implemented");
+  return {State::kComplete, 0, 0, {}};
+}
+
+// What the header fields mean for framing and the connection.
+ParseResult interpret_headers(RequestHead& head) {
+  bool has_te = false;
+  std::size_t hosts = 0;
+  for (const Field& f : head.headers) {
+    if (iequals(f.name, "content-length")) {
+      auto n = parse_content_length(f.value);
+      if (!n) return error(400, "invalid Content-Length");
+      if (head.content_length && *head.content_length != *n) {
+        return error(400, "conflicting Content-Length");
+      }
+      head.content_length = n;
+    } else if (iequals(f.name, "transfer-encoding")) {
+      has_te = true;
+    } else if (iequals(f.name, "host")) {
+      ++hosts;
+    }
+  }
+  if (has_te) {
+    if (head.content_length) return error(400, "both Content-Length and Transfer-Encoding");
+    if (head.minor_version == 0) return error(400, "Transfer-Encoding in an HTTP/1.0 request");
+    auto te = check_transfer_encoding(head, head.chunked);
+    if (te.state == State::kError) return te;
+  }
+  if (hosts > 1) return error(400, "more than one Host");
+  if (hosts == 0 && head.minor_version == 1) return error(400, "missing Host");
+
+  if (head.minor_version == 1) {
+    head.keep_alive = !head.headers.has_token("connection", "close");
+    if (auto expect = head.headers.get("expect")) {
+      if (!iequals(*expect, "100-continue")) return error(417, "unsupported expectation");
+      head.expect_continue = true;
+    }
+  } else {
+    head.keep_alive = head.headers.has_token("connection", "keep-alive") &&
+                      !head.headers.has_token("connection", "close");
+  }
+  return {State::kComplete, 0, 0, {}};
+}
+
+// One header line (without CRLF).
+ParseResult parse_field(std::string_view line, RequestHead& head) {
+  if (line.front() == ' ' || line.front() == '\t') return error(400, "obsolete line folding");
+  std::size_t colon = 0;
+  while (colon < line.size() && is_tchar(line[colon])) ++colon;
+  if (colon == line.size() || line[colon] != ':') {
+    return error(400, colon == line.size() ? "header line without colon"
+                                           : "invalid character in header name");
+  }
+  if (colon == 0) return error(400, "empty header name");
+  std::string_view value = line.substr(colon + 1);
+  for (char c : value) {
+    if (!is_field_value_char(c)) return error(400, "invalid character in header value");
+  }
+  head.headers.add_view(line.substr(0, colon), trim_ows(value));
+  return {State::kComplete, 0, 0, {}};
+}
+
+}  // namespace
+
+void RequestHead::clear() {
+  method = {};
+  target = {};
+  minor_version = 1;
+  headers.clear();
+  content_length.reset();
+  chunked = false;
+  keep_alive = true;
+  expect_continue = false;
+}
+
+ParseResult RequestParser::parse(std::string_view input, RequestHead& head) {
+  // RFC 9112 2.2: ignore empty lines before the request line.
+  std::size_t start = 0;
+  while (input.substr(start, 2) == kCrlf) start += 2;
+  std::string_view message = input.substr(start);
+  if (message.empty() || message == "\r") return {State::kIncomplete, 0, 0, {}};
+
+  std::size_t from = scanned_ > start + 3 ? scanned_ - start - 3 : 0;
+  std::size_t end = message.find("\r\n\r\n", from);
+  std::size_t line_end = message.find(kCrlf);
+  if (end == std::string_view::npos) {
+    // Fail early on a request line that is already too long or already wrong.
+    if (line_end == std::string_view::npos) {
+      if (message.size() > limits_.max_request_line) return error(414, "request line too long");
+      // Not even a method (a TLS handshake sent to a plain port, say): no need to wait.
+      for (char c : message.substr(0, message.find(' '))) {
+        if (!is_tchar(c)) return error(400, "invalid character in method");
+      }
+    } else if (scanned_ <= start + line_end + 2) {  // the request line is new: check it once
+      if (line_end > limits_.max_request_line) return error(414, "request line too long");
+      RequestHead probe;
+      auto r = parse_request_line(message.substr(0, line_end), probe);
+      if (r.state == State::kError) return r;
+    }
+    if (message.size() > limits_.max_head) return error(431, "request header too large");
+    scanned_ = input.size();
+    return {State::kIncomplete, 0, 0, {}};
+  }
+  if (end + 4 > limits_.max_head) return error(431, "request header too large");
+  if (line_end > limits_.max_request_line) return error(414, "request line too long");
+
+  head.clear();
+  if (auto r = parse_request_line(message.substr(0, line_end), head); r.state == State::kError) {
+    return r;
+  }
+  std::size_t pos = line_end + 2;
+  while (pos < end + 2) {
+    std::size_t eol = message.find(kCrlf, pos);
+    std::string_view line = message.substr(pos, eol - pos);
+    if (line.find('\r') != std::string_view::npos) return error(400, "bare CR in header");
+    if (head.headers.size() == limits_.max_headers) return error(431, "too many header fields");
+    if (auto r = parse_field(line, head); r.state == State::kError) return r;
+    pos = eol + 2;
+  }
+  if (auto r = interpret_headers(head); r.state == State::kError) return r;
+  return {State::kComplete, start + end + 4, 0, {}};
+}
+
+}  // namespace spindle::http

@@ -1,0 +1,79 @@
+#include "spindle/http/header_map.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+using spindle::http::HeaderMap;
+
+TEST(HeaderMap, LooksUpNamesCaseInsensitively) {
+  HeaderMap h;
+  h.add_view("Content-Type", "text/plain");
+  EXPECT_EQ(h.get("content-type"), "text/plain");
+  EXPECT_EQ(h.get("CONTENT-TYPE"), "text/plain");
+  EXPECT_FALSE(h.get("content-length").has_value());
+}
+
+TEST(HeaderMap, KeepsOrderAndRepeatedNames) {
+  HeaderMap h;
+  h.add_view("Set-Cookie", "a=1");
+  h.add_view("X", "y");
+  h.add_view("set-cookie", "b=2");
+  ASSERT_EQ(h.size(), 3u);
+  EXPECT_EQ(h[0].value, "a=1");
+  EXPECT_EQ(h[2].value, "b=2");
+  EXPECT_EQ(h.count("SET-COOKIE"), 2u);
+  EXPECT_EQ(h.get("set-cookie"), "a=1");  // the first
+}
+
+TEST(HeaderMap, SetReplacesEveryFieldOfThatName) {
+  HeaderMap h;
+  h.add_view("A", "1");
+  h.add_view("B", "2");
+  h.add_view("a", "3");
+  h.set("A", "4");
+  EXPECT_EQ(h.count("a"), 1u);
+  EXPECT_EQ(h.get("a"), "4");
+  EXPECT_EQ(h[0].name, "B");
+}
+
+TEST(HeaderMap, CopiesAddedTextSoTheCallersBufferMayChange) {
+  HeaderMap h;
+  std::string name = "X-Temp", value = "original";
+  h.add(name, value);
+  name = "changed";
+  value = "changed!";
+  EXPECT_EQ(h.get("x-temp"), "original");
+}
+
+TEST(HeaderMap, HoldsManyLargeFieldsBeyondTheInlineCapacity) {
+  HeaderMap h;
+  for (int i = 0; i < 200; ++i) {
+    h.add("X-" + std::to_string(i), std::string(100, static_cast<char>('a' + i % 26)));
+  }
+  ASSERT_EQ(h.size(), 200u);
+  for (int i = 0; i < 200; ++i) {
+    EXPECT_EQ(h.get("x-" + std::to_string(i)), std::string(100, static_cast<char>('a' + i % 26)));
+  }
+  EXPECT_EQ(h.erase("x-7"), 1u);
+  EXPECT_EQ(h.size(), 199u);
+  EXPECT_EQ(h[199 - 1].name, "X-199");
+}
+
+TEST(HeaderMap, FindsTokensInCommaSeparatedValues) {
+  HeaderMap h;
+  h.add_view("Connection", "keep-alive, Upgrade");
+  h.add_view("Connection", " close ");
+  EXPECT_TRUE(h.has_token("connection", "upgrade"));
+  EXPECT_TRUE(h.has_token("connection", "CLOSE"));
+  EXPECT_FALSE(h.has_token("connection", "keep"));
+}
+
+TEST(HeaderMap, ClearEmptiesIt) {
+  HeaderMap h;
+  h.add("A", "1");
+  h.clear();
+  EXPECT_TRUE(h.empty());
+  h.add("B", "2");
+  EXPECT_EQ(h.get("b"), "2");
+}
