@@ -5,12 +5,13 @@
 #   make test    format check, then the whole suite in release, asan (ASan+UBSan) and tsan
 #   make build   release build: build/release/bin/
 #   make bench   micro-benchmarks and the echo throughput comparison, written to docs/
+#   make fuzz    libFuzzer drivers for the HTTP/1 parser and chunked decoder (FUZZ_SECONDS each)
 #   make format  reformat every source file with clang-format
 
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 
-.PHONY: run test build bench format format-check deps deps-test deps-bench debug asan tsan
+.PHONY: run test build bench fuzz format format-check deps deps-test deps-bench debug asan tsan
 
 deps:
 	@scripts/install-deps.sh build
@@ -40,3 +41,6 @@ format: deps-test
 
 format-check: deps-test
 	@scripts/check-format.sh
+
+fuzz: deps-test
+	@scripts/fuzz.sh
