@@ -1,7 +1,6 @@
 # The user-facing verbs. Each installs missing Debian packages first (scripts/install-deps.sh).
 #
-#   make run     build and start the server on 127.0.0.1:8080 (until the HTTP server lands:
-#                the echo example on 127.0.0.1:8080)
+#   make run     build and start spindle on 127.0.0.1:8080 (embedded default configuration)
 #   make test    format check, then the whole suite in release, asan (ASan+UBSan) and tsan
 #   make build   release build: build/release/bin/
 #   make bench   micro-benchmarks and the echo throughput comparison, written to docs/
@@ -27,7 +26,7 @@ debug: deps
 	@scripts/build.sh debug
 
 run: build
-	build/release/bin/echo 127.0.0.1:8080
+	build/release/bin/spindle serve
 
 test: deps-test
 	@scripts/run-tests.sh

@@ -32,6 +32,24 @@ run_ctest() {
   if [ "$failed" -ne 0 ]; then failed_runs+=("$config"); fi
 }
 
+# pytest integration suite against build/$1; adds its counts to the totals.
+run_pytest() {
+  local config=$1
+  local log=build/$config/pytest.log
+  echo "== pytest ($config) =="
+  /usr/bin/python3 -m pytest tests/integration -q -p no:cacheprovider --build "build/$config" \
+    2>&1 | tee "$log" | tail -n 15
+  local code=${PIPESTATUS[0]}
+  local passed failed
+  passed=$(grep -oE '[0-9]+ passed' "$log" | tail -1 | cut -d' ' -f1)
+  failed=$(grep -oE '[0-9]+ (failed|error)' "$log" | awk '{s+=$1} END {print s+0}')
+  total_pass=$((total_pass + ${passed:-0}))
+  total_fail=$((total_fail + failed))
+  # Exit code 5 is pytest's "no tests collected": never a success.
+  if [ "$code" -eq 5 ] || [ -z "$passed" ]; then failed_runs+=("$config:pytest-no-tests"); return; fi
+  if [ "$code" -ne 0 ]; then failed_runs+=("$config:pytest"); fi
+}
+
 if ! scripts/check-format.sh; then failed_runs+=("format"); fi
 
 for config in release asan; do
@@ -41,6 +59,7 @@ for config in release asan; do
   fi
   rm -f "build-$config.log"
   run_ctest "$config"
+  run_pytest "$config"
 done
 
 echo "== build (tsan) =="

@@ -24,6 +24,33 @@ bool iequals(std::string_view a, std::string_view b) {
   return true;
 }
 
+void HeaderMap::take(HeaderMap&& other) noexcept {
+  std::memcpy(arena_, other.arena_, other.arena_used_);
+  arena_used_ = other.arena_used_;
+  const char* from = other.arena_;
+  auto repoint = [&](std::string_view v) {
+    if (v.data() >= from && v.data() < from + other.arena_used_) {
+      return std::string_view(arena_ + (v.data() - from), v.size());
+    }
+    return v;  // a borrowed view or text in a heap block: stays where it is
+  };
+  size_ = other.size_;
+  for (std::size_t i = 0; i < std::min(size_, kInline); ++i) {
+    inline_[i] = {repoint(other.inline_[i].name), repoint(other.inline_[i].value)};
+  }
+  overflow_ = std::move(other.overflow_);
+  for (Field& f : overflow_) f = {repoint(f.name), repoint(f.value)};
+  blocks_ = std::move(other.blocks_);
+  block_free_ = other.block_free_;
+  block_left_ = other.block_left_;
+  other.size_ = 0;
+  other.arena_used_ = 0;
+  other.overflow_.clear();
+  other.blocks_.clear();
+  other.block_free_ = nullptr;
+  other.block_left_ = 0;
+}
+
 void HeaderMap::add_view(std::string_view name, std::string_view value) {
   if (size_ < kInline) {
     inline_[size_] = {name, value};

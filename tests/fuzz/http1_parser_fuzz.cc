@@ -35,7 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (once.state == ParseResult::State::kComplete) {
     check(once.consumed <= size);
     check(inside(head.method, input) && inside(head.target, input));
-    for (const auto& field : head.headers) check(inside(field.name, input) && inside(field.value, input));
+    for (const auto& field : head.headers)
+      check(inside(field.name, input) && inside(field.value, input));
   }
 
   // The same bytes in two pieces, split where the first byte says.

@@ -30,8 +30,15 @@ class HeaderMap {
   HeaderMap() = default;
   HeaderMap(const HeaderMap&) = delete;
   HeaderMap& operator=(const HeaderMap&) = delete;
-  HeaderMap(HeaderMap&&) = delete;
-  HeaderMap& operator=(HeaderMap&&) = delete;
+  /// Moves the fields; views into the moved-from map's own text are re-pointed to ours.
+  HeaderMap(HeaderMap&& other) noexcept { take(std::move(other)); }
+  HeaderMap& operator=(HeaderMap&& other) noexcept {
+    if (this != &other) {
+      clear();
+      take(std::move(other));
+    }
+    return *this;
+  }
 
   /// Appends a field whose text outlives the map (a parsed buffer, a literal). No copy.
   void add_view(std::string_view name, std::string_view value);
@@ -59,7 +66,9 @@ class HeaderMap {
   /// True if there are none.
   bool empty() const { return size_ == 0; }
   /// Field `i` in insertion order.
-  const Field& operator[](std::size_t i) const { return i < kInline ? inline_[i] : overflow_[i - kInline]; }
+  const Field& operator[](std::size_t i) const {
+    return i < kInline ? inline_[i] : overflow_[i - kInline];
+  }
 
   /// Iteration in insertion order.
   class Iterator {
@@ -85,6 +94,8 @@ class HeaderMap {
   static constexpr std::size_t kArenaInline = 1024;
 
   Field& at(std::size_t i) { return i < kInline ? inline_[i] : overflow_[i - kInline]; }
+  /// The move: fields, arena text (re-pointing views into it) and blocks.
+  void take(HeaderMap&& other) noexcept;
   /// Copies `text` into the arena; the view stays valid until clear() or destruction.
   std::string_view copy(std::string_view text);
 

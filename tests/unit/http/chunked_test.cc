@@ -12,7 +12,7 @@ namespace {
 struct Decoded {
   std::string body;
   bool done = false;
-  int status = 0;  // of an error
+  int status = 0;        // of an error
   std::size_t left = 0;  // bytes after the body
 };
 
@@ -47,8 +47,9 @@ Decoded decode(const std::string& text, std::size_t piece, std::uint64_t max_bod
 }  // namespace
 
 TEST(ChunkedDecoder, DecodesChunksExtensionsAndTrailers) {
-  std::string text = "5\r\nhello\r\n6;name=value\r\n world\r\nA \t; ext\r\n0123456789\r\n0\r\n"
-                     "Trailer-A: x\r\n\r\nNEXT";
+  std::string text =
+      "5\r\nhello\r\n6;name=value\r\n world\r\nA \t; ext\r\n0123456789\r\n0\r\n"
+      "Trailer-A: x\r\n\r\nNEXT";
   auto d = decode(text, text.size());
   ASSERT_TRUE(d.done) << d.status;
   EXPECT_EQ(d.body, "hello world0123456789");

@@ -77,3 +77,20 @@ TEST(HeaderMap, ClearEmptiesIt) {
   h.add("B", "2");
   EXPECT_EQ(h.get("b"), "2");
 }
+
+TEST(HeaderMap, MoveKeepsCopiedAndBorrowedText) {
+  HeaderMap a;
+  a.add("Copied", "value");               // in a's inline arena
+  a.add_view("Borrowed", "static text");  // a literal
+  for (int i = 0; i < 40; ++i) a.add("X-" + std::to_string(i), std::string(50, 'q'));  // heap
+  HeaderMap b(std::move(a));
+  EXPECT_TRUE(a.empty());
+  a.add("Reused", "overwrites a's arena");  // must not show through b
+  EXPECT_EQ(b.get("copied"), "value");
+  EXPECT_EQ(b.get("borrowed"), "static text");
+  EXPECT_EQ(b.get("x-39"), std::string(50, 'q'));
+  HeaderMap c;
+  c = std::move(b);
+  EXPECT_EQ(c.get("copied"), "value");
+  EXPECT_EQ(c.size(), 42u);
+}

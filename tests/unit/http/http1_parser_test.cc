@@ -103,10 +103,10 @@ TEST(Http1Parser, KeepAliveFollowsVersionAndConnection) {
 
 TEST(Http1Parser, RecognisesExpectContinueAndRejectsOtherExpectations) {
   RequestHead head;
-  ASSERT_EQ(parse("PUT / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 100-Continue\r\n\r\n",
-                  head)
-                .state,
-            State::kComplete);
+  ASSERT_EQ(
+      parse("PUT / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nExpect: 100-Continue\r\n\r\n", head)
+          .state,
+      State::kComplete);
   EXPECT_TRUE(head.expect_continue);
   EXPECT_EQ(status_of("PUT / HTTP/1.1\r\nHost: h\r\nExpect: teapot\r\n\r\n"), 417);
 }
@@ -148,23 +148,26 @@ TEST(Http1Parser, RejectsContentLengthWithChunked) {
 }
 
 TEST(Http1Parser, RejectsDifferingDuplicateContentLength) {
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"),
-            400);
+  EXPECT_EQ(
+      status_of("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n"),
+      400);
   EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5, 6\r\n\r\n"), 400);
 }
 
 TEST(Http1Parser, RejectsSignedHexEmptyAndOverflowingContentLength) {
-  for (const char* value : {"+5", "-5", "0x10", "1a", "", " ", "5 5", "1.0",
-                            "99999999999999999999", "18446744073709551616", "5,", ",5"}) {
-    std::string text = std::string("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: ") + value +
-                       "\r\n\r\n";
+  for (const char* value : {"+5", "-5", "0x10", "1a", "", " ", "5 5", "1.0", "99999999999999999999",
+                            "18446744073709551616", "5,", ",5"}) {
+    std::string text =
+        std::string("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: ") + value + "\r\n\r\n";
     EXPECT_EQ(status_of(text), 400) << "Content-Length: '" << value << "'";
   }
 }
 
 TEST(Http1Parser, RejectsUnknownAndNonFinalTransferCodings) {
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"), 501);
-  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"), 400);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n"),
+            501);
+  EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"),
+            400);
   EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: identity\r\n\r\n"), 400);
   EXPECT_EQ(status_of("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n"
                       "Transfer-Encoding: chunked\r\n\r\n"),

@@ -1,0 +1,64 @@
+#pragma once
+// The spindle configuration: a YAML file (or the embedded default) turned into a checked model.
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "spindle/http/server.h"
+#include "spindle/net/address.h"
+
+namespace spindle::app {
+
+/// The embedded default configuration used when no --config is given.
+extern const char* const kDefaultConfig;
+
+/// A configuration error: "FILE:LINE: KEY: what is wrong".
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// Where and how access log lines are written.
+struct AccessLogConfig {
+  /// Off entirely.
+  bool enabled = true;
+  /// A file path, or "-" for standard output.
+  std::string path = "-";
+  /// "combined" (Apache/nginx combined format) or "json" (one JSON object per line).
+  std::string format = "combined";
+};
+
+/// One `servers` entry.
+struct ServerConfig {
+  /// Where to listen.
+  Address listen = Address::loopback_v4(8080);
+  /// Serve the built-in site: a welcome page at /, /plaintext and /json.
+  bool default_site = true;
+  /// Serve static files from this directory ("" for none).
+  std::string root;
+  /// Limits and timeouts.
+  http::ServerOptions http;
+  /// The access log.
+  AccessLogConfig access_log;
+};
+
+/// The whole configuration.
+struct Config {
+  /// Worker threads; 0 means one per core.
+  std::size_t threads = 0;
+  /// The servers.
+  std::vector<ServerConfig> servers;
+};
+
+/// Parses YAML `text` read from `file` (used in error messages). Throws ConfigError for
+/// unknown keys and bad values, naming the file, line and key.
+Config parse_config(const std::string& text, const std::string& file);
+
+/// Reads and parses `file`. Throws ConfigError (also when it cannot be read).
+Config load_config(const std::string& file);
+
+}  // namespace spindle::app

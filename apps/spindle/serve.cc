@@ -1,0 +1,95 @@
+#include "serve.h"
+
+#include <fmt/format.h>
+
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "config.h"
+#include "site.h"
+#include "spindle/base/log.h"
+#include "spindle/fiber/runtime.h"
+#include "spindle/http/server.h"
+#include "spindle/net/signal_set.h"
+
+namespace spindle::app {
+namespace {
+
+constexpr auto kGracePeriod = std::chrono::seconds(10);
+
+Config effective_config(const ServeFlags& flags) {
+  Config config = flags.config.empty() ? parse_config(kDefaultConfig, "(built-in configuration)")
+                                       : load_config(flags.config);
+  if (flags.threads) config.threads = *flags.threads;
+  if (flags.listen) {
+    auto address = Address::parse(*flags.listen);
+    if (!address) {
+      throw ConfigError(
+          fmt::format("--listen: bad address '{}': expected IPv4:PORT, [IPv6]:PORT or unix:PATH",
+                      *flags.listen));
+    }
+    config.servers.at(0).listen = *address;
+  }
+  if (flags.root) config.servers.at(0).root = *flags.root;
+  return config;
+}
+
+}  // namespace
+
+int check_config(const std::string& file) {
+  try {
+    Config config = load_config(file);
+    fmt::print("{}: ok ({} server{})\n", file, config.servers.size(),
+               config.servers.size() == 1 ? "" : "s");
+    return 0;
+  } catch (const ConfigError& e) {
+    fmt::print(stderr, "spindle: {}\n", e.what());
+    return 1;
+  }
+}
+
+int serve(const ServeFlags& flags) {
+  Config config;
+  try {
+    config = effective_config(flags);
+  } catch (const ConfigError& e) {
+    fmt::print(stderr, "spindle: {}\n", e.what());
+    return 1;
+  }
+  // Before the runtime, so that its threads inherit the blocked mask.
+  SignalSet signals{SIGINT, SIGTERM};
+  Runtime runtime(RuntimeOptions{.workers = config.threads});
+
+  std::vector<std::unique_ptr<http::HttpServer>> servers;
+  for (const ServerConfig& server : config.servers) {
+    auto router = build_site(server);
+    if (!router) {
+      fmt::print(stderr, "spindle: {}\n", router.error());
+      return 1;
+    }
+    auto started = http::HttpServer::start(runtime, server.listen, std::move(*router), server.http);
+    if (!started) {
+      fmt::print(stderr, "spindle: cannot listen on {}: {}\n", server.listen.to_string(),
+                 started.error().message());
+      return 1;
+    }
+    fmt::print("{{\"event\":\"listening\",\"address\":\"{}\",\"workers\":{},\"version\":\"{}\"}}\n",
+               (*started)->address().to_string(), runtime.size(), kVersion);
+    servers.push_back(std::move(*started));
+  }
+  std::fflush(stdout);
+
+  auto signal = runtime.block_on([&] { return signals.wait(); });
+  int signo = signal ? *signal : 0;
+  log_info("{}: stopping; in-flight requests have {} s to finish",
+           signo ? strsignal(signo) : "stop", kGracePeriod.count());
+  auto deadline = Deadline::after(kGracePeriod);
+  bool clean = true;
+  for (auto& server : servers) clean = server->drain(deadline) && clean;
+  if (!clean) log_warn("grace period over: closing the remaining connections");
+  return 0;
+}
+
+}  // namespace spindle::app

@@ -1,0 +1,40 @@
+#include "site.h"
+
+#include <fmt/format.h>
+
+namespace spindle::app {
+namespace {
+
+constexpr const char* kWelcomePage = R"(<!DOCTYPE html>
+<html>
+<head><meta charset="utf-8"><title>Welcome to spindle</title></head>
+<body>
+<h1>Welcome to spindle</h1>
+<p>If you see this page, the spindle web server is working.</p>
+<p>Try <a href="/plaintext">/plaintext</a> and <a href="/json">/json</a>.</p>
+</body>
+</html>
+)";
+
+}  // namespace
+
+std::expected<http::Router, std::string> build_site(const ServerConfig& server) {
+  http::Router router;
+  if (server.default_site) {
+    // /plaintext and /json exactly as the TechEmpower benchmarks define them.
+    router.get("/plaintext",
+               [](http::Request&) { return http::Response(200, "Hello, World!", "text/plain"); });
+    router.get("/json", [](http::Request&) {
+      return http::Response(200, R"({"message":"Hello, World!"})", "application/json");
+    });
+    if (server.root.empty()) {
+      router.get("/", [](http::Request&) { return http::Response::html(kWelcomePage); });
+    }
+  }
+  if (!server.root.empty()) {
+    return std::unexpected(fmt::format("{}: static files are not implemented yet", server.root));
+  }
+  return router;
+}
+
+}  // namespace spindle::app

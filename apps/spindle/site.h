@@ -1,0 +1,16 @@
+#pragma once
+// The routes a `servers` entry serves: the built-in site and static files.
+
+#include <expected>
+#include <string>
+
+#include "config.h"
+#include "spindle/http/router.h"
+
+namespace spindle::app {
+
+/// The router for one server: the built-in site (welcome page, /plaintext, /json) if enabled,
+/// static files from its root if set. Fails with a message if the root is unusable.
+std::expected<http::Router, std::string> build_site(const ServerConfig& server);
+
+}  // namespace spindle::app

@@ -1,0 +1,105 @@
+#pragma once
+/// Request, Response and HttpError: what a handler sees and returns.
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "spindle/http/header_map.h"
+#include "spindle/http/http1_parser.h"
+
+namespace spindle::http {
+
+/// One request as a handler sees it. The views stay valid until the handler returns.
+class Request {
+ public:
+  /// A request over a parsed head (which it refers to) and its complete body.
+  Request(const RequestHead& head, std::string body);
+
+  /// The method, e.g. "GET" (a HEAD request is seen as HEAD; the router also runs GET routes
+  /// for it and the server drops the body).
+  std::string_view method() const { return head_->method; }
+  /// The request target as sent.
+  std::string_view target() const { return head_->target; }
+  /// The path part of the target (still percent-encoded); "/" for "*" and authority forms.
+  std::string_view path() const { return path_; }
+  /// The query after '?', without it ("" if none).
+  std::string_view query() const { return query_; }
+  /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+  int minor_version() const { return head_->minor_version; }
+  /// The header fields.
+  const HeaderMap& headers() const { return head_->headers; }
+  /// The first value of a header field, or "".
+  std::string_view header(std::string_view name) const { return headers().get(name).value_or(""); }
+  /// The body (complete; its size is within the server's limit).
+  const std::string& body() const { return body_; }
+
+  /// The value of a route parameter ({name} or *name), or "".
+  std::string_view param(std::string_view name) const;
+  /// Sets a route parameter (the router does).
+  void set_param(std::string_view name, std::string_view value);
+  /// Clears the route parameters.
+  void clear_params() { params_.clear(); }
+
+ private:
+  /// The parsed head.
+  const RequestHead* head_;
+  /// The body.
+  std::string body_;
+  /// Path and query split from the target.
+  std::string_view path_, query_;
+  /// Route parameters, in pattern order.
+  std::vector<std::pair<std::string_view, std::string_view>> params_;
+};
+
+/// A response. The server adds Date, Server, Content-Length and Connection.
+struct Response {
+  /// The status code.
+  int status = 200;
+  /// Header fields set by the handler.
+  HeaderMap headers;
+  /// The body (ignored for HEAD requests and for 1xx/204/304).
+  std::string body;
+
+  Response() = default;
+  /// A response with `status` and no body.
+  explicit Response(int s) : status(s) {}
+  /// A response with `status`, a body and its Content-Type.
+  Response(int s, std::string b, std::string_view content_type) : status(s), body(std::move(b)) {
+    headers.add(std::string_view("Content-Type"), content_type);
+  }
+
+  /// 200 with a text/plain body.
+  static Response text(std::string body, int status = 200) {
+    return Response(status, std::move(body), "text/plain; charset=utf-8");
+  }
+  /// 200 with an application/json body (already serialized).
+  static Response json(std::string body, int status = 200) {
+    return Response(status, std::move(body), "application/json");
+  }
+  /// 200 with a text/html body.
+  static Response html(std::string body, int status = 200) {
+    return Response(status, std::move(body), "text/html; charset=utf-8");
+  }
+  /// A short error page for `status` (its reason phrase, plus `detail` if given).
+  static Response error(int status, std::string_view detail = {});
+};
+
+/// Thrown by a handler to answer with `status` instead of 500.
+class HttpError : public std::runtime_error {
+ public:
+  /// An error answered with `status`; `message` goes to the log and the error page.
+  HttpError(int status, const std::string& message)
+      : std::runtime_error(message), status_(status) {}
+  /// The status to answer with.
+  int status() const { return status_; }
+
+ private:
+  /// The status.
+  int status_;
+};
+
+}  // namespace spindle::http

@@ -1,0 +1,81 @@
+#pragma once
+/// HttpServer: HTTP/1.1 over TcpServer — one fiber per connection running the HTTP/1 driver:
+/// keep-alive, Connection: close, HTTP/1.0, pipelining (every complete request in the buffer
+/// is answered, in order, and the responses go out in one write), Expect: 100-continue,
+/// Content-Length and chunked request bodies within a size limit, a Date header cached per
+/// worker per second, a Server header, and timeouts for slow clients.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "spindle/base/error.h"
+#include "spindle/fiber/runtime.h"
+#include "spindle/http/http1_parser.h"
+#include "spindle/http/router.h"
+#include "spindle/io/deadline.h"
+#include "spindle/net/address.h"
+#include "spindle/net/tcp_server.h"
+
+namespace spindle::http {
+
+/// Limits and timeouts of an HttpServer.
+struct ServerOptions {
+  /// Request line / head / header-count limits (414, 431).
+  ParserLimits parser;
+  /// Largest request body accepted (413 beyond).
+  std::uint64_t max_body = 1 << 20;
+  /// Time allowed to receive a whole request head once its first byte arrived (408 beyond).
+  std::chrono::milliseconds header_timeout{10'000};
+  /// Time allowed between two reads of a request body (408 beyond).
+  std::chrono::milliseconds body_timeout{30'000};
+  /// How long an idle keep-alive connection is kept open.
+  std::chrono::milliseconds keepalive_timeout{60'000};
+  /// Time allowed to write a response.
+  std::chrono::milliseconds write_timeout{30'000};
+  /// Most requests on one connection (then it is closed after the response); 0: no limit.
+  std::size_t max_requests_per_connection = 0;
+  /// The Server header ("" for none).
+  std::string server_name = "spindle";
+  /// Listener settings.
+  TcpServerOptions tcp;
+};
+
+/// Serves a Router over HTTP/1.1 on every worker of a runtime.
+class HttpServer {
+ public:
+  /// Binds `address` and starts serving `router` (moved in, then read-only).
+  [[nodiscard]] static Result<std::unique_ptr<HttpServer>> start(Runtime& runtime,
+                                                                 const Address& address,
+                                                                 Router router,
+                                                                 ServerOptions options = {});
+  /// Stops accepting new connections (idempotent). Open connections go on.
+  void stop();
+  /// Graceful shutdown: stops accepting, closes idle keep-alive connections at once, lets
+  /// each busy one finish its current request and close, and waits for them until `deadline`.
+  /// Returns true if every connection ended in time. Call from outside the runtime's workers.
+  bool drain(Deadline deadline);
+  /// Connections open now.
+  std::size_t connections() const;
+  ~HttpServer();
+
+  /// The bound address (with the real port).
+  const Address& address() const { return tcp_->address(); }
+
+ private:
+  HttpServer() = default;
+
+ public:
+  /// State shared by the server and its connections (internal).
+  struct Shared;
+
+ private:
+  /// What every connection reads: router, options, per-worker Date caches.
+  std::shared_ptr<Shared> shared_;
+  /// The TCP layer.
+  std::unique_ptr<TcpServer> tcp_;
+};
+
+}  // namespace spindle::http

@@ -1,0 +1,16 @@
+#pragma once
+/// HTTP status codes and their reason phrases (RFC 9110 section 15).
+
+#include <string_view>
+
+namespace spindle::http {
+
+/// The reason phrase of `status` ("OK", "Not Found", ...), or "Unknown".
+std::string_view reason_phrase(int status);
+
+/// True for statuses whose responses never have a body (1xx, 204, 304).
+constexpr bool status_has_no_body(int status) {
+  return (status >= 100 && status < 200) || status == 204 || status == 304;
+}
+
+}  // namespace spindle::http

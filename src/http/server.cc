@@ -1,0 +1,420 @@
+#include "spindle/http/server.h"
+
+#include <fmt/format.h>
+#include <sys/uio.h>
+
+#include <atomic>
+#include <cstring>
+#include <ctime>
+#include <set>
+#include <vector>
+
+#include "spindle/base/log.h"
+#include "spindle/fiber/this_fiber.h"
+#include "spindle/http/chunked.h"
+#include "spindle/http/status.h"
+#include "spindle/sync/wait_group.h"
+
+namespace spindle::http {
+namespace {
+
+// The Date header value, formatted at most once per second per worker.
+struct alignas(64) DateCache {
+  std::time_t second = -1;
+  char text[32] = {};
+
+  std::string_view now() {
+    std::time_t t = std::time(nullptr);
+    if (t != second) {
+      second = t;
+      std::tm tm{};
+      ::gmtime_r(&t, &tm);
+      std::strftime(text, sizeof text, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    }
+    return {text, 29};
+  }
+};
+
+// Responses bigger than this are written from their own buffer instead of being copied.
+constexpr std::size_t kCopyBodyLimit = 16 * 1024;
+
+class Connection;
+
+// What a worker knows of its connections: the Date cache and who is idle (for draining).
+struct alignas(64) WorkerState {
+  DateCache date;
+  std::set<Connection*> idle;
+};
+
+}  // namespace
+
+struct HttpServer::Shared {
+  Router router;
+  ServerOptions options;
+  Runtime* runtime = nullptr;
+  std::vector<WorkerState> workers;  // one per worker, touched only by that worker
+  WaitGroup active;                  // open connections
+  std::atomic<bool> draining{false};
+};
+
+namespace {
+
+// One HTTP/1 connection: read, parse, answer, in a loop, on the connection's fiber.
+class Connection {
+ public:
+  Connection(TcpStream stream, HttpServer::Shared& shared, WorkerState& worker)
+      : stream_(std::move(stream)),
+        options_(shared.options),
+        router_(shared.router),
+        date_(worker.date),
+        shared_(shared),
+        worker_(worker),
+        parser_(shared.options.parser),
+        buffer_(shared.options.parser.max_head + 4096) {}
+
+  void serve();
+  /// Ends an idle wait (draining). Owner worker only.
+  void wake_idle() { fiber_->request_stop(); }
+
+ private:
+  enum class Read { kData, kClosed, kTimedOut, kFailed };
+
+  /// Reads more bytes into the buffer (flushing queued responses first).
+  Read read_more(Deadline deadline);
+  /// Reads the body the head announces into `body`; false (after queuing an error response
+  /// or on a dead connection) if the connection must close.
+  bool read_body(std::string& body);
+  bool read_sized_body(std::uint64_t length, std::string& body);
+  bool read_chunked_body(std::string& body);
+  /// Takes up to `n` buffered bytes (spill first, then the buffer).
+  std::string_view take_buffered(std::size_t n);
+  /// Runs the router, turning exceptions into responses.
+  Response respond(Request& request);
+  /// Serializes `response` for the current head into the output queue.
+  void queue(Response& response, bool head_only, bool close);
+  /// Queues a bare error response.
+  void queue_error(int status, std::string_view reason);
+  /// Writes everything queued; false if the connection failed.
+  bool flush();
+  /// Moves unparsed bytes to the front of the buffer.
+  void compact();
+
+  TcpStream stream_;
+  const ServerOptions& options_;
+  const Router& router_;
+  DateCache& date_;
+  HttpServer::Shared& shared_;
+  WorkerState& worker_;
+  /// The fiber serving this connection.
+  Fiber* fiber_ = current_fiber();
+  RequestParser parser_;
+  RequestHead head_;
+  /// Read buffer: [begin_, end_) is received but not yet parsed.
+  std::vector<char> buffer_;
+  std::size_t begin_ = 0, end_ = 0;
+  /// Bytes read past a body while the head still pointed into buffer_; they go back in after.
+  std::string spill_;
+  std::size_t spill_begin_ = 0;
+  /// Response bytes waiting for the next write, and a large body to write after them.
+  std::string out_;
+  std::string big_body_;
+  /// Requests answered on this connection.
+  std::size_t requests_ = 0;
+};
+
+Connection::Read Connection::read_more(Deadline deadline) {
+  if (!flush()) return Read::kFailed;
+  if (end_ == buffer_.size()) compact();
+  auto n = stream_.read({buffer_.data() + end_, buffer_.size() - end_}, deadline);
+  if (!n) return n.error() == std::errc::timed_out ? Read::kTimedOut : Read::kFailed;
+  if (*n == 0) return Read::kClosed;
+  end_ += *n;
+  return Read::kData;
+}
+
+void Connection::compact() {
+  if (begin_ == 0) return;
+  std::memmove(buffer_.data(), buffer_.data() + begin_, end_ - begin_);
+  end_ -= begin_;
+  begin_ = 0;
+}
+
+std::string_view Connection::take_buffered(std::size_t n) {
+  if (spill_begin_ < spill_.size()) {
+    std::string_view s = std::string_view(spill_).substr(spill_begin_, n);
+    spill_begin_ += s.size();
+    return s;
+  }
+  std::string_view s(buffer_.data() + begin_, std::min(n, end_ - begin_));
+  begin_ += s.size();
+  return s;
+}
+
+bool Connection::read_sized_body(std::uint64_t length, std::string& body) {
+  body.reserve(length);
+  body.append(take_buffered(length));
+  while (body.size() < length) {
+    // Read straight into the body: the buffer still holds the head the handler will see.
+    std::size_t have = body.size();
+    body.resize(length);
+    auto n =
+        stream_.read({body.data() + have, length - have}, Deadline::after(options_.body_timeout));
+    body.resize(have + (n ? *n : 0));
+    if (!n || *n == 0) {
+      if (n || n.error() == std::errc::timed_out) queue_error(408, "request body too slow");
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Connection::read_chunked_body(std::string& body) {
+  ChunkedDecoder decoder(options_.max_body);
+  // Decode what is buffered; when more is needed, move the rest to spill_ and read there.
+  for (;;) {
+    bool from_spill = spill_begin_ < spill_.size() || begin_ == end_;
+    std::string_view input = from_spill ? std::string_view(spill_).substr(spill_begin_)
+                                        : std::string_view(buffer_.data() + begin_, end_ - begin_);
+    auto step = decoder.next(input);
+    if (step.kind == ChunkedDecoder::Step::Kind::kError) {
+      queue_error(step.status, step.reason);
+      return false;
+    }
+    body.append(step.data);
+    if (from_spill) {
+      spill_begin_ += step.consumed;
+    } else {
+      begin_ += step.consumed;
+    }
+    if (step.kind == ChunkedDecoder::Step::Kind::kDone) return true;
+    if (step.kind != ChunkedDecoder::Step::Kind::kNeedMore) continue;
+    // Need more: gather the undecoded tail in spill_ and read after it.
+    if (!from_spill) {
+      spill_.assign(buffer_.data() + begin_, end_ - begin_);
+      spill_begin_ = 0;
+      begin_ = end_;
+    } else if (spill_begin_ > 0) {
+      spill_.erase(0, spill_begin_);
+      spill_begin_ = 0;
+    }
+    char chunk[16 * 1024];
+    auto n = stream_.read(chunk, Deadline::after(options_.body_timeout));
+    if (!n || *n == 0) {
+      if (n || n.error() == std::errc::timed_out) queue_error(408, "request body too slow");
+      return false;
+    }
+    spill_.append(chunk, *n);
+  }
+}
+
+bool Connection::read_body(std::string& body) {
+  std::uint64_t announced = head_.content_length.value_or(0);
+  if (announced > options_.max_body) {
+    queue_error(413, "body too large");
+    return false;
+  }
+  if (!head_.chunked && announced == 0) return true;
+  if (head_.expect_continue) {
+    bool body_started = spill_begin_ < spill_.size() || begin_ < end_;
+    if (!body_started) {
+      out_ += "HTTP/1.1 100 Continue\r\n\r\n";
+      if (!flush()) return false;
+    }
+  }
+  return head_.chunked ? read_chunked_body(body) : read_sized_body(announced, body);
+}
+
+Response Connection::respond(Request& request) {
+  try {
+    return router_.handle(request);
+  } catch (const HttpError& e) {
+    return Response::error(e.status(), e.what());
+  } catch (const std::exception& e) {
+    log_error("handler for {} {} threw: {}", request.method(), request.target(), e.what());
+  } catch (...) {
+    log_error("handler for {} {} threw an exception of unknown type", request.method(),
+              request.target());
+  }
+  return Response::error(500);
+}
+
+void Connection::queue(Response& response, bool head_only, bool close) {
+  auto out = std::back_inserter(out_);
+  fmt::format_to(out, "HTTP/1.1 {} {}\r\n", response.status, reason_phrase(response.status));
+  if (!response.headers.contains("date")) {
+    out_ += "Date: ";
+    out_ += date_.now();
+    out_ += "\r\n";
+  }
+  if (!options_.server_name.empty() && !response.headers.contains("server")) {
+    out_ += "Server: ";
+    out_ += options_.server_name;
+    out_ += "\r\n";
+  }
+  for (const Field& f : response.headers) {
+    // Framing is the server's business.
+    if (iequals(f.name, "content-length") || iequals(f.name, "transfer-encoding") ||
+        iequals(f.name, "connection")) {
+      continue;
+    }
+    fmt::format_to(out, "{}: {}\r\n", f.name, f.value);
+  }
+  bool no_body = status_has_no_body(response.status);
+  if (!no_body) fmt::format_to(out, "Content-Length: {}\r\n", response.body.size());
+  if (close) {
+    out_ += "Connection: close\r\n";
+  } else if (head_.minor_version == 0) {
+    out_ += "Connection: keep-alive\r\n";
+  }
+  out_ += "\r\n";
+  if (no_body || head_only) return;
+  if (response.body.size() <= kCopyBodyLimit) {
+    out_ += response.body;
+  } else {
+    big_body_ = std::move(response.body);
+    (void)flush();  // keeps responses in order; a failure shows on the next read
+  }
+}
+
+void Connection::queue_error(int status, std::string_view reason) {
+  Response response = Response::error(status, reason);
+  queue(response, false, true);
+}
+
+bool Connection::flush() {
+  if (out_.empty() && big_body_.empty()) return true;
+  iovec parts[2] = {{out_.data(), out_.size()}, {big_body_.data(), big_body_.size()}};
+  auto written =
+      stream_.writev({parts, big_body_.empty() ? 1u : 2u}, Deadline::after(options_.write_timeout));
+  out_.clear();
+  big_body_.clear();
+  return written.has_value();
+}
+
+void Connection::serve() {
+  Clock::time_point head_started{};
+  for (;;) {
+    // Answer every complete request already buffered; the responses queue up in out_.
+    for (;;) {
+      if (begin_ == end_ && spill_begin_ == spill_.size()) {
+        begin_ = end_ = 0;
+        break;
+      }
+      auto parsed = parser_.parse({buffer_.data() + begin_, end_ - begin_}, head_);
+      if (parsed.state == ParseResult::State::kIncomplete) break;
+      parser_.reset();
+      if (parsed.state == ParseResult::State::kError) {
+        queue_error(parsed.status, parsed.reason);
+        (void)flush();
+        return;
+      }
+      begin_ += parsed.consumed;
+      std::string body;
+      if (!read_body(body)) {
+        (void)flush();
+        return;
+      }
+      Request request(head_, std::move(body));
+      Response response = respond(request);
+      ++requests_;
+      bool close = !head_.keep_alive || shared_.draining.load(std::memory_order_acquire) ||
+                   (options_.max_requests_per_connection != 0 &&
+                    requests_ >= options_.max_requests_per_connection);
+      queue(response, head_.method == "HEAD", close);
+      if (close) {
+        (void)flush();
+        (void)stream_.shutdown(TcpStream::Shutdown::kWrite);
+        return;
+      }
+      // Bytes read past the body belong to the next request: back into the buffer.
+      if (spill_begin_ < spill_.size()) {
+        compact();
+        std::size_t n = std::min(spill_.size() - spill_begin_, buffer_.size() - end_);
+        std::memcpy(buffer_.data() + end_, spill_.data() + spill_begin_, n);
+        end_ += n;
+        spill_begin_ += n;
+      }
+      if (spill_begin_ == spill_.size()) {
+        spill_.clear();
+        spill_begin_ = 0;
+      }
+      head_started = Clock::now();
+    }
+    // Nothing complete left: write the batch, then wait for more.
+    bool idle = begin_ == end_;
+    if (idle) head_started = {};
+    Deadline deadline = idle ? Deadline::after(options_.keepalive_timeout)
+                             : Deadline::at(head_started + options_.header_timeout);
+    if (idle && shared_.draining.load(std::memory_order_acquire)) {
+      (void)flush();
+      return;
+    }
+    if (idle) worker_.idle.insert(this);
+    Read got = read_more(deadline);
+    if (idle) worker_.idle.erase(this);
+    switch (got) {
+      case Read::kData:
+        if (idle) head_started = Clock::now();
+        continue;
+      case Read::kTimedOut:
+        if (!idle) {
+          queue_error(408, "request header too slow");
+          (void)flush();
+        }
+        return;
+      case Read::kClosed:
+      case Read::kFailed:
+        return;
+    }
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Address& address,
+                                                      Router router, ServerOptions options) {
+  auto shared = std::make_shared<Shared>();
+  shared->router = std::move(router);
+  shared->options = std::move(options);
+  shared->runtime = &runtime;
+  shared->workers = std::vector<WorkerState>(runtime.size());
+  auto tcp = TcpServer::start(
+      runtime, address,
+      [shared](TcpStream stream) {
+        shared->active.add();
+        {
+          Connection connection(std::move(stream), *shared,
+                                shared->workers[Worker::current()->index()]);
+          connection.serve();
+        }
+        shared->active.done();
+      },
+      shared->options.tcp);
+  if (!tcp) return fail(tcp.error());
+  std::unique_ptr<HttpServer> server(new HttpServer());
+  server->shared_ = std::move(shared);
+  server->tcp_ = std::move(*tcp);
+  return server;
+}
+
+void HttpServer::stop() {
+  if (tcp_) tcp_->stop();
+}
+
+bool HttpServer::drain(Deadline deadline) {
+  stop();
+  shared_->draining.store(true, std::memory_order_release);
+  // Idle connections wait in a read: wake them (on their own workers) so they close now.
+  for (std::size_t i = 0; i < shared_->runtime->size(); ++i) {
+    shared_->runtime->worker(i).post([shared = shared_, i] {
+      for (Connection* c : shared->workers[i].idle) c->wake_idle();
+    });
+  }
+  return !shared_->active.wait(deadline);
+}
+
+std::size_t HttpServer::connections() const { return shared_->active.count(); }
+
+HttpServer::~HttpServer() { stop(); }
+
+}  // namespace spindle::http

@@ -1,0 +1,149 @@
+"""Fixtures for the integration tests: real binaries on free loopback ports.
+
+The build to test is chosen with --build DIR (default build/release): the tests start
+DIR/bin/spindle and DIR/bin/http_test_server, and stop them by PID.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--build", default=os.path.join(ROOT, "build", "release"),
+                     help="build directory whose bin/ holds the binaries under test")
+
+
+class Server:
+    """A started server process and the address it listens on."""
+
+    def __init__(self, argv):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        line = self.proc.stdout.readline()
+        if not line:
+            err = self.proc.stderr.read()
+            raise RuntimeError(f"{argv[0]} exited before listening: {err}")
+        event = json.loads(line)
+        host, port = event["address"].rsplit(":", 1)
+        self.host, self.port = host, int(port)
+
+    def connect(self, timeout=5.0):
+        return Conn(socket.create_connection((self.host, self.port), timeout=timeout))
+
+    def stop(self, sig=signal.SIGTERM, timeout=15):
+        """Signals the process and returns its exit code (None if it had to be killed)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            return None
+
+
+@pytest.fixture(scope="session")
+def build_dir(request):
+    path = request.config.getoption("--build")
+    if not os.path.isdir(os.path.join(path, "bin")):
+        pytest.exit(f"no binaries in {path}/bin: build first (make build)", returncode=2)
+    return path
+
+
+@pytest.fixture
+def test_server(build_dir):
+    server = Server([os.path.join(build_dir, "bin", "http_test_server"), "0"])
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def spindle(build_dir):
+    server = Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--listen",
+                     "127.0.0.1:0", "--threads", "2"])
+    yield server
+    server.stop()
+
+
+class Conn:
+    """A client socket that keeps bytes read past one response for the next."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buffer = b""
+
+    def sendall(self, data):
+        self.sock.sendall(data)
+
+    def settimeout(self, t):
+        self.sock.settimeout(t)
+
+    def recv_more(self):
+        chunk = self.sock.recv(65536)
+        self.buffer += chunk
+        return chunk
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def read_response(conn, head_only=False):
+    """Reads one HTTP/1.1 response; returns (status, headers dict lower-cased, body bytes)."""
+    while b"\r\n\r\n" not in conn.buffer:
+        if not conn.recv_more():
+            raise ConnectionError(f"closed before a full head: {conn.buffer!r}")
+    head, _, rest = conn.buffer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ")[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = 0 if head_only or status in (100, 204, 304) else int(headers.get("content-length", 0))
+    conn.buffer = rest
+    while len(conn.buffer) < length:
+        if not conn.recv_more():
+            raise ConnectionError("closed inside the body")
+    body, conn.buffer = conn.buffer[:length], conn.buffer[length:]
+    return status, headers, body
+
+
+def read_responses(conn, count):
+    """Reads `count` pipelined responses in order."""
+    return [read_response(conn) for _ in range(count)]
+
+
+def closed_by_peer(conn, wait=5.0):
+    """True if the peer closes the connection within `wait` seconds."""
+    conn.settimeout(wait)
+    try:
+        while True:
+            if not conn.sock.recv(65536):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+@pytest.fixture
+def http():
+    """Helpers for raw HTTP over sockets."""
+    class Helpers:
+        read_response = staticmethod(read_response)
+        read_responses = staticmethod(read_responses)
+        closed_by_peer = staticmethod(closed_by_peer)
+    return Helpers

@@ -1,0 +1,67 @@
+// The HTTP server the integration tests drive: spindle's framework with routes that exercise
+// bodies, errors and slow handlers, and limits small enough to hit quickly.
+//
+//   http_test_server PORT   (prints {"event":"listening","address":...} when ready;
+//                            SIGTERM drains gracefully and exits 0)
+#include <fmt/format.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "spindle/fiber/this_fiber.h"
+#include "spindle/http/server.h"
+#include "spindle/net/signal_set.h"
+
+using namespace spindle;
+using namespace std::chrono_literals;
+
+int main(int argc, char** argv) {
+  int port = argc > 1 ? std::atoi(argv[1]) : 0;
+  SignalSet signals{SIGINT, SIGTERM};
+  Runtime runtime(RuntimeOptions{.workers = 2});
+
+  http::Router router;
+  router.get("/plaintext", [](http::Request&) { return http::Response::text("Hello, World!"); });
+  router.post("/echo", [](http::Request& r) { return http::Response::text(r.body()); });
+  router.get("/users/{id}", [](http::Request& r) {
+    return http::Response::text(fmt::format("user {}", r.param("id")));
+  });
+  router.get("/files/*path", [](http::Request& r) {
+    return http::Response::text(fmt::format("file '{}'", r.param("path")));
+  });
+  router.get("/throw",
+             [](http::Request&) -> http::Response { throw std::runtime_error("handler failure"); });
+  router.get("/teapot", [](http::Request&) -> http::Response {
+    throw http::HttpError(418, "short and stout");
+  });
+  router.get("/slow", [](http::Request&) {
+    (void)this_fiber::sleep_for(1s);
+    return http::Response::text("finally");
+  });
+  router.get("/big",
+             [](http::Request&) { return http::Response::text(std::string(1 << 20, 'b')); });
+  router.use([](http::Request& r, const http::Next& next) {
+    http::Response response = next(r);
+    response.headers.add(std::string_view("X-Middleware"), "ran");
+    return response;
+  });
+
+  http::ServerOptions options;
+  options.max_body = 64 * 1024;
+  options.header_timeout = 1s;
+  options.keepalive_timeout = 5s;
+  options.parser.max_request_line = 1024;
+  options.parser.max_head = 4096;
+  auto server = http::HttpServer::start(
+      runtime, Address::loopback_v4(static_cast<std::uint16_t>(port)), std::move(router), options);
+  if (!server) {
+    fmt::print(stderr, "http_test_server: {}\n", server.error().message());
+    return 1;
+  }
+  fmt::print("{{\"event\":\"listening\",\"address\":\"{}\"}}\n", (*server)->address().to_string());
+  std::fflush(stdout);
+  (void)runtime.block_on([&] { return signals.wait(); });
+  return (*server)->drain(Deadline::after(10s)) ? 0 : 3;
+}

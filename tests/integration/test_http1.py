@@ -1,0 +1,255 @@
+"""HTTP/1.1 behaviour of the real server binaries over real sockets."""
+import socket
+import threading
+import time
+
+
+def get(path, host="x", extra=""):
+    return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n".encode()
+
+
+def test_default_site_serves_techempower_plaintext_and_json(spindle, http):
+    with spindle.connect() as s:
+        s.sendall(get("/plaintext"))
+        status, headers, body = http.read_response(s)
+        assert (status, body) == (200, b"Hello, World!")
+        assert headers["content-type"] == "text/plain"
+        assert headers["server"] == "spindle"
+        assert headers["date"].endswith("GMT")
+        s.sendall(get("/json"))
+        status, headers, body = http.read_response(s)
+        assert (status, body) == (200, b'{"message":"Hello, World!"}')
+        assert headers["content-type"] == "application/json"
+        s.sendall(get("/"))
+        status, headers, body = http.read_response(s)
+        assert status == 200 and b"Welcome to spindle" in body
+
+
+def test_keep_alive_serves_many_requests_on_one_connection(spindle, http):
+    with spindle.connect() as s:
+        for _ in range(50):
+            s.sendall(get("/plaintext"))
+            status, headers, _ = http.read_response(s)
+            assert status == 200 and "connection" not in headers
+
+
+def test_pipelined_requests_are_answered_in_order(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(get("/users/1") + get("/users/2") + get("/nope") + get("/users/3"))
+        responses = http.read_responses(s, 4)
+        assert [r[0] for r in responses] == [200, 200, 404, 200]
+        assert [r[2] for r in responses if r[0] == 200] == [b"user 1", b"user 2", b"user 3"]
+
+
+def test_connection_close_is_honoured(spindle, http):
+    with spindle.connect() as s:
+        s.sendall(get("/plaintext", extra="Connection: close\r\n"))
+        status, headers, _ = http.read_response(s)
+        assert status == 200 and headers["connection"] == "close"
+        assert http.closed_by_peer(s)
+
+
+def test_http10_closes_unless_keep_alive_is_asked_for(spindle, http):
+    with spindle.connect() as s:
+        s.sendall(b"GET /plaintext HTTP/1.0\r\n\r\n")
+        status, headers, body = http.read_response(s)
+        assert status == 200 and body == b"Hello, World!"
+        assert http.closed_by_peer(s)
+    with spindle.connect() as s:
+        s.sendall(b"GET /plaintext HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        status, headers, _ = http.read_response(s)
+        assert headers["connection"] == "keep-alive"
+        s.sendall(b"GET /json HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+        assert http.read_response(s)[0] == 200
+
+
+def test_head_is_answered_from_get_without_a_body(spindle, http):
+    with spindle.connect() as s:
+        s.sendall(b"HEAD /plaintext HTTP/1.1\r\nHost: x\r\n\r\n" + get("/json"))
+        status, headers, body = http.read_response(s, head_only=True)
+        assert status == 200 and headers["content-length"] == "13" and body == b""
+        assert http.read_response(s)[2] == b'{"message":"Hello, World!"}'
+
+
+def test_405_lists_allowed_methods_and_options_answers(spindle, http):
+    with spindle.connect() as s:
+        s.sendall(b"DELETE /json HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, _ = http.read_response(s)
+        assert status == 405 and headers["allow"] == "GET, HEAD, OPTIONS"
+        s.sendall(b"OPTIONS /json HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, _ = http.read_response(s)
+        assert status == 204 and headers["allow"] == "GET, HEAD, OPTIONS"
+
+
+def test_expect_100_continue(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                  b"Expect: 100-continue\r\n\r\n")
+        status, _, _ = http.read_response(s)
+        assert status == 100
+        s.sendall(b"hello")
+        status, _, body = http.read_response(s)
+        assert (status, body) == (200, b"hello")
+
+
+def test_chunked_upload_in_pieces(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel")
+        time.sleep(0.05)
+        s.sendall(b"lo\r\n6;ext=1\r\n world\r\n0\r\nTrailer: x\r\n\r\n" + get("/users/9"))
+        status, _, body = http.read_response(s)
+        assert (status, body) == (200, b"hello world")
+        assert http.read_response(s)[2] == b"user 9"
+
+
+def test_content_length_body_split_across_packets(test_server, http):
+    with test_server.connect() as s:
+        payload = bytes(range(256)) * 100
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(payload)
+                  + payload[:1000])
+        time.sleep(0.05)
+        s.sendall(payload[1000:])
+        status, _, body = http.read_response(s)
+        assert status == 200 and body == payload
+
+
+def test_body_over_the_limit_gets_413_and_close(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+        status, headers, _ = http.read_response(s)
+        assert status == 413 and headers["connection"] == "close"
+        assert http.closed_by_peer(s)
+    with test_server.connect() as s:
+        big_chunk = b"%x\r\n" % 70000 + b"a" * 70000 + b"\r\n0\r\n\r\n"
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + big_chunk)
+        assert http.read_response(s)[0] == 413
+
+
+def test_header_limits_give_414_and_431(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(get("/" + "a" * 2000))
+        assert http.read_response(s)[0] == 414
+    with test_server.connect() as s:
+        s.sendall(get("/plaintext", extra="X-Big: " + "b" * 5000 + "\r\n"))
+        assert http.read_response(s)[0] == 431
+
+
+def test_malformed_requests_get_400_and_the_connection_closes(test_server, http):
+    for bad in [b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                b"GET / HTTP/1.1\r\nHost : x\r\n\r\n",
+                b"GET / HTTP/1.1\r\n\r\n",
+                b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03"]:
+        with test_server.connect() as s:
+            s.sendall(bad)
+            status, headers, _ = http.read_response(s)
+            assert status == 400, bad
+            assert headers["connection"] == "close"
+            assert http.closed_by_peer(s)
+
+
+def test_unsupported_version_and_coding(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(b"GET / HTTP/2.0\r\nHost: x\r\n\r\n")
+        assert http.read_response(s)[0] == 505
+    with test_server.connect() as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n")
+        assert http.read_response(s)[0] == 501
+
+
+def test_handler_exceptions_become_500_or_their_status_and_the_connection_stays(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(get("/throw"))
+        assert http.read_response(s)[0] == 500
+        s.sendall(get("/teapot"))
+        status, _, body = http.read_response(s)
+        assert status == 418 and b"short and stout" in body
+        s.sendall(get("/users/7"))
+        status, headers, body = http.read_response(s)
+        assert (status, body) == (200, b"user 7")
+        assert headers["x-middleware"] == "ran"
+
+
+def test_router_params_and_wildcards(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(get("/files/a/b/c.txt") + get("/files/") + get("/users/") + get("/users/42"))
+        responses = http.read_responses(s, 4)
+        assert responses[0][2] == b"file 'a/b/c.txt'"
+        assert responses[1][2] == b"file ''"
+        assert responses[2][0] == 404
+        assert responses[3][2] == b"user 42"
+
+
+def test_large_response_arrives_whole(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(get("/big") + get("/users/1"))
+        status, _, body = http.read_response(s)
+        assert status == 200 and body == b"b" * (1 << 20)
+        assert http.read_response(s)[2] == b"user 1"
+
+
+def test_slowloris_gets_408_and_is_closed(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(b"GET /plaintext HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        for _ in range(3):  # trickle header bytes, but never finish the head
+            time.sleep(0.2)
+            s.sendall(b"X-Slow: 1\r\n")
+        status, headers, _ = http.read_response(s)
+        assert status == 408 and headers["connection"] == "close"
+        assert time.monotonic() - started < 5
+        assert http.closed_by_peer(s)
+
+
+def test_many_slow_clients_do_not_block_others(test_server, http):
+    slow = [test_server.connect() for _ in range(50)]
+    for s in slow:
+        s.sendall(b"GET /plaintext HTTP/1.1\r\n")
+    with test_server.connect() as s:
+        s.sendall(get("/users/5"))
+        assert http.read_response(s)[2] == b"user 5"
+    for s in slow:
+        s.close()
+
+
+def test_graceful_shutdown_finishes_in_flight_requests(test_server, http):
+    results = {}
+
+    def slow_request():
+        with test_server.connect(timeout=10) as s:
+            s.sendall(get("/slow"))
+            results["slow"] = http.read_response(s)
+
+    idle = test_server.connect()
+    idle.sendall(get("/users/1"))
+    http.read_response(idle)
+    worker = threading.Thread(target=slow_request)
+    worker.start()
+    time.sleep(0.3)  # the /slow handler is now sleeping
+    code = test_server.stop()
+    worker.join()
+    status, headers, body = results["slow"]
+    assert (status, body) == (200, b"finally")
+    assert headers["connection"] == "close"
+    assert http.closed_by_peer(idle, wait=2)  # idle keep-alive connections are closed at once
+    assert code == 0
+
+
+def test_spindle_cli_errors_name_the_bad_flag_or_key(build_dir, tmp_path):
+    import subprocess
+    binary = f"{build_dir}/bin/spindle"
+    bad_listen = subprocess.run([binary, "serve", "--listen", "nowhere"], capture_output=True,
+                                text=True, timeout=10)
+    assert bad_listen.returncode == 1 and "--listen" in bad_listen.stderr
+    config = tmp_path / "bad.yaml"
+    config.write_text("servers:\n  - listen: 127.0.0.1:0\n    lisen: typo\n")
+    check = subprocess.run([binary, "check-config", str(config)], capture_output=True, text=True,
+                           timeout=10)
+    assert check.returncode == 1
+    assert f"{config}:3: servers[0].lisen: unknown key" in check.stderr
+    good = tmp_path / "good.yaml"
+    good.write_text("threads: 1\nservers:\n  - listen: 127.0.0.1:0\n    timeouts: {header: 5s}\n")
+    check = subprocess.run([binary, "check-config", str(good)], capture_output=True, text=True,
+                           timeout=10)
+    assert check.returncode == 0, check.stderr
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
+    assert version.stdout.startswith("spindle ")
