@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "spindle/http/static_files.h"
+
 namespace spindle::app {
 namespace {
 
@@ -32,7 +34,10 @@ std::expected<http::Router, std::string> build_site(const ServerConfig& server) 
     }
   }
   if (!server.root.empty()) {
-    return std::unexpected(fmt::format("{}: static files are not implemented yet", server.root));
+    auto files = http::StaticFiles::open(server.root);
+    if (!files)
+      return std::unexpected(fmt::format("root {}: {}", server.root, files.error().message()));
+    router.get("/*path", [files = std::move(*files)](http::Request& r) { return files(r); });
   }
   return router;
 }

@@ -120,6 +120,8 @@ class Connection {
   std::string big_body_;
   /// Requests answered on this connection.
   std::size_t requests_ = 0;
+  /// Set when a response could not be sent whole: nothing more can follow it.
+  bool broken_ = false;
 };
 
 Connection::Read Connection::read_more(Deadline deadline) {
@@ -260,7 +262,7 @@ void Connection::queue(Response& response, bool head_only, bool close) {
     fmt::format_to(out, "{}: {}\r\n", f.name, f.value);
   }
   bool no_body = status_has_no_body(response.status);
-  if (!no_body) fmt::format_to(out, "Content-Length: {}\r\n", response.body.size());
+  if (!no_body) fmt::format_to(out, "Content-Length: {}\r\n", response.body_size());
   if (close) {
     out_ += "Connection: close\r\n";
   } else if (head_.minor_version == 0) {
@@ -268,6 +270,15 @@ void Connection::queue(Response& response, bool head_only, bool close) {
   }
   out_ += "\r\n";
   if (no_body || head_only) return;
+  if (response.file) {
+    // The head goes first, then the kernel copies the file straight to the socket.
+    if (!flush()) return;
+    auto sent = stream_.sendfile(response.file->fd.get(), static_cast<off_t>(response.file->offset),
+                                 response.file->length, Deadline::after(options_.write_timeout));
+    // A failed or short send (the file shrank) breaks the framing: the connection must close.
+    if (!sent || *sent != response.file->length) broken_ = true;
+    return;
+  }
   if (response.body.size() <= kCopyBodyLimit) {
     out_ += response.body;
   } else {
@@ -321,6 +332,7 @@ void Connection::serve() {
                    (options_.max_requests_per_connection != 0 &&
                     requests_ >= options_.max_requests_per_connection);
       queue(response, head_.method == "HEAD", close);
+      if (broken_) return;
       if (close) {
         (void)flush();
         (void)stream_.shutdown(TcpStream::Shutdown::kWrite);

@@ -253,3 +253,47 @@ def test_spindle_cli_errors_name_the_bad_flag_or_key(build_dir, tmp_path):
     assert check.returncode == 0, check.stderr
     version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
     assert version.stdout.startswith("spindle ")
+
+
+def test_static_files_conditional_range_and_traversal(build_dir, tmp_path, http):
+    import os
+    from conftest import Server
+    root = tmp_path / "www"
+    (root / "docs").mkdir(parents=True)
+    (root / "index.html").write_text("<h1>home</h1>")
+    (root / "docs" / "a.txt").write_bytes(b"0123456789" * 100)
+    (tmp_path / "secret.txt").write_text("secret")
+    os.symlink(tmp_path / "secret.txt", root / "out.txt")
+    server = Server([f"{build_dir}/bin/spindle", "serve", "--listen", "127.0.0.1:0",
+                     "--threads", "1", "--root", str(root)])
+    try:
+        with server.connect() as s:
+            s.sendall(get("/"))
+            status, headers, body = http.read_response(s)
+            assert (status, body) == (200, b"<h1>home</h1>")
+            assert headers["content-type"].startswith("text/html")
+            s.sendall(get("/docs/a.txt"))
+            status, headers, body = http.read_response(s)
+            assert status == 200 and len(body) == 1000
+            etag = headers["etag"]
+            s.sendall(get("/docs/a.txt", extra=f"If-None-Match: {etag}\r\n"))
+            assert http.read_response(s)[0] == 304
+            s.sendall(get("/docs/a.txt", extra="Range: bytes=10-19\r\n"))
+            status, headers, body = http.read_response(s)
+            assert (status, body) == (206, b"0123456789")
+            assert headers["content-range"] == "bytes 10-19/1000"
+            s.sendall(get("/docs/a.txt", extra="Range: bytes=5000-\r\n"))
+            assert http.read_response(s)[0] == 416
+            s.sendall(get("/plaintext"))  # the built-in routes stay
+            assert http.read_response(s)[2] == b"Hello, World!"
+            for attack in ["/../secret.txt", "/%2e%2e/secret.txt", "/docs/..%2f..%2fsecret.txt",
+                           "/out.txt", "/docs/%2e%2e/%2e%2e/secret.txt"]:
+                s.sendall(get(attack))
+                status, _, body = http.read_response(s)
+                assert status in (400, 403, 404), attack
+                assert b"secret" not in body
+            s.sendall(get("/docs"))
+            status, headers, _ = http.read_response(s)
+            assert status == 301 and headers["location"] == "/docs/"
+    finally:
+        assert server.stop() == 0

@@ -2,6 +2,7 @@
 /// Request, Response and HttpError: what a handler sees and returns.
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -10,6 +11,7 @@
 
 #include "spindle/http/header_map.h"
 #include "spindle/http/http1_parser.h"
+#include "spindle/io/unique_fd.h"
 
 namespace spindle::http {
 
@@ -55,6 +57,16 @@ class Request {
   std::vector<std::pair<std::string_view, std::string_view>> params_;
 };
 
+/// A byte range of an open file, sent with sendfile(2) instead of a body string.
+struct FileBody {
+  /// The open file.
+  UniqueFd fd;
+  /// Where the range starts.
+  std::uint64_t offset = 0;
+  /// How many bytes to send.
+  std::uint64_t length = 0;
+};
+
 /// A response. The server adds Date, Server, Content-Length and Connection.
 struct Response {
   /// The status code.
@@ -63,6 +75,11 @@ struct Response {
   HeaderMap headers;
   /// The body (ignored for HEAD requests and for 1xx/204/304).
   std::string body;
+  /// If set, the body is this file range instead of `body`.
+  std::optional<FileBody> file;
+
+  /// Bytes of body this response carries.
+  std::uint64_t body_size() const { return file ? file->length : body.size(); }
 
   Response() = default;
   /// A response with `status` and no body.

@@ -1,0 +1,53 @@
+#pragma once
+/// StaticFiles: serves a directory tree — sendfile, ETag and Last-Modified, conditional
+/// requests (304), single byte ranges (206/416), MIME types by extension, index files,
+/// precompressed .br/.gz siblings — and never anything outside its root: no "..", no encoded
+/// slashes, no symlink that leads out (the kernel checks, via openat2 RESOLVE_BENEATH).
+
+#include <string>
+#include <string_view>
+
+#include "spindle/base/error.h"
+#include "spindle/http/message.h"
+#include "spindle/io/unique_fd.h"
+
+namespace spindle::http {
+
+/// How a StaticFiles handler behaves.
+struct StaticOptions {
+  /// The file served for a directory.
+  std::string index = "index.html";
+  /// Serve FILE.br / FILE.gz instead of FILE when the client accepts that encoding.
+  bool precompressed = true;
+};
+
+/// A handler for GET/HEAD requests of files under one root directory.
+class StaticFiles {
+ public:
+  /// Opens `root` (which must be a directory). Fails with the open error.
+  [[nodiscard]] static Result<StaticFiles> open(const std::string& root,
+                                                StaticOptions options = {});
+
+  /// Answers for `path` (the request path, percent-encoded, starting with '/'): 200/206 with
+  /// the file, 304, 301 (directory without trailing slash), 400 (malformed path), 403, 404,
+  /// 416.
+  Response serve(const Request& request, std::string_view path) const;
+  /// serve(request, request.path()).
+  Response operator()(Request& request) const { return serve(request, request.path()); }
+
+  /// The MIME type for a file name, by extension ("application/octet-stream" if unknown).
+  static std::string_view mime_type(std::string_view name);
+
+ private:
+  StaticFiles(UniqueFd root, StaticOptions options);
+
+  /// The root directory, opened O_PATH (shared by copies of the handler).
+  std::shared_ptr<UniqueFd> root_;
+  /// Options.
+  StaticOptions options_;
+};
+
+/// Decodes %XX escapes in a path. Fails (nullopt) on a bad escape, an encoded '/' or NUL.
+std::optional<std::string> decode_path(std::string_view path);
+
+}  // namespace spindle::http
