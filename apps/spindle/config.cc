@@ -15,7 +15,7 @@ threads: 0            # one worker per core
 servers:
   - listen: 127.0.0.1:8080
     default_site: true
-    access_log: off
+    access_log: {path: "-", format: combined}
 )";
 
 namespace {
@@ -212,7 +212,8 @@ Config parse_config(const std::string& text, const std::string& file) {
   }
   for (std::size_t i = 0; i < servers.size(); ++i) {
     Reader r(file, servers[i], fmt::format("servers[{}]", i));
-    r.only({"listen", "default_site", "root", "server_name", "limits", "timeouts", "access_log"});
+    r.only({"listen", "default_site", "root", "server_name", "compression", "limits", "timeouts",
+            "access_log"});
     ServerConfig server;
     std::string listen = r.string("listen", "");
     auto address = Address::parse(listen);
@@ -223,6 +224,7 @@ Config parse_config(const std::string& text, const std::string& file) {
     server.listen = *address;
     server.root = r.string("root", "");
     server.default_site = r.boolean("default_site", server.root.empty());
+    server.compression = r.boolean("compression", server.compression);
     server.http.server_name = r.string("server_name", server.http.server_name);
     read_limits(r, server.http);
     read_timeouts(r, server.http);

@@ -40,6 +40,8 @@ struct ServerConfig {
   bool default_site = true;
   /// Serve static files from this directory ("" for none).
   std::string root;
+  /// Compress text responses (gzip/brotli) for clients that accept it.
+  bool compression = true;
   /// Limits and timeouts.
   http::ServerOptions http;
   /// The access log.

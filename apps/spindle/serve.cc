@@ -69,7 +69,19 @@ int serve(const ServeFlags& flags) {
       fmt::print(stderr, "spindle: {}\n", router.error());
       return 1;
     }
-    auto started = http::HttpServer::start(runtime, server.listen, std::move(*router), server.http);
+    http::ServerOptions options = server.http;
+    if (server.access_log.enabled) {
+      auto format = server.access_log.format == "json" ? http::AccessLog::Format::kJson
+                                                       : http::AccessLog::Format::kCombined;
+      auto log = http::AccessLog::open(runtime, server.access_log.path, format);
+      if (!log) {
+        fmt::print(stderr, "spindle: access log {}: {}\n", server.access_log.path,
+                   log.error().message());
+        return 1;
+      }
+      options.access_log = std::move(*log);
+    }
+    auto started = http::HttpServer::start(runtime, server.listen, std::move(*router), options);
     if (!started) {
       fmt::print(stderr, "spindle: cannot listen on {}: {}\n", server.listen.to_string(),
                  started.error().message());

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "spindle/http/compression.h"
 #include "spindle/http/static_files.h"
 
 namespace spindle::app {
@@ -22,6 +23,7 @@ constexpr const char* kWelcomePage = R"(<!DOCTYPE html>
 
 std::expected<http::Router, std::string> build_site(const ServerConfig& server) {
   http::Router router;
+  if (server.compression) router.use(http::compression());
   if (server.default_site) {
     // /plaintext and /json exactly as the TechEmpower benchmarks define them.
     router.get("/plaintext",

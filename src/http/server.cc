@@ -92,6 +92,8 @@ class Connection {
   Response respond(Request& request);
   /// Serializes `response` for the current head into the output queue.
   void queue(Response& response, bool head_only, bool close);
+  /// Records the request just answered in the access log.
+  void log_access(const Response& response, Clock::time_point handled_at);
   /// Queues a bare error response.
   void queue_error(int status, std::string_view reason);
   /// Writes everything queued; false if the connection failed.
@@ -122,6 +124,8 @@ class Connection {
   std::size_t requests_ = 0;
   /// Set when a response could not be sent whole: nothing more can follow it.
   bool broken_ = false;
+  /// The client's address for the access log (looked up on first use).
+  std::string remote_;
 };
 
 Connection::Read Connection::read_more(Deadline deadline) {
@@ -287,6 +291,27 @@ void Connection::queue(Response& response, bool head_only, bool close) {
   }
 }
 
+void Connection::log_access(const Response& response, Clock::time_point handled_at) {
+  if (remote_.empty()) {
+    auto peer = stream_.peer_address();
+    remote_ = peer ? peer->to_string() : "-";
+    if (peer && peer->family() != Address::Family::kUnix) remote_.resize(remote_.rfind(':'));
+    if (remote_.starts_with('[')) remote_ = remote_.substr(1, remote_.size() - 2);
+  }
+  bool no_body = head_.method == "HEAD" || status_has_no_body(response.status);
+  options_.access_log->record(AccessRecord{
+      .remote = remote_,
+      .method = head_.method,
+      .target = head_.target,
+      .minor_version = head_.minor_version,
+      .status = response.status,
+      .bytes = no_body ? 0 : response.body_size(),
+      .referer = head_.headers.get("referer").value_or(""),
+      .user_agent = head_.headers.get("user-agent").value_or(""),
+      .duration = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - handled_at),
+  });
+}
+
 void Connection::queue_error(int status, std::string_view reason) {
   Response response = Response::error(status, reason);
   queue(response, false, true);
@@ -325,9 +350,11 @@ void Connection::serve() {
         (void)flush();
         return;
       }
+      auto handled_at = Clock::now();
       Request request(head_, std::move(body));
       Response response = respond(request);
       ++requests_;
+      if (options_.access_log) log_access(response, handled_at);
       bool close = !head_.keep_alive || shared_.draining.load(std::memory_order_acquire) ||
                    (options_.max_requests_per_connection != 0 &&
                     requests_ >= options_.max_requests_per_connection);

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -33,6 +34,14 @@ class Server:
         event = json.loads(line)
         host, port = event["address"].rsplit(":", 1)
         self.host, self.port = host, int(port)
+        # Keep reading its output (access log lines), so that a full pipe never stalls it.
+        self.output = []
+        self.reader = threading.Thread(target=self._drain, daemon=True)
+        self.reader.start()
+
+    def _drain(self):
+        for line in self.proc.stdout:
+            self.output.append(line)
 
     def connect(self, timeout=5.0):
         return Conn(socket.create_connection((self.host, self.port), timeout=timeout))

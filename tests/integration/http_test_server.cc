@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "spindle/fiber/this_fiber.h"
+#include "spindle/http/compression.h"
 #include "spindle/http/server.h"
 #include "spindle/net/signal_set.h"
 
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   });
   router.get("/big",
              [](http::Request&) { return http::Response::text(std::string(1 << 20, 'b')); });
+  router.use(http::compression());
   router.use([](http::Request& r, const http::Next& next) {
     http::Response response = next(r);
     response.headers.add(std::string_view("X-Middleware"), "ran");

@@ -297,3 +297,28 @@ def test_static_files_conditional_range_and_traversal(build_dir, tmp_path, http)
             assert status == 301 and headers["location"] == "/docs/"
     finally:
         assert server.stop() == 0
+
+
+def test_large_text_is_gzip_compressed_for_clients_that_accept_it(test_server, http):
+    import gzip
+    with test_server.connect() as s:
+        s.sendall(get("/big", extra="Accept-Encoding: gzip\r\n"))
+        status, headers, body = http.read_response(s)
+        assert status == 200 and headers["content-encoding"] == "gzip"
+        assert len(body) < 10000 and gzip.decompress(body) == b"b" * (1 << 20)
+        s.sendall(get("/big"))
+        status, headers, body = http.read_response(s)
+        assert "content-encoding" not in headers and len(body) == 1 << 20
+
+
+def test_access_log_lines_are_written_in_combined_format(spindle, http):
+    with spindle.connect() as s:
+        s.sendall(get("/plaintext", extra="User-Agent: pytest-agent\r\n"))
+        http.read_response(s)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any("pytest-agent" in l for l in spindle.output):
+        time.sleep(0.1)
+    lines = [l for l in spindle.output if "pytest-agent" in l]
+    assert lines, spindle.output
+    assert '"GET /plaintext HTTP/1.1" 200 13 "-" "pytest-agent"' in lines[0]
+    assert lines[0].startswith("127.0.0.1 - - [")

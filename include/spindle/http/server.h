@@ -13,6 +13,7 @@
 
 #include "spindle/base/error.h"
 #include "spindle/fiber/runtime.h"
+#include "spindle/http/access_log.h"
 #include "spindle/http/http1_parser.h"
 #include "spindle/http/router.h"
 #include "spindle/io/deadline.h"
@@ -41,6 +42,8 @@ struct ServerOptions {
   std::string server_name = "spindle";
   /// Listener settings.
   TcpServerOptions tcp;
+  /// Where to log requests (nullptr: no access log).
+  std::shared_ptr<AccessLog> access_log;
 };
 
 /// Serves a Router over HTTP/1.1 on every worker of a runtime.

@@ -1,0 +1,89 @@
+#include "spindle/http/compression.h"
+
+#include <brotli/encode.h>
+#include <zlib.h>
+
+namespace spindle::http {
+namespace {
+
+bool compressible_type(std::string_view type) {
+  type = type.substr(0, type.find(';'));
+  return type.starts_with("text/") || type == "application/json" ||
+         type == "application/javascript" || type == "application/xml" || type == "image/svg+xml" ||
+         type.ends_with("+json") || type.ends_with("+xml");
+}
+
+// The coding to use, from Accept-Encoding (q=0 excludes a coding).
+std::string_view choose_coding(std::string_view accept) {
+  bool br = false, gzip = false;
+  while (!accept.empty()) {
+    std::size_t comma = accept.find(',');
+    std::string_view item = accept.substr(0, comma);
+    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
+    std::size_t semi = item.find(';');
+    std::string_view name = item.substr(0, semi);
+    while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
+    bool refused = semi != std::string_view::npos &&
+                   item.substr(semi).find("q=0") != std::string_view::npos &&
+                   item.substr(semi).find_first_of("123456789") == std::string_view::npos;
+    if (!refused && iequals(name, "br")) br = true;
+    if (!refused && iequals(name, "gzip")) gzip = true;
+    if (comma == std::string_view::npos) break;
+    accept.remove_prefix(comma + 1);
+  }
+  return br ? "br" : gzip ? "gzip" : "";
+}
+
+}  // namespace
+
+std::optional<std::string> gzip_compress(std::string_view data, int level) {
+  z_stream z{};
+  // 15 window bits + 16: a gzip wrapper instead of zlib's.
+  if (deflateInit2(&z, level, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) {
+    return std::nullopt;
+  }
+  std::string out(deflateBound(&z, data.size()), '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  int rc = deflate(&z, Z_FINISH);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  if (rc != Z_STREAM_END) return std::nullopt;
+  return out;
+}
+
+std::optional<std::string> brotli_compress(std::string_view data, int quality) {
+  std::string out(BrotliEncoderMaxCompressedSize(data.size()), '\0');
+  std::size_t size = out.size();
+  if (!BrotliEncoderCompress(quality, BROTLI_DEFAULT_WINDOW, BROTLI_MODE_TEXT, data.size(),
+                             reinterpret_cast<const std::uint8_t*>(data.data()), &size,
+                             reinterpret_cast<std::uint8_t*>(out.data()))) {
+    return std::nullopt;
+  }
+  out.resize(size);
+  return out;
+}
+
+Middleware compression(CompressionOptions options) {
+  return [options](Request& request, const Next& next) {
+    Response response = next(request);
+    if (response.status != 200 || response.file || response.body.size() < options.min_size ||
+        response.headers.contains("content-encoding") ||
+        !compressible_type(response.headers.get("content-type").value_or(""))) {
+      return response;
+    }
+    response.headers.add_view("Vary", "Accept-Encoding");
+    std::string_view coding = choose_coding(request.header("accept-encoding"));
+    if (coding.empty()) return response;
+    auto compressed = coding == "br" ? brotli_compress(response.body, options.brotli_quality)
+                                     : gzip_compress(response.body, options.gzip_level);
+    if (!compressed || compressed->size() >= response.body.size()) return response;
+    response.body = std::move(*compressed);
+    response.headers.add_view("Content-Encoding", coding);
+    return response;
+  };
+}
+
+}  // namespace spindle::http

@@ -1,0 +1,133 @@
+#include <brotli/decode.h>
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <chrono>
+#include <string>
+
+#include "spindle/http/access_log.h"
+#include "spindle/http/compression.h"
+#include "spindle/http/http1_parser.h"
+
+using namespace spindle::http;
+
+namespace {
+
+std::chrono::system_clock::time_point at_epoch_plus(long seconds) {
+  return std::chrono::system_clock::time_point(std::chrono::seconds(seconds));
+}
+
+std::string gunzip(const std::string& data) {
+  z_stream z{};
+  EXPECT_EQ(inflateInit2(&z, 15 + 16), Z_OK);
+  std::string out(1 << 20, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
+  z.avail_in = static_cast<uInt>(data.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(inflate(&z, Z_FINISH), Z_STREAM_END);
+  out.resize(z.total_out);
+  inflateEnd(&z);
+  return out;
+}
+
+std::string unbrotli(const std::string& data) {
+  std::string out(1 << 20, '\0');
+  std::size_t size = out.size();
+  EXPECT_EQ(BrotliDecoderDecompress(data.size(), reinterpret_cast<const std::uint8_t*>(data.data()),
+                                    &size, reinterpret_cast<std::uint8_t*>(out.data())),
+            BROTLI_DECODER_RESULT_SUCCESS);
+  out.resize(size);
+  return out;
+}
+
+}  // namespace
+
+TEST(AccessLog, FormatsCombinedLines) {
+  std::string line;
+  AccessLog::format(line, AccessLog::Format::kCombined,
+                    AccessRecord{.remote = "127.0.0.1",
+                                 .method = "GET",
+                                 .target = "/a?b=1",
+                                 .minor_version = 1,
+                                 .status = 200,
+                                 .bytes = 13,
+                                 .referer = "",
+                                 .user_agent = "curl/7.88"},
+                    at_epoch_plus(1'700'000'000));
+  EXPECT_EQ(line,
+            "127.0.0.1 - - [14/Nov/2023:22:13:20 +0000] \"GET /a?b=1 HTTP/1.1\" 200 13 \"-\" "
+            "\"curl/7.88\"\n");
+}
+
+TEST(AccessLog, FormatsJsonLinesAndEscapesWhatClientsSent) {
+  std::string line;
+  AccessLog::format(line, AccessLog::Format::kJson,
+                    AccessRecord{.remote = "::1",
+                                 .method = "POST",
+                                 .target = "/x",
+                                 .minor_version = 0,
+                                 .status = 404,
+                                 .bytes = 0,
+                                 .referer = "a\"b",
+                                 .user_agent = "evil\nline",
+                                 .duration = std::chrono::microseconds(42)},
+                    at_epoch_plus(0));
+  EXPECT_EQ(line,
+            "{\"time\":\"1970-01-01T00:00:00Z\",\"remote\":\"::1\",\"method\":\"POST\","
+            "\"target\":\"/x\",\"version\":\"HTTP/1.0\",\"status\":404,\"bytes\":0,"
+            "\"referer\":\"a\\\"b\",\"user_agent\":\"evil\\u000aline\",\"duration_us\":42}\n");
+}
+
+TEST(Compression, GzipAndBrotliRoundTrip) {
+  std::string text;
+  for (int i = 0; i < 500; ++i) text += "line " + std::to_string(i) + " of some repetitive text\n";
+  auto gz = gzip_compress(text);
+  ASSERT_TRUE(gz.has_value());
+  EXPECT_LT(gz->size(), text.size() / 3);
+  EXPECT_EQ(gunzip(*gz), text);
+  auto br = brotli_compress(text);
+  ASSERT_TRUE(br.has_value());
+  EXPECT_LT(br->size(), text.size() / 3);
+  EXPECT_EQ(unbrotli(*br), text);
+}
+
+namespace {
+
+// Runs the compression middleware over a handler's response for a request with `accept`.
+Response compressed(std::string accept, Response response) {
+  std::string text = "GET / HTTP/1.1\r\nHost: x\r\n" +
+                     (accept.empty() ? "" : "Accept-Encoding: " + accept + "\r\n") + "\r\n";
+  RequestHead head;
+  RequestParser parser;
+  EXPECT_EQ(parser.parse(text, head).state, ParseResult::State::kComplete);
+  Request request(head, "");
+  auto middleware = compression();
+  auto shared = std::make_shared<Response>(std::move(response));
+  return middleware(request, [&](Request&) { return std::move(*shared); });
+}
+
+}  // namespace
+
+TEST(Compression, MiddlewarePrefersBrotliThenGzip) {
+  std::string body(4000, 'x');
+  auto br = compressed("gzip, br", Response::text(body));
+  EXPECT_EQ(br.headers.get("content-encoding"), "br");
+  EXPECT_EQ(unbrotli(br.body), body);
+  auto gz = compressed("gzip, br;q=0", Response::text(body));
+  EXPECT_EQ(gz.headers.get("content-encoding"), "gzip");
+  EXPECT_EQ(gunzip(gz.body), body);
+  EXPECT_EQ(gz.headers.get("vary"), "Accept-Encoding");
+}
+
+TEST(Compression, LeavesSmallBinaryOrUnacceptedResponsesAlone) {
+  auto small = compressed("gzip", Response::text("tiny"));
+  EXPECT_FALSE(small.headers.contains("content-encoding"));
+  auto binary = compressed("gzip", Response(200, std::string(4000, 'x'), "image/png"));
+  EXPECT_FALSE(binary.headers.contains("content-encoding"));
+  auto none = compressed("", Response::text(std::string(4000, 'x')));
+  EXPECT_FALSE(none.headers.contains("content-encoding"));
+  EXPECT_EQ(none.body.size(), 4000u);
+  auto refused = compressed("gzip;q=0", Response::text(std::string(4000, 'x')));
+  EXPECT_FALSE(refused.headers.contains("content-encoding"));
+}
