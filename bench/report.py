@@ -38,6 +38,8 @@ def main():
     p.add_argument("--echo", required=True)
     p.add_argument("--markdown", required=True)
     p.add_argument("--chart", required=True)
+    p.add_argument("--http")
+    p.add_argument("--http-chart")
     a = p.parse_args()
     micro = json.load(open(a.micro))
     echo = json.load(open(a.echo))
@@ -94,6 +96,8 @@ def main():
     md.append("\nGoal: spindle within 10% of the C epoll echo on one worker (throughput ratio "
               "≥ 0.90). On 2 cores the client saturates its core too, so the server CPU time per "
               "message (lower is better) is shown beside the rate.\n")
+    if a.http:
+        md.extend(http_section(json.load(open(a.http)), a.http_chart))
     with open(a.markdown, "w") as f:
         f.write("\n".join(md))
 
@@ -120,6 +124,81 @@ def main():
     right.legend(loc="lower center")
     fig.tight_layout()
     fig.savefig(a.chart, dpi=110)
+
+
+HTTP_GOALS = {  # workload -> (spindle CPU per request / peer, peer) goal, from the issue
+    "keep-alive c100": (1.05, "ceiling"),
+    "pipelined x16 c100": (0.2, "nginx"),
+    "static 612 B c100": (0.8, "nginx"),
+    "close c100": (1.0, "nginx"),
+}
+
+
+def http_section(data, chart):
+    results = data["results"]
+    md = ["## HTTP/1.1: spindle vs nginx, h2o and a C ceiling\n"]
+    md.append(f"`/usr/bin/python3 bench/http_compare.py --out bench/results/http.json` — wrk "
+              f"{data['seconds']} s per run; `/plaintext` returns \"Hello, World!\" (nginx "
+              f"`return 200`, h2o a 13-byte file), `/index.html` is a 612-byte page; spindle runs "
+              f"`spindle serve --config bench/http/spindle.yaml` (no access log). The ceiling is "
+              f"`bench/http_ceiling.c`, which parses nothing. One worker: server on CPU 0, wrk on "
+              f"CPU 1; two workers: unpinned. **CPU µs/req** is the server's own CPU time (all "
+              f"its processes, /proc/PID/stat) per request served — the figure that matters when "
+              f"wrk saturates the other core. Ratios are spindle / peer (lower is better).\n")
+    for workers in sorted({r["workers"] for r in results}):
+        md.append(f"### {workers} worker{'s' if workers > 1 else ''}\n")
+        md.append("| workload | server | req/s | p99 ms | CPU µs/req | errors | CPU vs nginx | "
+                  "CPU vs ceiling |")
+        md.append("|---|---|---:|---:|---:|---:|---:|---:|")
+        for workload in dict.fromkeys(r["workload"] for r in results if r["workers"] == workers):
+            rows = [r for r in results if r["workers"] == workers and r["workload"] == workload]
+            by = {r["server"]: r for r in rows}
+            for r in rows:
+                cpu = r["cpu_us_per_request"] or 0
+                vs_nginx = cpu / by["nginx"]["cpu_us_per_request"] if "nginx" in by else None
+                ceiling = [c for c in results if c["server"] == "ceiling" and c["workload"] == workload]
+                vs_ceiling = cpu / ceiling[0]["cpu_us_per_request"] if ceiling else None
+                md.append(f"| {workload} | {r['server']} | {r['rps']:,.0f} | "
+                          f"{(r['p99_ms'] or 0):.2f} | {cpu:.2f} | {r['errors']} | "
+                          f"{f'{vs_nginx:.2f}x' if vs_nginx else ''} | "
+                          f"{f'{vs_ceiling:.2f}x' if vs_ceiling else ''} |")
+        md.append("")
+    md.append("Goals (server CPU per request, one worker, same run):\n")
+    md.append("| workload | goal | measured | |")
+    md.append("|---|---|---:|---|")
+    for workload, (goal, peer) in HTTP_GOALS.items():
+        ours = [r for r in results if r["workers"] == 1 and r["workload"] == workload
+                and r["server"] == "spindle"]
+        theirs = [r for r in results if r["workers"] == 1 and r["server"] == peer
+                  and r["workload"] == workload]
+        if ours and theirs and theirs[0]["cpu_us_per_request"]:
+            ratio = ours[0]["cpu_us_per_request"] / theirs[0]["cpu_us_per_request"]
+            md.append(f"| {workload} | ≤ {goal}x {peer} | {ratio:.2f}x | "
+                      f"{'met' if ratio <= goal else 'NOT met'} |")
+    md.append("")
+    if chart:
+        md.append("![HTTP benchmarks](benchmarks-http.png)\n")
+        one = [r for r in results if r["workers"] == 1]
+        workloads = list(dict.fromkeys(r["workload"] for r in one))
+        servers = list(dict.fromkeys(r["server"] for r in one))
+        colors = {"spindle": "#4472c4", "nginx": "#70ad47", "h2o": "#ed7d31", "ceiling": "#a5a5a5"}
+        fig, ax = plt.subplots(figsize=(12, 4.8))
+        width = 0.8 / len(servers)
+        for j, server in enumerate(servers):
+            xs, ys = [], []
+            for i, w in enumerate(workloads):
+                r = [x for x in one if x["server"] == server and x["workload"] == w]
+                if r and r[0]["cpu_us_per_request"]:
+                    xs.append(i + (j - (len(servers) - 1) / 2) * width)
+                    ys.append(r[0]["cpu_us_per_request"])
+            ax.bar(xs, ys, width, label=server, color=colors.get(server))
+        ax.set_xticks(range(len(workloads)), workloads)
+        ax.set_ylabel("server CPU µs per request (lower is better)")
+        ax.set_title("HTTP/1.1, one worker: server CPU per request (same run)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(chart, dpi=110)
+    return md
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ build_pkgs=(build-essential cmake ninja-build pkg-config
   libboost-context-dev libfmt-dev libcli11-dev libyaml-cpp-dev zlib1g-dev libbrotli-dev)
 test_pkgs=(googletest libgtest-dev libgmock-dev python3 python3-pytest
   clang-format clang libclang-rt-14-dev)
-bench_pkgs=(libbenchmark-dev python3-matplotlib)
+bench_pkgs=(libbenchmark-dev python3-matplotlib nginx-light h2o wrk util-linux)
 
 want=("${build_pkgs[@]}")
 for set in "$@"; do

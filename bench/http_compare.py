@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""HTTP/1.1 load comparison: spindle against nginx, h2o and a parse-nothing C ceiling.
+
+Every server gets the same work: "Hello, World!" as text/plain at /plaintext (nginx: `return
+200`; h2o: a 13-byte file, as it has no fixed-response handler) and a 612-byte static page at
+/index.html. wrk drives each workload; for every run the server's CPU time (utime + stime of
+the server and its child processes, from /proc/PID/stat) is divided by the requests served:
+on 2 cores wrk saturates a core, so requests/s alone hides what the server costs.
+
+With one worker, the server is pinned to CPU 0 and wrk to CPU 1. With two workers, neither is
+pinned (they share both cores). Loopback only; every process started here is stopped by PID.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+STATIC = os.path.join(HERE, "http")
+
+WORKLOADS = [  # name, path, connections, extra wrk arguments
+    ("keep-alive c100", "/plaintext", 100, []),
+    ("keep-alive c1000", "/plaintext", 1000, []),
+    ("close c100", "/plaintext", 100, ["-H", "Connection: close"]),
+    ("pipelined x16 c100", "/plaintext", 100, ["-s", os.path.join(STATIC, "pipeline.lua")]),
+    ("static 612 B c100", "/index.html", 100, []),
+]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port, proc, timeout=10):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def pin(cpu, workers):
+    return ["taskset", "-c", str(cpu)] if workers == 1 and (os.cpu_count() or 1) > 1 else []
+
+
+def start_spindle(binaries, workers, tmp):
+    port = free_port()
+    config = os.path.join(tmp, "spindle.yaml")
+    with open(config, "w") as f:
+        f.write(open(os.path.join(STATIC, "spindle.yaml")).read()
+                .replace("127.0.0.1:0", f"127.0.0.1:{port}").replace("bench/http", STATIC))
+    proc = subprocess.Popen(pin(0, workers) + [os.path.join(binaries, "spindle"), "serve",
+                            "--config", config, "--threads", str(workers)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, port
+
+
+def start_nginx(binaries, workers, tmp):
+    port = free_port()
+    conf = os.path.join(tmp, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(f"""daemon off;
+master_process on;
+worker_processes {workers};
+pid {tmp}/nginx.pid;
+error_log {tmp}/nginx-error.log crit;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  server_tokens off;
+  keepalive_requests 1000000;
+  client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
+  uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
+  server {{
+    listen 127.0.0.1:{port} reuseport;
+    location = /plaintext {{ default_type text/plain; return 200 "Hello, World!"; }}
+    location / {{ root {STATIC}; sendfile on; tcp_nopush on; }}
+  }}
+}}
+""")
+    proc = subprocess.Popen(pin(0, workers) + ["nginx", "-c", conf, "-p", tmp],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, port
+
+
+def start_h2o(binaries, workers, tmp):
+    port = free_port()
+    with open(os.path.join(tmp, "plaintext"), "w") as f:
+        f.write("Hello, World!")
+    conf = os.path.join(tmp, "h2o.conf")
+    with open(conf, "w") as f:
+        f.write(f"""num-threads: {workers}
+listen:
+  host: 127.0.0.1
+  port: {port}
+hosts:
+  default:
+    paths:
+      /plaintext:
+        file.file: {tmp}/plaintext
+        file.mime.addtypes:
+          text/plain: .txt
+      /:
+        file.dir: {STATIC}
+""")
+    proc = subprocess.Popen(pin(0, workers) + ["h2o", "-c", conf],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, port
+
+
+def start_ceiling(binaries, workers, tmp):
+    port = free_port()
+    proc = subprocess.Popen(pin(0, 1) + [os.path.join(binaries, "http_ceiling"), str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, port
+
+
+SERVERS = {"spindle": start_spindle, "nginx": start_nginx, "h2o": start_h2o,
+           "ceiling": start_ceiling}
+
+
+def process_tree(pid):
+    pids = [pid]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+                ppid = int(stat[stat.rfind(")") + 2:].split()[1])
+                if ppid == pid:
+                    pids.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return pids
+
+
+def cpu_seconds(pid):
+    total = 0
+    for p in process_tree(pid):
+        try:
+            stat = open(f"/proc/{p}/stat").read()
+            fields = stat[stat.rfind(")") + 2:].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def parse_wrk(text):
+    def number(pattern, default=0.0):
+        m = re.search(pattern, text)
+        return float(m.group(1)) if m else default
+
+    def latency(unit_value):
+        value, unit = float(unit_value[0]), unit_value[1]
+        return value * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+    requests = int(number(r"(\d+) requests in"))
+    p99 = re.search(r"99%\s+([\d.]+)(us|ms|s)", text)
+    errors = sum(int(x) for x in re.findall(r"(?:connect|read|write|timeout) (\d+)", text))
+    errors += int(number(r"Non-2xx or 3xx responses: (\d+)"))
+    return {
+        "requests": requests,
+        "rps": number(r"Requests/sec:\s+([\d.]+)"),
+        "p99_ms": latency(p99.groups()) if p99 else None,
+        "errors": errors,
+    }
+
+
+def run(kind, binaries, workers, workload, seconds, tmp):
+    name, path, connections, extra = workload
+    proc, port = SERVERS[kind](binaries, workers, tmp)
+    try:
+        wait_listening(port, proc)
+        threads = 1 if workers == 1 else 2
+        warm = subprocess.run(["wrk", "-t1", "-c10", "-d1s", f"http://127.0.0.1:{port}{path}"],
+                              capture_output=True, text=True)
+        before = cpu_seconds(proc.pid)
+        args = pin(1, workers) + ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s",
+                                  "--latency", "--timeout", "5s"]
+        if "-s" in extra:
+            args += ["-s", extra[1], f"http://127.0.0.1:{port}", "--", path]
+        else:
+            args += extra + [f"http://127.0.0.1:{port}{path}"]
+        out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 60)
+        after = cpu_seconds(proc.pid)
+        result = parse_wrk(out.stdout)
+        result["cpu_us_per_request"] = ((after - before) * 1e6 / result["requests"]
+                                        if result["requests"] else None)
+        if warm.returncode != 0 or out.returncode != 0:
+            result["errors"] += 1
+        return result
+    finally:
+        stop(proc)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--bin", default=os.path.join(ROOT, "build", "release", "bin"))
+    p.add_argument("--out", required=True)
+    p.add_argument("--seconds", type=int, default=5)
+    p.add_argument("--workers", default="1,2")
+    p.add_argument("--servers", default="spindle,nginx,h2o,ceiling")
+    a = p.parse_args()
+    for tool in ("wrk", "nginx", "h2o", "taskset"):
+        if not shutil.which(tool):
+            sys.exit(f"http_compare: {tool} is not installed (make bench installs it)")
+    results = []
+    plan = [(w, wl, s) for w in [int(x) for x in a.workers.split(",")] for wl in WORKLOADS
+            for s in a.servers.split(",") if not (s == "ceiling" and (w != 1 or wl[1] != "/plaintext"))]
+    for i, (workers, workload, kind) in enumerate(plan, 1):
+        print(f"  [{i}/{len(plan)}] {kind}, {workers} worker(s), {workload[0]}", flush=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            os.chmod(tmp, 0o755)  # h2o, started as root, reads files as nobody
+            r = run(kind, a.bin, workers, workload, a.seconds, tmp)
+        r.update({"server": kind, "workers": workers, "workload": workload[0]})
+        cpu = r["cpu_us_per_request"]
+        print(f"      {r['rps']:>10,.0f} req/s  p99 {r['p99_ms'] or 0:.2f} ms  "
+              f"CPU {cpu or 0:.2f} us/req  errors {r['errors']}", flush=True)
+        results.append(r)
+    with open(a.out, "w") as f:
+        json.dump({"seconds": a.seconds, "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
