@@ -157,6 +157,8 @@ void read_limits(const Reader& server, http::ServerOptions& http) {
   http.max_body = r.size("max_body", http.max_body);
   http.max_requests_per_connection =
       r.number("max_requests_per_connection", http.max_requests_per_connection, 1'000'000'000);
+  http.max_connections_per_worker =
+      r.number("max_connections_per_worker", http.max_connections_per_worker, 1'000'000);
   if (http.parser.max_request_line > http.parser.max_head) {
     r.fail(node, r.key_path("max_request_line"), "must not exceed max_header_size");
   }

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   options.keepalive_timeout = 5s;
   options.parser.max_request_line = 1024;
   options.parser.max_head = 4096;
+  options.max_connections_per_worker = 100;
   auto server = http::HttpServer::start(
       runtime, Address::loopback_v4(static_cast<std::uint16_t>(port)), std::move(router), options);
   if (!server) {

@@ -322,3 +322,28 @@ def test_access_log_lines_are_written_in_combined_format(spindle, http):
     assert lines, spindle.output
     assert '"GET /plaintext HTTP/1.1" 200 13 "-" "pytest-agent"' in lines[0]
     assert lines[0].startswith("127.0.0.1 - - [")
+
+
+def test_connections_beyond_the_per_worker_limit_get_503(test_server, http):
+    # The test server allows 100 connections per worker, 2 workers: hold 250 open.
+    held = []
+    try:
+        for _ in range(250):
+            held.append(test_server.connect())
+        statuses = []
+        for c in held:
+            c.sendall(get("/users/1"))
+        for c in held:
+            try:
+                statuses.append(http.read_response(c)[0])
+            except ConnectionError:
+                statuses.append(None)
+        assert statuses.count(200) >= 180 and statuses.count(200) <= 200
+        assert statuses.count(503) >= 50
+    finally:
+        for c in held:
+            c.close()
+    with test_server.connect() as s:  # the server is fine afterwards
+        time.sleep(0.2)
+        s.sendall(get("/users/2"))
+        assert http.read_response(s)[2] == b"user 2"
