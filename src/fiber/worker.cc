@@ -158,8 +158,11 @@ void Worker::run_ready() {
 
 void Worker::fire_timers(Clock::time_point now) {
   while (Timer* timer = timers_.pop_due(now)) {
-    Waiter* waiter = timer->waiter;
-    if (waiter->claim(WakeReason::kTimedOut)) waiter->wake();
+    if (Waiter* waiter = timer->waiter) {
+      if (waiter->claim(WakeReason::kTimedOut)) waiter->wake();
+    } else if (timer->on_fire) {
+      timer->on_fire(*timer);
+    }
   }
 }
 
@@ -186,7 +189,15 @@ std::chrono::milliseconds Worker::poll_timeout(Clock::time_point now) const {
 
 void Worker::poll(std::chrono::milliseconds timeout) {
   auto polled = reactor_.poll(timeout, [](IoSlot& slot, std::uint32_t events) {
-    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) wake_io(slot.reader);
+    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+      if (slot.reader) {
+        wake_io(slot.reader);
+      } else if (slot.on_readable) {
+        // An idle connection: no fiber waits; the callback starts one (it must not release
+        // other slots: events for them may follow in this batch).
+        std::exchange(slot.on_readable, nullptr)(slot);
+      }
+    }
     if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) wake_io(slot.writer);
   });
   if (!polled) log_error("worker {}: epoll_wait failed: {}", index_, polled.error().message());

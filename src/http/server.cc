@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cstring>
 #include <ctime>
-#include <set>
 #include <vector>
 
 #include "spindle/base/log.h"
@@ -39,13 +38,15 @@ struct alignas(64) DateCache {
 // Responses bigger than this are written from their own buffer instead of being copied.
 constexpr std::size_t kCopyBodyLimit = 16 * 1024;
 
-class Connection;
+struct ConnectionState;
 
-// What a worker knows of its connections: the Date cache and who is idle (for draining).
+// What a worker knows of its connections: the Date cache, read buffers to reuse, and the idle
+// connections (for draining). Touched only by its worker.
 struct alignas(64) WorkerState {
   DateCache date;
-  std::set<Connection*> idle;
-  std::size_t open = 0;  // connections open on this worker
+  std::vector<std::vector<char>> free_buffers;
+  ConnectionState* idle_head = nullptr;  // intrusive list of idle connections
+  std::size_t open = 0;                  // connections open on this worker
 };
 
 constexpr std::string_view kOverloaded =
@@ -65,22 +66,51 @@ struct HttpServer::Shared {
 
 namespace {
 
-// One HTTP/1 connection: read, parse, answer, in a loop, on the connection's fiber.
+// What a connection keeps between requests. While it is idle this is all there is of it: no
+// fiber, no stack, no read buffer — the reactor calls on_idle_readable when bytes arrive, or
+// the keep-alive timer closes it.
+struct ConnectionState {
+  TcpStream stream;
+  std::shared_ptr<HttpServer::Shared> shared;
+  WorkerState* worker;
+  /// Requests answered so far.
+  std::size_t requests = 0;
+  /// The client's address for the access log (looked up on first use).
+  std::string remote;
+  /// The keep-alive timer while idle.
+  Timer idle_timer;
+  /// Links in the worker's idle list.
+  ConnectionState* prev_idle = nullptr;
+  ConnectionState* next_idle = nullptr;
+  bool idle = false;
+};
+
+// One activation of an HTTP/1 connection: read, parse, answer, in a loop, on a fiber, until
+// the connection closes or goes idle.
 class Connection {
  public:
-  Connection(TcpStream stream, HttpServer::Shared& shared, WorkerState& worker)
-      : stream_(std::move(stream)),
-        options_(shared.options),
-        router_(shared.router),
-        date_(worker.date),
-        shared_(shared),
-        worker_(worker),
-        parser_(shared.options.parser),
-        buffer_(shared.options.parser.max_head + 4096) {}
+  /// How an activation ended.
+  enum class Outcome { kClose, kIdle };
 
-  void serve();
-  /// Ends an idle wait (draining). Owner worker only.
-  void wake_idle() { fiber_->request_stop(); }
+  explicit Connection(ConnectionState& state)
+      : state_(state),
+        stream_(state.stream),
+        options_(state.shared->options),
+        router_(state.shared->router),
+        date_(state.worker->date),
+        shared_(*state.shared),
+        parser_(options_.parser) {
+    auto& pool = state.worker->free_buffers;
+    if (!pool.empty()) {
+      buffer_ = std::move(pool.back());
+      pool.pop_back();
+    } else {
+      buffer_.resize(options_.parser.max_head + 4096);
+    }
+  }
+  ~Connection() { state_.worker->free_buffers.push_back(std::move(buffer_)); }
+
+  Outcome serve();
 
  private:
   enum class Read { kData, kClosed, kTimedOut, kFailed };
@@ -107,14 +137,12 @@ class Connection {
   /// Moves unparsed bytes to the front of the buffer.
   void compact();
 
-  TcpStream stream_;
+  ConnectionState& state_;
+  TcpStream& stream_;
   const ServerOptions& options_;
   const Router& router_;
   DateCache& date_;
   HttpServer::Shared& shared_;
-  WorkerState& worker_;
-  /// The fiber serving this connection.
-  Fiber* fiber_ = current_fiber();
   RequestParser parser_;
   RequestHead head_;
   /// Read buffer: [begin_, end_) is received but not yet parsed.
@@ -126,12 +154,8 @@ class Connection {
   /// Response bytes waiting for the next write, and a large body to write after them.
   std::string out_;
   std::string big_body_;
-  /// Requests answered on this connection.
-  std::size_t requests_ = 0;
   /// Set when a response could not be sent whole: nothing more can follow it.
   bool broken_ = false;
-  /// The client's address for the access log (looked up on first use).
-  std::string remote_;
 };
 
 Connection::Read Connection::read_more(Deadline deadline) {
@@ -311,15 +335,17 @@ void Connection::queue(Response& response, bool head_only, bool close) {
 }
 
 void Connection::log_access(const Response& response, Clock::time_point handled_at) {
-  if (remote_.empty()) {
+  if (state_.remote.empty()) {
     auto peer = stream_.peer_address();
-    remote_ = peer ? peer->to_string() : "-";
-    if (peer && peer->family() != Address::Family::kUnix) remote_.resize(remote_.rfind(':'));
-    if (remote_.starts_with('[')) remote_ = remote_.substr(1, remote_.size() - 2);
+    state_.remote = peer ? peer->to_string() : "-";
+    if (peer && peer->family() != Address::Family::kUnix)
+      state_.remote.resize(state_.remote.rfind(':'));
+    if (state_.remote.starts_with('['))
+      state_.remote = state_.remote.substr(1, state_.remote.size() - 2);
   }
   bool no_body = head_.method == "HEAD" || status_has_no_body(response.status);
   options_.access_log->record(AccessRecord{
-      .remote = remote_,
+      .remote = state_.remote,
       .method = head_.method,
       .target = head_.target,
       .minor_version = head_.minor_version,
@@ -346,8 +372,8 @@ bool Connection::flush() {
   return written.has_value();
 }
 
-void Connection::serve() {
-  Clock::time_point head_started{};
+Connection::Outcome Connection::serve() {
+  Clock::time_point head_started = Clock::now();
   for (;;) {
     // Answer every complete request already buffered; the responses queue up in out_.
     for (;;) {
@@ -361,28 +387,28 @@ void Connection::serve() {
       if (parsed.state == ParseResult::State::kError) {
         queue_error(parsed.status, parsed.reason);
         (void)flush();
-        return;
+        return Outcome::kClose;
       }
       begin_ += parsed.consumed;
       std::string body;
       if (!read_body(body)) {
         (void)flush();
-        return;
+        return Outcome::kClose;
       }
       auto handled_at = Clock::now();
       Request request(head_, std::move(body));
       Response response = respond(request);
-      ++requests_;
+      ++state_.requests;
       if (options_.access_log) log_access(response, handled_at);
       bool close = !head_.keep_alive || shared_.draining.load(std::memory_order_acquire) ||
                    (options_.max_requests_per_connection != 0 &&
-                    requests_ >= options_.max_requests_per_connection);
+                    state_.requests >= options_.max_requests_per_connection);
       queue(response, head_.method == "HEAD", close);
-      if (broken_) return;
+      if (broken_) return Outcome::kClose;
       if (close) {
         (void)flush();
         (void)stream_.shutdown(TcpStream::Shutdown::kWrite);
-        return;
+        return Outcome::kClose;
       }
       // Bytes read past the body belong to the next request: back into the buffer.
       if (spill_begin_ < spill_.size()) {
@@ -398,32 +424,115 @@ void Connection::serve() {
       }
       head_started = Clock::now();
     }
-    // Nothing complete left: write the batch, then wait for more.
-    bool idle = begin_ == end_;
-    if (idle) head_started = {};
-    Deadline deadline = idle ? Deadline::after(options_.keepalive_timeout)
-                             : Deadline::at(head_started + options_.header_timeout);
-    if (idle && shared_.draining.load(std::memory_order_acquire)) {
-      (void)flush();
-      return;
+    // Nothing complete left: write the batch, then look for more.
+    if (begin_ == end_) {
+      if (shared_.draining.load(std::memory_order_acquire)) {
+        (void)flush();
+        return Outcome::kClose;
+      }
+      // Idle: one read attempt (no waiting); if nothing is there, the fiber ends and the
+      // connection waits in the reactor, holding no stack and no buffer.
+      switch (read_more(Deadline::at(Clock::time_point::min()))) {
+        case Read::kData:
+          head_started = Clock::now();
+          continue;
+        case Read::kTimedOut:
+          return Outcome::kIdle;
+        case Read::kClosed:
+        case Read::kFailed:
+          return Outcome::kClose;
+      }
     }
-    if (idle) worker_.idle.insert(this);
-    Read got = read_more(deadline);
-    if (idle) worker_.idle.erase(this);
-    switch (got) {
+    // A partial head: it must be complete within the header timeout (slowloris).
+    switch (read_more(Deadline::at(head_started + options_.header_timeout))) {
       case Read::kData:
-        if (idle) head_started = Clock::now();
         continue;
       case Read::kTimedOut:
-        if (!idle) {
-          queue_error(408, "request header too slow");
-          (void)flush();
-        }
-        return;
+        queue_error(408, "request header too slow");
+        (void)flush();
+        return Outcome::kClose;
       case Read::kClosed:
       case Read::kFailed:
-        return;
+        return Outcome::kClose;
     }
+  }
+}
+
+// ---- connection lifecycle: active (a fiber runs it) <-> idle (nothing runs) -> closed ------
+
+void run_connection(ConnectionState* state);
+
+// Closes the connection and forgets it.
+void close_connection(ConnectionState* state) {
+  HttpServer::Shared& shared = *state->shared;
+  --state->worker->open;
+  delete state;  // closes the socket
+  shared.active.done();
+}
+
+void unlink_idle(ConnectionState* state) {
+  WorkerState& worker = *state->worker;
+  if (state->prev_idle) {
+    state->prev_idle->next_idle = state->next_idle;
+  } else {
+    worker.idle_head = state->next_idle;
+  }
+  if (state->next_idle) state->next_idle->prev_idle = state->prev_idle;
+  state->prev_idle = state->next_idle = nullptr;
+  state->idle = false;
+  Worker::current()->timers().erase(&state->idle_timer);
+}
+
+// The reactor saw bytes (or a hang-up) on an idle connection: a fresh fiber takes it on.
+void on_idle_readable(IoSlot& slot) {
+  auto* state = static_cast<ConnectionState*>(slot.owner);
+  unlink_idle(state);
+  spawn([state] { run_connection(state); },
+        SpawnOptions{.stack_size = state->shared->options.tcp.stack_size})
+      .detach();
+}
+
+// The keep-alive timeout of an idle connection.
+void on_idle_timeout(Timer& timer) {
+  auto* state = static_cast<ConnectionState*>(timer.owner);
+  state->stream.cancel_on_readable();
+  unlink_idle(state);
+  close_connection(state);
+}
+
+void go_idle(ConnectionState* state) {
+  WorkerState& worker = *state->worker;
+  state->idle = true;
+  state->next_idle = worker.idle_head;
+  if (worker.idle_head) worker.idle_head->prev_idle = state;
+  worker.idle_head = state;
+  state->idle_timer.when = Clock::now() + state->shared->options.keepalive_timeout;
+  state->idle_timer.on_fire = &on_idle_timeout;
+  state->idle_timer.owner = state;
+  Worker::current()->timers().push(&state->idle_timer);
+  state->stream.on_readable(&on_idle_readable, state);
+}
+
+// One activation, on the calling fiber.
+void run_connection(ConnectionState* state) {
+  Connection::Outcome outcome;
+  {
+    Connection connection(*state);
+    outcome = connection.serve();
+  }  // the read buffer goes back to the worker's pool here
+  if (outcome == Connection::Outcome::kIdle) {
+    go_idle(state);
+  } else {
+    close_connection(state);
+  }
+}
+
+// Closes every idle connection of the calling worker (draining).
+void close_idle_connections(WorkerState& worker) {
+  while (ConnectionState* state = worker.idle_head) {
+    state->stream.cancel_on_readable();
+    unlink_idle(state);
+    close_connection(state);
   }
 }
 
@@ -446,12 +555,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Ad
         }
         ++worker.open;
         shared->active.add();
-        {
-          Connection connection(std::move(stream), *shared, worker);
-          connection.serve();
-        }
-        shared->active.done();
-        --worker.open;
+        run_connection(new ConnectionState{std::move(stream), shared, &worker});
       },
       shared->options.tcp);
   if (!tcp) return fail(tcp.error());
@@ -470,9 +574,8 @@ bool HttpServer::drain(Deadline deadline) {
   shared_->draining.store(true, std::memory_order_release);
   // Idle connections wait in a read: wake them (on their own workers) so they close now.
   for (std::size_t i = 0; i < shared_->runtime->size(); ++i) {
-    shared_->runtime->worker(i).post([shared = shared_, i] {
-      for (Connection* c : shared->workers[i].idle) c->wake_idle();
-    });
+    shared_->runtime->worker(i).post(
+        [shared = shared_, i] { close_idle_connections(shared->workers[i]); });
   }
   return !shared_->active.wait(deadline);
 }

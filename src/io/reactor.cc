@@ -48,6 +48,8 @@ Result<IoSlot*> Reactor::add(int fd) {
 void Reactor::release(IoSlot* slot) {
   assert(slot->reader == nullptr && slot->writer == nullptr);
   slot->fd = -1;
+  slot->on_readable = nullptr;
+  slot->owner = nullptr;
   ++slot->generation;
   free_.push_back(slot->index);
 }

@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
   http::ServerOptions options;
   options.max_body = 64 * 1024;
   options.header_timeout = 1s;
-  options.keepalive_timeout = 5s;
+  options.keepalive_timeout = 1500ms;
   options.parser.max_request_line = 1024;
   options.parser.max_head = 4096;
   options.max_connections_per_worker = 100;

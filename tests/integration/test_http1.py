@@ -347,3 +347,62 @@ def test_connections_beyond_the_per_worker_limit_get_503(test_server, http):
         time.sleep(0.2)
         s.sendall(get("/users/2"))
         assert http.read_response(s)[2] == b"user 2"
+
+
+def test_idle_keep_alive_connections_are_closed_after_the_timeout(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(get("/users/1"))
+        assert http.read_response(s)[0] == 200
+        time.sleep(0.5)  # idle, but within the 1.5 s keep-alive timeout: still served
+        s.sendall(get("/users/2"))
+        assert http.read_response(s)[2] == b"user 2"
+        started = time.monotonic()
+        assert http.closed_by_peer(s, wait=5)
+        assert 1.0 < time.monotonic() - started < 4
+
+
+def rss_bytes(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def test_idle_connections_hold_no_stack_and_no_buffer(build_dir, http):
+    """2,000 idle keep-alive connections must cost the server far less than a fiber stack
+    (64 KiB) or a read buffer (20 KiB) each: the bound here is 2 KiB per connection."""
+    import resource
+    from conftest import Server
+    count = 2000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < count + 200:
+        import pytest
+        pytest.skip(f"needs {count + 200} open files; ulimit -n hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    server = Server([f"{build_dir}/bin/spindle", "serve", "--listen", "127.0.0.1:0",
+                     "--threads", "1"])
+    conns = []
+    try:
+        warm = [server.connect() for _ in range(50)]  # let pools and arenas settle
+        for c in warm:
+            c.sendall(get("/plaintext"))
+            http.read_response(c)
+        for c in warm:
+            c.close()
+        time.sleep(0.3)
+        before = rss_bytes(server.proc.pid)
+        # One at a time, so that what remains is what an idle connection holds, not the peak
+        # of concurrently active ones (their stacks and buffers go back to the pools).
+        for _ in range(count):
+            c = server.connect()
+            c.sendall(get("/plaintext"))
+            assert http.read_response(c)[0] == 200
+            conns.append(c)
+        time.sleep(0.3)
+        per_connection = (rss_bytes(server.proc.pid) - before) / count
+        print(f"{per_connection:.0f} bytes per idle connection")
+        assert per_connection < 2048, f"{per_connection:.0f} bytes per idle connection"
+    finally:
+        for c in conns:
+            c.close()
+        assert server.stop() == 0

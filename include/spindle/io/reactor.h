@@ -34,6 +34,11 @@ struct IoSlot {
   Waiter* reader = nullptr;
   /// Who is parked waiting for writability, or nullptr.
   Waiter* writer = nullptr;
+  /// Called once (then cleared) when the slot becomes readable and no fiber waits to read:
+  /// lets an idle connection wait with no fiber at all.
+  void (*on_readable)(IoSlot& slot) = nullptr;
+  /// Whatever on_readable needs (the idle connection).
+  void* owner = nullptr;
 };
 
 /// The edge-triggered epoll loop of one worker.

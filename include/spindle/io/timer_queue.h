@@ -25,8 +25,12 @@ struct Timer {
   std::uint64_t seq = 0;
   /// Heap position (maintained by TimerQueue).
   std::size_t index = kNotQueued;
-  /// Whom the timer wakes when it fires (the fiber layer's waiter).
+  /// Whom the timer wakes when it fires (the fiber layer's waiter), or nullptr.
   Waiter* waiter = nullptr;
+  /// Otherwise, what to call when it fires (on the worker thread, outside any fiber).
+  void (*on_fire)(Timer& timer) = nullptr;
+  /// Whatever on_fire needs.
+  void* owner = nullptr;
 
   /// True while the timer is in a queue.
   bool queued() const { return index != kNotQueued; }

@@ -45,6 +45,12 @@ class Socket {
   [[nodiscard]] Result<Address> local_address() const;
   /// The peer address (getpeername).
   [[nodiscard]] Result<Address> peer_address() const;
+  /// Sets (or with nullptr clears) the slot's readable callback (see TcpStream::on_readable).
+  void on_readable(void (*callback)(IoSlot& slot), void* owner) {
+    if (!slot_) return;
+    slot_->on_readable = callback;
+    slot_->owner = owner;
+  }
   /// setsockopt(level, name, int value).
   [[nodiscard]] Result<void> set_option(int level, int name, int value);
 

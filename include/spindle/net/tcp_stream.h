@@ -65,6 +65,15 @@ class TcpStream {
   bool is_open() const { return socket_.is_open(); }
   /// Closes the connection. Idempotent.
   void close() { socket_.close(); }
+  /// Asks for `callback(slot)` to run once, on this worker's loop (not in a fiber), when the
+  /// stream becomes readable while no fiber waits on it; `owner` is kept in slot.owner. Call
+  /// only after a read returned EAGAIN (readiness is edge-triggered). Lets an idle
+  /// connection wait without a fiber.
+  void on_readable(void (*callback)(IoSlot& slot), void* owner) {
+    socket_.on_readable(callback, owner);
+  }
+  /// Cancels on_readable.
+  void cancel_on_readable() { socket_.on_readable(nullptr, nullptr); }
 
  private:
   /// The registered socket.
