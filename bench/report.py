@@ -40,6 +40,7 @@ def main():
     p.add_argument("--chart", required=True)
     p.add_argument("--http")
     p.add_argument("--http-chart")
+    p.add_argument("--idle-rss")
     a = p.parse_args()
     micro = json.load(open(a.micro))
     echo = json.load(open(a.echo))
@@ -98,6 +99,20 @@ def main():
               "message (lower is better) is shown beside the rate.\n")
     if a.http:
         md.extend(http_section(json.load(open(a.http)), a.http_chart))
+    if a.idle_rss:
+        rss = json.load(open(a.idle_rss))
+        md.append("## Memory of idle keep-alive connections\n")
+        md.append("`/usr/bin/python3 bench/idle_rss.py --out bench/results/idle_rss.json` — one "
+                  "worker each; connections opened one after another, each sends one request, "
+                  "reads the answer and stays open; server RSS growth (VmRSS of the server and its "
+                  "children) divided by the connections. An idle spindle connection is a small "
+                  "heap object plus its reactor slot: no fiber, no stack, no read buffer.\n")
+        md.append("| server | idle connections | RSS before | RSS after | bytes per connection |")
+        md.append("|---|---:|---:|---:|---:|")
+        for r in rss:
+            md.append(f"| {r['server']} | {r['connections']:,} | {r['rss_before'] / 2**20:.1f} MiB | "
+                      f"{r['rss_after'] / 2**20:.1f} MiB | {r['bytes_per_connection']:.0f} |")
+        md.append("\nGoal: under 512 bytes of userspace RSS per idle connection.\n")
     with open(a.markdown, "w") as f:
         f.write("\n".join(md))
 
