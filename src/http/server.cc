@@ -406,8 +406,7 @@ Connection::Outcome Connection::serve() {
       queue(response, head_.method == "HEAD", close);
       if (broken_) return Outcome::kClose;
       if (close) {
-        (void)flush();
-        (void)stream_.shutdown(TcpStream::Shutdown::kWrite);
+        (void)flush();  // the request was read whole, so closing sends a FIN, not a reset
         return Outcome::kClose;
       }
       // Bytes read past the body belong to the next request: back into the buffer.
