@@ -309,7 +309,7 @@ void Connection::queue(Response& response, bool head_only, bool close) {
     // second syscall and a second TCP segment for sendfile.
     std::size_t at = out_.size();
     out_.resize(at + response.file->length);
-    ssize_t n = ::pread(response.file->fd.get(), out_.data() + at, response.file->length,
+    ssize_t n = ::pread(response.file->fd->get(), out_.data() + at, response.file->length,
                         static_cast<off_t>(response.file->offset));
     if (n != static_cast<ssize_t>(response.file->length)) {
       out_.resize(at);
@@ -320,8 +320,9 @@ void Connection::queue(Response& response, bool head_only, bool close) {
   if (response.file) {
     // The head goes first, then the kernel copies the file straight to the socket.
     if (!flush()) return;
-    auto sent = stream_.sendfile(response.file->fd.get(), static_cast<off_t>(response.file->offset),
-                                 response.file->length, Deadline::after(options_.write_timeout));
+    auto sent =
+        stream_.sendfile(response.file->fd->get(), static_cast<off_t>(response.file->offset),
+                         response.file->length, Deadline::after(options_.write_timeout));
     // A failed or short send (the file shrank) breaks the framing: the connection must close.
     if (!sent || *sent != response.file->length) broken_ = true;
     return;

@@ -9,6 +9,10 @@
 
 #include <charconv>
 #include <ctime>
+#include <optional>
+#include <unordered_map>
+
+#include "spindle/fiber/worker.h"
 
 namespace spindle::http {
 namespace {
@@ -196,8 +200,83 @@ std::optional<std::string> decode_path(std::string_view path) {
   return out;
 }
 
+struct StaticFiles::Entry {
+  /// errno of the lookup, 0 if the file is there.
+  int error = 0;
+  std::shared_ptr<const UniqueFd> fd;
+  struct stat st {};
+  std::string etag;
+  std::string last_modified;
+  /// The file's bytes, for small regular files.
+  std::optional<std::string> content;
+  /// When it was looked up.
+  Clock::time_point checked;
+};
+
+struct StaticFiles::Cache {
+  std::unordered_map<std::string, std::shared_ptr<const Entry>> entries;
+};
+
+namespace {
+constexpr std::size_t kMaxWorkers = 1024;
+}  // namespace
+
 StaticFiles::StaticFiles(UniqueFd root, StaticOptions options)
-    : root_(std::make_shared<UniqueFd>(std::move(root))), options_(std::move(options)) {}
+    : root_(std::make_shared<UniqueFd>(std::move(root))),
+      options_(std::move(options)),
+      caches_(std::shared_ptr<std::vector<std::atomic<Cache*>>>(
+          new std::vector<std::atomic<Cache*>>(kMaxWorkers), [](auto* caches) {
+            for (auto& c : *caches) delete c.load();
+            delete caches;
+          })) {}
+
+std::shared_ptr<const StaticFiles::Entry> StaticFiles::lookup(const std::string& relative,
+                                                              std::string_view suffix,
+                                                              int& error) const {
+  auto now = Clock::now();
+  Cache* cache = nullptr;
+  Worker* worker = Worker::current();
+  if (worker && options_.cache_validity.count() > 0 && worker->index() < kMaxWorkers) {
+    auto& slot = (*caches_)[worker->index()];
+    cache = slot.load(std::memory_order_acquire);
+    if (!cache) {
+      cache = new Cache();
+      slot.store(cache, std::memory_order_release);  // only this worker writes its slot
+    }
+  }
+  std::string key = suffix.empty() ? relative : relative + std::string(suffix);
+  if (cache) {
+    auto it = cache->entries.find(key);
+    if (it != cache->entries.end() && now - it->second->checked < options_.cache_validity) {
+      error = it->second->error;
+      return it->second->error ? nullptr : it->second;
+    }
+  }
+  auto entry = std::make_shared<Entry>();
+  entry->checked = now;
+  UniqueFd fd(open_beneath(root_->get(), key, O_RDONLY));
+  if (!fd || ::fstat(fd.get(), &entry->st) != 0) {
+    entry->error = errno ? errno : EIO;
+  } else {
+    std::string_view variant = suffix == ".br" ? "-br" : suffix == ".gz" ? "-gzip" : "";
+    entry->etag = etag_of(entry->st, variant);
+    entry->last_modified = http_date(entry->st.st_mtim.tv_sec);
+    auto size = static_cast<std::size_t>(entry->st.st_size);
+    if (S_ISREG(entry->st.st_mode) && cache && size <= options_.cache_content_max) {
+      std::string bytes(size, '\0');
+      if (::pread(fd.get(), bytes.data(), size, 0) == static_cast<ssize_t>(size)) {
+        entry->content = std::move(bytes);
+      }
+    }
+    entry->fd = std::make_shared<const UniqueFd>(std::move(fd));
+  }
+  if (cache) {
+    if (cache->entries.size() >= options_.cache_entries) cache->entries.clear();
+    cache->entries[key] = entry;
+  }
+  error = entry->error;
+  return entry->error ? nullptr : entry;
+}
 
 Result<StaticFiles> StaticFiles::open(const std::string& root, StaticOptions options) {
   UniqueFd fd(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
@@ -231,12 +310,11 @@ Response StaticFiles::serve(const Request& request, std::string_view path) const
     segments.remove_prefix(slash);
   }
   std::string relative = decoded->size() == 1 ? "." : decoded->substr(1);
-  UniqueFd fd(open_beneath(root_->get(), relative, O_RDONLY));
-  if (!fd) return status_for_errno(errno);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Response::error(500);
+  int error = 0;
+  auto entry = lookup(relative, "", error);
+  if (!entry) return status_for_errno(error);
   std::string name = *decoded;
-  if (S_ISDIR(st.st_mode)) {
+  if (S_ISDIR(entry->st.st_mode)) {
     if (!path.ends_with('/')) {
       Response moved(301);
       std::string location = std::string(path) + "/";
@@ -245,61 +323,54 @@ Response StaticFiles::serve(const Request& request, std::string_view path) const
       return moved;
     }
     relative = (relative == "." ? "" : relative + "/") + options_.index;
-    fd.reset(open_beneath(root_->get(), relative, O_RDONLY));
-    if (!fd) return status_for_errno(errno == ENOENT ? EACCES : errno);  // no listings
-    if (::fstat(fd.get(), &st) != 0) return Response::error(500);
+    entry = lookup(relative, "", error);
+    if (!entry) return status_for_errno(error == ENOENT ? EACCES : error);  // no listings
     name = relative;
   }
-  if (!S_ISREG(st.st_mode)) return Response::error(404);
+  if (!S_ISREG(entry->st.st_mode)) return Response::error(404);
 
   Response response(200);
-  std::string_view content_type = mime_type(name);
-  std::string variant;
   std::string_view range_header = request.header("range");
   // A precompressed sibling, if the client takes it (not for ranges: they address the file).
   if (options_.precompressed && range_header.empty()) {
     std::string_view accept = request.header("accept-encoding");
     for (auto [coding, suffix] : {std::pair{"br", ".br"}, std::pair{"gzip", ".gz"}}) {
       if (!accepts(accept, coding)) continue;
-      UniqueFd sibling(open_beneath(root_->get(), relative + suffix, O_RDONLY));
-      struct stat sst {};
-      if (sibling && ::fstat(sibling.get(), &sst) == 0 && S_ISREG(sst.st_mode)) {
-        fd = std::move(sibling);
-        st = sst;
-        variant = std::string("-") + coding;
-        response.headers.add(std::string_view("Content-Encoding"), coding);
+      int sibling_error = 0;
+      auto sibling = lookup(relative, suffix, sibling_error);
+      if (sibling && S_ISREG(sibling->st.st_mode)) {
+        entry = std::move(sibling);
+        response.headers.add_view("Content-Encoding", coding);
         break;
       }
     }
     response.headers.add_view("Vary", "Accept-Encoding");
   }
-  std::string etag = etag_of(st, variant);
-  std::string last_modified = http_date(st.st_mtim.tv_sec);
-  response.headers.add(std::string_view("Content-Type"), content_type);
-  response.headers.add(std::string_view("ETag"), etag);
-  response.headers.add(std::string_view("Last-Modified"), last_modified);
+  response.headers.add_view("Content-Type", mime_type(name));
+  response.headers.add(std::string_view("ETag"), entry->etag);
+  response.headers.add(std::string_view("Last-Modified"), entry->last_modified);
   response.headers.add_view("Accept-Ranges", "bytes");
 
   // Conditional requests (RFC 9110 13.2.2): If-None-Match wins over If-Modified-Since.
   if (auto inm = request.headers().get("if-none-match")) {
-    if (none_match_hits(*inm, etag)) {
+    if (none_match_hits(*inm, entry->etag)) {
       response.status = 304;
       return response;
     }
   } else if (auto ims = request.headers().get("if-modified-since")) {
     auto since = parse_http_date(*ims);
-    if (since && st.st_mtim.tv_sec <= *since) {
+    if (since && entry->st.st_mtim.tv_sec <= *since) {
       response.status = 304;
       return response;
     }
   }
 
-  auto size = static_cast<std::uint64_t>(st.st_size);
+  auto size = static_cast<std::uint64_t>(entry->st.st_size);
   std::uint64_t first = 0, last = size == 0 ? 0 : size - 1;
   RangeKind range = RangeKind::kNone;
   if (!range_header.empty()) {
     auto if_range = request.headers().get("if-range");
-    if (!if_range || *if_range == etag || *if_range == last_modified) {
+    if (!if_range || *if_range == entry->etag || *if_range == entry->last_modified) {
       range = parse_range(range_header, size, first, last);
     }
   }
@@ -314,8 +385,14 @@ Response StaticFiles::serve(const Request& request, std::string_view path) const
     length = last - first + 1;
     response.headers.add(std::string_view("Content-Range"),
                          fmt::format("bytes {}-{}/{}", first, last, size));
+  } else {
+    first = 0;
   }
-  response.file = FileBody{std::move(fd), range == RangeKind::kSatisfiable ? first : 0, length};
+  if (entry->content) {
+    response.body = entry->content->substr(first, length);  // cached: no file syscall at all
+  } else {
+    response.file = FileBody{entry->fd, first, length};
+  }
   return response;
 }
 

@@ -2,6 +2,7 @@
 /// Request, Response and HttpError: what a handler sees and returns.
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -59,8 +60,8 @@ class Request {
 
 /// A byte range of an open file, sent with sendfile(2) instead of a body string.
 struct FileBody {
-  /// The open file.
-  UniqueFd fd;
+  /// The open file (shared: a file cache may keep it open for later requests).
+  std::shared_ptr<const UniqueFd> fd;
   /// Where the range starts.
   std::uint64_t offset = 0;
   /// How many bytes to send.

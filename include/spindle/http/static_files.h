@@ -4,8 +4,12 @@
 /// precompressed .br/.gz siblings — and never anything outside its root: no "..", no encoded
 /// slashes, no symlink that leads out (the kernel checks, via openat2 RESOLVE_BENEATH).
 
+#include <atomic>
+#include <chrono>
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "spindle/base/error.h"
 #include "spindle/http/message.h"
@@ -19,6 +23,14 @@ struct StaticOptions {
   std::string index = "index.html";
   /// Serve FILE.br / FILE.gz instead of FILE when the client accepts that encoding.
   bool precompressed = true;
+  /// How long a looked-up file (open descriptor, metadata, and the bytes of a small file) is
+  /// reused before it is looked up again; 0 disables the cache. Like nginx's open_file_cache
+  /// valid=, it bounds how long a change on disk can go unseen.
+  std::chrono::milliseconds cache_validity{1000};
+  /// Most cached entries per worker.
+  std::size_t cache_entries = 4096;
+  /// Files up to this size are cached with their bytes (served without any file syscall).
+  std::size_t cache_content_max = 16 * 1024;
 };
 
 /// A handler for GET/HEAD requests of files under one root directory.
@@ -39,12 +51,21 @@ class StaticFiles {
   static std::string_view mime_type(std::string_view name);
 
  private:
+  struct Entry;
+  struct Cache;
+
   StaticFiles(UniqueFd root, StaticOptions options);
+  /// The file at `relative` (with `suffix`, e.g. ".br"), from the calling worker's cache or
+  /// looked up now; errno-style failure in `error`.
+  std::shared_ptr<const Entry> lookup(const std::string& relative, std::string_view suffix,
+                                      int& error) const;
 
   /// The root directory, opened O_PATH (shared by copies of the handler).
   std::shared_ptr<UniqueFd> root_;
   /// Options.
   StaticOptions options_;
+  /// One cache per worker, created by that worker on first use (shared by copies).
+  std::shared_ptr<std::vector<std::atomic<Cache*>>> caches_;
 };
 
 /// Decodes %XX escapes in a path. Fails (nullopt) on a bad escape, an encoded '/' or NUL.

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "spindle/fiber/this_fiber.h"
 #include "spindle/http/http1_parser.h"
+#include "spindle/testing.h"
 
 namespace fs = std::filesystem;
 using namespace spindle::http;
@@ -52,8 +54,9 @@ class StaticFilesTest : public ::testing::Test {
   static std::string body_of(Response& r) {
     if (!r.file) return r.body;
     std::string out(r.file->length, '\0');
-    EXPECT_EQ(::pread(r.file->fd.get(), out.data(), out.size(), static_cast<off_t>(r.file->offset)),
-              static_cast<ssize_t>(out.size()));
+    EXPECT_EQ(
+        ::pread(r.file->fd->get(), out.data(), out.size(), static_cast<off_t>(r.file->offset)),
+        static_cast<ssize_t>(out.size()));
     return out;
   }
 
@@ -175,4 +178,28 @@ TEST(StaticFiles, DecodePathRejectsEncodedSlashesAndNul) {
 
 TEST(StaticFiles, OpenFailsForAMissingRoot) {
   EXPECT_FALSE(StaticFiles::open("/nonexistent/spindle/root").has_value());
+}
+
+TEST_F(StaticFilesTest, WorkersCacheFilesAndSeeChangesAfterTheValidity) {
+  auto cached = StaticFiles::open(root_.string(),
+                                  StaticOptions{.cache_validity = std::chrono::milliseconds(200)});
+  ASSERT_TRUE(cached.has_value());
+  spindle::testing::run_in_fiber(
+      [&] {
+        files_.emplace(std::move(*cached));
+        auto first = request("/hello.txt");
+        EXPECT_FALSE(first.file.has_value());  // small and cached: served from memory
+        EXPECT_EQ(first.body, "hello, static world\n");
+        write(root_ / "hello.txt", "changed on disk\n");
+        EXPECT_EQ(request("/hello.txt").body, "hello, static world\n");  // within the validity
+        (void)spindle::this_fiber::sleep_for(std::chrono::milliseconds(300));
+        EXPECT_EQ(request("/hello.txt").body, "changed on disk\n");
+        fs::remove(root_ / "hello.txt");
+        (void)spindle::this_fiber::sleep_for(std::chrono::milliseconds(300));
+        EXPECT_EQ(request("/hello.txt").status, 404);
+        auto range = request("/index.html", "Range: bytes=1-2\r\n");
+        EXPECT_EQ(range.status, 206);
+        EXPECT_EQ(range.body, "h1");
+      },
+      1);
 }
