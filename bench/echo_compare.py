@@ -9,24 +9,18 @@ is the fairer figure on 2 cores where the client may be the bottleneck. Loopback
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from http_compare import free_port, stop  # noqa: E402  (shared process helpers)
 
 CASES = [  # (connections, message bytes)
     (100, 64),
     (1000, 64),
     (100, 4096),
 ]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def taskset(cpu):
@@ -44,15 +38,6 @@ def start_server(kind, binaries, port):
         proc.kill()
         raise RuntimeError(f"{kind} did not start: {line!r}")
     return proc
-
-
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def run_once(kind, binaries, connections, size, seconds):

@@ -24,6 +24,21 @@ bool is_line_char(char c) {
   return u == '\t' || (u >= 0x20 && u != 0x7f);
 }
 
+enum class LineCheck { kOk, kBareCr, kBadChar };
+
+// Checks the text of a line seen so far. `complete` says whether its CRLF has arrived; if not,
+// a CR is allowed as the very last byte (the start of the CRLF still to come).
+LineCheck check_line(std::string_view line, bool complete) {
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    if (line[i] == '\r') {
+      if (complete || i + 1 != line.size()) return LineCheck::kBareCr;
+    } else if (!is_line_char(line[i])) {
+      return LineCheck::kBadChar;
+    }
+  }
+  return LineCheck::kOk;
+}
+
 }  // namespace
 
 ChunkedDecoder::Step ChunkedDecoder::next(std::string_view input) {
@@ -89,12 +104,13 @@ ChunkedDecoder::Step ChunkedDecoder::size_line(std::string_view input) {
   if (ws > 0 && ws == rest.size() && eol != std::string_view::npos) {
     return fail(400, "whitespace after chunk size");
   }
-  for (std::size_t i = 0; i < rest.size(); ++i) {
-    // A CR is only allowed as the last byte seen so far (the start of CRLF).
-    if (rest[i] == '\r' && (eol != std::string_view::npos || i + 1 != rest.size())) {
+  switch (check_line(rest, eol != std::string_view::npos)) {
+    case LineCheck::kBareCr:
       return fail(400, "bare CR in chunk size line");
-    }
-    if (rest[i] != '\r' && !is_line_char(rest[i])) return fail(400, "invalid chunk extension");
+    case LineCheck::kBadChar:
+      return fail(400, "invalid chunk extension");
+    case LineCheck::kOk:
+      break;
   }
   if (eol == std::string_view::npos) {
     if (input.size() > kMaxLine) return fail(400, "chunk size line too long");
@@ -111,11 +127,13 @@ ChunkedDecoder::Step ChunkedDecoder::size_line(std::string_view input) {
 ChunkedDecoder::Step ChunkedDecoder::trailer_line(std::string_view input) {
   std::size_t eol = input.find("\r\n");
   std::string_view line = input.substr(0, eol);
-  for (std::size_t i = 0; i < line.size(); ++i) {
-    if (line[i] == '\r' && (eol != std::string_view::npos || i + 1 != line.size())) {
+  switch (check_line(line, eol != std::string_view::npos)) {
+    case LineCheck::kBareCr:
       return fail(400, "bare CR in trailer");
-    }
-    if (line[i] != '\r' && !is_line_char(line[i])) return fail(400, "invalid character in trailer");
+    case LineCheck::kBadChar:
+      return fail(400, "invalid character in trailer");
+    case LineCheck::kOk:
+      break;
   }
   if (eol == std::string_view::npos) {
     if (input.size() > kMaxLine) return fail(400, "trailer line too long");

@@ -13,25 +13,11 @@ bool compressible_type(std::string_view type) {
          type.ends_with("+json") || type.ends_with("+xml");
 }
 
-// The coding to use, from Accept-Encoding (q=0 excludes a coding).
+// The coding to use: brotli if accepted, else gzip if accepted, else none.
 std::string_view choose_coding(std::string_view accept) {
-  bool br = false, gzip = false;
-  while (!accept.empty()) {
-    std::size_t comma = accept.find(',');
-    std::string_view item = accept.substr(0, comma);
-    while (!item.empty() && item.front() == ' ') item.remove_prefix(1);
-    std::size_t semi = item.find(';');
-    std::string_view name = item.substr(0, semi);
-    while (!name.empty() && name.back() == ' ') name.remove_suffix(1);
-    bool refused = semi != std::string_view::npos &&
-                   item.substr(semi).find("q=0") != std::string_view::npos &&
-                   item.substr(semi).find_first_of("123456789") == std::string_view::npos;
-    if (!refused && iequals(name, "br")) br = true;
-    if (!refused && iequals(name, "gzip")) gzip = true;
-    if (comma == std::string_view::npos) break;
-    accept.remove_prefix(comma + 1);
-  }
-  return br ? "br" : gzip ? "gzip" : "";
+  if (accepts_encoding(accept, "br")) return "br";
+  if (accepts_encoding(accept, "gzip")) return "gzip";
+  return "";
 }
 
 }  // namespace

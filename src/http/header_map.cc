@@ -8,13 +8,30 @@ namespace {
 
 constexpr char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; }
 
-std::string_view trim(std::string_view s) {
+}  // namespace
+
+std::string_view trim_ows(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
 }
 
-}  // namespace
+bool accepts_encoding(std::string_view header, std::string_view coding) {
+  while (!header.empty()) {
+    std::size_t comma = header.find(',');
+    std::string_view item = trim_ows(header.substr(0, comma));
+    std::size_t semi = item.find(';');
+    if (iequals(trim_ows(item.substr(0, semi)), coding)) {
+      if (semi == std::string_view::npos) return true;
+      std::string_view q = trim_ows(item.substr(semi + 1));
+      // "q=0", "q=0.0", "q=0.000": refused; any non-zero digit: accepted.
+      return !(q.starts_with("q=0") && q.find_first_of("123456789") == std::string_view::npos);
+    }
+    if (comma == std::string_view::npos) break;
+    header.remove_prefix(comma + 1);
+  }
+  return false;
+}
 
 bool iequals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
@@ -113,7 +130,7 @@ bool HeaderMap::has_token(std::string_view name, std::string_view token) const {
     std::string_view rest = f.value;
     while (!rest.empty()) {
       std::size_t comma = rest.find(',');
-      if (iequals(trim(rest.substr(0, comma)), token)) return true;
+      if (iequals(trim_ows(rest.substr(0, comma)), token)) return true;
       if (comma == std::string_view::npos) break;
       rest.remove_prefix(comma + 1);
     }

@@ -35,12 +35,6 @@ bool is_target_char(char c) {
   return u > 0x20 && u < 0x7f;
 }
 
-std::string_view trim_ows(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
 ParseResult error(int status, std::string_view reason) {
   return {State::kError, 0, status, reason};
 }

@@ -95,36 +95,13 @@ std::string etag_of(const struct stat& st, std::string_view variant) {
   return fmt::format("\"{:x}-{:x}{}\"", st.st_size, mtime_ns, variant);
 }
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
 // If-None-Match: "*" or a list of entity tags, compared weakly (W/ ignored).
 bool none_match_hits(std::string_view header, std::string_view etag) {
   while (!header.empty()) {
     std::size_t comma = header.find(',');
-    std::string_view tag = trim(header.substr(0, comma));
+    std::string_view tag = trim_ows(header.substr(0, comma));
     if (tag.starts_with("W/")) tag.remove_prefix(2);
     if (tag == "*" || tag == etag) return true;
-    if (comma == std::string_view::npos) break;
-    header.remove_prefix(comma + 1);
-  }
-  return false;
-}
-
-// True if Accept-Encoding lists `coding` with a non-zero q.
-bool accepts(std::string_view header, std::string_view coding) {
-  while (!header.empty()) {
-    std::size_t comma = header.find(',');
-    std::string_view item = trim(header.substr(0, comma));
-    std::size_t semi = item.find(';');
-    if (iequals(trim(item.substr(0, semi)), coding)) {
-      if (semi == std::string_view::npos) return true;
-      std::string_view q = trim(item.substr(semi + 1));
-      return !(q.starts_with("q=0") && q.find_first_of("123456789") == std::string_view::npos);
-    }
     if (comma == std::string_view::npos) break;
     header.remove_prefix(comma + 1);
   }
@@ -138,7 +115,7 @@ enum class RangeKind { kNone, kSatisfiable, kUnsatisfiable };
 RangeKind parse_range(std::string_view header, std::uint64_t size, std::uint64_t& first,
                       std::uint64_t& last) {
   if (!header.starts_with("bytes=")) return RangeKind::kNone;
-  std::string_view spec = trim(header.substr(6));
+  std::string_view spec = trim_ows(header.substr(6));
   if (spec.find(',') != std::string_view::npos) return RangeKind::kNone;
   std::size_t dash = spec.find('-');
   if (dash == std::string_view::npos) return RangeKind::kNone;
@@ -335,7 +312,7 @@ Response StaticFiles::serve(const Request& request, std::string_view path) const
   if (options_.precompressed && range_header.empty()) {
     std::string_view accept = request.header("accept-encoding");
     for (auto [coding, suffix] : {std::pair{"br", ".br"}, std::pair{"gzip", ".gz"}}) {
-      if (!accepts(accept, coding)) continue;
+      if (!accepts_encoding(accept, coding)) continue;
       int sibling_error = 0;
       auto sibling = lookup(relative, suffix, sibling_error);
       if (sibling && S_ISREG(sibling->st.st_mode)) {

@@ -52,23 +52,21 @@ void Socket::close() {
   fd_.reset();
 }
 
-Result<Address> Socket::local_address() const {
+namespace {
+
+// getsockname or getpeername into an Address.
+Result<Address> socket_name(int fd, int (*call)(int, sockaddr*, socklen_t*)) {
   sockaddr_storage storage{};
   socklen_t length = sizeof storage;
-  if (::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&storage), &length) != 0) {
-    return fail_errno();
-  }
+  if (call(fd, reinterpret_cast<sockaddr*>(&storage), &length) != 0) return fail_errno();
   return Address::from_sockaddr(reinterpret_cast<sockaddr*>(&storage), length);
 }
 
-Result<Address> Socket::peer_address() const {
-  sockaddr_storage storage{};
-  socklen_t length = sizeof storage;
-  if (::getpeername(fd_.get(), reinterpret_cast<sockaddr*>(&storage), &length) != 0) {
-    return fail_errno();
-  }
-  return Address::from_sockaddr(reinterpret_cast<sockaddr*>(&storage), length);
-}
+}  // namespace
+
+Result<Address> Socket::local_address() const { return socket_name(fd_.get(), ::getsockname); }
+
+Result<Address> Socket::peer_address() const { return socket_name(fd_.get(), ::getpeername); }
 
 Result<void> Socket::set_option(int level, int name, int value) {
   if (::setsockopt(fd_.get(), level, name, &value, sizeof value) != 0) return fail_errno();

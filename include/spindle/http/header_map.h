@@ -16,6 +16,12 @@ namespace spindle::http {
 /// True if `a` and `b` are equal ignoring ASCII case.
 bool iequals(std::string_view a, std::string_view b);
 
+/// `s` without leading and trailing spaces and tabs (RFC 9110 OWS).
+std::string_view trim_ows(std::string_view s);
+
+/// True if an Accept-Encoding value lists `coding` without q=0.
+bool accepts_encoding(std::string_view accept_encoding, std::string_view coding);
+
 /// One header field.
 struct Field {
   /// The name as received or added (compare with iequals).
