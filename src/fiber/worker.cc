@@ -188,6 +188,7 @@ std::chrono::milliseconds Worker::poll_timeout(Clock::time_point now) const {
 }
 
 void Worker::poll(std::chrono::milliseconds timeout) {
+  ++polls_;
   auto polled = reactor_.poll(timeout, [](IoSlot& slot, std::uint32_t events) {
     if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
       if (slot.reader) {

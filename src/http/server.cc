@@ -156,15 +156,19 @@ class Connection {
   std::string big_body_;
   /// Set when a response could not be sent whole: nothing more can follow it.
   bool broken_ = false;
+  /// The worker's poll count when a read last came back short (the socket drained), or -1.
+  std::uint64_t drained_at_poll_ = UINT64_MAX;
 };
 
 Connection::Read Connection::read_more(Deadline deadline) {
   if (!flush()) return Read::kFailed;
   if (end_ == buffer_.size()) compact();
-  auto n = stream_.read({buffer_.data() + end_, buffer_.size() - end_}, deadline);
+  std::size_t space = buffer_.size() - end_;
+  auto n = stream_.read({buffer_.data() + end_, space}, deadline);
   if (!n) return n.error() == std::errc::timed_out ? Read::kTimedOut : Read::kFailed;
   if (*n == 0) return Read::kClosed;
   end_ += *n;
+  drained_at_poll_ = *n < space ? Worker::current()->polls() : UINT64_MAX;
   return Read::kData;
 }
 
@@ -430,8 +434,11 @@ Connection::Outcome Connection::serve() {
         (void)flush();
         return Outcome::kClose;
       }
-      // Idle: one read attempt (no waiting); if nothing is there, the fiber ends and the
-      // connection waits in the reactor, holding no stack and no buffer.
+      // Idle: the fiber ends and the connection waits in the reactor, holding no stack and no
+      // buffer. Edge-triggered readiness needs the socket drained first: a short read with no
+      // poll since proves it (as nginx does); otherwise one read attempt, without waiting.
+      if (!flush()) return Outcome::kClose;
+      if (drained_at_poll_ == Worker::current()->polls()) return Outcome::kIdle;
       switch (read_more(Deadline::at(Clock::time_point::min()))) {
         case Read::kData:
           head_started = Clock::now();
@@ -545,6 +552,9 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Ad
   shared->options = std::move(options);
   shared->runtime = &runtime;
   shared->workers = std::vector<WorkerState>(runtime.size());
+  // The first read of a connection then finds its request: no empty read, no idle round trip.
+  auto defer = std::chrono::ceil<std::chrono::seconds>(shared->options.header_timeout).count();
+  shared->options.tcp.listen.defer_accept_seconds = static_cast<int>(std::max<long>(1, defer));
   auto tcp = TcpServer::start(
       runtime, address,
       [shared](TcpStream stream) {

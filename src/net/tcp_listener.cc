@@ -1,5 +1,7 @@
 #include "spindle/net/tcp_listener.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 namespace spindle {
@@ -13,6 +15,15 @@ Result<TcpListener> TcpListener::bind(const Address& address, ListenOptions opti
     }
     if (options.reuse_port) {
       if (auto r = socket->set_option(SOL_SOCKET, SO_REUSEPORT, 1); !r) return fail(r.error());
+    }
+    if (options.nodelay) {
+      if (auto r = socket->set_option(IPPROTO_TCP, TCP_NODELAY, 1); !r) return fail(r.error());
+    }
+    if (options.defer_accept_seconds > 0) {
+      if (auto r = socket->set_option(IPPROTO_TCP, TCP_DEFER_ACCEPT, options.defer_accept_seconds);
+          !r) {
+        return fail(r.error());
+      }
     }
   }
   if (::bind(socket->fd(), address.data(), address.size()) != 0) return fail_errno();

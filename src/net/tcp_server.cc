@@ -10,18 +10,15 @@ namespace {
 void serve_connection(Worker& worker, UniqueFd fd,
                       std::shared_ptr<const TcpServer::Handler> handler,
                       const TcpServerOptions& options) {
-  bool nodelay = options.nodelay;
   spawn_on(
       worker,
-      [handler = std::move(handler), fd = std::move(fd), nodelay]() mutable {
+      [handler = std::move(handler), fd = std::move(fd)]() mutable {
         auto socket = Socket::adopt(std::move(fd));
         if (!socket) {
           log_warn("cannot register an accepted connection: {}", socket.error().message());
           return;
         }
-        TcpStream stream(std::move(*socket));
-        if (nodelay) (void)stream.set_nodelay(true);
-        (*handler)(std::move(stream));
+        (*handler)(TcpStream(std::move(*socket)));
       },
       SpawnOptions{.stack_size = options.stack_size})
       .detach();
@@ -60,6 +57,7 @@ void accept_loop(TcpListener listener, std::shared_ptr<const TcpServer::Handler>
 Result<std::unique_ptr<TcpServer>> TcpServer::start(Runtime& runtime, const Address& address,
                                                     Handler handler, TcpServerOptions options) {
   if (Worker::current() == nullptr) runtime.start();
+  options.listen.nodelay = options.listen.nodelay || options.nodelay;
   Address bound = address;
   std::unique_ptr<TcpServer> server;
   // Without SO_REUSEPORT only one socket can bind the port: worker 0 accepts for everyone.

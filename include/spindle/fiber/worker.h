@@ -59,6 +59,9 @@ class Worker {
   StackPool& stacks() { return stacks_; }
   /// Fibers started on this worker and not yet finished (owner thread only).
   std::size_t live_fibers() const { return live_count_; }
+  /// How many times the loop has polled the reactor (owner thread). A reader that drained a
+  /// socket and sees the same count later knows no readiness edge was delivered in between.
+  std::uint64_t polls() const { return polls_; }
   /// A fresh fiber id (owner thread or before start).
   FiberId next_fiber_id() {
     return (FiberId{index_} << 48) | (fiber_seq_.fetch_add(1, std::memory_order_relaxed) + 1);
@@ -131,6 +134,8 @@ class Worker {
   Fiber* live_head_ = nullptr;
   /// Number of live fibers.
   std::size_t live_count_ = 0;
+  /// Reactor polls so far.
+  std::uint64_t polls_ = 0;
   /// Counter behind next_fiber_id() (atomic: a fiber may be created on another thread).
   std::atomic<FiberId> fiber_seq_{0};
   /// Set by request_stop(); the loop exits when no fiber is left.

@@ -18,6 +18,11 @@ struct ListenOptions {
   bool reuse_port = true;
   /// SO_REUSEADDR, so that a restart can bind while old connections are in TIME_WAIT.
   bool reuse_address = true;
+  /// TCP_NODELAY on the listener, which accepted connections inherit (no setsockopt each).
+  bool nodelay = false;
+  /// TCP_DEFER_ACCEPT: hand over a connection only once its first bytes arrived (or this many
+  /// seconds passed), so the first read finds data. 0: off.
+  int defer_accept_seconds = 0;
 };
 
 /// A bound, listening socket owned by one worker.

@@ -21,7 +21,7 @@ struct TcpServerOptions {
   /// and the kernel spreads connections; without it, worker 0 accepts for all and hands the
   /// connections out round-robin.
   ListenOptions listen;
-  /// Set TCP_NODELAY on every accepted connection.
+  /// TCP_NODELAY on every accepted connection (set once on the listeners, inherited).
   bool nodelay = true;
   /// Stack size of connection fibers (0: the runtime's default).
   std::size_t stack_size = 0;
