@@ -29,6 +29,7 @@ STATIC = os.path.join(HERE, "http")
 WORKLOADS = [  # name, path, connections, extra wrk arguments
     ("keep-alive c100", "/plaintext", 100, []),
     ("keep-alive c1000", "/plaintext", 1000, []),
+    ("keep-alive c10000", "/plaintext", 10000, []),
     ("close c100", "/plaintext", 100, ["-H", "Connection: close"]),
     ("pipelined x16 c100", "/plaintext", 100, ["-s", os.path.join(STATIC, "pipeline.lua")]),
     ("static 612 B c100", "/index.html", 100, []),
@@ -79,7 +80,8 @@ master_process on;
 worker_processes {workers};
 pid {tmp}/nginx.pid;
 error_log {tmp}/nginx-error.log crit;
-events {{ worker_connections 4096; }}
+worker_rlimit_nofile 20000;
+events {{ worker_connections 16384; }}
 http {{
   access_log off;
   server_tokens off;
@@ -87,7 +89,7 @@ http {{
   client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
   uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
   server {{
-    listen 127.0.0.1:{port} reuseport;
+    listen 127.0.0.1:{port} reuseport backlog=4096;
     location = /plaintext {{ default_type text/plain; return 200 "Hello, World!"; }}
     location / {{ root {STATIC}; sendfile on; tcp_nopush on; }}
   }}
@@ -226,12 +228,17 @@ def main():
     p.add_argument("--workers", default="1,2")
     p.add_argument("--servers", default="spindle,nginx,h2o,ceiling")
     a = p.parse_args()
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # wrk -c10000 needs the room
     for tool in ("wrk", "nginx", "h2o", "taskset"):
         if not shutil.which(tool):
             sys.exit(f"http_compare: {tool} is not installed (make bench installs it)")
     results = []
     plan = [(w, wl, s) for w in [int(x) for x in a.workers.split(",")] for wl in WORKLOADS
-            for s in a.servers.split(",") if not (s == "ceiling" and (w != 1 or wl[1] != "/plaintext"))]
+            for s in a.servers.split(",")
+            if not (s == "ceiling" and (w != 1 or wl[1] != "/plaintext"))
+            and not (wl[2] > 1000 and (w != 1 or s not in ("spindle", "nginx")))]
     for i, (workers, workload, kind) in enumerate(plan, 1):
         print(f"  [{i}/{len(plan)}] {kind}, {workers} worker(s), {workload[0]}", flush=True)
         with tempfile.TemporaryDirectory() as tmp:

@@ -12,7 +12,7 @@ namespace spindle {
 /// How a listener is set up.
 struct ListenOptions {
   /// listen(2) backlog (the kernel caps it at net.core.somaxconn).
-  int backlog = 1024;
+  int backlog = 4096;
   /// SO_REUSEPORT, so that every worker can bind its own socket to the same port and the kernel
   /// spreads connections between them. Ignored for Unix sockets.
   bool reuse_port = true;
