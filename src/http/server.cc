@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <ctime>
+#include <span>
 #include <vector>
 
 #include "spindle/base/log.h"
@@ -128,6 +129,8 @@ class Connection {
   Response respond(Request& request);
   /// Serializes `response` for the current head into the output queue.
   void queue(Response& response, bool head_only, bool close);
+  /// Runs a streamed body's producer, writing chunks (HTTP/1.1) or raw bytes (HTTP/1.0).
+  void stream_body(const BodyProducer& producer);
   /// Records the request just answered in the access log.
   void log_access(const Response& response, Clock::time_point handled_at);
   /// Queues a bare error response.
@@ -300,14 +303,26 @@ void Connection::queue(Response& response, bool head_only, bool close) {
     fmt::format_to(out, "{}: {}\r\n", f.name, f.value);
   }
   bool no_body = status_has_no_body(response.status);
-  if (!no_body) fmt::format_to(out, "Content-Length: {}\r\n", response.body_size());
+  bool streamed = response.stream && !no_body;
+  // An HTTP/1.0 client cannot take chunks: its streamed body ends when the connection does.
+  if (streamed && head_.minor_version == 0) close = true;
+  if (streamed && head_.minor_version == 1) {
+    out_ += "Transfer-Encoding: chunked\r\n";
+  } else if (!no_body && !streamed) {
+    fmt::format_to(out, "Content-Length: {}\r\n", response.body_size());
+  }
   if (close) {
     out_ += "Connection: close\r\n";
   } else if (head_.minor_version == 0) {
     out_ += "Connection: keep-alive\r\n";
   }
   out_ += "\r\n";
-  if (no_body || head_only) return;
+  if (no_body || head_only) return;  // a HEAD response has no body, not even a chunked end
+  if (streamed) {
+    stream_body(response.stream);
+    if (head_.minor_version == 0) broken_ = true;  // the close marks the end of the body
+    return;
+  }
   if (response.file && response.file->length <= kCopyBodyLimit) {
     // A small file joins the head (and any pipelined neighbours) in one write: cheaper than a
     // second syscall and a second TCP segment for sendfile.
@@ -337,6 +352,57 @@ void Connection::queue(Response& response, bool head_only, bool close) {
     big_body_ = std::move(response.body);
     (void)flush();  // keeps responses in order; a failure shows on the next read
   }
+}
+
+// Sends each piece straight to the socket, framed as a chunk on HTTP/1.1.
+class ChunkWriter final : public BodyWriter {
+ public:
+  ChunkWriter(TcpStream& stream, bool chunked, std::chrono::milliseconds timeout)
+      : stream_(stream), chunked_(chunked), timeout_(timeout) {}
+
+  bool write(std::string_view data) override {
+    if (failed_) return false;
+    if (data.empty()) return true;
+    char size[24];
+    auto head = fmt::format_to_n(size, sizeof size, "{:x}\r\n", data.size());
+    iovec parts[3] = {{size, head.size},
+                      {const_cast<char*>(data.data()), data.size()},
+                      {const_cast<char*>("\r\n"), 2}};
+    std::span<const iovec> iov =
+        chunked_ ? std::span<const iovec>(parts, 3) : std::span<const iovec>(parts + 1, 1);
+    failed_ = !stream_.writev(iov, Deadline::after(timeout_));
+    return !failed_;
+  }
+  /// Ends the body; false if any write failed.
+  bool finish() {
+    if (!failed_ && chunked_) {
+      failed_ = !stream_.write_all(std::string_view("0\r\n\r\n"), Deadline::after(timeout_));
+    }
+    return !failed_;
+  }
+
+ private:
+  TcpStream& stream_;
+  bool chunked_;
+  std::chrono::milliseconds timeout_;
+  bool failed_ = false;
+};
+
+void Connection::stream_body(const BodyProducer& producer) {
+  if (!flush()) {
+    broken_ = true;
+    return;
+  }
+  ChunkWriter writer(stream_, head_.minor_version == 1, options_.write_timeout);
+  try {
+    producer(writer);
+  } catch (const std::exception& e) {
+    // The head is gone: the only way to tell the client is to end the connection mid-body.
+    log_error("streamed body of {} {} threw: {}", head_.method, head_.target, e.what());
+    broken_ = true;
+    return;
+  }
+  if (!writer.finish()) broken_ = true;
 }
 
 void Connection::log_access(const Response& response, Clock::time_point handled_at) {

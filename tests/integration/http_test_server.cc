@@ -41,6 +41,17 @@ int main(int argc, char** argv) {
     (void)this_fiber::sleep_for(1s);
     return http::Response::text("finally");
   });
+  router.get("/stream", [](http::Request&) {
+    http::Response response(200);
+    response.headers.add_view("Content-Type", "text/plain");
+    response.stream = [](http::BodyWriter& body) {
+      for (int i = 0; i < 5; ++i) {
+        if (!body.write(fmt::format("part {}\n", i))) return;
+        (void)this_fiber::sleep_for(20ms);
+      }
+    };
+    return response;
+  });
   router.get("/big",
              [](http::Request&) { return http::Response::text(std::string(1 << 20, 'b')); });
   router.use(http::compression());

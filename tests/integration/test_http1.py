@@ -406,3 +406,46 @@ def test_idle_connections_hold_no_stack_and_no_buffer(build_dir, http):
         for c in conns:
             c.close()
         assert server.stop() == 0
+
+
+def read_chunked(conn):
+    """Reads a chunked body from conn.buffer/socket; returns (body, chunk count)."""
+    body, chunks = b"", 0
+    while True:
+        while b"\r\n" not in conn.buffer:
+            assert conn.recv_more(), "closed inside a chunk size"
+        size_line, _, conn.buffer = conn.buffer.partition(b"\r\n")
+        size = int(size_line, 16)
+        while len(conn.buffer) < size + 2:
+            assert conn.recv_more(), "closed inside a chunk"
+        data, conn.buffer = conn.buffer[:size], conn.buffer[size + 2:]
+        if size == 0:
+            return body, chunks
+        body += data
+        chunks += 1
+
+
+def test_streamed_response_is_chunked_and_the_connection_stays(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(get("/stream"))
+        status, headers, _ = http.read_response(s, head_only=True)
+        assert status == 200 and headers["transfer-encoding"] == "chunked"
+        assert "content-length" not in headers
+        body, chunks = read_chunked(s)
+        assert body == b"".join(b"part %d\n" % i for i in range(5)) and chunks == 5
+        s.sendall(get("/users/3"))  # framing intact: the next request works
+        assert http.read_response(s)[2] == b"user 3"
+        s.sendall(b"HEAD /stream HTTP/1.1\r\nHost: x\r\n\r\n" + get("/users/4"))
+        status, headers, _ = http.read_response(s, head_only=True)
+        assert headers["transfer-encoding"] == "chunked"
+        assert http.read_response(s)[2] == b"user 4"  # no body bytes after the HEAD head
+
+
+def test_streamed_response_to_http10_ends_with_the_connection(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(b"GET /stream HTTP/1.0\r\n\r\n")
+        status, headers, _ = http.read_response(s, head_only=True)
+        assert headers["connection"] == "close" and "transfer-encoding" not in headers
+        while s.recv_more():
+            pass
+        assert s.buffer == b"".join(b"part %d\n" % i for i in range(5))

@@ -2,6 +2,7 @@
 /// Request, Response and HttpError: what a handler sees and returns.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -68,7 +69,20 @@ struct FileBody {
   std::uint64_t length = 0;
 };
 
-/// A response. The server adds Date, Server, Content-Length and Connection.
+/// Writes a streamed response body, piece by piece, as the handler produces it.
+class BodyWriter {
+ public:
+  virtual ~BodyWriter() = default;
+  /// Sends `data` now (as one chunk on HTTP/1.1). Returns false once the client is gone or too
+  /// slow (the write timeout passed): the producer should stop.
+  virtual bool write(std::string_view data) = 0;
+};
+
+/// Produces a streamed body; runs on the connection's fiber after the head was sent.
+using BodyProducer = std::function<void(BodyWriter&)>;
+
+/// A response. The server adds Date, Server, Content-Length (or Transfer-Encoding) and
+/// Connection.
 struct Response {
   /// The status code.
   int status = 200;
@@ -78,6 +92,9 @@ struct Response {
   std::string body;
   /// If set, the body is this file range instead of `body`.
   std::optional<FileBody> file;
+  /// If set, the body is streamed by this producer instead (chunked on HTTP/1.1; on HTTP/1.0
+  /// the connection closes after it).
+  BodyProducer stream;
 
   /// Bytes of body this response carries.
   std::uint64_t body_size() const { return file ? file->length : body.size(); }
