@@ -4,9 +4,12 @@
 # A no-op when everything is present; needs root (or sudo) otherwise.
 set -euo pipefail
 
+# The build configures the unit tests too (one build tree for make build and make test), so
+# GoogleTest is a build dependency.
 build_pkgs=(build-essential cmake ninja-build pkg-config
-  libboost-context-dev libfmt-dev libcli11-dev libyaml-cpp-dev zlib1g-dev libbrotli-dev)
-test_pkgs=(googletest libgtest-dev libgmock-dev python3 python3-pytest
+  libboost-context-dev libfmt-dev libcli11-dev libyaml-cpp-dev zlib1g-dev libbrotli-dev
+  googletest libgtest-dev libgmock-dev)
+test_pkgs=(python3 python3-pytest
   clang-format clang libclang-rt-14-dev)
 bench_pkgs=(libbenchmark-dev python3-matplotlib nginx-light h2o wrk util-linux)
 
