@@ -1,5 +1,6 @@
 #include "spindle/base/log.h"
 
+#include <fmt/chrono.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -42,9 +43,10 @@ namespace detail {
 
 void write_log_line(LogLevel level, const std::source_location& where, std::string_view message) {
   auto now = std::chrono::system_clock::now();
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
+  auto seconds = std::chrono::floor<std::chrono::seconds>(now);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - seconds).count();
   fmt::memory_buffer line;
-  fmt::format_to(std::back_inserter(line), "{}.{:03} {} {}:{} {}\n", ms / 1000, ms % 1000,
+  fmt::format_to(std::back_inserter(line), "{:%Y-%m-%dT%H:%M:%S}.{:03}Z {} {}:{} {}\n", seconds, ms,
                  level_name(level), base_name(where.file_name()), where.line(), message);
   // One write so that lines from different threads do not interleave.
   [[maybe_unused]] auto n = ::write(STDERR_FILENO, line.data(), line.size());

@@ -133,6 +133,10 @@ class Connection {
   void stream_body(const BodyProducer& producer);
   /// Records the request just answered in the access log.
   void log_access(const Response& response, Clock::time_point handled_at);
+  /// Records a request the parser rejected (method and target "-", as nginx logs them).
+  void log_rejected(int status);
+  /// The client's address as text, looked up once per connection.
+  const std::string& remote();
   /// Queues a bare error response.
   void queue_error(int status, std::string_view reason);
   /// Writes everything queued; false if the connection failed.
@@ -405,18 +409,29 @@ void Connection::stream_body(const BodyProducer& producer) {
   if (!writer.finish()) broken_ = true;
 }
 
-void Connection::log_access(const Response& response, Clock::time_point handled_at) {
+const std::string& Connection::remote() {
   if (state_.remote.empty()) {
     auto peer = stream_.peer_address();
     state_.remote = peer ? peer->to_string() : "-";
-    if (peer && peer->family() != Address::Family::kUnix)
+    if (peer && peer->family() != Address::Family::kUnix) {
       state_.remote.resize(state_.remote.rfind(':'));
-    if (state_.remote.starts_with('['))
+    }
+    if (state_.remote.starts_with('[')) {
       state_.remote = state_.remote.substr(1, state_.remote.size() - 2);
+    }
   }
+  return state_.remote;
+}
+
+void Connection::log_rejected(int status) {
+  options_.access_log->record(AccessRecord{
+      .remote = remote(), .method = "-", .target = "-", .minor_version = 1, .status = status});
+}
+
+void Connection::log_access(const Response& response, Clock::time_point handled_at) {
   bool no_body = head_.method == "HEAD" || status_has_no_body(response.status);
   options_.access_log->record(AccessRecord{
-      .remote = state_.remote,
+      .remote = remote(),
       .method = head_.method,
       .target = head_.target,
       .minor_version = head_.minor_version,
@@ -457,6 +472,7 @@ Connection::Outcome Connection::serve() {
       parser_.reset();
       if (parsed.state == ParseResult::State::kError) {
         queue_error(parsed.status, parsed.reason);
+        if (options_.access_log) log_rejected(parsed.status);
         (void)flush();
         return Outcome::kClose;
       }

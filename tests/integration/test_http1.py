@@ -449,3 +449,13 @@ def test_streamed_response_to_http10_ends_with_the_connection(test_server, http)
         while s.recv_more():
             pass
         assert s.buffer == b"".join(b"part %d\n" % i for i in range(5))
+
+
+def test_rejected_requests_are_access_logged_too(spindle, http):
+    with spindle.connect() as s:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nBad Name: 1\r\n\r\n")
+        assert http.read_response(s)[0] == 400
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not any('"- - HTTP/1.1" 400' in l for l in spindle.output):
+        time.sleep(0.1)
+    assert any('"- - HTTP/1.1" 400 0' in l for l in spindle.output), spindle.output
