@@ -248,7 +248,11 @@ void* fiber_local_get(const void* key, void* (*make)(), void (*destroy)(void*)) 
 // ---- I/O readiness ---------------------------------------------------------------------------
 
 std::error_code wait_ready(IoSlot& slot, IoDirection direction, Deadline deadline) {
-  if (!current_fiber()) return std::make_error_code(std::errc::operation_not_permitted);
+  Fiber* fiber = current_fiber();
+  if (!fiber) return std::make_error_code(std::errc::operation_not_permitted);
+  if (direction == IoDirection::kWrite) {
+    if (auto ec = fiber->worker().reactor().watch_writable(slot)) return ec;
+  }
   Waiter waiter;
   Waiter*& parked = direction == IoDirection::kRead ? slot.reader : slot.writer;
   assert(parked == nullptr && "one waiter per direction");

@@ -34,8 +34,9 @@ Result<IoSlot*> Reactor::add(int fd) {
     slot->index = static_cast<std::uint32_t>(slots_.size() - 1);
   }
   slot->fd = fd;
+  slot->watches_writable = false;
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
   ev.data.u64 = cookie_of(*slot);
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
     auto ec = last_errno();
@@ -43,6 +44,16 @@ Result<IoSlot*> Reactor::add(int fd) {
     return fail(ec);
   }
   return slot;
+}
+
+std::error_code Reactor::watch_writable(IoSlot& slot) {
+  if (slot.watches_writable) return {};
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+  ev.data.u64 = cookie_of(slot);
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, slot.fd, &ev) != 0) return last_errno();
+  slot.watches_writable = true;
+  return {};
 }
 
 void Reactor::release(IoSlot* slot) {

@@ -30,6 +30,8 @@ struct IoSlot {
   std::uint32_t generation = 0;
   /// Index in the reactor's slot table.
   std::uint32_t index = 0;
+  /// True once EPOLLOUT is in the registration (added on the first write that must wait).
+  bool watches_writable = false;
   /// Who is parked waiting for readability (owned by the fiber layer), or nullptr.
   Waiter* reader = nullptr;
   /// Who is parked waiting for writability, or nullptr.
@@ -49,9 +51,15 @@ class Reactor {
   Reactor(const Reactor&) = delete;
   Reactor& operator=(const Reactor&) = delete;
 
-  /// Registers `fd` (non-blocking) for EPOLLIN|EPOLLOUT|EPOLLRDHUP, edge-triggered.
-  /// Returns the slot, or the epoll_ctl error.
+  /// Registers `fd` (non-blocking) for EPOLLIN|EPOLLRDHUP, edge-triggered. Returns the slot,
+  /// or the epoll_ctl error. Writability is not watched until watch_writable(): with it, every
+  /// ACK that frees send-buffer space would wake the loop, though most writes never wait.
   [[nodiscard]] Result<IoSlot*> add(int fd);
+
+  /// Adds EPOLLOUT to the registration, once per descriptor (later calls cost nothing). Call
+  /// after a write said EAGAIN: the kernel reports the edge at once if the socket has become
+  /// writable meanwhile, so nothing is missed.
+  [[nodiscard]] std::error_code watch_writable(IoSlot& slot);
 
   /// Releases a slot before its descriptor is closed. Costs no syscall: closing the descriptor
   /// removes it from epoll, and the generation check drops events already queued for it.

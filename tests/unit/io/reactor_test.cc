@@ -116,3 +116,19 @@ TEST(Reactor, ManyWakesAreCoalescedAndTheNextWakeStillWorks) {
   waker.join();
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
 }
+
+TEST(Reactor, WatchesWritabilityOnlyOnceAsked) {
+  Reactor reactor;
+  SocketPair pair;
+  auto slot = reactor.add(pair.a.get());
+  ASSERT_TRUE(slot.has_value());
+  std::uint32_t seen = 0;
+  (void)reactor.poll(0ms, [&](IoSlot&, std::uint32_t events) { seen |= events; });
+  EXPECT_FALSE(seen & EPOLLOUT);  // writable, but nobody asked: no wake-ups per ACK
+  EXPECT_FALSE(reactor.watch_writable(**slot));
+  seen = 0;
+  (void)reactor.poll(1000ms, [&](IoSlot&, std::uint32_t events) { seen |= events; });
+  EXPECT_TRUE(seen & EPOLLOUT);  // already writable: reported right after the change
+  EXPECT_FALSE(reactor.watch_writable(**slot));  // idempotent
+  reactor.release(*slot);
+}
