@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
 #include <cstring>
 #include <ctime>
 #include <span>
@@ -285,9 +286,19 @@ Response Connection::respond(Request& request) {
   return Response::error(500);
 }
 
+// Appends the decimal digits of `n` (cheaper than a format call on the per-response path).
+void append_number(std::string& out, std::uint64_t n) {
+  char digits[24];
+  auto [end, ec] = std::to_chars(digits, digits + sizeof digits, n);
+  out.append(digits, end);
+}
+
 void Connection::queue(Response& response, bool head_only, bool close) {
-  auto out = std::back_inserter(out_);
-  fmt::format_to(out, "HTTP/1.1 {} {}\r\n", response.status, reason_phrase(response.status));
+  out_ += "HTTP/1.1 ";
+  append_number(out_, static_cast<std::uint64_t>(response.status));
+  out_ += ' ';
+  out_ += reason_phrase(response.status);
+  out_ += "\r\n";
   if (!response.headers.contains("date")) {
     out_ += "Date: ";
     out_ += date_.now();
@@ -304,7 +315,10 @@ void Connection::queue(Response& response, bool head_only, bool close) {
         iequals(f.name, "connection")) {
       continue;
     }
-    fmt::format_to(out, "{}: {}\r\n", f.name, f.value);
+    out_ += f.name;
+    out_ += ": ";
+    out_ += f.value;
+    out_ += "\r\n";
   }
   bool no_body = status_has_no_body(response.status);
   bool streamed = response.stream && !no_body;
@@ -313,7 +327,9 @@ void Connection::queue(Response& response, bool head_only, bool close) {
   if (streamed && head_.minor_version == 1) {
     out_ += "Transfer-Encoding: chunked\r\n";
   } else if (!no_body && !streamed) {
-    fmt::format_to(out, "Content-Length: {}\r\n", response.body_size());
+    out_ += "Content-Length: ";
+    append_number(out_, response.body_size());
+    out_ += "\r\n";
   }
   if (close) {
     out_ += "Connection: close\r\n";
