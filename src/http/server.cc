@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "spindle/base/log.h"
-#include "spindle/fiber/this_fiber.h"
 #include "spindle/http/chunked.h"
 #include "spindle/http/status.h"
 #include "spindle/sync/wait_group.h"
@@ -84,7 +83,6 @@ struct ConnectionState {
   /// Links in the worker's idle list.
   ConnectionState* prev_idle = nullptr;
   ConnectionState* next_idle = nullptr;
-  bool idle = false;
 };
 
 // One activation of an HTTP/1 connection: read, parse, answer, in a loop, on a fiber, until
@@ -584,7 +582,6 @@ void unlink_idle(ConnectionState* state) {
   }
   if (state->next_idle) state->next_idle->prev_idle = state->prev_idle;
   state->prev_idle = state->next_idle = nullptr;
-  state->idle = false;
   Worker::current()->timers().erase(&state->idle_timer);
 }
 
@@ -607,7 +604,6 @@ void on_idle_timeout(Timer& timer) {
 
 void go_idle(ConnectionState* state) {
   WorkerState& worker = *state->worker;
-  state->idle = true;
   state->next_idle = worker.idle_head;
   if (worker.idle_head) worker.idle_head->prev_idle = state;
   worker.idle_head = state;
