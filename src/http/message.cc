@@ -2,9 +2,16 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "spindle/http/status.h"
 
 namespace spindle::http {
+
+Request::Request(const RequestHead& head, BodySource& source) : Request(head, std::string()) {
+  source_ = &source;
+}
 
 Request::Request(const RequestHead& head, std::string body) : head_(&head), body_(std::move(body)) {
   std::string_view target = head.target;
@@ -19,6 +26,37 @@ Request::Request(const RequestHead& head, std::string body) : head_(&head), body
   path_ = target.substr(0, q);
   if (q != std::string_view::npos) query_ = target.substr(q + 1);
   if (path_.empty()) path_ = "/";
+}
+
+const std::string& Request::body() {
+  // Drop what read() already returned, then read the rest: an announced size in one go.
+  if (whole_) return body_;
+  whole_ = true;
+  body_.erase(0, body_taken_);
+  body_taken_ = 0;
+  if (source_ == nullptr) return body_;
+  std::uint64_t announced = head_->content_length.value_or(0);
+  for (;;) {
+    std::size_t have = body_.size();
+    std::size_t want = announced > have ? announced - have : 16 * 1024;
+    body_.resize(have + want);
+    std::size_t n = source_->read({body_.data() + have, want});
+    body_.resize(have + n);
+    if (n == 0 || (announced != 0 && body_.size() == announced)) break;
+  }
+  source_ = nullptr;
+  return body_;
+}
+
+std::size_t Request::read(std::span<char> buffer) {
+  if (whole_) return 0;  // body() took it all
+  if (body_taken_ < body_.size()) {
+    std::size_t n = std::min(buffer.size(), body_.size() - body_taken_);
+    std::memcpy(buffer.data(), body_.data() + body_taken_, n);
+    body_taken_ += n;
+    return n;
+  }
+  return source_ == nullptr ? 0 : source_->read(buffer);
 }
 
 std::string_view Request::param(std::string_view name) const {

@@ -87,7 +87,7 @@ struct ConnectionState {
 
 // One activation of an HTTP/1 connection: read, parse, answer, in a loop, on a fiber, until
 // the connection closes or goes idle.
-class Connection {
+class Connection final : public BodySource {
  public:
   /// How an activation ended.
   enum class Outcome { kClose, kIdle };
@@ -112,16 +112,28 @@ class Connection {
 
   Outcome serve();
 
+  /// The current request's body, as its handler reads it (throws HttpError on failure).
+  std::size_t read(std::span<char> buffer) override;
+
  private:
   enum class Read { kData, kClosed, kTimedOut, kFailed };
+  /// Where the current request's body stands.
+  enum class BodyState { kDone, kSized, kChunked, kFailed };
 
   /// Reads more bytes into the buffer (flushing queued responses first).
   Read read_more(Deadline deadline);
-  /// Reads the body the head announces into `body`; false (after queuing an error response
-  /// or on a dead connection) if the connection must close.
-  bool read_body(std::string& body);
-  bool read_sized_body(std::uint64_t length, std::string& body);
-  bool read_chunked_body(std::string& body);
+  /// Sets up reading the body the head announces; false (after queuing a 413) if it is over
+  /// the limit, which ends the connection.
+  bool start_body();
+  /// Reads body bytes into `buffer`: a count, 0 at the end, or -1 once it failed (body_status_
+  /// and body_reason_ say why).
+  std::ptrdiff_t pull_body(std::span<char> buffer);
+  std::ptrdiff_t pull_chunked(std::span<char> buffer);
+  /// Marks the body failed with `status`; returns -1.
+  std::ptrdiff_t fail_body(int status, std::string_view reason);
+  /// After the handler: reads and drops what it left of the body. False if the connection
+  /// cannot carry another request (the body failed, or the client still waits for a 100).
+  bool finish_body();
   /// Takes up to `n` buffered bytes (spill first, then the buffer).
   std::string_view take_buffered(std::size_t n);
   /// Runs the router, turning exceptions into responses.
@@ -164,6 +176,15 @@ class Connection {
   bool broken_ = false;
   /// The worker's poll count when a read last came back short (the socket drained), or -1.
   std::uint64_t drained_at_poll_ = UINT64_MAX;
+  /// The current request's body: its state, bytes left (sized), decoder (chunked), payload
+  /// decoded but not yet handed out, whether a 100 Continue is still owed, and why it failed.
+  BodyState body_state_ = BodyState::kDone;
+  std::uint64_t body_left_ = 0;
+  ChunkedDecoder decoder_;
+  std::string_view body_pending_;
+  bool continue_due_ = false;
+  int body_status_ = 0;
+  std::string_view body_reason_;
 };
 
 Connection::Read Connection::read_more(Deadline deadline) {
@@ -196,44 +217,88 @@ std::string_view Connection::take_buffered(std::size_t n) {
   return s;
 }
 
-bool Connection::read_sized_body(std::uint64_t length, std::string& body) {
-  body.reserve(length);
-  body.append(take_buffered(length));
-  while (body.size() < length) {
-    // Read straight into the body: the buffer still holds the head the handler will see.
-    std::size_t have = body.size();
-    body.resize(length);
-    auto n =
-        stream_.read({body.data() + have, length - have}, Deadline::after(options_.body_timeout));
-    body.resize(have + (n ? *n : 0));
-    if (!n || *n == 0) {
-      if (n || n.error() == std::errc::timed_out) queue_error(408, "request body too slow");
+bool Connection::start_body() {
+  continue_due_ = false;
+  body_pending_ = {};
+  if (head_.chunked) {
+    body_state_ = BodyState::kChunked;
+    decoder_ = ChunkedDecoder(options_.max_body);
+  } else {
+    body_left_ = head_.content_length.value_or(0);
+    if (body_left_ > options_.max_body) {
+      queue_error(413, "body too large");
       return false;
     }
+    body_state_ = body_left_ == 0 ? BodyState::kDone : BodyState::kSized;
+  }
+  // The client waits for a 100 before it sends the body: owed until the handler reads.
+  if (body_state_ != BodyState::kDone && head_.expect_continue) {
+    continue_due_ = spill_begin_ == spill_.size() && begin_ == end_;
   }
   return true;
 }
 
-bool Connection::read_chunked_body(std::string& body) {
-  ChunkedDecoder decoder(options_.max_body);
+std::ptrdiff_t Connection::fail_body(int status, std::string_view reason) {
+  body_state_ = BodyState::kFailed;
+  body_status_ = status;
+  body_reason_ = reason;
+  return -1;
+}
+
+std::ptrdiff_t Connection::pull_body(std::span<char> buffer) {
+  if (body_state_ == BodyState::kFailed) return -1;
+  if (body_state_ == BodyState::kDone || buffer.empty()) return 0;
+  if (continue_due_) {
+    continue_due_ = false;
+    out_ += "HTTP/1.1 100 Continue\r\n\r\n";
+  }
+  if (body_state_ == BodyState::kChunked) return pull_chunked(buffer);
+  std::size_t want = std::min<std::uint64_t>(buffer.size(), body_left_);
+  std::string_view buffered = take_buffered(want);
+  std::size_t n = buffered.size();
+  if (n > 0) {
+    std::memcpy(buffer.data(), buffered.data(), n);
+  } else {
+    // Straight into the handler's buffer: the read buffer still holds the head it sees.
+    if (!flush()) return fail_body(400, "connection failed");
+    auto got = stream_.read(buffer.first(want), Deadline::after(options_.body_timeout));
+    if (!got && got.error() == std::errc::timed_out) {
+      return fail_body(408, "request body too slow");
+    }
+    if (!got || *got == 0) return fail_body(400, "request body cut short");
+    n = *got;
+  }
+  body_left_ -= n;
+  if (body_left_ == 0) body_state_ = BodyState::kDone;
+  return static_cast<std::ptrdiff_t>(n);
+}
+
+std::ptrdiff_t Connection::pull_chunked(std::span<char> buffer) {
   // Decode what is buffered; when more is needed, move the rest to spill_ and read there.
+  // Decoded payload is a view into spill_ or buffer_, which stay put until it is handed out.
   for (;;) {
+    if (!body_pending_.empty()) {
+      std::size_t n = std::min(buffer.size(), body_pending_.size());
+      std::memcpy(buffer.data(), body_pending_.data(), n);
+      body_pending_.remove_prefix(n);
+      return static_cast<std::ptrdiff_t>(n);
+    }
     bool from_spill = spill_begin_ < spill_.size() || begin_ == end_;
     std::string_view input = from_spill ? std::string_view(spill_).substr(spill_begin_)
                                         : std::string_view(buffer_.data() + begin_, end_ - begin_);
-    auto step = decoder.next(input);
+    auto step = decoder_.next(input);
     if (step.kind == ChunkedDecoder::Step::Kind::kError) {
-      queue_error(step.status, step.reason);
-      return false;
+      return fail_body(step.status, step.reason);
     }
-    body.append(step.data);
-    if (from_spill) {
-      spill_begin_ += step.consumed;
-    } else {
-      begin_ += step.consumed;
+    (from_spill ? spill_begin_ : begin_) += step.consumed;
+    if (step.kind == ChunkedDecoder::Step::Kind::kData) {
+      body_pending_ = step.data;
+      continue;
     }
-    if (step.kind == ChunkedDecoder::Step::Kind::kDone) return true;
-    if (step.kind != ChunkedDecoder::Step::Kind::kNeedMore) continue;
+    if (step.kind == ChunkedDecoder::Step::Kind::kDone) {
+      body_state_ = BodyState::kDone;
+      return 0;
+    }
     // Need more: gather the undecoded tail in spill_ and read after it.
     if (!from_spill) {
       spill_.assign(buffer_.data() + begin_, end_ - begin_);
@@ -243,31 +308,31 @@ bool Connection::read_chunked_body(std::string& body) {
       spill_.erase(0, spill_begin_);
       spill_begin_ = 0;
     }
+    if (!flush()) return fail_body(400, "connection failed");
     char chunk[16 * 1024];
     auto n = stream_.read(chunk, Deadline::after(options_.body_timeout));
-    if (!n || *n == 0) {
-      if (n || n.error() == std::errc::timed_out) queue_error(408, "request body too slow");
-      return false;
-    }
+    if (!n && n.error() == std::errc::timed_out) return fail_body(408, "request body too slow");
+    if (!n || *n == 0) return fail_body(400, "request body cut short");
     spill_.append(chunk, *n);
   }
 }
 
-bool Connection::read_body(std::string& body) {
-  std::uint64_t announced = head_.content_length.value_or(0);
-  if (announced > options_.max_body) {
-    queue_error(413, "body too large");
-    return false;
+std::size_t Connection::read(std::span<char> buffer) {
+  std::ptrdiff_t n = pull_body(buffer);
+  if (n < 0) throw HttpError(body_status_, std::string(body_reason_));
+  return static_cast<std::size_t>(n);
+}
+
+bool Connection::finish_body() {
+  if (body_state_ == BodyState::kDone) return true;
+  // A client still waiting for its 100 Continue would send the body only after a pause:
+  // closing is quicker for both than asking for a body nobody reads.
+  if (body_state_ == BodyState::kFailed || continue_due_) return false;
+  char sink[16 * 1024];
+  std::ptrdiff_t n;
+  while ((n = pull_body(sink)) > 0) {
   }
-  if (!head_.chunked && announced == 0) return true;
-  if (head_.expect_continue) {
-    bool body_started = spill_begin_ < spill_.size() || begin_ < end_;
-    if (!body_started) {
-      out_ += "HTTP/1.1 100 Continue\r\n\r\n";
-      if (!flush()) return false;
-    }
-  }
-  return head_.chunked ? read_chunked_body(body) : read_sized_body(announced, body);
+  return n == 0;
 }
 
 Response Connection::respond(Request& request) {
@@ -491,17 +556,17 @@ Connection::Outcome Connection::serve() {
         return Outcome::kClose;
       }
       begin_ += parsed.consumed;
-      std::string body;
-      if (!read_body(body)) {
+      if (!start_body()) {
         (void)flush();
         return Outcome::kClose;
       }
       auto handled_at = Clock::now();
-      Request request(head_, std::move(body));
+      Request request(head_, *this);
       Response response = respond(request);
       ++state_.requests;
       if (options_.access_log) log_access(response, handled_at);
-      bool close = !head_.keep_alive || shared_.draining.load(std::memory_order_acquire) ||
+      bool close = !finish_body() || !head_.keep_alive ||
+                   shared_.draining.load(std::memory_order_acquire) ||
                    (options_.max_requests_per_connection != 0 &&
                     state_.requests >= options_.max_requests_per_connection);
       queue(response, head_.method == "HEAD", close);

@@ -6,8 +6,10 @@
 #include <fmt/format.h>
 
 #include <csignal>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <span>
 #include <stdexcept>
 
 #include "spindle/fiber/this_fiber.h"
@@ -26,6 +28,35 @@ int main(int argc, char** argv) {
   http::Router router;
   router.get("/plaintext", [](http::Request&) { return http::Response::text("Hello, World!"); });
   router.post("/echo", [](http::Request& r) { return http::Response::text(r.body()); });
+  // Streams the body in small reads: answers its size, the number of reads and an FNV-1a hash.
+  router.post("/digest", [](http::Request& r) {
+    std::uint64_t size = 0, reads = 0, hash = 14695981039346656037ull;
+    char piece[1000];
+    while (std::size_t n = r.read(piece)) {
+      size += n;
+      ++reads;
+      for (std::size_t i = 0; i < n; ++i) {
+        hash = (hash ^ static_cast<unsigned char>(piece[i])) * 1099511628211ull;
+      }
+    }
+    return http::Response::text(fmt::format("{} {} {:016x}", size, reads, hash));
+  });
+  // Answers without reading the body: the server must drop it (or close) on its own.
+  router.post("/ignore", [](http::Request&) { return http::Response::text("ignored"); });
+  // Looks at the first bytes only and rejects what does not start with "OK".
+  router.post("/sniff", [](http::Request& r) {
+    char magic[2];
+    std::size_t got = 0;
+    while (got < 2) {
+      std::size_t n = r.read(std::span(magic).subspan(got));
+      if (n == 0) break;
+      got += n;
+    }
+    if (got < 2 || magic[0] != 'O' || magic[1] != 'K') {
+      throw http::HttpError(415, "body must start with OK");
+    }
+    return http::Response::text("accepted");
+  });
   router.get("/users/{id}", [](http::Request& r) {
     return http::Response::text(fmt::format("user {}", r.param("id")));
   });

@@ -113,6 +113,78 @@ def test_content_length_body_split_across_packets(test_server, http):
         assert status == 200 and body == payload
 
 
+def fnv1a(data):
+    h = 14695981039346656037
+    for b in data:
+        h = ((h ^ b) * 1099511628211) % (1 << 64)
+    return h
+
+
+def test_request_body_is_streamed_to_the_handler_in_pieces(test_server, http):
+    payload = bytes((i * 7) % 251 for i in range(60000))
+    with test_server.connect() as s:
+        # Content-Length, sent in two parts with a pause: the handler reads as it arrives.
+        s.sendall(b"POST /digest HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(payload)
+                  + payload[:5000])
+        time.sleep(0.05)
+        s.sendall(payload[5000:])
+        status, _, body = http.read_response(s)
+        size, reads, digest = body.split()
+        assert status == 200 and int(size) == len(payload) and int(digest, 16) == fnv1a(payload)
+        assert int(reads) >= 60  # the handler's 1000-byte reads, not one whole-body copy
+        # Chunked, in uneven chunks, on the same connection.
+        chunks = [payload[i:i + 7001] for i in range(0, len(payload), 7001)]
+        s.sendall(b"POST /digest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  + b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n")
+        status, _, body = http.read_response(s)
+        assert status == 200 and body.split()[0] == b"60000"
+        assert int(body.split()[2], 16) == fnv1a(payload)
+
+
+def test_a_body_the_handler_leaves_unread_is_dropped_and_the_connection_stays(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(b"POST /ignore HTTP/1.1\r\nHost: x\r\nContent-Length: 3000\r\n\r\n"
+                  + b"z" * 3000 + get("/users/5"))
+        status, headers, body = http.read_response(s)
+        assert (status, body) == (200, b"ignored") and "connection" not in headers
+        assert http.read_response(s)[2] == b"user 5"
+        s.sendall(b"POST /ignore HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  b"4\r\nabcd\r\n0\r\n\r\n" + get("/users/6"))
+        assert http.read_response(s)[2] == b"ignored"
+        assert http.read_response(s)[2] == b"user 6"
+
+
+def test_100_continue_is_sent_only_when_the_handler_reads_the_body(test_server, http):
+    # The handler answers without the body: no 100, a final answer, and the connection closes
+    # (the client would otherwise send a body nobody wants).
+    with test_server.connect() as s:
+        s.sendall(b"POST /ignore HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                  b"Expect: 100-continue\r\n\r\n")
+        status, headers, body = http.read_response(s)
+        assert (status, body) == (200, b"ignored") and headers["connection"] == "close"
+        assert http.closed_by_peer(s)
+
+
+def test_a_handler_can_reject_a_body_after_its_first_bytes(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(b"POST /sniff HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n"
+                  + b"NO" + b"x" * 1998 + get("/users/7"))
+        status, _, body = http.read_response(s)
+        assert status == 415 and b"must start with OK" in body
+        assert http.read_response(s)[2] == b"user 7"  # the rest was dropped, not parsed
+        s.sendall(b"POST /sniff HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nOK!!")
+        assert http.read_response(s)[2] == b"accepted"
+
+
+def test_a_malformed_chunk_met_while_streaming_gets_400_and_close(test_server, http):
+    with test_server.connect() as s:
+        s.sendall(b"POST /digest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  b"5\r\nhello\r\nzz\r\n")
+        status, headers, _ = http.read_response(s)
+        assert status == 400 and headers["connection"] == "close"
+        assert http.closed_by_peer(s)
+
+
 def test_body_over_the_limit_gets_413_and_close(test_server, http):
     with test_server.connect() as s:
         s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")

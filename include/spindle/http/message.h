@@ -5,6 +5,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -17,11 +18,24 @@
 
 namespace spindle::http {
 
+/// Where a request body comes from while the handler reads it: the protocol driver, which
+/// reads it off the connection only as the handler asks (so `Expect: 100-continue` is
+/// answered only when the body is wanted, and a large body never has to sit in memory).
+class BodySource {
+ public:
+  virtual ~BodySource() = default;
+  /// Reads up to `buffer.size()` bytes of the body; 0 at its end. Throws HttpError when the
+  /// body cannot be had: 413 over the size limit, 400 malformed or cut short, 408 too slow.
+  virtual std::size_t read(std::span<char> buffer) = 0;
+};
+
 /// One request as a handler sees it. The views stay valid until the handler returns.
 class Request {
  public:
   /// A request over a parsed head (which it refers to) and its complete body.
   Request(const RequestHead& head, std::string body);
+  /// A request whose body is read from `source` as the handler asks for it.
+  Request(const RequestHead& head, BodySource& source);
 
   /// The method, e.g. "GET" (a HEAD request is seen as HEAD; the router also runs GET routes
   /// for it and the server drops the body).
@@ -38,8 +52,13 @@ class Request {
   const HeaderMap& headers() const { return head_->headers; }
   /// The first value of a header field, or "".
   std::string_view header(std::string_view name) const { return headers().get(name).value_or(""); }
-  /// The body (complete; its size is within the server's limit).
-  const std::string& body() const { return body_; }
+  /// The whole body, read on the first call (so it may throw as `read` does); read() returns 0
+  /// after it. After earlier `read` calls it holds only what they had not yet returned.
+  const std::string& body();
+  /// Streams the body: reads up to `buffer.size()` bytes, 0 at the end. Throws HttpError
+  /// (413, 400, 408) when the body is over the server's limit, malformed or too slow; the
+  /// server then answers with that status unless the handler catches it.
+  std::size_t read(std::span<char> buffer);
 
   /// The value of a route parameter ({name} or *name), or "".
   std::string_view param(std::string_view name) const;
@@ -51,8 +70,13 @@ class Request {
  private:
   /// The parsed head.
   const RequestHead* head_;
-  /// The body.
+  /// The body read so far by body() (or given whole), and how much of it read() returned.
   std::string body_;
+  std::size_t body_taken_ = 0;
+  /// Set once body() has read the rest: read() then returns 0.
+  bool whole_ = false;
+  /// Where the rest of the body comes from (nullptr: body_ is all of it).
+  BodySource* source_ = nullptr;
   /// Path and query split from the target.
   std::string_view path_, query_;
   /// Route parameters, in pattern order.

@@ -2,8 +2,9 @@
 /// HttpServer: HTTP/1.1 over TcpServer — one fiber per connection running the HTTP/1 driver:
 /// keep-alive, Connection: close, HTTP/1.0, pipelining (every complete request in the buffer
 /// is answered, in order, and the responses go out in one write), Expect: 100-continue,
-/// Content-Length and chunked request bodies within a size limit, a Date header cached per
-/// worker per second, a Server header, and timeouts for slow clients.
+/// Content-Length and chunked request bodies read as the handler asks (streamed, within a
+/// size limit), a Date header cached per worker per second, a Server header, and timeouts for
+/// slow clients.
 
 #include <chrono>
 #include <cstddef>
@@ -26,7 +27,7 @@ namespace spindle::http {
 struct ServerOptions {
   /// Request line / head / header-count limits (414, 431).
   ParserLimits parser;
-  /// Largest request body accepted (413 beyond).
+  /// Largest request body accepted, whether streamed or read whole (413 beyond).
   std::uint64_t max_body = 1 << 20;
   /// Time allowed to receive a whole request head once its first byte arrived (408 beyond).
   std::chrono::milliseconds header_timeout{10'000};
