@@ -36,7 +36,8 @@ std::expected<http::Router, std::string> build_site(const ServerConfig& server) 
     }
   }
   if (!server.root.empty()) {
-    auto files = http::StaticFiles::open(server.root);
+    auto files =
+        http::StaticFiles::open(server.root, http::StaticOptions{.compress = server.compression});
     if (!files)
       return std::unexpected(fmt::format("root {}: {}", server.root, files.error().message()));
     router.get("/*path", [files = std::move(*files)](http::Request& r) { return files(r); });

@@ -4,14 +4,15 @@
 #include <zlib.h>
 
 namespace spindle::http {
-namespace {
 
 bool compressible_type(std::string_view type) {
-  type = type.substr(0, type.find(';'));
+  type = trim_ows(type.substr(0, type.find(';')));
   return type.starts_with("text/") || type == "application/json" ||
          type == "application/javascript" || type == "application/xml" || type == "image/svg+xml" ||
          type.ends_with("+json") || type.ends_with("+xml");
 }
+
+namespace {
 
 // The coding to use: brotli if accepted, else gzip if accepted, else none.
 std::string_view choose_coding(std::string_view accept) {
@@ -68,6 +69,11 @@ Middleware compression(CompressionOptions options) {
     if (!compressed || compressed->size() >= response.body.size()) return response;
     response.body = std::move(*compressed);
     response.headers.add_view("Content-Encoding", coding);
+    // The compressed body is not byte-identical to what a strong tag named (RFC 9110 8.8.3).
+    if (auto etag = response.headers.get("etag"); etag && !etag->starts_with("W/")) {
+      std::string weak = "W/" + std::string(*etag);
+      response.headers.set(std::string_view("ETag"), weak);
+    }
     return response;
   };
 }

@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "spindle/fiber/worker.h"
+#include "spindle/http/compression.h"
 
 namespace spindle::http {
 namespace {
@@ -192,6 +193,9 @@ struct StaticFiles::Entry {
 
 struct StaticFiles::Cache {
   std::unordered_map<std::string, std::shared_ptr<const Entry>> entries;
+  /// Files compressed on the fly, by path, coding and ETag; their total size.
+  std::unordered_map<std::string, std::shared_ptr<const std::string>> compressed;
+  std::size_t compressed_bytes = 0;
 };
 
 namespace {
@@ -207,20 +211,62 @@ StaticFiles::StaticFiles(UniqueFd root, StaticOptions options)
             delete caches;
           })) {}
 
+StaticFiles::Cache* StaticFiles::worker_cache() const {
+  Worker* worker = Worker::current();
+  if (!worker || options_.cache_validity.count() <= 0 || worker->index() >= kMaxWorkers) {
+    return nullptr;
+  }
+  auto& slot = (*caches_)[worker->index()];
+  Cache* cache = slot.load(std::memory_order_acquire);
+  if (!cache) {
+    cache = new Cache();
+    slot.store(cache, std::memory_order_release);  // only this worker writes its slot
+  }
+  return cache;
+}
+
+std::shared_ptr<const std::string> StaticFiles::compressed(const std::string& relative,
+                                                           const Entry& entry,
+                                                           std::string_view coding) const {
+  Cache* cache = worker_cache();
+  std::string key = relative;
+  key += '\0';
+  key += coding;
+  key += entry.etag;
+  if (cache) {
+    auto it = cache->compressed.find(key);
+    if (it != cache->compressed.end()) return it->second;
+  }
+  std::string plain;
+  if (entry.content) {
+    plain = *entry.content;
+  } else {
+    plain.resize(static_cast<std::size_t>(entry.st.st_size));
+    if (::pread(entry.fd->get(), plain.data(), plain.size(), 0) !=
+        static_cast<ssize_t>(plain.size())) {
+      return nullptr;
+    }
+  }
+  auto packed = coding == "br" ? brotli_compress(plain) : gzip_compress(plain);
+  // Cache a file that does not shrink too (as an empty result), so it is not tried again.
+  auto result = std::make_shared<const std::string>(
+      packed && packed->size() < plain.size() ? std::move(*packed) : std::string());
+  if (cache) {
+    if (cache->compressed_bytes + result->size() > options_.compress_cache_bytes) {
+      cache->compressed.clear();
+      cache->compressed_bytes = 0;
+    }
+    cache->compressed_bytes += result->size() + key.size();
+    cache->compressed[key] = result;
+  }
+  return result->empty() ? nullptr : result;
+}
+
 std::shared_ptr<const StaticFiles::Entry> StaticFiles::lookup(const std::string& relative,
                                                               std::string_view suffix,
                                                               int& error) const {
   auto now = Clock::now();
-  Cache* cache = nullptr;
-  Worker* worker = Worker::current();
-  if (worker && options_.cache_validity.count() > 0 && worker->index() < kMaxWorkers) {
-    auto& slot = (*caches_)[worker->index()];
-    cache = slot.load(std::memory_order_acquire);
-    if (!cache) {
-      cache = new Cache();
-      slot.store(cache, std::memory_order_release);  // only this worker writes its slot
-    }
-  }
+  Cache* cache = worker_cache();
   std::string key = suffix.empty() ? relative : relative + std::string(suffix);
   if (cache) {
     auto it = cache->entries.find(key);
@@ -308,29 +354,49 @@ Response StaticFiles::serve(const Request& request, std::string_view path) const
 
   Response response(200);
   std::string_view range_header = request.header("range");
-  // A precompressed sibling, if the client takes it (not for ranges: they address the file).
-  if (options_.precompressed && range_header.empty()) {
+  std::string_view type = mime_type(name);
+  std::string etag = entry->etag;
+  std::shared_ptr<const std::string> packed;  // the file compressed on the fly, if it is
+  // Another encoding only for the whole file: a range addresses the file as it is.
+  if (range_header.empty()) {
     std::string_view accept = request.header("accept-encoding");
+    bool varies = false;
     for (auto [coding, suffix] : {std::pair{"br", ".br"}, std::pair{"gzip", ".gz"}}) {
+      if (!options_.precompressed) break;
+      varies = true;
       if (!accepts_encoding(accept, coding)) continue;
       int sibling_error = 0;
       auto sibling = lookup(relative, suffix, sibling_error);
       if (sibling && S_ISREG(sibling->st.st_mode)) {
         entry = std::move(sibling);
+        etag = entry->etag;
         response.headers.add_view("Content-Encoding", coding);
         break;
       }
     }
-    response.headers.add_view("Vary", "Accept-Encoding");
+    auto size = static_cast<std::size_t>(entry->st.st_size);
+    if (options_.compress && !response.headers.contains("content-encoding") &&
+        compressible_type(type) && size >= options_.compress_min && size <= options_.compress_max) {
+      varies = true;
+      std::string_view coding = accepts_encoding(accept, "br")     ? "br"
+                                : accepts_encoding(accept, "gzip") ? "gzip"
+                                                                   : "";
+      if (!coding.empty() && (packed = compressed(relative, *entry, coding))) {
+        response.headers.add_view("Content-Encoding", coding);
+        // Its own tag: a compressed body is another representation than the file.
+        etag = entry->etag.substr(0, entry->etag.size() - 1) + "-z" + std::string(coding) + '"';
+      }
+    }
+    if (varies) response.headers.add_view("Vary", "Accept-Encoding");
   }
-  response.headers.add_view("Content-Type", mime_type(name));
-  response.headers.add(std::string_view("ETag"), entry->etag);
+  response.headers.add_view("Content-Type", type);
+  response.headers.add(std::string_view("ETag"), etag);
   response.headers.add(std::string_view("Last-Modified"), entry->last_modified);
   response.headers.add_view("Accept-Ranges", "bytes");
 
   // Conditional requests (RFC 9110 13.2.2): If-None-Match wins over If-Modified-Since.
   if (auto inm = request.headers().get("if-none-match")) {
-    if (none_match_hits(*inm, entry->etag)) {
+    if (none_match_hits(*inm, etag)) {
       response.status = 304;
       return response;
     }
@@ -365,7 +431,9 @@ Response StaticFiles::serve(const Request& request, std::string_view path) const
   } else {
     first = 0;
   }
-  if (entry->content) {
+  if (packed) {
+    response.body = *packed;
+  } else if (entry->content) {
     response.body = entry->content->substr(first, length);  // cached: no file syscall at all
   } else {
     response.file = FileBody{entry->fd, first, length};

@@ -26,6 +26,9 @@ struct CompressionOptions {
 /// Content-Encoding yet. Adds Content-Encoding and Vary: Accept-Encoding.
 Middleware compression(CompressionOptions options = {});
 
+/// True for the media types worth compressing: text/*, JSON, JavaScript, XML, SVG.
+bool compressible_type(std::string_view content_type);
+
 /// gzip-compresses `data` (RFC 1952). nullopt if zlib fails.
 std::optional<std::string> gzip_compress(std::string_view data, int level = 6);
 /// brotli-compresses `data`. nullopt if the encoder fails.

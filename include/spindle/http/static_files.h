@@ -1,8 +1,9 @@
 #pragma once
 /// StaticFiles: serves a directory tree — sendfile, ETag and Last-Modified, conditional
 /// requests (304), single byte ranges (206/416), MIME types by extension, index files,
-/// precompressed .br/.gz siblings — and never anything outside its root: no "..", no encoded
-/// slashes, no symlink that leads out (the kernel checks, via openat2 RESOLVE_BENEATH).
+/// precompressed .br/.gz siblings or compression on the fly (cached) — and never anything outside
+/// its root: no "..", no encoded slashes, no symlink that leads out (the kernel checks, via openat2
+/// RESOLVE_BENEATH).
 
 #include <atomic>
 #include <chrono>
@@ -31,6 +32,13 @@ struct StaticOptions {
   std::size_t cache_entries = 4096;
   /// Files up to this size are cached with their bytes (served without any file syscall).
   std::size_t cache_content_max = 16 * 1024;
+  /// Compress text files (by MIME type) of compress_min..compress_max bytes on the fly with
+  /// brotli or gzip when the client accepts it and no precompressed sibling exists. Each
+  /// worker keeps the results (keyed by path, coding and ETag) up to compress_cache_bytes.
+  bool compress = true;
+  std::size_t compress_min = 1024;
+  std::size_t compress_max = 1 << 20;
+  std::size_t compress_cache_bytes = 16 << 20;
 };
 
 /// A handler for GET/HEAD requests of files under one root directory.
@@ -59,6 +67,12 @@ class StaticFiles {
   /// looked up now; errno-style failure in `error`.
   std::shared_ptr<const Entry> lookup(const std::string& relative, std::string_view suffix,
                                       int& error) const;
+  /// The calling worker's cache (created on first use), or nullptr if caching is off.
+  Cache* worker_cache() const;
+  /// `entry` (the file at `relative`) compressed with `coding`, from the worker's cache or
+  /// compressed now; nullptr if it does not shrink or cannot be read.
+  std::shared_ptr<const std::string> compressed(const std::string& relative, const Entry& entry,
+                                                std::string_view coding) const;
 
   /// The root directory, opened O_PATH (shared by copies of the handler).
   std::shared_ptr<UniqueFd> root_;

@@ -1,44 +1,21 @@
-#include <brotli/decode.h>
 #include <gtest/gtest.h>
-#include <zlib.h>
 
 #include <chrono>
 #include <string>
 
+#include "spindle/decompress.h"
 #include "spindle/http/access_log.h"
 #include "spindle/http/compression.h"
 #include "spindle/http/http1_parser.h"
 
 using namespace spindle::http;
+using spindle::testing::gunzip;
+using spindle::testing::unbrotli;
 
 namespace {
 
 std::chrono::system_clock::time_point at_epoch_plus(long seconds) {
   return std::chrono::system_clock::time_point(std::chrono::seconds(seconds));
-}
-
-std::string gunzip(const std::string& data) {
-  z_stream z{};
-  EXPECT_EQ(inflateInit2(&z, 15 + 16), Z_OK);
-  std::string out(1 << 20, '\0');
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(data.data()));
-  z.avail_in = static_cast<uInt>(data.size());
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(out.size());
-  EXPECT_EQ(inflate(&z, Z_FINISH), Z_STREAM_END);
-  out.resize(z.total_out);
-  inflateEnd(&z);
-  return out;
-}
-
-std::string unbrotli(const std::string& data) {
-  std::string out(1 << 20, '\0');
-  std::size_t size = out.size();
-  EXPECT_EQ(BrotliDecoderDecompress(data.size(), reinterpret_cast<const std::uint8_t*>(data.data()),
-                                    &size, reinterpret_cast<std::uint8_t*>(out.data())),
-            BROTLI_DECODER_RESULT_SUCCESS);
-  out.resize(size);
-  return out;
 }
 
 }  // namespace
@@ -118,6 +95,15 @@ TEST(Compression, MiddlewarePrefersBrotliThenGzip) {
   EXPECT_EQ(gz.headers.get("content-encoding"), "gzip");
   EXPECT_EQ(gunzip(gz.body), body);
   EXPECT_EQ(gz.headers.get("vary"), "Accept-Encoding");
+}
+
+TEST(Compression, AStrongEtagBecomesWeakOnceTheBodyIsCompressed) {
+  Response tagged = Response::text(std::string(4000, 'x'));
+  tagged.headers.add_view("ETag", "\"v1\"");
+  EXPECT_EQ(compressed("gzip", std::move(tagged)).headers.get("etag"), "W/\"v1\"");
+  Response untouched = Response::text(std::string(4000, 'x'));
+  untouched.headers.add_view("ETag", "\"v1\"");
+  EXPECT_EQ(compressed("", std::move(untouched)).headers.get("etag"), "\"v1\"");
 }
 
 TEST(Compression, LeavesSmallBinaryOrUnacceptedResponsesAlone) {

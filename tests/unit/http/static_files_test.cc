@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "spindle/decompress.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/http/http1_parser.h"
 #include "spindle/testing.h"
@@ -29,6 +30,10 @@ class StaticFilesTest : public ::testing::Test {
     write(root_ / "app.js", "console.log('plain')");
     write(root_ / "app.js.br", "BROTLI");
     write(root_ / "app.js.gz", "GZIP");
+    std::string css;
+    for (int i = 0; i < 300; ++i) css += ".rule-" + std::to_string(i) + " { color: #123456; }\n";
+    write(root_ / "site.css", css);
+    write(root_ / "photo.png", std::string(4096, 'p'));
     write(base_ / "secret.txt", "outside the root");
     fs::create_symlink(base_ / "secret.txt", root_ / "leak.txt");
     fs::create_symlink("../secret.txt", root_ / "leak_relative.txt");
@@ -200,6 +205,67 @@ TEST_F(StaticFilesTest, WorkersCacheFilesAndSeeChangesAfterTheValidity) {
         auto range = request("/index.html", "Range: bytes=1-2\r\n");
         EXPECT_EQ(range.status, 206);
         EXPECT_EQ(range.body, "h1");
+      },
+      1);
+}
+
+TEST_F(StaticFilesTest, CompressesTextFilesOnTheFlyWithTheirOwnEtag) {
+  spindle::testing::run_in_fiber(
+      [&] {
+        std::string css = request("/site.css").body;
+        std::string identity_tag(request("/site.css").headers.get("etag").value_or(""));
+        ASSERT_GT(css.size(), 1024u);
+
+        auto gz = request("/site.css", "Accept-Encoding: gzip\r\n");
+        EXPECT_EQ(gz.status, 200);
+        EXPECT_EQ(gz.headers.get("content-encoding").value_or(""), "gzip");
+        EXPECT_EQ(gz.headers.get("vary").value_or(""), "Accept-Encoding");
+        EXPECT_EQ(spindle::testing::gunzip(gz.body), css);
+        EXPECT_LT(gz.body.size(), css.size() / 4);
+        std::string gz_tag(gz.headers.get("etag").value_or(""));
+        EXPECT_NE(gz_tag, identity_tag);
+
+        auto br = request("/site.css", "Accept-Encoding: gzip, br\r\n");
+        EXPECT_EQ(br.headers.get("content-encoding").value_or(""), "br");
+        EXPECT_EQ(spindle::testing::unbrotli(br.body), css);
+        EXPECT_NE(br.headers.get("etag").value_or(""), gz_tag);
+
+        // Its tag validates it; the identity tag does not match the compressed representation.
+        EXPECT_EQ(request("/site.css", "Accept-Encoding: gzip\r\nIf-None-Match: " + gz_tag + "\r\n")
+                      .status,
+                  304);
+        EXPECT_EQ(
+            request("/site.css", "Accept-Encoding: gzip\r\nIf-None-Match: " + identity_tag + "\r\n")
+                .status,
+            200);
+        // A range addresses the file as it is; binary types and small files stay as they are.
+        auto range = request("/site.css", "Accept-Encoding: gzip\r\nRange: bytes=0-4\r\n");
+        EXPECT_EQ(range.status, 206);
+        EXPECT_FALSE(range.headers.contains("content-encoding"));
+        EXPECT_FALSE(request("/photo.png", "Accept-Encoding: gzip\r\n")
+                         .headers.contains("content-encoding"));
+        EXPECT_FALSE(request("/hello.txt", "Accept-Encoding: gzip\r\n")
+                         .headers.contains("content-encoding"));
+        EXPECT_FALSE(request("/site.css", "Accept-Encoding: identity\r\n")
+                         .headers.contains("content-encoding"));
+      },
+      1);
+}
+
+TEST_F(StaticFilesTest, OnTheFlyCompressionSeesTheFileChange) {
+  auto fresh = StaticFiles::open(root_.string(),
+                                 StaticOptions{.cache_validity = std::chrono::milliseconds(100)});
+  ASSERT_TRUE(fresh.has_value());
+  spindle::testing::run_in_fiber(
+      [&] {
+        files_.emplace(std::move(*fresh));
+        auto before = request("/site.css", "Accept-Encoding: gzip\r\n");
+        std::string changed(3000, 'x');
+        write(root_ / "site.css", changed);
+        (void)spindle::this_fiber::sleep_for(std::chrono::milliseconds(150));
+        auto after = request("/site.css", "Accept-Encoding: gzip\r\n");
+        EXPECT_EQ(spindle::testing::gunzip(after.body), changed);
+        EXPECT_NE(after.headers.get("etag"), before.headers.get("etag"));
       },
       1);
 }
