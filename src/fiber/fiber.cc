@@ -48,6 +48,65 @@ void futex_wake_all(std::atomic<std::uint32_t>* word) {
 Fiber::Fiber(Worker& worker, SpawnOptions options)
     : worker_(&worker), id_(worker.next_fiber_id()), stack_size_(options.stack_size) {}
 
+namespace {
+
+// Freed fiber objects of this thread by size class (64-byte steps up to 1 KiB), for reuse.
+// A fiber may be freed on another thread than the one that made it: memory is memory.
+// Sanitizer builds skip the cache, so that a use after free is still caught.
+class FiberObjectCache {
+ public:
+  static constexpr std::size_t kStep = 64, kClasses = 16, kKeep = 1024;
+
+  ~FiberObjectCache() {
+    closed_ = true;  // a fiber freed later in this thread's exit goes straight to malloc
+    for (Node*& head : free_) {
+      while (Node* n = head) {
+        head = n->next;
+        ::operator delete(n);
+      }
+    }
+  }
+  void* take(std::size_t size) {
+    std::size_t c = (size - 1) / kStep;
+    if (kDisabled || c >= kClasses || !free_[c])
+      return ::operator new(c < kClasses ? (c + 1) * kStep : size);
+    Node* n = free_[c];
+    free_[c] = n->next;
+    --count_[c];
+    return n;
+  }
+  void give(void* p, std::size_t size) {
+    std::size_t c = (size - 1) / kStep;
+    if (kDisabled || closed_ || c >= kClasses || count_[c] >= kKeep) {
+      ::operator delete(p);
+      return;
+    }
+    free_[c] = new (p) Node{free_[c]};
+    ++count_[c];
+  }
+
+ private:
+  struct Node {
+    Node* next;
+  };
+#if SPINDLE_ASAN || SPINDLE_TSAN
+  static constexpr bool kDisabled = true;
+#else
+  static constexpr bool kDisabled = false;
+#endif
+  Node* free_[kClasses] = {};
+  std::size_t count_[kClasses] = {};
+  bool closed_ = false;
+};
+
+thread_local FiberObjectCache fiber_objects;
+
+}  // namespace
+
+void* Fiber::operator new(std::size_t size) { return fiber_objects.take(size); }
+
+void Fiber::operator delete(void* p, std::size_t size) { fiber_objects.give(p, size); }
+
 Fiber::~Fiber() {
   for (auto it = locals_.rbegin(); it != locals_.rend(); ++it) it->destroy(it->value);
   sanitizer::tsan_destroy(tsan_fiber_);

@@ -19,25 +19,30 @@
 namespace spindle::http {
 namespace {
 
-// The Date header value, formatted at most once per second per worker.
+using namespace std::string_view_literals;
+
+// The Date header line, formatted at most once per second per worker.
 struct alignas(64) DateCache {
   std::time_t second = -1;
-  char text[32] = {};
+  char text[40] = {};
 
-  std::string_view now() {
+  /// "Date: <IMF-fixdate>\r\n" for now.
+  std::string_view line() {
     std::time_t t = std::time(nullptr);
     if (t != second) {
       second = t;
       std::tm tm{};
       ::gmtime_r(&t, &tm);
-      std::strftime(text, sizeof text, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+      std::strftime(text, sizeof text, "Date: %a, %d %b %Y %H:%M:%S GMT\r\n", &tm);
     }
-    return {text, 29};
+    return {text, 37};
   }
 };
 
 // Responses bigger than this are written from their own buffer instead of being copied.
 constexpr std::size_t kCopyBodyLimit = 16 * 1024;
+// What a new response buffer reserves: a typical head and small body, without regrowing.
+constexpr std::size_t kOutputReserve = 1024;
 
 struct ConnectionState;
 
@@ -46,8 +51,9 @@ struct ConnectionState;
 struct alignas(64) WorkerState {
   DateCache date;
   std::vector<std::vector<char>> free_buffers;
-  ConnectionState* idle_head = nullptr;  // intrusive list of idle connections
-  std::size_t open = 0;                  // connections open on this worker
+  std::vector<std::string> free_outputs;  // response buffers, with their capacity
+  ConnectionState* idle_head = nullptr;   // intrusive list of idle connections
+  std::size_t open = 0;                   // connections open on this worker
 };
 
 constexpr std::string_view kOverloaded =
@@ -59,6 +65,7 @@ constexpr std::string_view kOverloaded =
 struct HttpServer::Shared {
   Router router;
   ServerOptions options;
+  std::string server_line;  // "Server: <name>\r\n", or "" for none
   Runtime* runtime = nullptr;
   std::vector<WorkerState> workers;  // one per worker, touched only by that worker
   WaitGroup active;                  // open connections
@@ -78,8 +85,12 @@ struct ConnectionState {
   std::size_t requests = 0;
   /// The client's address for the access log (looked up on first use).
   std::string remote;
-  /// The keep-alive timer while idle.
+  /// The keep-alive timer. It stays queued across requests (re-queued only when it fires
+  /// early), so a request costs no timer-heap work: see on_idle_timeout.
   Timer idle_timer;
+  /// When the connection last went idle, and whether it is idle now.
+  Clock::time_point idle_since{};
+  bool idle = false;
   /// Links in the worker's idle list.
   ConnectionState* prev_idle = nullptr;
   ConnectionState* next_idle = nullptr;
@@ -107,8 +118,22 @@ class Connection final : public BodySource {
     } else {
       buffer_.resize(options_.parser.max_head + 4096);
     }
+    // A response buffer that has grown before: no reallocation while a head is appended.
+    auto& outputs = state.worker->free_outputs;
+    if (!outputs.empty()) {
+      out_ = std::move(outputs.back());
+      outputs.pop_back();
+    } else {
+      out_.reserve(kOutputReserve);
+    }
   }
-  ~Connection() { state_.worker->free_buffers.push_back(std::move(buffer_)); }
+  ~Connection() {
+    state_.worker->free_buffers.push_back(std::move(buffer_));
+    if (out_.capacity() <= kCopyBodyLimit * 4) {
+      out_.clear();
+      state_.worker->free_outputs.push_back(std::move(out_));
+    }
+  }
 
   Outcome serve();
 
@@ -250,7 +275,7 @@ std::ptrdiff_t Connection::pull_body(std::span<char> buffer) {
   if (body_state_ == BodyState::kDone || buffer.empty()) return 0;
   if (continue_due_) {
     continue_due_ = false;
-    out_ += "HTTP/1.1 100 Continue\r\n\r\n";
+    out_ += "HTTP/1.1 100 Continue\r\n\r\n"sv;
   }
   if (body_state_ == BodyState::kChunked) return pull_chunked(buffer);
   std::size_t want = std::min<std::uint64_t>(buffer.size(), body_left_);
@@ -357,49 +382,52 @@ void append_number(std::string& out, std::uint64_t n) {
 }
 
 void Connection::queue(Response& response, bool head_only, bool close) {
-  out_ += "HTTP/1.1 ";
-  append_number(out_, static_cast<std::uint64_t>(response.status));
-  out_ += ' ';
-  out_ += reason_phrase(response.status);
-  out_ += "\r\n";
-  if (!response.headers.contains("date")) {
-    out_ += "Date: ";
-    out_ += date_.now();
-    out_ += "\r\n";
-  }
-  if (!options_.server_name.empty() && !response.headers.contains("server")) {
-    out_ += "Server: ";
-    out_ += options_.server_name;
-    out_ += "\r\n";
-  }
+  out_ += status_line(response.status);
+  // The handler's fields, in one pass that also notes which defaults they replace; framing
+  // (Content-Length, Transfer-Encoding, Connection) is the server's business.
+  bool has_date = false, has_server = false;
   for (const Field& f : response.headers) {
-    // Framing is the server's business.
-    if (iequals(f.name, "content-length") || iequals(f.name, "transfer-encoding") ||
-        iequals(f.name, "connection")) {
-      continue;
+    switch (f.name.size()) {
+      case 4:
+        has_date = has_date || iequals(f.name, "date");
+        break;
+      case 6:
+        has_server = has_server || iequals(f.name, "server");
+        break;
+      case 10:
+        if (iequals(f.name, "connection")) continue;
+        break;
+      case 14:
+        if (iequals(f.name, "content-length")) continue;
+        break;
+      case 17:
+        if (iequals(f.name, "transfer-encoding")) continue;
+        break;
     }
     out_ += f.name;
-    out_ += ": ";
+    out_ += ": "sv;
     out_ += f.value;
-    out_ += "\r\n";
+    out_ += "\r\n"sv;
   }
+  if (!has_date) out_ += date_.line();
+  if (!has_server) out_ += shared_.server_line;
   bool no_body = status_has_no_body(response.status);
   bool streamed = response.stream && !no_body;
   // An HTTP/1.0 client cannot take chunks: its streamed body ends when the connection does.
   if (streamed && head_.minor_version == 0) close = true;
   if (streamed && head_.minor_version == 1) {
-    out_ += "Transfer-Encoding: chunked\r\n";
+    out_ += "Transfer-Encoding: chunked\r\n"sv;
   } else if (!no_body && !streamed) {
-    out_ += "Content-Length: ";
+    out_ += "Content-Length: "sv;
     append_number(out_, response.body_size());
-    out_ += "\r\n";
+    out_ += "\r\n"sv;
   }
   if (close) {
-    out_ += "Connection: close\r\n";
+    out_ += "Connection: close\r\n"sv;
   } else if (head_.minor_version == 0) {
-    out_ += "Connection: keep-alive\r\n";
+    out_ += "Connection: keep-alive\r\n"sv;
   }
-  out_ += "\r\n";
+  out_ += "\r\n"sv;
   if (no_body || head_only) return;  // a HEAD response has no body, not even a chunked end
   if (streamed) {
     stream_body(response.stream);
@@ -538,7 +566,9 @@ bool Connection::flush() {
 }
 
 Connection::Outcome Connection::serve() {
-  Clock::time_point head_started = Clock::now();
+  // When the current head began, taken only once a head turns out partial (then the header
+  // timeout runs from it): a complete head never pays for the clock.
+  Clock::time_point head_started{};
   for (;;) {
     // Answer every complete request already buffered; the responses queue up in out_.
     for (;;) {
@@ -560,7 +590,7 @@ Connection::Outcome Connection::serve() {
         (void)flush();
         return Outcome::kClose;
       }
-      auto handled_at = Clock::now();
+      auto handled_at = options_.access_log ? Clock::now() : Clock::time_point{};
       Request request(head_, *this);
       Response response = respond(request);
       ++state_.requests;
@@ -587,7 +617,7 @@ Connection::Outcome Connection::serve() {
         spill_.clear();
         spill_begin_ = 0;
       }
-      head_started = Clock::now();
+      head_started = {};
     }
     // Nothing complete left: write the batch, then look for more.
     if (begin_ == end_) {
@@ -602,7 +632,7 @@ Connection::Outcome Connection::serve() {
       if (drained_at_poll_ == Worker::current()->polls()) return Outcome::kIdle;
       switch (read_more(Deadline::at(Clock::time_point::min()))) {
         case Read::kData:
-          head_started = Clock::now();
+          head_started = {};
           continue;
         case Read::kTimedOut:
           return Outcome::kIdle;
@@ -612,6 +642,7 @@ Connection::Outcome Connection::serve() {
       }
     }
     // A partial head: it must be complete within the header timeout (slowloris).
+    if (head_started == Clock::time_point{}) head_started = Clock::now();
     switch (read_more(Deadline::at(head_started + options_.header_timeout))) {
       case Read::kData:
         continue;
@@ -633,6 +664,7 @@ void run_connection(ConnectionState* state);
 // Closes the connection and forgets it.
 void close_connection(ConnectionState* state) {
   HttpServer::Shared& shared = *state->shared;
+  Worker::current()->timers().erase(&state->idle_timer);
   --state->worker->open;
   delete state;  // closes the socket
   shared.active.done();
@@ -647,7 +679,7 @@ void unlink_idle(ConnectionState* state) {
   }
   if (state->next_idle) state->next_idle->prev_idle = state->prev_idle;
   state->prev_idle = state->next_idle = nullptr;
-  Worker::current()->timers().erase(&state->idle_timer);
+  state->idle = false;
 }
 
 // The reactor saw bytes (or a hang-up) on an idle connection: a fresh fiber takes it on.
@@ -659,9 +691,17 @@ void on_idle_readable(IoSlot& slot) {
       .detach();
 }
 
-// The keep-alive timeout of an idle connection.
+// The keep-alive timer fired: closes the connection if it has been idle for the whole
+// timeout; otherwise (it was busy meanwhile) the timer goes back for the rest of the time.
 void on_idle_timeout(Timer& timer) {
   auto* state = static_cast<ConnectionState*>(timer.owner);
+  auto timeout = state->shared->options.keepalive_timeout;
+  auto now = Clock::now();
+  if (!state->idle || now - state->idle_since < timeout) {
+    timer.when = state->idle ? state->idle_since + timeout : now + timeout;
+    Worker::current()->timers().push(&timer);
+    return;
+  }
   state->stream.cancel_on_readable();
   unlink_idle(state);
   close_connection(state);
@@ -672,10 +712,14 @@ void go_idle(ConnectionState* state) {
   state->next_idle = worker.idle_head;
   if (worker.idle_head) worker.idle_head->prev_idle = state;
   worker.idle_head = state;
-  state->idle_timer.when = Clock::now() + state->shared->options.keepalive_timeout;
-  state->idle_timer.on_fire = &on_idle_timeout;
-  state->idle_timer.owner = state;
-  Worker::current()->timers().push(&state->idle_timer);
+  state->idle = true;
+  state->idle_since = Clock::now();
+  if (!state->idle_timer.queued()) {
+    state->idle_timer.when = state->idle_since + state->shared->options.keepalive_timeout;
+    state->idle_timer.on_fire = &on_idle_timeout;
+    state->idle_timer.owner = state;
+    Worker::current()->timers().push(&state->idle_timer);
+  }
   state->stream.on_readable(&on_idle_readable, state);
 }
 
@@ -709,6 +753,9 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Ad
   auto shared = std::make_shared<Shared>();
   shared->router = std::move(router);
   shared->options = std::move(options);
+  if (!shared->options.server_name.empty()) {
+    shared->server_line = "Server: " + shared->options.server_name + "\r\n";
+  }
   shared->runtime = &runtime;
   shared->workers = std::vector<WorkerState>(runtime.size());
   // The first read of a connection then finds its request: no empty read, no idle round trip.

@@ -1,5 +1,10 @@
 #include "spindle/http/status.h"
 
+#include <fmt/format.h>
+
+#include <array>
+#include <string>
+
 namespace spindle::http {
 
 std::string_view reason_phrase(int status) {
@@ -87,6 +92,17 @@ std::string_view reason_phrase(int status) {
     default:
       return "Unknown";
   }
+}
+
+std::string_view status_line(int status) {
+  static const auto lines = [] {
+    std::array<std::string, 500> all;
+    for (int s = 100; s < 600; ++s)
+      all[s - 100] = fmt::format("HTTP/1.1 {} {}\r\n", s, reason_phrase(s));
+    return all;
+  }();
+  if (status < 100 || status > 599) status = 500;
+  return lines[static_cast<std::size_t>(status - 100)];
 }
 
 }  // namespace spindle::http

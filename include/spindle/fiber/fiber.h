@@ -59,6 +59,11 @@ class Fiber {
   Fiber& operator=(const Fiber&) = delete;
   virtual ~Fiber();
 
+  /// Fiber objects come from a per-thread free list (a server spawns one per request, and
+  /// more are alive at once than malloc's per-thread cache keeps).
+  static void* operator new(std::size_t size);
+  static void operator delete(void* p, std::size_t size);
+
   /// The id, unique within the runtime.
   FiberId id() const { return id_; }
   /// The worker this fiber runs on, for its whole life.

@@ -8,6 +8,9 @@ namespace spindle::http {
 /// The reason phrase of `status` ("OK", "Not Found", ...), or "Unknown".
 std::string_view reason_phrase(int status);
 
+/// "HTTP/1.1 <status> <reason>\r\n", built once per status (100-599; others get "Unknown").
+std::string_view status_line(int status);
+
 /// True for statuses whose responses never have a body (1xx, 204, 304).
 constexpr bool status_has_no_body(int status) {
   return (status >= 100 && status < 200) || status == 204 || status == 304;
