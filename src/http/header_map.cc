@@ -53,7 +53,7 @@ void HeaderMap::take(HeaderMap&& other) noexcept {
   };
   size_ = other.size_;
   for (std::size_t i = 0; i < std::min(size_, kInline); ++i) {
-    inline_[i] = {repoint(other.inline_[i].name), repoint(other.inline_[i].value)};
+    inline_.at[i] = {repoint(other.inline_.at[i].name), repoint(other.inline_.at[i].value)};
   }
   overflow_ = std::move(other.overflow_);
   for (Field& f : overflow_) f = {repoint(f.name), repoint(f.value)};
@@ -70,7 +70,7 @@ void HeaderMap::take(HeaderMap&& other) noexcept {
 
 void HeaderMap::add_view(std::string_view name, std::string_view value) {
   if (size_ < kInline) {
-    inline_[size_] = {name, value};
+    inline_.at[size_] = {name, value};
   } else {
     overflow_.push_back({name, value});
   }
