@@ -51,6 +51,11 @@ class Socket {
     slot_->on_readable = callback;
     slot_->owner = owner;
   }
+  /// Parks until the socket is ready in `direction` (after an operation reported EAGAIN).
+  [[nodiscard]] std::error_code wait(IoDirection direction, Deadline deadline) {
+    if (!slot_) return std::make_error_code(std::errc::bad_file_descriptor);
+    return wait_ready(*slot_, direction, deadline);
+  }
   /// setsockopt(level, name, int value).
   [[nodiscard]] Result<void> set_option(int level, int name, int value);
 

@@ -72,6 +72,11 @@ class TcpStream {
   void on_readable(void (*callback)(IoSlot& slot), void* owner) {
     socket_.on_readable(callback, owner);
   }
+  /// Parks until the socket is ready in `direction`, for a layer above (TLS) whose own calls
+  /// met EAGAIN.
+  [[nodiscard]] std::error_code wait(IoDirection direction, Deadline deadline) {
+    return socket_.wait(direction, deadline);
+  }
   /// Cancels on_readable.
   void cancel_on_readable() { socket_.on_readable(nullptr, nullptr); }
 

@@ -1,0 +1,204 @@
+#include "spindle/net/tls.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "spindle/fiber/spawn.h"
+#include "spindle/fiber/this_fiber.h"
+#include "spindle/net/tcp_listener.h"
+#include "spindle/testing.h"
+
+using namespace std::chrono_literals;
+using namespace spindle;
+
+namespace {
+
+// The test CA and certificates (tests/tls/make-certs.sh), made once per test binary.
+const std::string& cert_dir() {
+  static const std::string dir = [] {
+    std::string d = "/tmp/spindle-tls-unit-" + std::to_string(::getpid());
+    std::string command = std::string(SPINDLE_SOURCE_DIR) + "/tests/tls/make-certs.sh " + d;
+    if (std::system(command.c_str()) != 0) ADD_FAILURE() << "make-certs.sh failed (openssl?)";
+    return d;
+  }();
+  return dir;
+}
+
+std::shared_ptr<const TlsServerContext> server_context(std::vector<std::string> alpn = {
+                                                           "h2", "http/1.1"}) {
+  const std::string& d = cert_dir();
+  auto ctx = TlsServerContext::create(
+      TlsServerOptions{.certificates = {{d + "/localhost.pem", d + "/localhost.key", {}},
+                                        {d + "/other.pem", d + "/other.key", {}}},
+                       .alpn = std::move(alpn)});
+  EXPECT_TRUE(ctx.has_value()) << ctx.error();
+  return *ctx;
+}
+
+std::shared_ptr<const TlsClientContext> client_context(TlsClientOptions options = {}) {
+  if (options.ca_file.empty() && !options.insecure) options.ca_file = cert_dir() + "/ca.pem";
+  auto ctx = TlsClientContext::create(std::move(options));
+  EXPECT_TRUE(ctx.has_value()) << ctx.error();
+  return *ctx;
+}
+
+// A listener whose accepted connections run `serve` on their own fibers.
+struct TlsTestServer {
+  TcpListener listener;
+  Address address;
+
+  template <typename Fn>
+  explicit TlsTestServer(Fn serve, int connections = 1)
+      : listener(TcpListener::bind(Address::loopback_v4(0)).value()),
+        address(listener.local_address().value()) {
+    spawn([this, serve, connections] {
+      for (int i = 0; i < connections; ++i) {
+        auto stream = listener.accept(Deadline::after(10s));
+        if (!stream) return;
+        spawn([serve, s = std::move(*stream)]() mutable { serve(std::move(s)); }).detach();
+      }
+    }).detach();
+  }
+};
+
+// Accepts TLS and echoes what it reads until the peer closes. One context for all, as a
+// server has (tickets are sealed with its keys).
+void echo(TcpStream tcp) {
+  static const auto context = server_context();
+  auto tls = TlsStream::accept(std::move(tcp), context, Deadline::after(5s));
+  if (!tls) return;
+  char buffer[4096];
+  for (;;) {
+    auto n = tls->read(buffer, Deadline::after(5s));
+    if (!n || *n == 0) return;
+    if (!tls->write_all(std::span<const char>(buffer, *n), Deadline::after(5s))) return;
+  }
+}
+
+Result<TlsStream> connect_to(const Address& address, std::string_view name,
+                             std::shared_ptr<const TlsClientContext> client) {
+  auto tcp = TcpStream::connect(address, Deadline::after(5s));
+  if (!tcp) return fail(tcp.error());
+  return TlsStream::connect(std::move(*tcp), std::move(client), name, Deadline::after(5s));
+}
+
+std::string read_n(TlsStream& tls, std::size_t n) {
+  std::string out;
+  char buffer[8192];
+  while (out.size() < n) {
+    auto got = tls.read(buffer, Deadline::after(5s));
+    if (!got || *got == 0) break;
+    out.append(buffer, *got);
+  }
+  return out;
+}
+
+}  // namespace
+
+FIBER_TEST(Tls, HandshakesVerifiesAndCarriesBytesBothWays) {
+  TlsTestServer server(echo);
+  auto client =
+      connect_to(server.address, "localhost", client_context({.alpn = {"h2", "http/1.1"}}));
+  ASSERT_TRUE(client.has_value()) << client.error().message();
+  EXPECT_EQ(client->alpn(), "h2");
+  EXPECT_EQ(client->version(), "TLSv1.3");
+  // Many small pieces gathered into records, then a large one.
+  std::vector<std::string> pieces;
+  std::vector<iovec> iov;
+  for (int i = 0; i < 100; ++i) pieces.push_back("piece " + std::to_string(i) + ";");
+  pieces.push_back(std::string(100'000, 'z'));
+  std::string all;
+  for (auto& p : pieces) {
+    iov.push_back({p.data(), p.size()});
+    all += p;
+  }
+  auto written = client->writev(iov, Deadline::after(5s));
+  ASSERT_TRUE(written.has_value());
+  EXPECT_EQ(*written, all.size());
+  EXPECT_EQ(read_n(*client, all.size()), all);
+}
+
+FIBER_TEST(Tls, SniPicksTheCertificateForTheName) {
+  TlsTestServer server(echo, 3);
+  // *.other.test is only on the second certificate: verification passes only if SNI chose it.
+  auto other = connect_to(server.address, "www.other.test", client_context());
+  ASSERT_TRUE(other.has_value()) << other.error().message();
+  auto local = connect_to(server.address, "localhost", client_context());
+  ASSERT_TRUE(local.has_value()) << local.error().message();
+  // An unknown name gets the first certificate, which does not match it.
+  auto unknown = connect_to(server.address, "unknown.test", client_context());
+  EXPECT_FALSE(unknown.has_value());
+}
+
+FIBER_TEST(Tls, ClientsRefuseUntrustedServersUnlessInsecure) {
+  TlsTestServer server(echo, 2);
+  // The system store does not know the test CA.
+  auto refused = connect_to(server.address, "localhost",
+                            client_context({.ca_file = "/etc/ssl/certs/ca-certificates.crt"}));
+  ASSERT_FALSE(refused.has_value());
+  EXPECT_EQ(refused.error().category(), tls_category());
+  auto insecure = connect_to(server.address, "localhost", client_context({.insecure = true}));
+  EXPECT_TRUE(insecure.has_value());
+}
+
+FIBER_TEST(Tls, AlpnWithNoCommonProtocolIsRefused) {
+  TlsTestServer server(echo);
+  auto client = connect_to(server.address, "localhost", client_context({.alpn = {"spdy/3"}}));
+  EXPECT_FALSE(client.has_value());
+}
+
+FIBER_TEST(Tls, ASecondConnectionResumesTheSession) {
+  TlsTestServer server(echo, 2);
+  auto client_ctx = client_context();
+  for (int i = 0; i < 2; ++i) {
+    auto client = connect_to(server.address, "localhost", client_ctx);
+    ASSERT_TRUE(client.has_value()) << client.error().message();
+    EXPECT_EQ(client->session_reused(), i == 1);
+    // A round trip, so that the TLS 1.3 ticket (sent after the handshake) arrives.
+    ASSERT_TRUE(client->write_all(std::string_view("ping"), Deadline::after(5s)));
+    EXPECT_EQ(read_n(*client, 4), "ping");
+  }
+}
+
+FIBER_TEST(Tls, PlainTextAndStalledHandshakesFail) {
+  bool plain_failed = false, stalled_timed_out = false;
+  auto context = server_context();
+  TlsTestServer server(
+      [&](TcpStream tcp) {
+        auto start = Clock::now();
+        auto tls = TlsStream::accept(std::move(tcp), context, Deadline::after(300ms));
+        if (tls) return;
+        if (tls.error() == std::errc::timed_out) {
+          stalled_timed_out = Clock::now() - start >= 250ms;
+        } else {
+          plain_failed = Clock::now() - start < 250ms;  // at once, not at the deadline
+        }
+      },
+      2);
+  auto plain = TcpStream::connect(server.address, Deadline::after(5s));
+  ASSERT_TRUE(plain.has_value());
+  ASSERT_TRUE(plain->write_all(std::string_view("GET / HTTP/1.1\r\nHost: x\r\n\r\n")));
+  auto stalled = TcpStream::connect(server.address, Deadline::after(5s));
+  ASSERT_TRUE(stalled.has_value());
+  (void)this_fiber::sleep_for(600ms);
+  EXPECT_TRUE(plain_failed);
+  EXPECT_TRUE(stalled_timed_out);
+}
+
+TEST(Tls, ConfigurationErrorsNameTheFile) {
+  auto missing = TlsServerContext::create(
+      TlsServerOptions{.certificates = {{"/nonexistent/cert.pem", "/nonexistent/key.pem", {}}}});
+  ASSERT_FALSE(missing.has_value());
+  EXPECT_NE(missing.error().find("/nonexistent/cert.pem"), std::string::npos) << missing.error();
+  const std::string& d = cert_dir();
+  auto mismatch = TlsServerContext::create(
+      TlsServerOptions{.certificates = {{d + "/localhost.pem", d + "/other.key", {}}}});
+  ASSERT_FALSE(mismatch.has_value());
+  EXPECT_NE(mismatch.error().find("other.key"), std::string::npos) << mismatch.error();
+  EXPECT_NE(mismatch.error().find("mismatch"), std::string::npos) << mismatch.error();
+  EXPECT_FALSE(TlsServerContext::create(TlsServerOptions{}).has_value());
+}
