@@ -168,11 +168,12 @@ void read_timeouts(const Reader& server, http::ServerOptions& http) {
   auto node = server.get("timeouts");
   if (!node) return;
   Reader r = server.nested("timeouts");
-  r.only({"header", "body", "keepalive", "write"});
+  r.only({"header", "body", "keepalive", "write", "handshake"});
   http.header_timeout = r.duration("header", http.header_timeout);
   http.body_timeout = r.duration("body", http.body_timeout);
   http.keepalive_timeout = r.duration("keepalive", http.keepalive_timeout);
   http.write_timeout = r.duration("write", http.write_timeout);
+  http.handshake_timeout = r.duration("handshake", http.handshake_timeout);
 }
 
 void read_access_log(const Reader& server, AccessLogConfig& log) {
@@ -195,6 +196,53 @@ void read_access_log(const Reader& server, AccessLogConfig& log) {
   }
 }
 
+// A path from the configuration: relative ones are relative to the file's directory.
+std::string config_path(const std::string& file, const std::string& path) {
+  if (path.empty() || path.front() == '/') return path;
+  auto slash = file.rfind('/');
+  return slash == std::string::npos ? path : file.substr(0, slash + 1) + path;
+}
+
+// One certificate: cert and key files, and optional SNI names.
+TlsCertificate read_certificate(const Reader& r, const std::string& file, const YAML::Node& at,
+                                bool allow_sni) {
+  if (allow_sni) {
+    r.only({"cert", "key", "names", "sni"});
+  } else {
+    r.only({"cert", "key", "names"});
+  }
+  TlsCertificate cert;
+  cert.cert_file = config_path(file, r.string("cert", ""));
+  cert.key_file = config_path(file, r.string("key", ""));
+  if (cert.cert_file.empty()) r.fail(at, r.key_path("cert"), "required (a PEM certificate chain)");
+  if (cert.key_file.empty()) r.fail(at, r.key_path("key"), "required (a PEM private key)");
+  if (auto names = r.get("names")) {
+    if (!names.IsSequence()) r.fail(names, r.key_path("names"), "expected a list of host names");
+    for (const auto& n : names) cert.names.push_back(n.as<std::string>());
+  }
+  return cert;
+}
+
+// tls: {cert, key, names, sni: [{cert, key, names}, ...]}: the TLS context, loaded now so that
+// check-config finds unreadable or mismatched files too.
+void read_tls(const Reader& server, const std::string& file, http::ServerOptions& http) {
+  auto node = server.get("tls");
+  if (!node) return;
+  Reader r = server.nested("tls");
+  TlsServerOptions options;
+  options.certificates.push_back(read_certificate(r, file, node, true));
+  if (auto sni = r.get("sni")) {
+    if (!sni.IsSequence()) r.fail(sni, r.key_path("sni"), "expected a list of {cert, key, names}");
+    for (std::size_t i = 0; i < sni.size(); ++i) {
+      Reader entry(file, sni[i], fmt::format("{}[{}]", r.key_path("sni"), i));
+      options.certificates.push_back(read_certificate(entry, file, sni[i], false));
+    }
+  }
+  auto context = TlsServerContext::create(std::move(options));
+  if (!context) r.fail(node, server.key_path("tls"), context.error());
+  http.tls = std::move(*context);
+}
+
 }  // namespace
 
 Config parse_config(const std::string& text, const std::string& file) {
@@ -215,7 +263,7 @@ Config parse_config(const std::string& text, const std::string& file) {
   for (std::size_t i = 0; i < servers.size(); ++i) {
     Reader r(file, servers[i], fmt::format("servers[{}]", i));
     r.only({"listen", "default_site", "root", "server_name", "compression", "limits", "timeouts",
-            "access_log"});
+            "access_log", "tls"});
     ServerConfig server;
     std::string listen = r.string("listen", "");
     auto address = Address::parse(listen);
@@ -231,6 +279,7 @@ Config parse_config(const std::string& text, const std::string& file) {
     read_limits(r, server.http);
     read_timeouts(r, server.http);
     read_access_log(r, server.access_log);
+    read_tls(r, file, server.http);
     config.servers.push_back(std::move(server));
   }
   return config;

@@ -87,8 +87,10 @@ int serve(const ServeFlags& flags) {
                  started.error().message());
       return 1;
     }
-    fmt::print("{{\"event\":\"listening\",\"address\":\"{}\",\"workers\":{},\"version\":\"{}\"}}\n",
-               (*started)->address().to_string(), runtime.size(), kVersion);
+    fmt::print(
+        "{{\"event\":\"listening\",\"address\":\"{}\",\"tls\":{},\"workers\":{},"
+        "\"version\":\"{}\"}}\n",
+        (*started)->address().to_string(), options.tls != nullptr, runtime.size(), kVersion);
     servers.push_back(std::move(*started));
   }
   std::fflush(stdout);

@@ -14,6 +14,7 @@
 #include "spindle/base/log.h"
 #include "spindle/http/chunked.h"
 #include "spindle/http/status.h"
+#include "spindle/net/stream.h"
 #include "spindle/sync/wait_group.h"
 
 namespace spindle::http {
@@ -78,7 +79,7 @@ namespace {
 // fiber, no stack, no read buffer — the reactor calls on_idle_readable when bytes arrive, or
 // the keep-alive timer closes it.
 struct ConnectionState {
-  TcpStream stream;
+  Stream stream;
   std::shared_ptr<HttpServer::Shared> shared;
   WorkerState* worker;
   /// Requests answered so far.
@@ -181,7 +182,7 @@ class Connection final : public BodySource {
   void compact();
 
   ConnectionState& state_;
-  TcpStream& stream_;
+  Stream& stream_;
   const ServerOptions& options_;
   const Router& router_;
   DateCache& date_;
@@ -220,7 +221,8 @@ Connection::Read Connection::read_more(Deadline deadline) {
   if (!n) return n.error() == std::errc::timed_out ? Read::kTimedOut : Read::kFailed;
   if (*n == 0) return Read::kClosed;
   end_ += *n;
-  drained_at_poll_ = *n < space ? Worker::current()->polls() : UINT64_MAX;
+  drained_at_poll_ =
+      *n < space && stream_.short_read_drains() ? Worker::current()->polls() : UINT64_MAX;
   return Read::kData;
 }
 
@@ -468,7 +470,7 @@ void Connection::queue(Response& response, bool head_only, bool close) {
 // Sends each piece straight to the socket, framed as a chunk on HTTP/1.1.
 class ChunkWriter final : public BodyWriter {
  public:
-  ChunkWriter(TcpStream& stream, bool chunked, std::chrono::milliseconds timeout)
+  ChunkWriter(Stream& stream, bool chunked, std::chrono::milliseconds timeout)
       : stream_(stream), chunked_(chunked), timeout_(timeout) {}
 
   bool write(std::string_view data) override {
@@ -493,7 +495,7 @@ class ChunkWriter final : public BodyWriter {
   }
 
  private:
-  TcpStream& stream_;
+  Stream& stream_;
   bool chunked_;
   std::chrono::milliseconds timeout_;
   bool failed_ = false;
@@ -763,11 +765,23 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Ad
   shared->options.tcp.listen.defer_accept_seconds = static_cast<int>(std::max<long>(1, defer));
   auto tcp = TcpServer::start(
       runtime, address,
-      [shared](TcpStream stream) {
+      [shared](TcpStream tcp) {
         WorkerState& worker = shared->workers[Worker::current()->index()];
-        if (worker.open >= shared->options.max_connections_per_worker) {
-          (void)stream.write_all(kOverloaded, Deadline::after(std::chrono::seconds(1)));
+        const ServerOptions& options = shared->options;
+        if (worker.open >= options.max_connections_per_worker) {
+          // A TLS client would not understand a plain answer: it is just closed.
+          if (!options.tls)
+            (void)tcp.write_all(kOverloaded, Deadline::after(std::chrono::seconds(1)));
           return;
+        }
+        Stream stream;
+        if (options.tls) {
+          auto tls = TlsStream::accept(std::move(tcp), options.tls,
+                                       Deadline::after(options.handshake_timeout));
+          if (!tls) return;  // a bad or stalled handshake: closed, nothing to answer
+          stream = Stream(std::move(*tls));
+        } else {
+          stream = Stream(std::move(tcp));
         }
         ++worker.open;
         shared->active.add();

@@ -20,6 +20,7 @@
 #include "spindle/io/deadline.h"
 #include "spindle/net/address.h"
 #include "spindle/net/tcp_server.h"
+#include "spindle/net/tls.h"
 
 namespace spindle::http {
 
@@ -47,6 +48,10 @@ struct ServerOptions {
   TcpServerOptions tcp;
   /// Where to log requests (nullptr: no access log).
   std::shared_ptr<AccessLog> access_log;
+  /// Serve HTTPS with this context (nullptr: plain HTTP).
+  std::shared_ptr<const TlsServerContext> tls;
+  /// Time allowed for a TLS handshake; a client that stalls in it is closed.
+  std::chrono::milliseconds handshake_timeout{10'000};
 };
 
 /// Serves a Router over HTTP/1.1 on every worker of a runtime.

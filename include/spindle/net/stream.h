@@ -1,0 +1,80 @@
+#pragma once
+/// Stream: a connected byte stream that is plain TCP or TLS over TCP, for the protocol drivers
+/// (HTTP/1, HTTP/2, upstream clients) that serve both the same way.
+
+#include <sys/uio.h>
+
+#include <span>
+#include <utility>
+#include <variant>
+
+#include "spindle/net/tcp_stream.h"
+#include "spindle/net/tls.h"
+
+namespace spindle {
+
+/// Plain TCP or TLS; each call goes to the one it holds. Move-only, owned by one worker.
+class Stream {
+ public:
+  Stream() = default;
+  explicit Stream(TcpStream tcp) : s_(std::move(tcp)) {}
+  explicit Stream(TlsStream tls) : s_(std::move(tls)) {}
+
+ private:
+  /// Calls `f` with the stream held.
+  template <typename F>
+  decltype(auto) with(F&& f) {
+    if (auto* tcp = std::get_if<TcpStream>(&s_)) return f(*tcp);
+    return f(std::get<TlsStream>(s_));
+  }
+
+ public:
+  [[nodiscard]] Result<std::size_t> read(std::span<char> buffer,
+                                         Deadline deadline = Deadline::never()) {
+    return with([&](auto& s) { return s.read(buffer, deadline); });
+  }
+  [[nodiscard]] Result<void> write_all(std::span<const char> data,
+                                       Deadline deadline = Deadline::never()) {
+    return with([&](auto& s) { return s.write_all(data, deadline); });
+  }
+  [[nodiscard]] Result<std::size_t> writev(std::span<const iovec> buffers,
+                                           Deadline deadline = Deadline::never()) {
+    return with([&](auto& s) { return s.writev(buffers, deadline); });
+  }
+  [[nodiscard]] Result<std::size_t> sendfile(int file_fd, off_t offset, std::size_t count,
+                                             Deadline deadline = Deadline::never()) {
+    return with([&](auto& s) { return s.sendfile(file_fd, offset, count, deadline); });
+  }
+  [[nodiscard]] Result<void> shutdown(TcpStream::Shutdown how) {
+    return with([&](auto& s) { return s.shutdown(how); });
+  }
+  [[nodiscard]] Result<Address> peer_address() {
+    return with([](auto& s) { return s.peer_address(); });
+  }
+  void on_readable(void (*callback)(IoSlot& slot), void* owner) {
+    with([&](auto& s) { s.on_readable(callback, owner); });
+  }
+  void cancel_on_readable() {
+    with([](auto& s) { s.cancel_on_readable(); });
+  }
+  int fd() {
+    return with([](auto& s) { return s.fd(); });
+  }
+
+  /// The TLS layer, or nullptr for plain TCP.
+  TlsStream* tls() { return std::get_if<TlsStream>(&s_); }
+  /// True if bytes are already buffered above the socket (TLS), so a read would not block
+  /// even if the socket has nothing.
+  bool has_pending() {
+    TlsStream* t = tls();
+    return t != nullptr && t->has_pending();
+  }
+  /// True if a read that came back shorter than asked proves the socket drained (plain TCP;
+  /// TLS reads stop at record boundaries).
+  bool short_read_drains() const { return std::holds_alternative<TcpStream>(s_); }
+
+ private:
+  std::variant<TcpStream, TlsStream> s_;
+};
+
+}  // namespace spindle
