@@ -180,6 +180,12 @@ std::expected<std::shared_ptr<const TlsServerContext>, std::string> TlsServerCon
   if (!wire) return std::unexpected(wire.error());
   self->alpn_wire_ = std::move(*wire);
   for (const TlsCertificate& cert : options.certificates) {
+    // OpenSSL would only say "system lib": say which file and why.
+    for (const std::string* file : {&cert.cert_file, &cert.key_file}) {
+      if (::access(file->c_str(), R_OK) != 0) {
+        return std::unexpected(*file + ": " + std::generic_category().message(errno));
+      }
+    }
     SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
     if (ctx == nullptr) return std::unexpected(openssl_message());
     self->sites_.push_back(Site{ctx, {}});

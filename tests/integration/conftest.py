@@ -81,6 +81,41 @@ def spindle(build_dir):
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory):
+    """The test CA and certificates of tests/tls/make-certs.sh (localhost, *.other.test)."""
+    path = str(tmp_path_factory.mktemp("certs"))
+    subprocess.run([os.path.join(ROOT, "tests", "tls", "make-certs.sh"), path], check=True)
+    return path
+
+
+@pytest.fixture
+def tls_site(build_dir, certs, tmp_path):
+    """spindle serving HTTPS (localhost certificate, other.test by SNI) from a config file,
+    with a static root holding a 1 MiB file and a 1 s handshake timeout."""
+    root = tmp_path / "www"
+    root.mkdir()
+    (root / "big.bin").write_bytes(bytes(range(256)) * 4096)
+    config = tmp_path / "tls.yaml"
+    config.write_text(f"""
+servers:
+  - listen: 127.0.0.1:0
+    root: {root}
+    default_site: true
+    access_log: off
+    timeouts: {{handshake: 1s}}
+    tls:
+      cert: {certs}/localhost.pem
+      key: {certs}/localhost.key
+      sni:
+        - {{cert: {certs}/other.pem, key: {certs}/other.key}}
+""")
+    server = Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(config),
+                     "--threads", "2"])
+    yield server
+    server.stop()
+
+
 class Conn:
     """A client socket that keeps bytes read past one response for the next."""
 
