@@ -230,6 +230,8 @@ void read_tls(const Reader& server, const std::string& file, http::ServerOptions
   if (!node) return;
   Reader r = server.nested("tls");
   TlsServerOptions options;
+  if (http.http2) options.alpn = {"h2", "http/1.1"};
+  if (http.http2_only) options.alpn = {"h2"};
   options.certificates.push_back(read_certificate(r, file, node, true));
   if (auto sni = r.get("sni")) {
     if (!sni.IsSequence()) r.fail(sni, r.key_path("sni"), "expected a list of {cert, key, names}");
@@ -263,7 +265,7 @@ Config parse_config(const std::string& text, const std::string& file) {
   for (std::size_t i = 0; i < servers.size(); ++i) {
     Reader r(file, servers[i], fmt::format("servers[{}]", i));
     r.only({"listen", "default_site", "root", "server_name", "compression", "limits", "timeouts",
-            "access_log", "tls"});
+            "access_log", "tls", "http2"});
     ServerConfig server;
     std::string listen = r.string("listen", "");
     auto address = Address::parse(listen);
@@ -279,6 +281,16 @@ Config parse_config(const std::string& text, const std::string& file) {
     read_limits(r, server.http);
     read_timeouts(r, server.http);
     read_access_log(r, server.access_log);
+    if (auto h2 = r.get("http2")) {
+      bool on = false;
+      if (h2.IsScalar() && h2.as<std::string>() == "only") {
+        server.http.http2 = server.http.http2_only = true;
+      } else if (h2.IsScalar() && YAML::convert<bool>::decode(h2, on)) {
+        server.http.http2 = on;
+      } else {
+        r.fail(h2, r.key_path("http2"), "expected true, false or only");
+      }
+    }
     read_tls(r, file, server.http);
     config.servers.push_back(std::move(server));
   }

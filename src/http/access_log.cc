@@ -126,7 +126,8 @@ void AccessLog::format(std::string& out, Format format, const AccessRecord& r,
     append_escaped(out, r.method, false);
     out += ' ';
     append_escaped(out, r.target, false);
-    fmt::format_to(it, " HTTP/1.{}\" {} {} \"", r.minor_version, r.status, r.bytes);
+    fmt::format_to(it, " HTTP/{}.{}\" {} {} \"", r.major_version, r.minor_version, r.status,
+                   r.bytes);
     append_escaped(out, r.referer.empty() ? "-" : r.referer, false);
     out += "\" \"";
     append_escaped(out, r.user_agent.empty() ? "-" : r.user_agent, false);
@@ -139,8 +140,8 @@ void AccessLog::format(std::string& out, Format format, const AccessRecord& r,
   append_escaped(out, r.method, true);
   out += "\",\"target\":\"";
   append_escaped(out, r.target, true);
-  fmt::format_to(it, "\",\"version\":\"HTTP/1.{}\",\"status\":{},\"bytes\":{},\"referer\":\"",
-                 r.minor_version, r.status, r.bytes);
+  fmt::format_to(it, "\",\"version\":\"HTTP/{}.{}\",\"status\":{},\"bytes\":{},\"referer\":\"",
+                 r.major_version, r.minor_version, r.status, r.bytes);
   append_escaped(out, r.referer, true);
   out += "\",\"user_agent\":\"";
   append_escaped(out, r.user_agent, true);

@@ -8,9 +8,11 @@
 #include <charconv>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <span>
 #include <vector>
 
+#include "server_internal.h"
 #include "spindle/base/log.h"
 #include "spindle/http/chunked.h"
 #include "spindle/http/status.h"
@@ -21,41 +23,13 @@ namespace spindle::http {
 namespace {
 
 using namespace std::string_view_literals;
-
-// The Date header line, formatted at most once per second per worker.
-struct alignas(64) DateCache {
-  std::time_t second = -1;
-  char text[40] = {};
-
-  /// "Date: <IMF-fixdate>\r\n" for now.
-  std::string_view line() {
-    std::time_t t = std::time(nullptr);
-    if (t != second) {
-      second = t;
-      std::tm tm{};
-      ::gmtime_r(&t, &tm);
-      std::strftime(text, sizeof text, "Date: %a, %d %b %Y %H:%M:%S GMT\r\n", &tm);
-    }
-    return {text, 37};
-  }
-};
+using detail::DateCache;
+using detail::WorkerState;
 
 // Responses bigger than this are written from their own buffer instead of being copied.
 constexpr std::size_t kCopyBodyLimit = 16 * 1024;
 // What a new response buffer reserves: a typical head and small body, without regrowing.
 constexpr std::size_t kOutputReserve = 1024;
-
-struct ConnectionState;
-
-// What a worker knows of its connections: the Date cache, read buffers to reuse, and the idle
-// connections (for draining). Touched only by its worker.
-struct alignas(64) WorkerState {
-  DateCache date;
-  std::vector<std::vector<char>> free_buffers;
-  std::vector<std::string> free_outputs;  // response buffers, with their capacity
-  ConnectionState* idle_head = nullptr;   // intrusive list of idle connections
-  std::size_t open = 0;                   // connections open on this worker
-};
 
 constexpr std::string_view kOverloaded =
     "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 24\r\n"
@@ -63,22 +37,10 @@ constexpr std::string_view kOverloaded =
 
 }  // namespace
 
-struct HttpServer::Shared {
-  Router router;
-  ServerOptions options;
-  std::string server_line;  // "Server: <name>\r\n", or "" for none
-  Runtime* runtime = nullptr;
-  std::vector<WorkerState> workers;  // one per worker, touched only by that worker
-  WaitGroup active;                  // open connections
-  std::atomic<bool> draining{false};
-};
-
-namespace {
-
 // What a connection keeps between requests. While it is idle this is all there is of it: no
 // fiber, no stack, no read buffer — the reactor calls on_idle_readable when bytes arrive, or
 // the keep-alive timer closes it.
-struct ConnectionState {
+struct detail::ConnectionState {
   Stream stream;
   std::shared_ptr<HttpServer::Shared> shared;
   WorkerState* worker;
@@ -97,12 +59,16 @@ struct ConnectionState {
   ConnectionState* next_idle = nullptr;
 };
 
+namespace {
+
+using detail::ConnectionState;
+
 // One activation of an HTTP/1 connection: read, parse, answer, in a loop, on a fiber, until
 // the connection closes or goes idle.
 class Connection final : public BodySource {
  public:
   /// How an activation ended.
-  enum class Outcome { kClose, kIdle };
+  enum class Outcome { kClose, kIdle, kHttp2 };
 
   explicit Connection(ConnectionState& state)
       : state_(state),
@@ -137,6 +103,9 @@ class Connection final : public BodySource {
   }
 
   Outcome serve();
+  /// After serve() returned kHttp2: serves the connection as HTTP/2 (prior knowledge or h2c
+  /// upgrade) until it ends.
+  void switch_to_http2();
 
   /// The current request's body, as its handler reads it (throws HttpError on failure).
   std::size_t read(std::span<char> buffer) override;
@@ -180,6 +149,12 @@ class Connection final : public BodySource {
   bool flush();
   /// Moves unparsed bytes to the front of the buffer.
   void compact();
+  /// At the start of a cleartext connection: 1 if the buffer holds the HTTP/2 client preface,
+  /// 0 if it may still (a prefix of it), -1 if not.
+  int http2_preface() const;
+  /// If the request just parsed asks for h2c (RFC 7540 3.2) and may have it, answers 101 and
+  /// returns true (upgrade_ is set).
+  bool accept_h2c_upgrade();
 
   ConnectionState& state_;
   Stream& stream_;
@@ -211,7 +186,73 @@ class Connection final : public BodySource {
   bool continue_due_ = false;
   int body_status_ = 0;
   std::string_view body_reason_;
+  /// The h2c upgrade request, once accepted.
+  std::optional<detail::Http2Upgrade> upgrade_;
 };
+
+constexpr std::string_view kHttp2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+int Connection::http2_preface() const {
+  if (!options_.http2 || state_.requests != 0 || stream_.tls() != nullptr) return -1;
+  std::string_view have(buffer_.data() + begin_, end_ - begin_);
+  if (have.size() >= kHttp2Preface.size()) return have.starts_with(kHttp2Preface) ? 1 : -1;
+  return kHttp2Preface.starts_with(have) ? 0 : -1;
+}
+
+// base64url without padding (HTTP2-Settings), or nullopt if malformed.
+std::optional<std::string> base64url_decode(std::string_view in) {
+  std::string out;
+  unsigned bits = 0;
+  int count = 0;
+  for (char c : in) {
+    int v;
+    if (c >= 'A' && c <= 'Z')
+      v = c - 'A';
+    else if (c >= 'a' && c <= 'z')
+      v = c - 'a' + 26;
+    else if (c >= '0' && c <= '9')
+      v = c - '0' + 52;
+    else if (c == '-' || c == '+')
+      v = 62;
+    else if (c == '_' || c == '/')
+      v = 63;
+    else if (c == '=')
+      break;
+    else
+      return std::nullopt;
+    bits = (bits << 6) | static_cast<unsigned>(v);
+    count += 6;
+    if (count >= 8) {
+      count -= 8;
+      out += static_cast<char>((bits >> count) & 0xff);
+    }
+  }
+  return out;
+}
+
+bool Connection::accept_h2c_upgrade() {
+  if (!options_.http2 || stream_.tls() != nullptr || head_.minor_version != 1) return false;
+  if (!head_.headers.has_token("upgrade", "h2c") ||
+      !head_.headers.has_token("connection", "upgrade") ||
+      !head_.headers.has_token("connection", "http2-settings")) {
+    return false;
+  }
+  auto settings = head_.headers.get("http2-settings");
+  if (!settings || head_.headers.count("http2-settings") != 1) return false;
+  auto decoded = base64url_decode(*settings);
+  // Only requests without a body switch (the body would have to be read first); others are
+  // answered over HTTP/1.1, which the Upgrade rules allow.
+  if (!decoded || head_.chunked || head_.content_length.value_or(0) != 0) return false;
+  upgrade_ = detail::Http2Upgrade{.head = &head_, .settings = std::move(*decoded), .body = {}};
+  out_ += "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n"sv;
+  return flush();
+}
+
+void Connection::switch_to_http2() {
+  std::string preread(spill_.data() + spill_begin_, spill_.size() - spill_begin_);
+  preread.append(buffer_.data() + begin_, end_ - begin_);
+  detail::serve_http2(stream_, shared_, *state_.worker, preread, upgrade_ ? &*upgrade_ : nullptr);
+}
 
 Connection::Read Connection::read_more(Deadline deadline) {
   if (!flush()) return Read::kFailed;
@@ -362,19 +403,7 @@ bool Connection::finish_body() {
   return n == 0;
 }
 
-Response Connection::respond(Request& request) {
-  try {
-    return router_.handle(request);
-  } catch (const HttpError& e) {
-    return Response::error(e.status(), e.what());
-  } catch (const std::exception& e) {
-    log_error("handler for {} {} threw: {}", request.method(), request.target(), e.what());
-  } catch (...) {
-    log_error("handler for {} {} threw an exception of unknown type", request.method(),
-              request.target());
-  }
-  return Response::error(500);
-}
+Response Connection::respond(Request& request) { return detail::call_router(router_, request); }
 
 // Appends the decimal digits of `n` (cheaper than a format call on the per-response path).
 void append_number(std::string& out, std::uint64_t n) {
@@ -578,6 +607,12 @@ Connection::Outcome Connection::serve() {
         begin_ = end_ = 0;
         break;
       }
+      if (int preface = http2_preface(); preface >= 0) {
+        if (preface == 0) break;  // a prefix of the preface so far: read on
+        return Outcome::kHttp2;
+      } else if (options_.http2_only && state_.requests == 0 && stream_.tls() == nullptr) {
+        return Outcome::kClose;  // not HTTP/2 on an HTTP/2-only port
+      }
       auto parsed = parser_.parse({buffer_.data() + begin_, end_ - begin_}, head_);
       if (parsed.state == ParseResult::State::kIncomplete) break;
       parser_.reset();
@@ -588,6 +623,7 @@ Connection::Outcome Connection::serve() {
         return Outcome::kClose;
       }
       begin_ += parsed.consumed;
+      if (accept_h2c_upgrade()) return Outcome::kHttp2;
       if (!start_body()) {
         (void)flush();
         return Outcome::kClose;
@@ -731,6 +767,7 @@ void run_connection(ConnectionState* state) {
   {
     Connection connection(*state);
     outcome = connection.serve();
+    if (outcome == Connection::Outcome::kHttp2) connection.switch_to_http2();
   }  // the read buffer goes back to the worker's pool here
   if (outcome == Connection::Outcome::kIdle) {
     go_idle(state);
@@ -749,6 +786,20 @@ void close_idle_connections(WorkerState& worker) {
 }
 
 }  // namespace
+
+Response detail::call_router(const Router& router, Request& request) {
+  try {
+    return router.handle(request);
+  } catch (const HttpError& e) {
+    return Response::error(e.status(), e.what());
+  } catch (const std::exception& e) {
+    log_error("handler for {} {} threw: {}", request.method(), request.target(), e.what());
+  } catch (...) {
+    log_error("handler for {} {} threw an exception of unknown type", request.method(),
+              request.target());
+  }
+  return Response::error(500);
+}
 
 Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Address& address,
                                                       Router router, ServerOptions options) {
@@ -779,7 +830,16 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Ad
           auto tls = TlsStream::accept(std::move(tcp), options.tls,
                                        Deadline::after(options.handshake_timeout));
           if (!tls) return;  // a bad or stalled handshake: closed, nothing to answer
+          bool h2 = options.http2 && tls->alpn() == "h2";
           stream = Stream(std::move(*tls));
+          if (h2) {
+            ++worker.open;
+            shared->active.add();
+            detail::serve_http2(stream, *shared, worker, {}, nullptr);
+            --worker.open;
+            shared->active.done();
+            return;
+          }
         } else {
           stream = Stream(std::move(tcp));
         }
@@ -804,8 +864,10 @@ bool HttpServer::drain(Deadline deadline) {
   shared_->draining.store(true, std::memory_order_release);
   // Idle connections wait in a read: wake them (on their own workers) so they close now.
   for (std::size_t i = 0; i < shared_->runtime->size(); ++i) {
-    shared_->runtime->worker(i).post(
-        [shared = shared_, i] { close_idle_connections(shared->workers[i]); });
+    shared_->runtime->worker(i).post([shared = shared_, i] {
+      close_idle_connections(shared->workers[i]);
+      detail::shut_down_http2(shared->workers[i]);
+    });
   }
   return !shared_->active.wait(deadline);
 }

@@ -30,7 +30,8 @@ struct AccessRecord {
   std::string_view remote;
   std::string_view method;
   std::string_view target;
-  /// 0 or 1.
+  /// HTTP/1.0, HTTP/1.1 or HTTP/2.0.
+  int major_version = 1;
   int minor_version = 1;
   int status = 0;
   /// Body bytes sent.

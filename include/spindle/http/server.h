@@ -48,6 +48,12 @@ struct ServerOptions {
   TcpServerOptions tcp;
   /// Where to log requests (nullptr: no access log).
   std::shared_ptr<AccessLog> access_log;
+  /// Speak HTTP/2 too: by ALPN "h2" over TLS (the context must offer it), and on cleartext
+  /// by prior knowledge or an `Upgrade: h2c` request.
+  bool http2 = false;
+  /// With http2: cleartext connections must be HTTP/2 by prior knowledge (an h2c-only
+  /// service, as gRPC backends are); anything else is closed without an answer.
+  bool http2_only = false;
   /// Serve HTTPS with this context (nullptr: plain HTTP).
   std::shared_ptr<const TlsServerContext> tls;
   /// Time allowed for a TLS handshake; a client that stalls in it is closed.

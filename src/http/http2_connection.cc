@@ -1,0 +1,680 @@
+// The HTTP/2 driver of HttpServer: libnghttp2 does the protocol through
+// nghttp2_session_mem_recv / mem_send (no I/O of its own); this file moves the bytes and runs
+// each stream's handler on its own fiber with the same Request/Response/router as HTTP/1.1.
+//
+// One connection is three kinds of fiber on one worker: the reader (the connection's fiber:
+// socket -> mem_recv, which calls back to create streams and hand them body bytes), the
+// writer (mem_send -> socket, woken whenever there is something to send) and one handler per
+// stream. They never run at once (one worker), so the session needs no lock; none of them
+// parks inside an nghttp2 call.
+#include <nghttp2/nghttp2.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <unordered_map>
+
+#include "server_internal.h"
+#include "spindle/base/log.h"
+#include "spindle/fiber/spawn.h"
+#include "spindle/fiber/this_fiber.h"
+#include "spindle/http/status.h"
+#include "spindle/sync/event.h"
+
+namespace spindle::http::detail {
+namespace {
+
+// Per-stream receive window: what a client may send ahead of the handler reading it.
+constexpr std::int32_t kStreamWindow = 256 * 1024;
+// Connection receive window.
+constexpr std::int32_t kConnectionWindow = 4 << 20;
+// Streams a client may have open at once.
+constexpr std::uint32_t kMaxConcurrentStreams = 100;
+// A streamed response body waits for the writer beyond this many buffered bytes.
+constexpr std::size_t kStreamedHighWater = 64 * 1024;
+// CONTINUATION frames accepted for one header block (a flood of tiny ones is an attack).
+constexpr int kMaxContinuations = 32;
+
+class H2Stream;
+
+}  // namespace
+
+class Http2Connection {
+ public:
+  Http2Connection(Stream& stream, HttpServer::Shared& shared, WorkerState& worker);
+  ~Http2Connection();
+
+  void run(std::string_view preread, const Http2Upgrade* upgrade);
+  /// Draining: GOAWAY now; the connection ends once its streams are done.
+  void shut_down();
+
+  // Used by the streams and the nghttp2 callbacks.
+  nghttp2_session* session() { return session_; }
+  const ServerOptions& options() const { return shared_.options; }
+  /// Wakes the writer (there may be frames to send).
+  void wake_writer() { writer_wake_.set(); }
+
+ private:
+  friend class H2Stream;
+  friend struct Callbacks;
+
+  /// Sends what nghttp2 has, until it has nothing more; ends on a write error.
+  void write_loop();
+  /// Creates the stream for a request whose headers begin.
+  H2Stream* open_stream(std::int32_t id);
+  H2Stream* find(std::int32_t id);
+  /// The request's headers are complete: its handler starts.
+  void start_handler(H2Stream& s);
+  /// Runs the handler of `s` and submits its response.
+  void handle(std::shared_ptr<H2Stream> s);
+  /// Records the request in the access log.
+  void log_access(H2Stream& s, const Response& response, Clock::time_point started);
+  /// Ends the reader (a stop request wakes it from its read).
+  void stop_reader();
+  /// Closes gently: half-close, then drop what the client still sends, briefly.
+  void linger();
+
+  Stream& stream_;
+  HttpServer::Shared& shared_;
+  WorkerState& worker_;
+  nghttp2_session* session_ = nullptr;
+  std::unordered_map<std::int32_t, std::shared_ptr<H2Stream>> streams_;
+  /// Handler fibers still running.
+  WaitGroup handlers_;
+  Event writer_wake_;
+  bool writer_failed_ = false;
+  bool stopping_ = false;
+  bool goaway_sent_ = false;
+  int continuations_ = 0;
+  /// The highest stream id the client has opened, and the streams closed while the client was
+  /// still sending on them (it may yet send their trailers: those HEADERS are not an error).
+  std::int32_t last_stream_id_ = 0;
+  std::deque<std::int32_t> closed_early_;
+  Fiber* reader_ = nullptr;
+  std::string remote_;
+};
+
+namespace {
+
+// One request/response exchange. Shared by the connection's map (until nghttp2 closes the
+// stream) and its handler fiber (until the handler is done).
+class H2Stream final : public BodySource {
+ public:
+  H2Stream(Http2Connection& c, std::int32_t stream_id) : conn(c), id(stream_id) {}
+
+  Http2Connection& conn;
+  const std::int32_t id;
+
+  // The request.
+  RequestHead head;
+  std::string method, path, authority, scheme;
+  std::size_t header_bytes = 0;
+  /// Set while the headers arrive if the request must be refused (431, 400).
+  int early_status = 0;
+
+  // Its body, as it arrives: bytes not yet read by the handler, and how it stands.
+  std::string body_in;
+  std::size_t body_in_pos = 0;
+  std::uint64_t body_received = 0;
+  bool body_done = false;
+  bool body_too_large = false;
+  Event body_event;
+
+  // The response body nghttp2 pulls from (read_data).
+  std::string out_body;
+  std::size_t out_pos = 0;
+  std::optional<FileBody> out_file;
+  std::uint64_t file_sent = 0;
+  bool streaming = false;
+  bool out_eof = false;
+  Event out_event;
+
+  /// nghttp2 closed the stream (done, or reset by either side).
+  bool closed = false;
+  /// The handler has returned (its response is submitted).
+  bool handler_done = false;
+
+  std::size_t read(std::span<char> buffer) override;
+};
+
+std::size_t H2Stream::read(std::span<char> buffer) {
+  const ServerOptions& options = conn.options();
+  if (head.content_length && *head.content_length > options.max_body) {
+    throw HttpError(413, "body too large");
+  }
+  for (;;) {
+    if (body_too_large) throw HttpError(413, "body too large");
+    if (body_in_pos < body_in.size()) {
+      std::size_t n = std::min(buffer.size(), body_in.size() - body_in_pos);
+      std::memcpy(buffer.data(), body_in.data() + body_in_pos, n);
+      body_in_pos += n;
+      if (body_in_pos == body_in.size()) {
+        body_in.clear();
+        body_in_pos = 0;
+      }
+      // Read: the client may send that much more (WINDOW_UPDATE).
+      nghttp2_session_consume(conn.session(), id, n);
+      conn.wake_writer();
+      return n;
+    }
+    if (body_done || buffer.empty()) return 0;
+    if (closed) throw HttpError(400, "stream reset");
+    body_event.reset();
+    if (auto ec = body_event.wait(Deadline::after(options.body_timeout))) {
+      if (ec == std::errc::timed_out) throw HttpError(408, "request body too slow");
+      throw HttpError(400, "connection closed");
+    }
+  }
+}
+
+// Writes a streamed response body into the stream's buffer for nghttp2 to send.
+class H2BodyWriter final : public BodyWriter {
+ public:
+  explicit H2BodyWriter(H2Stream& s) : s_(s) {}
+  bool write(std::string_view data) override {
+    if (s_.closed) return false;
+    if (s_.out_pos > 0 && s_.out_pos == s_.out_body.size()) {
+      s_.out_body.clear();
+      s_.out_pos = 0;
+    }
+    s_.out_body.append(data);
+    nghttp2_session_resume_data(s_.conn.session(), s_.id);
+    s_.conn.wake_writer();
+    // Flow control reaches the producer here: it waits while the client does not take more.
+    while (!s_.closed && s_.out_body.size() - s_.out_pos > kStreamedHighWater) {
+      s_.out_event.reset();
+      if (s_.out_event.wait(Deadline::after(s_.conn.options().write_timeout))) return false;
+    }
+    return !s_.closed;
+  }
+
+ private:
+  H2Stream& s_;
+};
+
+// nghttp2 pulls a response body from here (on the writer fiber, inside mem_send).
+ssize_t read_data(nghttp2_session* /*session*/, std::int32_t /*id*/, std::uint8_t* buf,
+                  std::size_t length, std::uint32_t* flags, nghttp2_data_source* source,
+                  void* /*user*/) {
+  auto* s = static_cast<H2Stream*>(source->ptr);
+  if (s->out_file) {
+    std::uint64_t left = s->out_file->length - s->file_sent;
+    std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(length, left));
+    ssize_t n = want == 0 ? 0
+                          : ::pread(s->out_file->fd->get(), buf, want,
+                                    static_cast<off_t>(s->out_file->offset + s->file_sent));
+    if (n < 0 || (n == 0 && want > 0)) return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  // shrank
+    s->file_sent += static_cast<std::uint64_t>(n);
+    if (s->file_sent == s->out_file->length) *flags |= NGHTTP2_DATA_FLAG_EOF;
+    return n;
+  }
+  std::size_t n = std::min(length, s->out_body.size() - s->out_pos);
+  std::memcpy(buf, s->out_body.data() + s->out_pos, n);
+  s->out_pos += n;
+  if (s->out_pos == s->out_body.size()) {
+    if (!s->streaming || s->out_eof) {
+      *flags |= NGHTTP2_DATA_FLAG_EOF;
+    } else if (n == 0) {
+      return NGHTTP2_ERR_DEFERRED;  // the producer resumes it
+    }
+  }
+  if (s->streaming) s->out_event.set();  // room for the producer
+  return static_cast<ssize_t>(n);
+}
+
+bool is_connection_specific(std::string_view name) {
+  return iequals(name, "connection") || iequals(name, "keep-alive") ||
+         iequals(name, "transfer-encoding") || iequals(name, "upgrade") ||
+         iequals(name, "proxy-connection") || iequals(name, "content-length");
+}
+
+}  // namespace
+
+// ---- nghttp2 callbacks -----------------------------------------------------------------------
+
+struct Callbacks {
+  static Http2Connection& conn(void* user) { return *static_cast<Http2Connection*>(user); }
+
+  static int on_begin_frame(nghttp2_session* session, const nghttp2_frame_hd* hd, void* user) {
+    Http2Connection& c = conn(user);
+    if (hd->type == NGHTTP2_HEADERS) {
+      c.continuations_ = 0;
+      // RFC 9113 5.1.1: a new stream's id must exceed every earlier one. nghttp2 ignores such
+      // HEADERS when it cannot tell them from late trailers; we can.
+      std::int32_t id = hd->stream_id;
+      if ((id & 1) == 1 && id <= c.last_stream_id_ &&
+          nghttp2_session_find_stream(session, id) == nullptr &&
+          std::find(c.closed_early_.begin(), c.closed_early_.end(), id) == c.closed_early_.end()) {
+        nghttp2_session_terminate_session(session, NGHTTP2_PROTOCOL_ERROR);
+      }
+      c.last_stream_id_ = std::max(c.last_stream_id_, id);
+    } else if (hd->type == NGHTTP2_CONTINUATION && ++c.continuations_ > kMaxContinuations) {
+      nghttp2_session_terminate_session(session, NGHTTP2_ENHANCE_YOUR_CALM);
+    }
+    return 0;
+  }
+
+  static int on_begin_headers(nghttp2_session* /*session*/, const nghttp2_frame* frame,
+                              void* user) {
+    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
+      conn(user).open_stream(frame->hd.stream_id);
+    }
+    return 0;
+  }
+
+  static int on_header(nghttp2_session* /*session*/, const nghttp2_frame* frame,
+                       const std::uint8_t* name_bytes, std::size_t name_length,
+                       const std::uint8_t* value_bytes, std::size_t value_length,
+                       std::uint8_t /*flags*/, void* user) {
+    Http2Connection& c = conn(user);
+    H2Stream* s = c.find(frame->hd.stream_id);
+    if (s == nullptr || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;  // trailers
+    std::string_view name(reinterpret_cast<const char*>(name_bytes), name_length);
+    std::string_view value(reinterpret_cast<const char*>(value_bytes), value_length);
+    // The decoded size counts (an HPACK bomb is small on the wire, large here).
+    s->header_bytes += name.size() + value.size() + 32;
+    const ParserLimits& limits = c.options().parser;
+    if (s->header_bytes > limits.max_head || s->head.headers.size() >= limits.max_headers) {
+      s->early_status = 431;
+      return 0;
+    }
+    if (s->early_status != 0) return 0;
+    if (name == ":method") {
+      s->method = value;
+    } else if (name == ":path") {
+      s->path = value;
+    } else if (name == ":authority") {
+      s->authority = value;
+    } else if (name == ":scheme") {
+      s->scheme = value;
+    } else {
+      s->head.headers.add(name, value);
+    }
+    return 0;
+  }
+
+  static int on_frame_recv(nghttp2_session* /*session*/, const nghttp2_frame* frame, void* user) {
+    Http2Connection& c = conn(user);
+    bool end_stream = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+    if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
+    H2Stream* s = c.find(frame->hd.stream_id);
+    if (s == nullptr) return 0;
+    if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
+      if (end_stream) s->body_done = true;
+      c.start_handler(*s);
+      return 0;
+    }
+    if (end_stream) {
+      s->body_done = true;
+      s->body_event.set();
+    }
+    return 0;
+  }
+
+  static int on_data_chunk_recv(nghttp2_session* session, std::uint8_t /*flags*/,
+                                std::int32_t stream_id, const std::uint8_t* data,
+                                std::size_t length, void* user) {
+    Http2Connection& c = conn(user);
+    H2Stream* s = c.find(stream_id);
+    if (s == nullptr || s->handler_done || s->body_too_large) {
+      nghttp2_session_consume(session, stream_id, length);  // nobody reads it: let more come
+      return 0;
+    }
+    s->body_received += length;
+    if (s->body_received > c.options().max_body) {
+      s->body_too_large = true;
+      nghttp2_session_consume(session, stream_id, length);
+    } else {
+      s->body_in.append(reinterpret_cast<const char*>(data), length);
+    }
+    s->body_event.set();
+    return 0;
+  }
+
+  static int on_stream_close(nghttp2_session* /*session*/, std::int32_t stream_id,
+                             std::uint32_t /*error_code*/, void* user) {
+    Http2Connection& c = conn(user);
+    auto it = c.streams_.find(stream_id);
+    if (it == c.streams_.end()) return 0;
+    H2Stream& s = *it->second;
+    if (!s.body_done) {
+      c.closed_early_.push_back(stream_id);
+      if (c.closed_early_.size() > 64) c.closed_early_.pop_front();
+    }
+    s.closed = true;
+    s.body_event.set();
+    s.out_event.set();
+    c.streams_.erase(it);  // the handler, if it still runs, keeps its own reference
+    if (c.stopping_ && c.streams_.empty()) c.stop_reader();
+    return 0;
+  }
+};
+
+// ---- the connection --------------------------------------------------------------------------
+
+Http2Connection::Http2Connection(Stream& stream, HttpServer::Shared& shared, WorkerState& worker)
+    : stream_(stream), shared_(shared), worker_(worker) {
+  nghttp2_session_callbacks* callbacks = nullptr;
+  nghttp2_session_callbacks_new(&callbacks);
+  nghttp2_session_callbacks_set_on_begin_frame_callback(callbacks, &Callbacks::on_begin_frame);
+  nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, &Callbacks::on_begin_headers);
+  nghttp2_session_callbacks_set_on_header_callback(callbacks, &Callbacks::on_header);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, &Callbacks::on_frame_recv);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks,
+                                                            &Callbacks::on_data_chunk_recv);
+  nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, &Callbacks::on_stream_close);
+  nghttp2_option* option = nullptr;
+  nghttp2_option_new(&option);
+  // Windows open as handlers read, not as bytes arrive: a handler that does not read holds
+  // the client back instead of filling memory.
+  nghttp2_option_set_no_auto_window_update(option, 1);
+  // Rapid reset (CVE-2023-44487): a burst of 1000 resets, then 33 per second.
+  nghttp2_option_set_stream_reset_rate_limit(option, 1000, 33);
+  nghttp2_option_set_max_settings(option, 32);
+  nghttp2_session_server_new2(&session_, callbacks, this, option);
+  nghttp2_option_del(option);
+  nghttp2_session_callbacks_del(callbacks);
+  worker_.http2.push_back(this);
+}
+
+Http2Connection::~Http2Connection() {
+  std::erase(worker_.http2, this);
+  nghttp2_session_del(session_);
+}
+
+H2Stream* Http2Connection::open_stream(std::int32_t id) {
+  auto& slot = streams_[id];
+  slot = std::make_shared<H2Stream>(*this, id);
+  return slot.get();
+}
+
+H2Stream* Http2Connection::find(std::int32_t id) {
+  auto it = streams_.find(id);
+  return it == streams_.end() ? nullptr : it->second.get();
+}
+
+void Http2Connection::start_handler(H2Stream& s) {
+  s.head.method = s.method;
+  s.head.target = s.path;
+  s.head.minor_version = 1;
+  if (!s.authority.empty() && !s.head.headers.contains("host")) {
+    s.head.headers.add(std::string_view("host"), s.authority);
+  }
+  if (auto length = s.head.headers.get("content-length")) {
+    std::uint64_t n = 0;
+    auto [end, ec] = std::from_chars(length->data(), length->data() + length->size(), n);
+    if (ec == std::errc() && end == length->data() + length->size()) {
+      s.head.content_length = n;
+    } else {
+      s.early_status = 400;
+    }
+  }
+  if (s.path.empty() || (s.path.front() != '/' && s.path != "*")) s.early_status = 400;
+  handlers_.add();
+  spawn([this, self = streams_.at(s.id)] { handle(self); },
+        SpawnOptions{.stack_size = shared_.options.tcp.stack_size})
+      .detach();
+}
+
+void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
+  auto started = Clock::now();
+  Response response;
+  bool head_only = s->method == "HEAD";
+  if (s->early_status != 0) {
+    response = Response::error(s->early_status);
+  } else {
+    Request request(s->head, *s);
+    response = call_router(shared_.router, request);
+  }
+  if (shared_.options.access_log) log_access(*s, response, started);
+  if (!s->closed) {
+    // The head: :status, the handler's fields (names in lower case, as HTTP/2 requires),
+    // then date, server and content-length.
+    std::vector<std::string> storage;
+    storage.reserve(response.headers.size() * 2 + 8);
+    std::vector<nghttp2_nv> nv;
+    auto add = [&](std::string name, std::string_view value) {
+      storage.push_back(std::move(name));
+      std::string& n = storage.back();
+      storage.emplace_back(value);
+      std::string& v = storage.back();
+      nv.push_back({reinterpret_cast<std::uint8_t*>(n.data()),
+                    reinterpret_cast<std::uint8_t*>(v.data()), n.size(), v.size(),
+                    NGHTTP2_NV_FLAG_NONE});
+    };
+    add(":status", std::to_string(response.status));
+    bool has_date = false, has_server = false;
+    for (const Field& f : response.headers) {
+      if (is_connection_specific(f.name)) continue;
+      std::string name(f.name);
+      for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      has_date = has_date || name == "date";
+      has_server = has_server || name == "server";
+      add(std::move(name), f.value);
+    }
+    if (!has_date) add("date", worker_.date.value());
+    if (!has_server && !shared_.options.server_name.empty()) {
+      add("server", shared_.options.server_name);
+    }
+    bool no_body = head_only || status_has_no_body(response.status);
+    bool streamed = response.stream && !no_body;
+    if (!streamed && !status_has_no_body(response.status)) {
+      add("content-length", std::to_string(response.body_size()));
+    }
+    nghttp2_data_provider provider{};
+    provider.source.ptr = s.get();
+    provider.read_callback = &read_data;
+    bool has_body = !no_body && (streamed || response.body_size() > 0);
+    if (has_body) {
+      if (response.file) {
+        s->out_file = response.file;
+      } else {
+        s->out_body = std::move(response.body);
+      }
+      s->streaming = streamed;
+    }
+    int rv = nghttp2_submit_response(session_, s->id, nv.data(), nv.size(),
+                                     has_body ? &provider : nullptr);
+    if (rv != 0)
+      log_warn("HTTP/2 stream {}: cannot submit the response: {}", s->id, nghttp2_strerror(rv));
+    wake_writer();
+    if (streamed && rv == 0) {
+      H2BodyWriter writer(*s);
+      try {
+        response.stream(writer);
+      } catch (const std::exception& e) {
+        log_error("streamed body of {} {} threw: {}", s->method, s->path, e.what());
+        nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
+      }
+      s->out_eof = true;
+      if (!s->closed) nghttp2_session_resume_data(session_, s->id);
+      wake_writer();
+    }
+  }
+  s->handler_done = true;
+  // What the handler left unread is dropped; the client may send the rest (RFC 9113 8.1 lets
+  // the server also reset the request side with NO_ERROR once the response is complete).
+  if (std::size_t unread = s->body_in.size() - s->body_in_pos; unread > 0) {
+    nghttp2_session_consume(session_, s->id, unread);
+    s->body_in.clear();
+    s->body_in_pos = 0;
+    wake_writer();
+  }
+  handlers_.done();
+}
+
+void Http2Connection::log_access(H2Stream& s, const Response& response, Clock::time_point started) {
+  if (remote_.empty()) {
+    auto peer = stream_.peer_address();
+    remote_ = peer ? peer->to_string() : "-";
+    if (auto colon = remote_.rfind(':'); peer && colon != std::string::npos) {
+      remote_.resize(colon);
+    }
+  }
+  bool no_body = s.method == "HEAD" || status_has_no_body(response.status);
+  shared_.options.access_log->record(AccessRecord{
+      .remote = remote_,
+      .method = s.method,
+      .target = s.path,
+      .major_version = 2,
+      .minor_version = 0,
+      .status = response.status,
+      .bytes = no_body ? 0 : response.body_size(),
+      .referer = s.head.headers.get("referer").value_or(""),
+      .user_agent = s.head.headers.get("user-agent").value_or(""),
+      .duration = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started),
+  });
+}
+
+void Http2Connection::write_loop() {
+  std::string out;
+  while (!writer_failed_) {
+    // Gather frames into one buffer (up to 64 KiB), then one write.
+    for (;;) {
+      const std::uint8_t* data = nullptr;
+      ssize_t n = nghttp2_session_mem_send(session_, &data);
+      if (n < 0) {
+        writer_failed_ = true;
+        break;
+      }
+      if (n == 0) break;
+      out.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
+      if (out.size() >= 64 * 1024) break;
+    }
+    if (!out.empty()) {
+      if (!stream_.write_all(out, Deadline::after(shared_.options.write_timeout))) {
+        writer_failed_ = true;
+      }
+      out.clear();
+      continue;
+    }
+    if (writer_failed_) break;
+    // After a connection error's GOAWAY, nghttp2 wants nothing more: the connection closes.
+    if (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_)) {
+      stop_reader();
+      break;
+    }
+    if (stopping_ && !nghttp2_session_want_write(session_)) break;
+    writer_wake_.reset();
+    if (nghttp2_session_want_write(session_)) continue;
+    (void)writer_wake_.wait();
+  }
+  if (writer_failed_) stop_reader();
+}
+
+void Http2Connection::stop_reader() {
+  if (reader_ != nullptr) reader_->request_stop();
+}
+
+void Http2Connection::shut_down() {
+  if (goaway_sent_) return;
+  goaway_sent_ = true;
+  stopping_ = true;
+  nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
+                        nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
+                        nullptr, 0);
+  wake_writer();
+  if (streams_.empty()) stop_reader();
+}
+
+void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade) {
+  reader_ = current_fiber();
+  nghttp2_settings_entry settings[] = {
+      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, kMaxConcurrentStreams},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<std::uint32_t>(kStreamWindow)},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
+       static_cast<std::uint32_t>(shared_.options.parser.max_head)},
+  };
+  nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings, std::size(settings));
+  nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, kConnectionWindow);
+  auto writer = spawn([this] { write_loop(); });
+
+  bool ok = true;
+  if (upgrade != nullptr) {
+    // Stream 1 is the HTTP/1.1 request that asked for h2c; it is answered over HTTP/2.
+    int head_request = upgrade->head->method == "HEAD" ? 1 : 0;
+    ok = nghttp2_session_upgrade2(session_,
+                                  reinterpret_cast<const std::uint8_t*>(upgrade->settings.data()),
+                                  upgrade->settings.size(), head_request, nullptr) == 0;
+    if (ok) {
+      H2Stream* s = open_stream(1);
+      s->method = upgrade->head->method;
+      s->path = upgrade->head->target;
+      for (const Field& f : upgrade->head->headers) {
+        if (!is_connection_specific(f.name) && !iequals(f.name, "http2-settings")) {
+          s->head.headers.add(f.name, f.value);
+        }
+      }
+      s->body_in = upgrade->body;
+      s->body_done = true;
+      start_handler(*s);
+    }
+  }
+  if (ok && !preread.empty()) {
+    ok = nghttp2_session_mem_recv(session_, reinterpret_cast<const std::uint8_t*>(preread.data()),
+                                  preread.size()) >= 0;
+  }
+  char buffer[16 * 1024];
+  while (ok && !writer_failed_) {
+    wake_writer();
+    if (!nghttp2_session_want_read(session_)) break;
+    if (shared_.draining.load(std::memory_order_acquire)) shut_down();
+    if (stopping_ && streams_.empty()) break;
+    // Idle (no stream open): the keep-alive timeout applies, then GOAWAY.
+    Deadline deadline =
+        streams_.empty() ? Deadline::after(shared_.options.keepalive_timeout) : Deadline::never();
+    auto n = stream_.read(buffer, deadline);
+    if (!n) {
+      // Idle too long: GOAWAY (which, with no stream open, also stops the reader).
+      if (n.error() == std::errc::timed_out && streams_.empty()) shut_down();
+      break;  // stopped (canceled), timed out idle, or the connection failed
+    }
+    if (*n == 0) break;
+    ok = nghttp2_session_mem_recv(session_, reinterpret_cast<const std::uint8_t*>(buffer), *n) >= 0;
+  }
+  // The end: every stream is closed for its handler, the handlers finish, the writer sends
+  // what is left (a GOAWAY the session queued, say) and stops.
+  stopping_ = true;
+  for (auto& [id, s] : streams_) {
+    s->closed = true;
+    s->body_event.set();
+    s->out_event.set();
+  }
+  (void)handlers_.wait();
+  wake_writer();
+  writer.join();
+  reader_ = nullptr;
+  if (!writer_failed_) linger();
+}
+
+void Http2Connection::linger() {
+  // Closing a socket with unread bytes (a client's PING or TLS alert after its GOAWAY) makes
+  // the kernel send a reset, which can destroy our last frames in flight: half-close, then
+  // read and drop what still comes, for a moment. On a fresh fiber: this one may have been
+  // asked to stop, which would end any wait at once.
+  (void)stream_.shutdown(TcpStream::Shutdown::kWrite);
+  spawn([this] {
+    char sink[4096];
+    Deadline until = Deadline::after(std::chrono::seconds(1));
+    for (;;) {
+      auto n = stream_.read(sink, until);
+      if (!n || *n == 0) return;
+    }
+  }).join();
+}
+
+void serve_http2(Stream& stream, HttpServer::Shared& shared, WorkerState& worker,
+                 std::string_view preread, const Http2Upgrade* upgrade) {
+  Http2Connection connection(stream, shared, worker);
+  connection.run(preread, upgrade);
+}
+
+void shut_down_http2(WorkerState& worker) {
+  for (Http2Connection* c : std::vector<Http2Connection*>(worker.http2)) c->shut_down();
+}
+
+}  // namespace spindle::http::detail
