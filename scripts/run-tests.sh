@@ -51,6 +51,8 @@ run_pytest() {
 }
 
 if ! scripts/check-format.sh; then failed_runs+=("format"); fi
+# The HTTP/2 conformance suite the integration tests run (a failure here fails them).
+scripts/install-h2spec.sh || echo "run-tests: could not build h2spec: the h2spec tests will fail"
 
 for config in release asan; do
   echo "== build ($config) =="

@@ -87,7 +87,9 @@ class Http2Connection {
   WaitGroup handlers_;
   Event writer_wake_;
   bool writer_failed_ = false;
+  /// Set when the reader is done: the writer sends what is left and ends.
   bool stopping_ = false;
+  /// Set once GOAWAY went out (draining or idle): the reader ends when no stream is open.
   bool goaway_sent_ = false;
   int continuations_ = 0;
   /// The highest stream id the client has opened, and the streams closed while the client was
@@ -349,7 +351,7 @@ struct Callbacks {
     s.body_event.set();
     s.out_event.set();
     c.streams_.erase(it);  // the handler, if it still runs, keeps its own reference
-    if (c.stopping_ && c.streams_.empty()) c.stop_reader();
+    if (c.goaway_sent_ && c.streams_.empty()) c.stop_reader();
     return 0;
   }
 };
@@ -573,7 +575,6 @@ void Http2Connection::stop_reader() {
 void Http2Connection::shut_down() {
   if (goaway_sent_) return;
   goaway_sent_ = true;
-  stopping_ = true;
   nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
                         nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
                         nullptr, 0);
@@ -623,7 +624,7 @@ void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade)
     wake_writer();
     if (!nghttp2_session_want_read(session_)) break;
     if (shared_.draining.load(std::memory_order_acquire)) shut_down();
-    if (stopping_ && streams_.empty()) break;
+    if (goaway_sent_ && streams_.empty()) break;
     // Idle (no stream open): the keep-alive timeout applies, then GOAWAY.
     Deadline deadline =
         streams_.empty() ? Deadline::after(shared_.options.keepalive_timeout) : Deadline::never();

@@ -1,7 +1,7 @@
 // The HTTP server the integration tests drive: spindle's framework with routes that exercise
 // bodies, errors and slow handlers, and limits small enough to hit quickly.
 //
-//   http_test_server PORT   (prints {"event":"listening","address":...} when ready;
+//   http_test_server PORT [MAX_BODY]   (prints {"event":"listening","address":...} when ready;
 //                            SIGTERM drains gracefully and exits 0)
 #include <fmt/format.h>
 
@@ -93,7 +93,8 @@ int main(int argc, char** argv) {
   });
 
   http::ServerOptions options;
-  options.max_body = 64 * 1024;
+  options.max_body = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 64 * 1024;
+  options.http2 = true;  // h2c by prior knowledge or Upgrade, beside HTTP/1.1
   options.header_timeout = 1s;
   options.keepalive_timeout = 1500ms;
   options.parser.max_request_line = 1024;
