@@ -161,8 +161,8 @@ ParseResult interpret_headers(RequestHead& head) {
   return {State::kComplete, 0, 0, {}};
 }
 
-// One header line (without CRLF).
-ParseResult parse_field(std::string_view line, RequestHead& head) {
+// One header line (without CRLF), added to `headers`.
+ParseResult parse_field(std::string_view line, HeaderMap& headers) {
   if (line.front() == ' ' || line.front() == '\t') return error(400, "obsolete line folding");
   std::size_t colon = 0;
   while (colon < line.size() && is_tchar(line[colon])) ++colon;
@@ -175,7 +175,7 @@ ParseResult parse_field(std::string_view line, RequestHead& head) {
   for (char c : value) {
     if (!is_field_value_char(c)) return error(400, "invalid character in header value");
   }
-  head.headers.add_view(line.substr(0, colon), trim_ows(value));
+  headers.add_view(line.substr(0, colon), trim_ows(value));
   return {State::kComplete, 0, 0, {}};
 }
 
@@ -233,11 +233,90 @@ ParseResult RequestParser::parse(std::string_view input, RequestHead& head) {
     std::string_view line = message.substr(pos, eol - pos);
     if (line.find('\r') != std::string_view::npos) return error(400, "bare CR in header");
     if (head.headers.size() == limits_.max_headers) return error(431, "too many header fields");
-    if (auto r = parse_field(line, head); r.state == State::kError) return r;
+    if (auto r = parse_field(line, head.headers); r.state == State::kError) return r;
     pos = eol + 2;
   }
   if (auto r = interpret_headers(head); r.state == State::kError) return r;
   return {State::kComplete, start + end + 4, 0, {}};
+}
+
+void ResponseHead::clear() {
+  status = 0;
+  reason = {};
+  minor_version = 1;
+  headers.clear();
+  content_length.reset();
+  chunked = false;
+  keep_alive = true;
+}
+
+ParseResult ResponseParser::parse(std::string_view input, ResponseHead& head) {
+  std::size_t end = input.find("\r\n\r\n");
+  if (end == std::string_view::npos) {
+    if (input.size() > limits_.max_head) return error(502, "response header too large");
+    return {State::kIncomplete, 0, 0, {}};
+  }
+  if (end + 4 > limits_.max_head) return error(502, "response header too large");
+  head.clear();
+  std::size_t line_end = input.find(kCrlf);
+  std::string_view line = input.substr(0, line_end);
+  // HTTP/1.x SP 3DIGIT SP reason
+  if (line.size() < 12 || !line.starts_with("HTTP/1.") || line[8] != ' ' ||
+      (line.size() > 12 && line[12] != ' ')) {
+    return error(502, "malformed status line");
+  }
+  if (line[7] != '0' && line[7] != '1') return error(502, "unsupported HTTP version");
+  head.minor_version = line[7] - '0';
+  int status = 0;
+  for (std::size_t i = 9; i < 12; ++i) {
+    if (line[i] < '0' || line[i] > '9') return error(502, "malformed status code");
+    status = status * 10 + (line[i] - '0');
+  }
+  if (status < 100) return error(502, "malformed status code");
+  head.status = status;
+  head.reason = line.size() > 13 ? line.substr(13) : std::string_view();
+  std::size_t pos = line_end + 2;
+  while (pos < end + 2) {
+    std::size_t eol = input.find(kCrlf, pos);
+    std::string_view field = input.substr(pos, eol - pos);
+    if (field.find('\r') != std::string_view::npos) return error(502, "bare CR in header");
+    if (head.headers.size() == limits_.max_headers) return error(502, "too many header fields");
+    if (auto r = parse_field(field, head.headers); r.state == State::kError) {
+      return error(502, r.reason);
+    }
+    pos = eol + 2;
+  }
+  bool has_te = false;
+  for (const Field& f : head.headers) {
+    if (iequals(f.name, "content-length")) {
+      auto n = parse_content_length(f.value);
+      if (!n || (head.content_length && *head.content_length != *n)) {
+        return error(502, "invalid Content-Length");
+      }
+      head.content_length = n;
+    } else if (iequals(f.name, "transfer-encoding")) {
+      has_te = true;
+    }
+  }
+  if (has_te) {
+    // Chunked must be the final coding; anything else is read until the connection closes.
+    head.content_length.reset();
+    std::string_view last;
+    for (const Field& f : head.headers) {
+      if (!iequals(f.name, "transfer-encoding")) continue;
+      std::string_view v = f.value;
+      std::size_t comma = v.rfind(',');
+      last = trim_ows(comma == std::string_view::npos ? v : v.substr(comma + 1));
+    }
+    head.chunked = iequals(last, "chunked");
+    if (!head.chunked) head.keep_alive = false;
+  }
+  if (head.minor_version == 1) {
+    head.keep_alive = head.keep_alive && !head.headers.has_token("connection", "close");
+  } else {
+    head.keep_alive = head.headers.has_token("connection", "keep-alive");
+  }
+  return {State::kComplete, end + 4, 0, {}};
 }
 
 }  // namespace spindle::http

@@ -81,4 +81,35 @@ class RequestParser {
   std::size_t scanned_ = 0;
 };
 
+/// A parsed response head (for clients). Views point into the parsed input.
+struct ResponseHead {
+  /// The status code (100-599).
+  int status = 0;
+  /// The reason phrase as sent.
+  std::string_view reason;
+  /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+  int minor_version = 1;
+  HeaderMap headers;
+  /// From Content-Length, if present.
+  std::optional<std::uint64_t> content_length;
+  /// Transfer-Encoding: chunked.
+  bool chunked = false;
+  /// The connection may carry another request after this response.
+  bool keep_alive = true;
+
+  void clear();
+};
+
+/// Parses response heads (RFC 9112 section 4): the status line, the fields, and what they say
+/// about framing. Incremental like RequestParser; kError's status is 502 (a bad upstream).
+class ResponseParser {
+ public:
+  explicit ResponseParser(ParserLimits limits = {}) : limits_(limits) {}
+  /// Parses the head at the start of `input`.
+  ParseResult parse(std::string_view input, ResponseHead& head);
+
+ private:
+  ParserLimits limits_;
+};
+
 }  // namespace spindle::http

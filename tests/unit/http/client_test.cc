@@ -1,0 +1,180 @@
+#include "spindle/http/client.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "spindle/fiber/spawn.h"
+#include "spindle/fiber/this_fiber.h"
+#include "spindle/http/server.h"
+#include "spindle/sync/wait_group.h"
+
+using namespace std::chrono_literals;
+using namespace spindle;
+using namespace spindle::http;
+
+namespace {
+
+const std::string& cert_dir() {
+  static const std::string dir = [] {
+    std::string d = "/tmp/spindle-client-unit-" + std::to_string(::getpid());
+    std::string command = std::string(SPINDLE_SOURCE_DIR) + "/tests/tls/make-certs.sh " + d;
+    if (std::system(command.c_str()) != 0) ADD_FAILURE() << "make-certs.sh failed (openssl?)";
+    return d;
+  }();
+  return dir;
+}
+
+Router make_router() {
+  Router router;
+  router.get("/hello", [](Request&) { return Response::text("hello"); });
+  router.post("/echo", [](Request& r) { return Response::text(r.body()); });
+  router.get("/slow", [](Request&) {
+    (void)this_fiber::sleep_for(2s);
+    return Response::text("late");
+  });
+  router.get("/big", [](Request&) { return Response::text(std::string(3 << 20, 'q')); });
+  return router;
+}
+
+// Our server on loopback: plain (HTTP/1.1 and h2c) or TLS (ALPN h2 and http/1.1).
+std::unique_ptr<HttpServer> start_server(Runtime& runtime, bool tls,
+                                         std::chrono::milliseconds keepalive = 60s) {
+  ServerOptions options;
+  options.http2 = true;
+  options.keepalive_timeout = keepalive;
+  options.max_body = 8 << 20;
+  if (tls) {
+    const std::string& d = cert_dir();
+    auto ctx = TlsServerContext::create(
+        TlsServerOptions{.certificates = {{d + "/localhost.pem", d + "/localhost.key", {}}},
+                         .alpn = {"h2", "http/1.1"}});
+    EXPECT_TRUE(ctx.has_value()) << ctx.error();
+    options.tls = *ctx;
+  }
+  auto server = HttpServer::start(runtime, Address::loopback_v4(0), make_router(), options);
+  EXPECT_TRUE(server.has_value());
+  return std::move(*server);
+}
+
+std::string url(const HttpServer& server, bool tls, std::string_view path) {
+  return std::string(tls ? "https://localhost:" : "http://127.0.0.1:") +
+         std::to_string(server.address().port()) + std::string(path);
+}
+
+ClientOptions trusting(ClientOptions options = {}) {
+  auto ctx = TlsClientContext::create(
+      TlsClientOptions{.ca_file = cert_dir() + "/ca.pem",
+                       .alpn = options.http2 ? std::vector<std::string>{"h2", "http/1.1"}
+                                             : std::vector<std::string>{"http/1.1"}});
+  EXPECT_TRUE(ctx.has_value()) << ctx.error();
+  options.tls = *ctx;
+  return options;
+}
+
+}  // namespace
+
+TEST(HttpClient, Http11KeepsTheConnectionAlive) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server = start_server(runtime, false);
+  HttpClient client(runtime);
+  runtime.block_on([&] {
+    for (int i = 0; i < 20; ++i) {
+      auto r = client.send({.url = url(*server, false, "/hello")});
+      ASSERT_TRUE(r.has_value()) << r.error().message();
+      EXPECT_EQ(r->status, 200);
+      EXPECT_EQ(r->version, 11);
+      EXPECT_EQ(r->body, "hello");
+      EXPECT_EQ(r->headers.get("content-type").value_or(""), "text/plain; charset=utf-8");
+    }
+    auto echo = client.send(
+        {.method = "POST", .url = url(*server, false, "/echo"), .body = std::string(100'000, 'e')});
+    ASSERT_TRUE(echo.has_value());
+    EXPECT_EQ(echo->body, std::string(100'000, 'e'));
+    EXPECT_EQ(server->connections(), 1u);  // every request on one pooled connection
+  });
+  server->drain(Deadline::after(5s));
+}
+
+TEST(HttpClient, H2cMultiplexesConcurrentFibersOnOneConnection) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server = start_server(runtime, false);
+  HttpClient client(runtime, ClientOptions{.h2c_prior_knowledge = true});
+  runtime.block_on([&] {
+    WaitGroup all;
+    int ok = 0;
+    for (int i = 0; i < 50; ++i) {
+      all.add();
+      spawn([&, i] {
+        std::string body = "request " + std::to_string(i);
+        auto r = client.send({.method = "POST", .url = url(*server, false, "/echo"), .body = body});
+        if (r && r->status == 200 && r->version == 20 && r->body == body) ++ok;
+        all.done();
+      }).detach();
+    }
+    (void)all.wait();
+    EXPECT_EQ(ok, 50);
+    EXPECT_EQ(server->connections(), 1u);
+    auto big = client.send({.url = url(*server, false, "/big")});  // beyond every window
+    ASSERT_TRUE(big.has_value());
+    EXPECT_EQ(big->body.size(), 3u << 20);
+  });
+  server->drain(Deadline::after(5s));
+}
+
+TEST(HttpClient, HttpsNegotiatesH2OrHttp11ByAlpn) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server = start_server(runtime, true);
+  HttpClient h2(runtime, trusting());
+  HttpClient h1(runtime, trusting({.http2 = false}));
+  HttpClient untrusting(runtime);  // the system store does not know the test CA
+  runtime.block_on([&] {
+    auto r2 = h2.send({.url = url(*server, true, "/hello")});
+    ASSERT_TRUE(r2.has_value()) << r2.error().message();
+    EXPECT_EQ(r2->version, 20);
+    EXPECT_EQ(r2->body, "hello");
+    auto r1 = h1.send({.url = url(*server, true, "/hello")});
+    ASSERT_TRUE(r1.has_value()) << r1.error().message();
+    EXPECT_EQ(r1->version, 11);
+    auto refused = untrusting.send({.url = url(*server, true, "/hello")});
+    ASSERT_FALSE(refused.has_value());
+    EXPECT_EQ(refused.error().category(), tls_category());
+  });
+  server->drain(Deadline::after(5s));
+}
+
+TEST(HttpClient, ErrorsAndTimeouts) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server = start_server(runtime, false);
+  HttpClient client(runtime, ClientOptions{.request_timeout = 300ms});
+  HttpClient h2(runtime, ClientOptions{.h2c_prior_knowledge = true, .request_timeout = 300ms});
+  runtime.block_on([&] {
+    EXPECT_EQ(client.send({.url = "ftp://x/"}).error(), std::errc::invalid_argument);
+    EXPECT_EQ(client.send({.url = "http://:80/"}).error(), std::errc::invalid_argument);
+    EXPECT_EQ(client.send({.url = "http://127.0.0.1:1/"}).error(), std::errc::connection_refused);
+    EXPECT_EQ(client.send({.url = url(*server, false, "/slow")}).error(), std::errc::timed_out);
+    EXPECT_EQ(h2.send({.url = url(*server, false, "/slow")}).error(), std::errc::timed_out);
+    // The HTTP/2 connection outlives a cancelled stream.
+    auto after = h2.send({.url = url(*server, false, "/hello")});
+    ASSERT_TRUE(after.has_value());
+    EXPECT_EQ(after->body, "hello");
+  });
+  server->drain(Deadline::after(5s));
+}
+
+TEST(HttpClient, RetriesAnIdempotentRequestOnAConnectionTheServerClosed) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server = start_server(runtime, false, 100ms);
+  HttpClient client(runtime);
+  runtime.block_on([&] {
+    ASSERT_TRUE(client.send({.url = url(*server, false, "/hello")}).has_value());
+    (void)this_fiber::sleep_for(400ms);  // the server closes the idle connection meanwhile
+    auto again = client.send({.url = url(*server, false, "/hello")});
+    ASSERT_TRUE(again.has_value()) << again.error().message();
+    EXPECT_EQ(again->body, "hello");
+  });
+  server->drain(Deadline::after(5s));
+}
