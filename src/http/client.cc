@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "spindle/fiber/spawn.h"
+#include "spindle/fiber/this_fiber.h"
 #include "spindle/fiber/worker.h"
 #include "spindle/http/chunked.h"
 #include "spindle/http/http1_parser.h"
@@ -355,7 +356,11 @@ void H2Client::write_loop() {
     for (;;) {
       const std::uint8_t* data = nullptr;
       ssize_t n = nghttp2_session_mem_send(session_, &data);
-      if (n <= 0) break;
+      if (n < 0) {
+        close();
+        break;
+      }
+      if (n == 0) break;
       out.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
       if (out.size() >= 64 * 1024) break;
     }
@@ -367,9 +372,11 @@ void H2Client::write_loop() {
       out.clear();
       continue;
     }
-    if (broken_) break;
+    if (broken_ || this_fiber::stop_requested()) break;
+    // mem_send had nothing to give (want_write may still say yes for DATA that flow control
+    // holds back): sleep until someone submits, resumes or receives something. Nobody ran
+    // since mem_send, so nothing can be missed between it and the reset.
     writer_wake_.reset();
-    if (nghttp2_session_want_write(session_)) continue;
     (void)writer_wake_.wait();
   }
 }
@@ -511,8 +518,14 @@ Result<ClientResponse> HttpClient::send(const ClientRequest& request) {
         stream = Stream(std::move(*tcp));
       }
       if (h2) {
+        // Another fiber may have connected meanwhile: one HTTP/2 connection per origin.
+        if (auto it = pool.http2.find(url->origin);
+            it != pool.http2.end() && it->second->usable()) {
+          return std::shared_ptr<H2Client>(it->second)->exchange(request, *url, options_, deadline);
+        }
         auto c = std::make_shared<H2Client>(std::move(stream));
         c->start();
+        if (auto it = pool.http2.find(url->origin); it != pool.http2.end()) it->second->close();
         pool.http2[url->origin] = c;
         return c->exchange(request, *url, options_, deadline);
       }

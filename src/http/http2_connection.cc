@@ -560,9 +560,13 @@ void Http2Connection::write_loop() {
       stop_reader();
       break;
     }
-    if (stopping_ && !nghttp2_session_want_write(session_)) break;
+    // The reader is done: what could be sent is sent (no WINDOW_UPDATE can come any more).
+    if (stopping_) break;
+    if (this_fiber::stop_requested()) break;
+    // mem_send had nothing to give (want_write may still say yes for DATA that flow control
+    // holds back): sleep until someone submits, resumes or receives something. Nobody ran
+    // since mem_send, so nothing can be missed between it and the reset.
     writer_wake_.reset();
-    if (nghttp2_session_want_write(session_)) continue;
     (void)writer_wake_.wait();
   }
   if (writer_failed_) stop_reader();
