@@ -196,8 +196,11 @@ std::expected<std::shared_ptr<const TlsServerContext>, std::string> TlsServerCon
     if (!options.session_tickets) flags |= SSL_OP_NO_TICKET;
     if (options.ktls) flags |= SSL_OP_ENABLE_KTLS;
     SSL_CTX_set_options(ctx, flags);
-    // Buffers go back while a connection is idle (idle keep-alive connections stay small).
-    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+    // Buffers go back while a connection is idle (idle keep-alive connections stay small). The
+    // chain is sent as the file gives it: OpenSSL would otherwise try to complete it from the
+    // trust store on every handshake (as nginx, we leave that to whoever made the file).
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
+                              SSL_MODE_NO_AUTO_CHAIN);
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
     static const unsigned char kSessionContext[] = "spindle";
     SSL_CTX_set_session_id_context(ctx, kSessionContext, sizeof kSessionContext - 1);
