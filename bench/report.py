@@ -41,6 +41,8 @@ def main():
     p.add_argument("--http")
     p.add_argument("--http-chart")
     p.add_argument("--idle-rss")
+    p.add_argument("--tls")
+    p.add_argument("--tls-chart")
     a = p.parse_args()
     micro = json.load(open(a.micro))
     echo = json.load(open(a.echo))
@@ -99,6 +101,8 @@ def main():
               "message (lower is better) is shown beside the rate.\n")
     if a.http:
         md.extend(http_section(json.load(open(a.http)), a.http_chart))
+    if a.tls:
+        md.extend(tls_section(json.load(open(a.tls)), a.tls_chart))
     if a.idle_rss:
         rss = json.load(open(a.idle_rss))
         md.append("## Memory of idle keep-alive connections\n")
@@ -210,6 +214,64 @@ def http_section(data, chart):
         ax.set_xticks(range(len(workloads)), workloads)
         ax.set_ylabel("server CPU µs per request (lower is better)")
         ax.set_title("HTTP/1.1, one worker: server CPU per request (same run)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(chart, dpi=110)
+    return md
+
+
+TLS_GOALS = {  # workload -> (spindle CPU per request / peer, peer) goal, from the issue
+    "h2 TLS c100 m10": (1.0, "h2o"),
+    "h2c c100 m10": (1.0, "h2o"),
+    "https keep-alive c100": (0.9, "nginx"),
+    "https close c100": (1.0, "nginx"),
+}
+
+
+def tls_section(data, chart):
+    results = data["results"]
+    by = {(r["server"], r["workload"]): r for r in results}
+    md = ["## HTTPS and HTTP/2: spindle vs nginx and h2o\n"]
+    md.append("`/usr/bin/python3 bench/tls_compare.py --out bench/results/tls.json` — one worker "
+              "each (server on CPU 0, load on CPU 1); h2load `-c100 -m10 -t1` over TLS (ALPN h2) "
+              "and h2c (prior knowledge); wrk `-c100` over HTTPS/1.1, kept alive and with "
+              f"`Connection: close` (a full handshake per request); {data['seconds']} s per run. "
+              "Same certificate (EC P-256) for all.\n")
+    md.append("| workload | server | req/s | CPU µs/req | errors |")
+    md.append("|---|---|---:|---:|---:|")
+    for r in results:
+        md.append(f"| {r['workload']} | {r['server']} | {r['rps']:,.0f} | "
+                  f"{r['cpu_us_per_request'] or 0:.2f} | {r['errors']} |")
+    md.append("\nGoals (server CPU per request, same run):\n")
+    md.append("| workload | goal | measured | |")
+    md.append("|---|---|---:|---|")
+    for workload, (goal, peer) in TLS_GOALS.items():
+        s, q = by.get(("spindle", workload)), by.get((peer, workload))
+        if not s or not q or not s["cpu_us_per_request"] or not q["cpu_us_per_request"]:
+            continue
+        ratio = s["cpu_us_per_request"] / q["cpu_us_per_request"]
+        md.append(f"| {workload} | ≤ {goal}x {peer} | {ratio:.2f}x {peer} | "
+                  f"{'met' if ratio <= goal else 'not met'} |")
+    md.append("")
+    if chart:
+        md.append("![HTTPS and HTTP/2 benchmarks](benchmarks-tls.png)\n")
+        workloads = list(dict.fromkeys(r["workload"] for r in results))
+        servers = list(dict.fromkeys(r["server"] for r in results))
+        colors = {"spindle": "#4472c4", "nginx": "#70ad47", "h2o": "#ed7d31"}
+        fig, ax = plt.subplots(figsize=(12, 4.8))
+        width = 0.8 / len(servers)
+        for j, server in enumerate(servers):
+            xs, ys = [], []
+            for i, w in enumerate(workloads):
+                r = by.get((server, w))
+                if r and r["cpu_us_per_request"]:
+                    xs.append(i + (j - (len(servers) - 1) / 2) * width)
+                    ys.append(r["cpu_us_per_request"])
+            ax.bar(xs, ys, width, label=server, color=colors.get(server))
+        ax.set_xticks(range(len(workloads)), workloads)
+        ax.set_yscale("log")
+        ax.set_ylabel("server CPU µs per request (log, lower is better)")
+        ax.set_title("HTTPS and HTTP/2, one worker: server CPU per request (same run)")
         ax.legend()
         fig.tight_layout()
         fig.savefig(chart, dpi=110)

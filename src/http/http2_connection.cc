@@ -436,27 +436,33 @@ void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
   if (!s->closed) {
     // The head: :status, the handler's fields (names in lower case, as HTTP/2 requires),
     // then date, server and content-length.
-    std::vector<std::string> storage;
-    storage.reserve(response.headers.size() * 2 + 8);
+    // nghttp2 copies the list when it is submitted, so it may point at anything alive until
+    // then: the response's own values, and its names lower-cased into one buffer (reserved
+    // whole first, so views into it stay put).
+    std::size_t name_bytes = 0;
+    for (const Field& f : response.headers) name_bytes += f.name.size();
+    std::string names;
+    names.reserve(name_bytes);
     std::vector<nghttp2_nv> nv;
-    auto add = [&](std::string name, std::string_view value) {
-      storage.push_back(std::move(name));
-      std::string& n = storage.back();
-      storage.emplace_back(value);
-      std::string& v = storage.back();
-      nv.push_back({reinterpret_cast<std::uint8_t*>(n.data()),
-                    reinterpret_cast<std::uint8_t*>(v.data()), n.size(), v.size(),
-                    NGHTTP2_NV_FLAG_NONE});
+    nv.reserve(response.headers.size() + 4);
+    auto add = [&](std::string_view name, std::string_view value) {
+      nv.push_back({reinterpret_cast<std::uint8_t*>(const_cast<char*>(name.data())),
+                    reinterpret_cast<std::uint8_t*>(const_cast<char*>(value.data())), name.size(),
+                    value.size(), NGHTTP2_NV_FLAG_NONE});
     };
-    add(":status", std::to_string(response.status));
+    char status[8];
+    auto status_end = std::to_chars(status, status + sizeof status, response.status).ptr;
+    add(":status", {status, static_cast<std::size_t>(status_end - status)});
     bool has_date = false, has_server = false;
     for (const Field& f : response.headers) {
       if (is_connection_specific(f.name)) continue;
-      std::string name(f.name);
-      for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      std::size_t at = names.size();
+      for (char ch : f.name)
+        names += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      std::string_view name(names.data() + at, f.name.size());
       has_date = has_date || name == "date";
       has_server = has_server || name == "server";
-      add(std::move(name), f.value);
+      add(name, f.value);
     }
     if (!has_date) add("date", worker_.date.value());
     if (!has_server && !shared_.options.server_name.empty()) {
@@ -464,8 +470,10 @@ void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
     }
     bool no_body = head_only || status_has_no_body(response.status);
     bool streamed = response.stream && !no_body;
+    char length[24];
     if (!streamed && !status_has_no_body(response.status)) {
-      add("content-length", std::to_string(response.body_size()));
+      auto end = std::to_chars(length, length + sizeof length, response.body_size()).ptr;
+      add("content-length", {length, static_cast<std::size_t>(end - length)});
     }
     nghttp2_data_provider provider{};
     provider.source.ptr = s.get();
@@ -649,7 +657,15 @@ void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade)
     s->body_event.set();
     s->out_event.set();
   }
-  (void)handlers_.wait();
+  // The handlers point at this connection: it must outlive them. This fiber may have been
+  // asked to stop (its own waits would return at once), so a fresh one waits, and is joined
+  // (a join is not cancellable). If even that one is cancelled (the runtime stops), it yields
+  // to the handlers, which are cancelled too, until they are gone.
+  spawn([this] {
+    while (handlers_.count() > 0) {
+      if (handlers_.wait()) this_fiber::yield();
+    }
+  }).join();
   wake_writer();
   writer.join();
   reader_ = nullptr;
