@@ -6,6 +6,8 @@ import ssl
 import subprocess
 import time
 
+from conftest import Conn  # works on TLS sockets as on plain ones
+
 
 def client_context(certs, alpn=("http/1.1",)):
     ctx = ssl.create_default_context(cafile=os.path.join(certs, "ca.pem"))
@@ -23,30 +25,11 @@ def get(path, host="localhost"):
     return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
 
 
-class TlsConn:
-    """A TLS socket with the same shape as conftest.Conn, for its response readers."""
-
-    def __init__(self, sock):
-        self.sock = sock
-        self.buffer = b""
-
-    def sendall(self, data):
-        self.sock.sendall(data)
-
-    def settimeout(self, t):
-        self.sock.settimeout(t)
-
-    def recv_more(self):
-        chunk = self.sock.recv(65536)
-        self.buffer += chunk
-        return chunk
-
-
 def test_https_keep_alive_and_alpn(tls_site, certs, http):
     with tls_connect(tls_site, certs) as s:
         assert s.selected_alpn_protocol() == "http/1.1"
         assert s.version() == "TLSv1.3"
-        conn = TlsConn(s)
+        conn = Conn(s)
         for _ in range(20):
             s.sendall(get("/plaintext"))
             status, headers, body = http.read_response(conn)
@@ -62,7 +45,7 @@ def test_tls12_is_served_and_older_versions_are_refused(tls_site, certs, http):
     with tls_connect(tls_site, certs, ctx=ctx) as s:
         assert s.version() == "TLSv1.2"
         s.sendall(get("/plaintext"))
-        assert http.read_response(TlsConn(s))[2] == b"Hello, World!"
+        assert http.read_response(Conn(s))[2] == b"Hello, World!"
     out = subprocess.run(["openssl", "s_client", "-connect", f"127.0.0.1:{tls_site.port}",
                           "-tls1_1"], input=b"", capture_output=True, timeout=10)
     assert b"Cipher is (NONE)" in out.stdout or out.returncode != 0
@@ -81,13 +64,13 @@ def test_sessions_resume(tls_site, certs, http):
     ctx = client_context(certs)
     with tls_connect(tls_site, certs, ctx=ctx) as s:
         s.sendall(get("/plaintext"))
-        http.read_response(TlsConn(s))  # the TLS 1.3 ticket arrives with the first reads
+        http.read_response(Conn(s))  # the TLS 1.3 ticket arrives with the first reads
         session = s.session
         assert not s.session_reused
     with tls_connect(tls_site, certs, ctx=ctx, session=session) as s:
         assert s.session_reused
         s.sendall(get("/plaintext"))
-        assert http.read_response(TlsConn(s))[0] == 200
+        assert http.read_response(Conn(s))[0] == 200
 
 
 def test_a_large_static_file_arrives_intact_over_tls(tls_site, certs):
@@ -122,7 +105,7 @@ def test_stalled_handshakes_are_closed_after_the_timeout(tls_site, certs, http):
         # The stalled clients hold no worker: a real client is served meanwhile.
         with tls_connect(tls_site, certs) as s:
             s.sendall(get("/plaintext"))
-            assert http.read_response(TlsConn(s))[0] == 200
+            assert http.read_response(Conn(s))[0] == 200
         start = time.monotonic()
         for s in stalled:
             s.settimeout(5)
