@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-60}
 CC=clang CXX=clang++ cmake -S tests/fuzz -B build/fuzz -G Ninja >/dev/null
 ninja -C build/fuzz
-for name in http1_parser chunked; do
+for name in http1_parser chunked response_parser; do
   mkdir -p "build/fuzz/corpus/$name"
   echo "== fuzz $name for ${seconds}s =="
   "build/fuzz/${name}_fuzz" -max_total_time="$seconds" -print_final_stats=1 \

@@ -4,7 +4,9 @@
 
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "config.h"
@@ -18,6 +20,16 @@ namespace spindle::app {
 namespace {
 
 constexpr auto kGracePeriod = std::chrono::seconds(10);
+
+// Whether the kernel offers kTLS (its "tls" upper-layer protocol is loaded).
+bool kernel_offers_ktls() {
+  std::ifstream in("/proc/sys/net/ipv4/tcp_available_ulp");
+  std::string ulp;
+  while (in >> ulp) {
+    if (ulp == "tls") return true;
+  }
+  return false;
+}
 
 Config effective_config(const ServeFlags& flags) {
   Config config = flags.config.empty() ? parse_config(kDefaultConfig, "(built-in configuration)")
@@ -87,10 +99,13 @@ int serve(const ServeFlags& flags) {
                  started.error().message());
       return 1;
     }
+    // "ktls": whether the kernel could take over TLS records (OpenSSL then engages it per
+    // connection when the cipher allows; TlsStream::ktls_send() tells).
     fmt::print(
-        "{{\"event\":\"listening\",\"address\":\"{}\",\"tls\":{},\"workers\":{},"
-        "\"version\":\"{}\"}}\n",
-        (*started)->address().to_string(), options.tls != nullptr, runtime.size(), kVersion);
+        "{{\"event\":\"listening\",\"address\":\"{}\",\"tls\":{},\"ktls\":{},"
+        "\"http2\":{},\"workers\":{},\"version\":\"{}\"}}\n",
+        (*started)->address().to_string(), options.tls != nullptr,
+        options.tls != nullptr && kernel_offers_ktls(), options.http2, runtime.size(), kVersion);
     servers.push_back(std::move(*started));
   }
   std::fflush(stdout);

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -201,4 +203,21 @@ TEST(Tls, ConfigurationErrorsNameTheFile) {
   EXPECT_NE(mismatch.error().find("other.key"), std::string::npos) << mismatch.error();
   EXPECT_NE(mismatch.error().find("mismatch"), std::string::npos) << mismatch.error();
   EXPECT_FALSE(TlsServerContext::create(TlsServerOptions{}).has_value());
+}
+
+FIBER_TEST(Tls, KtlsEngagesOnlyWhereTheKernelOffersIt) {
+  std::ifstream ulps("/proc/sys/net/ipv4/tcp_available_ulp");
+  std::string ulp;
+  bool kernel_tls = false;
+  while (ulps >> ulp) kernel_tls = kernel_tls || ulp == "tls";
+  TlsTestServer server(echo);
+  auto client = connect_to(server.address, "localhost", client_context());
+  ASSERT_TRUE(client.has_value());
+  std::printf("kTLS: kernel %s the tls ULP; this connection's sends are %s\n",
+              kernel_tls ? "offers" : "does not offer",
+              client->ktls_send() ? "kernel-encrypted" : "encrypted by OpenSSL");
+  if (!kernel_tls) EXPECT_FALSE(client->ktls_send());
+  // Either way the bytes get through.
+  ASSERT_TRUE(client->write_all(std::string_view("via ktls?"), Deadline::after(5s)));
+  EXPECT_EQ(read_n(*client, 9), "via ktls?");
 }
