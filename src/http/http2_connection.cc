@@ -677,15 +677,7 @@ void Http2Connection::linger() {
   // the kernel send a reset, which can destroy our last frames in flight: half-close, then
   // read and drop what still comes, for a moment. On a fresh fiber: this one may have been
   // asked to stop, which would end any wait at once.
-  (void)stream_.shutdown(TcpStream::Shutdown::kWrite);
-  spawn([this] {
-    char sink[4096];
-    Deadline until = Deadline::after(std::chrono::seconds(1));
-    for (;;) {
-      auto n = stream_.read(sink, until);
-      if (!n || *n == 0) return;
-    }
-  }).join();
+  spawn([this] { stream_.linger(Deadline::after(std::chrono::seconds(1))); }).join();
 }
 
 void serve_http2(Stream& stream, HttpServer::Shared& shared, WorkerState& worker,

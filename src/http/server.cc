@@ -28,6 +28,8 @@ using detail::WorkerState;
 
 // Responses bigger than this are written from their own buffer instead of being copied.
 constexpr std::size_t kCopyBodyLimit = 16 * 1024;
+// How long a connection closed on an error drains what the client still sends.
+constexpr auto kLingerTime = std::chrono::seconds(2);
 // What a new response buffer reserves: a typical head and small body, without regrowing.
 constexpr std::size_t kOutputReserve = 1024;
 
@@ -106,6 +108,9 @@ class Connection final : public BodySource {
   /// After serve() returned kHttp2: serves the connection as HTTP/2 (prior knowledge or h2c
   /// upgrade) until it ends.
   void switch_to_http2();
+  /// True if the connection closes while the client may still be sending (an error answer, a
+  /// body left unread): it should linger rather than reset.
+  bool should_linger() const { return linger_; }
 
   /// The current request's body, as its handler reads it (throws HttpError on failure).
   std::size_t read(std::span<char> buffer) override;
@@ -188,6 +193,8 @@ class Connection final : public BodySource {
   std::string_view body_reason_;
   /// The h2c upgrade request, once accepted.
   std::optional<detail::Http2Upgrade> upgrade_;
+  /// See should_linger().
+  bool linger_ = false;
 };
 
 constexpr std::string_view kHttp2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -582,6 +589,7 @@ void Connection::log_access(const Response& response, Clock::time_point handled_
 }
 
 void Connection::queue_error(int status, std::string_view reason) {
+  linger_ = true;  // the client may be sending still: its bytes must not turn our FIN into a reset
   Response response = Response::error(status, reason);
   queue(response, false, true);
 }
@@ -633,7 +641,9 @@ Connection::Outcome Connection::serve() {
       Response response = respond(request);
       ++state_.requests;
       if (options_.access_log) log_access(response, handled_at);
-      bool close = !finish_body() || !head_.keep_alive ||
+      bool body_left = !finish_body();
+      linger_ = linger_ || body_left;
+      bool close = body_left || !head_.keep_alive ||
                    shared_.draining.load(std::memory_order_acquire) ||
                    (options_.max_requests_per_connection != 0 &&
                     state_.requests >= options_.max_requests_per_connection);
@@ -768,6 +778,9 @@ void run_connection(ConnectionState* state) {
     Connection connection(*state);
     outcome = connection.serve();
     if (outcome == Connection::Outcome::kHttp2) connection.switch_to_http2();
+    if (outcome == Connection::Outcome::kClose && connection.should_linger()) {
+      state->stream.linger(Deadline::after(kLingerTime));
+    }
   }  // the read buffer goes back to the worker's pool here
   if (outcome == Connection::Outcome::kIdle) {
     go_idle(state);

@@ -197,6 +197,31 @@ def test_body_over_the_limit_gets_413_and_close(test_server, http):
         assert http.read_response(s)[0] == 413
 
 
+def test_an_error_answer_survives_a_client_still_uploading(test_server, http):
+    # 413 for a 1 MiB body while the client is still sending it: the server half-closes and
+    # drains instead of closing on unread bytes (which would reset the connection and could
+    # destroy the 413 before the client reads it).
+    with test_server.connect() as s:
+        s.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n")
+        failures = []
+        sender = threading.Thread(target=lambda: send_quietly(s, b"u" * (1 << 20), failures))
+        sender.start()
+        status, headers, _ = http.read_response(s)
+        sender.join()
+        assert status == 413 and headers["connection"] == "close"
+        # Every byte the client sent was taken (and dropped): no reset cut its upload short.
+        assert failures == []
+        s.settimeout(5)
+        assert s.sock.recv(65536) == b""
+
+
+def send_quietly(conn, data, failures):
+    try:
+        conn.sendall(data)
+    except OSError as e:
+        failures.append(e)
+
+
 def test_header_limits_give_414_and_431(test_server, http):
     with test_server.connect() as s:
         s.sendall(get("/" + "a" * 2000))

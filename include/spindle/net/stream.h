@@ -61,6 +61,19 @@ class Stream {
     return with([](auto& s) { return s.fd(); });
   }
 
+  /// Closes gently before the socket is closed: half-closes (sending FIN, and close_notify on
+  /// TLS), then reads and drops what the peer still sends until it closes or `until`. Closing
+  /// with unread bytes would make the kernel send a reset, which can destroy the last answer
+  /// before the peer reads it (a 413 to a client still uploading, say).
+  void linger(Deadline until) {
+    (void)shutdown(TcpStream::Shutdown::kWrite);
+    char sink[4096];
+    for (;;) {
+      auto n = read(sink, until);
+      if (!n || *n == 0) return;
+    }
+  }
+
   /// The TLS layer, or nullptr for plain TCP.
   TlsStream* tls() { return std::get_if<TlsStream>(&s_); }
   /// True if bytes are already buffered above the socket (TLS), so a read would not block
