@@ -198,26 +198,36 @@ def http_section(data, chart):
     if chart:
         md.append("![HTTP benchmarks](benchmarks-http.png)\n")
         one = [r for r in results if r["workers"] == 1]
-        workloads = list(dict.fromkeys(r["workload"] for r in one))
-        servers = list(dict.fromkeys(r["server"] for r in one))
-        colors = {"spindle": "#4472c4", "nginx": "#70ad47", "h2o": "#ed7d31", "ceiling": "#a5a5a5"}
-        fig, ax = plt.subplots(figsize=(12, 4.8))
-        width = 0.8 / len(servers)
-        for j, server in enumerate(servers):
-            xs, ys = [], []
-            for i, w in enumerate(workloads):
-                r = [x for x in one if x["server"] == server and x["workload"] == w]
-                if r and r[0]["cpu_us_per_request"]:
-                    xs.append(i + (j - (len(servers) - 1) / 2) * width)
-                    ys.append(r[0]["cpu_us_per_request"])
-            ax.bar(xs, ys, width, label=server, color=colors.get(server))
-        ax.set_xticks(range(len(workloads)), workloads)
-        ax.set_ylabel("server CPU µs per request (lower is better)")
-        ax.set_title("HTTP/1.1, one worker: server CPU per request (same run)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(chart, dpi=110)
+        cpu_chart(one, "HTTP/1.1, one worker: server CPU per request (same run)", chart,
+                  log=False)
     return md
+
+
+def cpu_chart(results, title, path, log):
+    """Bars of server CPU per request: one group per workload, one bar per server."""
+    workloads = list(dict.fromkeys(r["workload"] for r in results))
+    servers = list(dict.fromkeys(r["server"] for r in results))
+    colors = {"spindle": "#4472c4", "nginx": "#70ad47", "h2o": "#ed7d31", "ceiling": "#a5a5a5"}
+    by = {(r["server"], r["workload"]): r for r in results}
+    fig, ax = plt.subplots(figsize=(12, 4.8))
+    width = 0.8 / len(servers)
+    for j, server in enumerate(servers):
+        xs, ys = [], []
+        for i, w in enumerate(workloads):
+            r = by.get((server, w))
+            if r and r["cpu_us_per_request"]:
+                xs.append(i + (j - (len(servers) - 1) / 2) * width)
+                ys.append(r["cpu_us_per_request"])
+        ax.bar(xs, ys, width, label=server, color=colors.get(server))
+    ax.set_xticks(range(len(workloads)), workloads)
+    if log:
+        ax.set_yscale("log")
+    ax.set_ylabel("server CPU µs per request " + ("(log, lower is better)" if log else
+                                                   "(lower is better)"))
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 TLS_GOALS = {  # workload -> (spindle CPU per request / peer, peer) goal, from the issue
@@ -255,26 +265,8 @@ def tls_section(data, chart):
     md.append("")
     if chart:
         md.append("![HTTPS and HTTP/2 benchmarks](benchmarks-tls.png)\n")
-        workloads = list(dict.fromkeys(r["workload"] for r in results))
-        servers = list(dict.fromkeys(r["server"] for r in results))
-        colors = {"spindle": "#4472c4", "nginx": "#70ad47", "h2o": "#ed7d31"}
-        fig, ax = plt.subplots(figsize=(12, 4.8))
-        width = 0.8 / len(servers)
-        for j, server in enumerate(servers):
-            xs, ys = [], []
-            for i, w in enumerate(workloads):
-                r = by.get((server, w))
-                if r and r["cpu_us_per_request"]:
-                    xs.append(i + (j - (len(servers) - 1) / 2) * width)
-                    ys.append(r["cpu_us_per_request"])
-            ax.bar(xs, ys, width, label=server, color=colors.get(server))
-        ax.set_xticks(range(len(workloads)), workloads)
-        ax.set_yscale("log")
-        ax.set_ylabel("server CPU µs per request (log, lower is better)")
-        ax.set_title("HTTPS and HTTP/2, one worker: server CPU per request (same run)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(chart, dpi=110)
+        cpu_chart(results, "HTTPS and HTTP/2, one worker: server CPU per request (same run)",
+                  chart, log=True)
     return md
 
 

@@ -347,6 +347,16 @@ Result<int> TlsStream::drive(Deadline deadline, Op&& op) {
   }
 }
 
+Result<void> TlsStream::handshake(Deadline deadline) {
+  auto done = drive(deadline, [&] {
+    errno = 0;
+    return SSL_do_handshake(ssl_);
+  });
+  if (!done) return fail(done.error());
+  if (*done == 0) return fail(make_error_code(Errc::kEndOfStream));  // closed during it
+  return {};
+}
+
 Result<TlsStream> TlsStream::accept(TcpStream stream,
                                     std::shared_ptr<const TlsServerContext> context,
                                     Deadline deadline) {
@@ -356,12 +366,7 @@ Result<TlsStream> TlsStream::accept(TcpStream stream,
   tls.context_ = std::move(context);
   if (SSL_set_fd(ssl, tls.tcp_.fd()) != 1) return fail(take_tls_error());
   SSL_set_accept_state(ssl);
-  auto done = tls.drive(deadline, [&] {
-    errno = 0;
-    return SSL_do_handshake(ssl);
-  });
-  if (!done) return fail(done.error());
-  if (*done == 0) return fail(make_error_code(Errc::kEndOfStream));
+  if (auto done = tls.handshake(deadline); !done) return fail(done.error());
   return tls;
 }
 
@@ -387,12 +392,7 @@ Result<TlsStream> TlsStream::connect(TcpStream stream,
     if (ok != 1) return fail(take_tls_error());
   }
   SSL_set_connect_state(ssl);
-  auto done = tls.drive(deadline, [&] {
-    errno = 0;
-    return SSL_do_handshake(ssl);
-  });
-  if (!done) return fail(done.error());
-  if (*done == 0) return fail(make_error_code(Errc::kEndOfStream));
+  if (auto done = tls.handshake(deadline); !done) return fail(done.error());
   return tls;
 }
 

@@ -5,25 +5,13 @@
 #include <cstdlib>
 #include <string_view>
 
+#include "fuzz_checks.h"
 #include "spindle/http/http1_parser.h"
 
 using spindle::http::ParseResult;
 using spindle::http::ParserLimits;
 using spindle::http::ResponseHead;
 using spindle::http::ResponseParser;
-
-namespace {
-
-bool inside(std::string_view part, std::string_view whole) {
-  return part.empty() ||
-         (part.data() >= whole.data() && part.data() + part.size() <= whole.data() + whole.size());
-}
-
-void check(bool ok) {
-  if (!ok) std::abort();
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::string_view input(reinterpret_cast<const char*>(data), size);

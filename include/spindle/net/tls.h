@@ -185,6 +185,8 @@ class TlsStream {
   /// Runs an SSL call until it succeeds, parking on WANT_READ/WANT_WRITE.
   template <typename Op>
   Result<int> drive(Deadline deadline, Op&& op);
+  /// Runs the handshake (the side is set already).
+  Result<void> handshake(Deadline deadline);
   /// SSL_write of all of `data`.
   Result<void> write_record(std::span<const char> data, Deadline deadline);
 
