@@ -713,6 +713,9 @@ void run_connection(ConnectionState* state);
 void close_connection(ConnectionState* state) {
   HttpServer::Shared& shared = *state->shared;
   Worker::current()->timers().erase(&state->idle_timer);
+  // TLS ends with close_notify: a client whose connection just stops takes it for a truncation
+  // and forgets the session, so its next connection would pay for a full handshake.
+  if (TlsStream* tls = state->stream.tls()) (void)tls->shutdown(TcpStream::Shutdown::kWrite);
   --state->worker->open;
   delete state;  // closes the socket
   shared.active.done();
