@@ -111,13 +111,16 @@ Result<ClientResponse> http1_exchange(Stream& stream, const ClientRequest& reque
   if (auto w = stream.write_all(out, deadline); !w) return fail(w.error());
 
   std::string in;
-  char chunk[16 * 1024];
+  // Reads straight onto the end of `in` (fiber stacks are small: no big local buffer).
   auto read_more = [&]() -> Result<bool> {
-    auto n = stream.read(chunk, deadline);
+    constexpr std::size_t kChunk = 16 * 1024;
+    std::size_t at = in.size();
+    in.resize(at + kChunk);
+    auto n = stream.read({in.data() + at, kChunk}, deadline);
+    in.resize(at + (n ? *n : 0));
     if (!n) return fail(n.error());
     if (*n == 0) return false;
     untouched = false;
-    in.append(chunk, *n);
     return true;
   };
   ResponseParser parser;
@@ -334,11 +337,12 @@ void H2Client::start() {
 }
 
 void H2Client::read_loop() {
-  char buffer[16 * 1024];
+  std::vector<char> buffer(16 * 1024);  // on the heap: fiber stacks are small
   while (!broken_) {
     auto n = stream_.read(buffer);
     if (!n || *n == 0) break;
-    if (nghttp2_session_mem_recv(session_, reinterpret_cast<const std::uint8_t*>(buffer), *n) < 0) {
+    if (nghttp2_session_mem_recv(session_, reinterpret_cast<const std::uint8_t*>(buffer.data()),
+                                 *n) < 0) {
       break;
     }
     writer_wake_.set();

@@ -631,7 +631,7 @@ void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade)
     ok = nghttp2_session_mem_recv(session_, reinterpret_cast<const std::uint8_t*>(preread.data()),
                                   preread.size()) >= 0;
   }
-  char buffer[16 * 1024];
+  std::vector<char> buffer(16 * 1024);  // on the heap: fiber stacks are small
   while (ok && !writer_failed_) {
     wake_writer();
     if (!nghttp2_session_want_read(session_)) break;
@@ -647,7 +647,8 @@ void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade)
       break;  // stopped (canceled), timed out idle, or the connection failed
     }
     if (*n == 0) break;
-    ok = nghttp2_session_mem_recv(session_, reinterpret_cast<const std::uint8_t*>(buffer), *n) >= 0;
+    ok = nghttp2_session_mem_recv(session_, reinterpret_cast<const std::uint8_t*>(buffer.data()),
+                                  *n) >= 0;
   }
   // The end: every stream is closed for its handler, the handlers finish, the writer sends
   // what is left (a GOAWAY the session queued, say) and stops.

@@ -384,11 +384,14 @@ std::ptrdiff_t Connection::pull_chunked(std::span<char> buffer) {
       spill_begin_ = 0;
     }
     if (!flush()) return fail_body(400, "connection failed");
-    char chunk[16 * 1024];
-    auto n = stream_.read(chunk, Deadline::after(options_.body_timeout));
+    // Straight into spill_ (not a buffer on the fiber's stack, which is small).
+    constexpr std::size_t kChunk = 16 * 1024;
+    std::size_t at = spill_.size();
+    spill_.resize(at + kChunk);
+    auto n = stream_.read({spill_.data() + at, kChunk}, Deadline::after(options_.body_timeout));
+    spill_.resize(at + (n ? *n : 0));
     if (!n && n.error() == std::errc::timed_out) return fail_body(408, "request body too slow");
     if (!n || *n == 0) return fail_body(400, "request body cut short");
-    spill_.append(chunk, *n);
   }
 }
 
@@ -403,7 +406,8 @@ bool Connection::finish_body() {
   // A client still waiting for its 100 Continue would send the body only after a pause:
   // closing is quicker for both than asking for a body nobody reads.
   if (body_state_ == BodyState::kFailed || continue_due_) return false;
-  char sink[16 * 1024];
+  // Dropped bytes: every fiber of this thread may share one place for them.
+  static thread_local char sink[16 * 1024];
   std::ptrdiff_t n;
   while ((n = pull_body(sink)) > 0) {
   }

@@ -216,7 +216,9 @@ FIBER_TEST(Tls, KtlsEngagesOnlyWhereTheKernelOffersIt) {
   std::printf("kTLS: kernel %s the tls ULP; this connection's sends are %s\n",
               kernel_tls ? "offers" : "does not offer",
               client->ktls_send() ? "kernel-encrypted" : "encrypted by OpenSSL");
-  if (!kernel_tls) EXPECT_FALSE(client->ktls_send());
+  if (!kernel_tls) {
+    EXPECT_FALSE(client->ktls_send());
+  }
   // Either way the bytes get through.
   ASSERT_TRUE(client->write_all(std::string_view("via ktls?"), Deadline::after(5s)));
   EXPECT_EQ(read_n(*client, 9), "via ktls?");
