@@ -2,8 +2,10 @@
 // Test helpers: run a test body inside a fiber of a fresh Runtime (like userver's UTEST).
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -17,6 +19,20 @@ void run_in_fiber(Fn&& body, std::size_t workers = 2) {
   Runtime runtime(RuntimeOptions{.workers = workers});
   runtime.block_on(std::forward<Fn>(body));
 }
+
+#ifdef SPINDLE_SOURCE_DIR
+/// The folder holding the test CA and certificates of tests/tls/make-certs.sh (ca.pem,
+/// localhost.pem/.key, other.pem/.key), made once per test binary. Needs SPINDLE_SOURCE_DIR.
+inline const std::string& test_cert_dir() {
+  static const std::string dir = [] {
+    std::string d = "/tmp/spindle-test-certs-" + std::to_string(::getpid());
+    std::string command = std::string(SPINDLE_SOURCE_DIR) + "/tests/tls/make-certs.sh " + d;
+    if (std::system(command.c_str()) != 0) ADD_FAILURE() << "make-certs.sh failed (openssl?)";
+    return d;
+  }();
+  return dir;
+}
+#endif
 
 /// The current value of a /proc/sys setting, or -1.
 inline long read_proc_number(const std::string& path) {

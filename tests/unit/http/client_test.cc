@@ -11,6 +11,7 @@
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/http/server.h"
 #include "spindle/sync/wait_group.h"
+#include "spindle/testing.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;
@@ -18,15 +19,7 @@ using namespace spindle::http;
 
 namespace {
 
-const std::string& cert_dir() {
-  static const std::string dir = [] {
-    std::string d = "/tmp/spindle-client-unit-" + std::to_string(::getpid());
-    std::string command = std::string(SPINDLE_SOURCE_DIR) + "/tests/tls/make-certs.sh " + d;
-    if (std::system(command.c_str()) != 0) ADD_FAILURE() << "make-certs.sh failed (openssl?)";
-    return d;
-  }();
-  return dir;
-}
+const std::string& cert_dir() { return spindle::testing::test_cert_dir(); }
 
 Router make_router() {
   Router router;

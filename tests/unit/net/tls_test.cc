@@ -19,16 +19,7 @@ using namespace spindle;
 
 namespace {
 
-// The test CA and certificates (tests/tls/make-certs.sh), made once per test binary.
-const std::string& cert_dir() {
-  static const std::string dir = [] {
-    std::string d = "/tmp/spindle-tls-unit-" + std::to_string(::getpid());
-    std::string command = std::string(SPINDLE_SOURCE_DIR) + "/tests/tls/make-certs.sh " + d;
-    if (std::system(command.c_str()) != 0) ADD_FAILURE() << "make-certs.sh failed (openssl?)";
-    return d;
-  }();
-  return dir;
-}
+const std::string& cert_dir() { return spindle::testing::test_cert_dir(); }
 
 std::shared_ptr<const TlsServerContext> server_context(std::vector<std::string> alpn = {
                                                            "h2", "http/1.1"}) {
