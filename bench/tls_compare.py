@@ -67,7 +67,7 @@ http {{
   client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
   uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
   ssl_certificate {certs}/localhost.pem; ssl_certificate_key {certs}/localhost.key;
-  ssl_session_cache shared:SSL:10m;
+  ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m;
   server {{
     listen 127.0.0.1:{tls_port} ssl http2 reuseport;
     listen 127.0.0.1:{plain_port} http2 reuseport;
