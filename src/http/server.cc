@@ -269,8 +269,7 @@ Connection::Read Connection::read_more(Deadline deadline) {
   if (!n) return n.error() == std::errc::timed_out ? Read::kTimedOut : Read::kFailed;
   if (*n == 0) return Read::kClosed;
   end_ += *n;
-  drained_at_poll_ =
-      *n < space && stream_.short_read_drains() ? Worker::current()->polls() : UINT64_MAX;
+  drained_at_poll_ = stream_.read_drained(*n, space) ? Worker::current()->polls() : UINT64_MAX;
   return Read::kData;
 }
 

@@ -82,9 +82,13 @@ class Stream {
     TlsStream* t = tls();
     return t != nullptr && t->has_pending();
   }
-  /// True if a read that came back shorter than asked proves the socket drained (plain TCP;
-  /// TLS reads stop at record boundaries).
-  bool short_read_drains() const { return std::holds_alternative<TcpStream>(s_); }
+  /// True if the read that just gave `got` of `asked` bytes proves the socket drained, so that
+  /// an edge-triggered wait may follow without another read: for TCP a short read; for TLS
+  /// (whose reads stop at record boundaries) what the socket read underneath says.
+  bool read_drained(std::size_t got, std::size_t asked) const {
+    if (const auto* t = std::get_if<TlsStream>(&s_)) return t->drained();
+    return got < asked;
+  }
 
  private:
   std::variant<TcpStream, TlsStream> s_;

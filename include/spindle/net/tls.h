@@ -158,6 +158,10 @@ class TlsStream {
 
   /// True if decrypted or undecrypted bytes wait in OpenSSL's buffers (a read would not block).
   bool has_pending() const;
+  /// True if the last read of the socket came back shorter than asked or would have blocked,
+  /// and OpenSSL holds nothing: the socket was drained then, and an edge-triggered wait may
+  /// follow without another read (as TcpStream's short read).
+  bool drained() const;
   /// The protocol ALPN chose ("" if none).
   std::string_view alpn() const;
   /// The name the client asked for by SNI ("" if none).
@@ -189,6 +193,10 @@ class TlsStream {
   Result<void> handshake(Deadline deadline);
   /// SSL_write of all of `data`.
   Result<void> write_record(std::span<const char> data, Deadline deadline);
+  /// Gives the socket to OpenSSL, and watches its reads for drained().
+  Result<void> attach();
+  /// Points the read watch at this object (again, after a move).
+  void watch_reads();
 
   TcpStream tcp_;
   SSL* ssl_ = nullptr;
@@ -196,6 +204,8 @@ class TlsStream {
   std::shared_ptr<const void> context_;
   /// Client side: the server's name, on the heap so that SSL app data can point at it.
   std::unique_ptr<std::string> peer_name_;
+  /// Written by the socket BIO's callback on each read; see drained().
+  bool drained_ = false;
 };
 
 }  // namespace spindle

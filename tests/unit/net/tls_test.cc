@@ -1,6 +1,7 @@
 #include "spindle/net/tls.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/net/tcp_listener.h"
+#include "spindle/sync/event.h"
 #include "spindle/testing.h"
 
 using namespace std::chrono_literals;
@@ -155,6 +157,48 @@ FIBER_TEST(Tls, ASecondConnectionResumesTheSession) {
     ASSERT_TRUE(client->write_all(std::string_view("ping"), Deadline::after(5s)));
     EXPECT_EQ(read_n(*client, 4), "ping");
   }
+}
+
+// drained() lets the HTTP/1 driver wait for the next request without a read that would only
+// say EAGAIN; it must never claim a drained socket that still holds bytes (the wait would hang).
+FIBER_TEST(Tls, DrainedOnlyWhenTheSocketHoldsNothing) {
+  constexpr std::size_t kSize = 60'000;  // several records, more than one socket read takes
+  struct Seen {
+    bool after_first = true;
+    int drained_with_bytes_left = 0;
+    bool after_would_block = false;
+    std::size_t total = 0;
+    Event done;
+  } seen;
+  TlsTestServer server([&seen](TcpStream tcp) {
+    auto tls = TlsStream::accept(std::move(tcp), server_context(), Deadline::after(5s));
+    if (tls) {
+      this_fiber::sleep_for(200ms);  // the whole upload waits in the socket
+      char buffer[1024];
+      while (seen.total < kSize) {
+        auto n = tls->read(buffer, Deadline::after(5s));
+        if (!n || *n == 0) break;
+        if (seen.total == 0) seen.after_first = tls->drained();
+        seen.total += *n;
+        char peek;
+        if (tls->drained() && ::recv(tls->fd(), &peek, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+          ++seen.drained_with_bytes_left;
+        }
+      }
+      // Everything read: one more read would block, which proves the socket drained.
+      auto more = tls->read(buffer, Deadline::after(50ms));
+      seen.after_would_block = !more && more.error() == std::errc::timed_out && tls->drained();
+    }
+    seen.done.set();
+  });
+  auto client = connect_to(server.address, "localhost", client_context());
+  ASSERT_TRUE(client.has_value()) << client.error().message();
+  ASSERT_TRUE(client->write_all(std::string(kSize, 'd'), Deadline::after(5s)));
+  ASSERT_FALSE(seen.done.wait(Deadline::after(10s)));
+  EXPECT_EQ(seen.total, kSize);
+  EXPECT_FALSE(seen.after_first);  // the first socket read filled OpenSSL's buffer
+  EXPECT_EQ(seen.drained_with_bytes_left, 0);
+  EXPECT_TRUE(seen.after_would_block);
 }
 
 FIBER_TEST(Tls, PlainTextAndStalledHandshakesFail) {
