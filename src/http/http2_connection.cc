@@ -16,7 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
-#include <unordered_map>
+#include <vector>
 
 #include "server_internal.h"
 #include "spindle/base/log.h"
@@ -64,9 +64,13 @@ class Http2Connection {
 
   /// Sends what nghttp2 has, until it has nothing more; ends on a write error.
   void write_loop();
-  /// Creates the stream for a request whose headers begin.
+  /// Creates the stream for a request whose headers begin (nullptr if nghttp2 has no such
+  /// stream).
   H2Stream* open_stream(std::int32_t id);
+  /// Our stream for nghttp2's `id` (nghttp2 keeps the pointer), or nullptr.
   H2Stream* find(std::int32_t id);
+  /// nghttp2 closed `s`: it leaves open_.
+  void forget(H2Stream& s);
   /// The request's headers are complete: its handler starts.
   void start_handler(H2Stream& s);
   /// Runs the handler of `s` and submits its response.
@@ -82,7 +86,12 @@ class Http2Connection {
   HttpServer::Shared& shared_;
   WorkerState& worker_;
   nghttp2_session* session_ = nullptr;
-  std::unordered_map<std::int32_t, std::shared_ptr<H2Stream>> streams_;
+  /// The open streams (nghttp2 has not closed them), in no order; each knows its index here.
+  std::vector<std::shared_ptr<H2Stream>> open_;
+  /// Response fields being submitted: reused, as one handler at a time builds them (it does not
+  /// park until nghttp2 has copied them).
+  std::vector<nghttp2_nv> nv_;
+  std::string nv_names_;
   /// Handler fibers still running.
   WaitGroup handlers_;
   Event writer_wake_;
@@ -139,6 +148,8 @@ class H2Stream final : public BodySource {
   bool closed = false;
   /// The handler has returned (its response is submitted).
   bool handler_done = false;
+  /// Where it is in the connection's open_ list.
+  std::size_t open_index = 0;
 
   std::size_t read(std::span<char> buffer) override;
 };
@@ -263,7 +274,10 @@ struct Callbacks {
   static int on_begin_headers(nghttp2_session* /*session*/, const nghttp2_frame* frame,
                               void* user) {
     if (frame->hd.type == NGHTTP2_HEADERS && frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
-      conn(user).open_stream(frame->hd.stream_id);
+      // (No stream to hold it: nghttp2 resets this one with INTERNAL_ERROR.)
+      if (conn(user).open_stream(frame->hd.stream_id) == nullptr) {
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+      }
     }
     return 0;
   }
@@ -340,9 +354,9 @@ struct Callbacks {
   static int on_stream_close(nghttp2_session* /*session*/, std::int32_t stream_id,
                              std::uint32_t /*error_code*/, void* user) {
     Http2Connection& c = conn(user);
-    auto it = c.streams_.find(stream_id);
-    if (it == c.streams_.end()) return 0;
-    H2Stream& s = *it->second;
+    H2Stream* found = c.find(stream_id);
+    if (found == nullptr) return 0;
+    H2Stream& s = *found;
     if (!s.body_done) {
       c.closed_early_.push_back(stream_id);
       if (c.closed_early_.size() > 64) c.closed_early_.pop_front();
@@ -350,8 +364,8 @@ struct Callbacks {
     s.closed = true;
     s.body_event.set();
     s.out_event.set();
-    c.streams_.erase(it);  // the handler, if it still runs, keeps its own reference
-    if (c.goaway_sent_ && c.streams_.empty()) c.stop_reader();
+    c.forget(s);  // the handler, if it still runs, keeps its own reference
+    if (c.goaway_sent_ && c.open_.empty()) c.stop_reader();
     return 0;
   }
 };
@@ -389,14 +403,25 @@ Http2Connection::~Http2Connection() {
 }
 
 H2Stream* Http2Connection::open_stream(std::int32_t id) {
-  auto& slot = streams_[id];
-  slot = std::make_shared<H2Stream>(*this, id);
-  return slot.get();
+  auto s = std::make_shared<H2Stream>(*this, id);
+  if (nghttp2_session_set_stream_user_data(session_, id, s.get()) != 0) return nullptr;
+  s->open_index = open_.size();
+  open_.push_back(std::move(s));
+  return open_.back().get();
 }
 
 H2Stream* Http2Connection::find(std::int32_t id) {
-  auto it = streams_.find(id);
-  return it == streams_.end() ? nullptr : it->second.get();
+  return static_cast<H2Stream*>(nghttp2_session_get_stream_user_data(session_, id));
+}
+
+void Http2Connection::forget(H2Stream& s) {
+  nghttp2_session_set_stream_user_data(session_, s.id, nullptr);
+  std::size_t i = s.open_index;
+  if (i + 1 != open_.size()) {
+    open_[i] = std::move(open_.back());
+    open_[i]->open_index = i;
+  }
+  open_.pop_back();  // the last reference unless the handler still runs
 }
 
 void Http2Connection::start_handler(H2Stream& s) {
@@ -417,13 +442,14 @@ void Http2Connection::start_handler(H2Stream& s) {
   }
   if (s.path.empty() || (s.path.front() != '/' && s.path != "*")) s.early_status = 400;
   handlers_.add();
-  spawn([this, self = streams_.at(s.id)] { handle(self); },
+  spawn([this, self = open_[s.open_index]] { handle(self); },
         SpawnOptions{.stack_size = shared_.options.tcp.stack_size})
       .detach();
 }
 
 void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
-  auto started = Clock::now();
+  // The clock is read only for the access log's duration.
+  auto started = shared_.options.access_log ? Clock::now() : Clock::time_point();
   Response response;
   bool head_only = s->method == "HEAD";
   if (s->early_status != 0) {
@@ -441,10 +467,11 @@ void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
     // whole first, so views into it stay put).
     std::size_t name_bytes = 0;
     for (const Field& f : response.headers) name_bytes += f.name.size();
-    std::string names;
+    std::string& names = nv_names_;
+    names.clear();
     names.reserve(name_bytes);
-    std::vector<nghttp2_nv> nv;
-    nv.reserve(response.headers.size() + 4);
+    std::vector<nghttp2_nv>& nv = nv_;
+    nv.clear();
     auto add = [&](std::string_view name, std::string_view value) {
       nv.push_back({reinterpret_cast<std::uint8_t*>(const_cast<char*>(name.data())),
                     reinterpret_cast<std::uint8_t*>(const_cast<char*>(value.data())), name.size(),
@@ -457,8 +484,7 @@ void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
     for (const Field& f : response.headers) {
       if (is_connection_specific(f.name)) continue;
       std::size_t at = names.size();
-      for (char ch : f.name)
-        names += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+      for (char ch : f.name) names += ch >= 'A' && ch <= 'Z' ? static_cast<char>(ch + 32) : ch;
       std::string_view name(names.data() + at, f.name.size());
       has_date = has_date || name == "date";
       has_server = has_server || name == "server";
@@ -591,7 +617,7 @@ void Http2Connection::shut_down() {
                         nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
                         nullptr, 0);
   wake_writer();
-  if (streams_.empty()) stop_reader();
+  if (open_.empty()) stop_reader();
 }
 
 void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade) {
@@ -613,8 +639,9 @@ void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade)
     ok = nghttp2_session_upgrade2(session_,
                                   reinterpret_cast<const std::uint8_t*>(upgrade->settings.data()),
                                   upgrade->settings.size(), head_request, nullptr) == 0;
+    H2Stream* s = ok ? open_stream(1) : nullptr;
+    ok = s != nullptr;
     if (ok) {
-      H2Stream* s = open_stream(1);
       s->method = upgrade->head->method;
       s->path = upgrade->head->target;
       for (const Field& f : upgrade->head->headers) {
@@ -636,14 +663,14 @@ void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade)
     wake_writer();
     if (!nghttp2_session_want_read(session_)) break;
     if (shared_.draining.load(std::memory_order_acquire)) shut_down();
-    if (goaway_sent_ && streams_.empty()) break;
+    if (goaway_sent_ && open_.empty()) break;
     // Idle (no stream open): the keep-alive timeout applies, then GOAWAY.
     Deadline deadline =
-        streams_.empty() ? Deadline::after(shared_.options.keepalive_timeout) : Deadline::never();
+        open_.empty() ? Deadline::after(shared_.options.keepalive_timeout) : Deadline::never();
     auto n = stream_.read(buffer, deadline);
     if (!n) {
       // Idle too long: GOAWAY (which, with no stream open, also stops the reader).
-      if (n.error() == std::errc::timed_out && streams_.empty()) shut_down();
+      if (n.error() == std::errc::timed_out && open_.empty()) shut_down();
       break;  // stopped (canceled), timed out idle, or the connection failed
     }
     if (*n == 0) break;
@@ -653,7 +680,7 @@ void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade)
   // The end: every stream is closed for its handler, the handlers finish, the writer sends
   // what is left (a GOAWAY the session queued, say) and stops.
   stopping_ = true;
-  for (auto& [id, s] : streams_) {
+  for (auto& s : open_) {
     s->closed = true;
     s->body_event.set();
     s->out_event.set();
