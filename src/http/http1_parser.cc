@@ -82,9 +82,10 @@ ParseResult parse_request_line(std::string_view line, RequestHead& head) {
   if (version[5] != '1') return error(505, "HTTP version not supported");
   head.minor_version = version[7] == '0' ? 0 : 1;
 
-  // The four target forms, each only where it belongs.
+  // The four target forms, each only where it belongs (origin-form, the common one, first).
   std::string_view t = head.target;
-  bool origin = t.front() == '/';
+  if (t.front() == '/') return {State::kComplete, 0, 0, {}};
+  bool origin = false;
   bool absolute = t.find("://") != std::string_view::npos && is_tchar(t.front());
   bool asterisk = t == "*" && head.method == "OPTIONS";
   bool authority = head.method == "CONNECT" && !origin && t.find('/') == std::string_view::npos;
@@ -121,22 +122,52 @@ ParseResult check_transfer_encoding(const RequestHead& head, bool& chunked) {
   return {State::kComplete, 0, 0, {}};
 }
 
-// What the header fields mean for framing and the connection.
+// Notes which of "close" and "keep-alive" a Connection value lists.
+void note_connection_tokens(std::string_view value, bool& close, bool& keep_alive) {
+  while (!value.empty()) {
+    std::size_t comma = value.find(',');
+    std::string_view token = trim_ows(value.substr(0, comma));
+    close = close || iequals(token, "close");
+    keep_alive = keep_alive || iequals(token, "keep-alive");
+    if (comma == std::string_view::npos) break;
+    value.remove_prefix(comma + 1);
+  }
+}
+
+// What the header fields mean for framing and the connection: one pass over them, each name
+// compared only with the one of its length that matters here.
 ParseResult interpret_headers(RequestHead& head) {
   bool has_te = false;
+  bool close = false;
+  bool keep_alive = false;
   std::size_t hosts = 0;
+  std::optional<std::string_view> expect;
   for (const Field& f : head.headers) {
-    if (iequals(f.name, "content-length")) {
-      auto n = parse_content_length(f.value);
-      if (!n) return error(400, "invalid Content-Length");
-      if (head.content_length && *head.content_length != *n) {
-        return error(400, "conflicting Content-Length");
-      }
-      head.content_length = n;
-    } else if (iequals(f.name, "transfer-encoding")) {
-      has_te = true;
-    } else if (iequals(f.name, "host")) {
-      ++hosts;
+    switch (f.name.size()) {
+      case 4:
+        if (iequals(f.name, "host")) ++hosts;
+        break;
+      case 6:
+        if (!expect && iequals(f.name, "expect")) expect = f.value;
+        break;
+      case 10:
+        if (iequals(f.name, "connection")) note_connection_tokens(f.value, close, keep_alive);
+        break;
+      case 14:
+        if (iequals(f.name, "content-length")) {
+          auto n = parse_content_length(f.value);
+          if (!n) return error(400, "invalid Content-Length");
+          if (head.content_length && *head.content_length != *n) {
+            return error(400, "conflicting Content-Length");
+          }
+          head.content_length = n;
+        }
+        break;
+      case 17:
+        has_te = has_te || iequals(f.name, "transfer-encoding");
+        break;
+      default:
+        break;
     }
   }
   if (has_te) {
@@ -149,14 +180,13 @@ ParseResult interpret_headers(RequestHead& head) {
   if (hosts == 0 && head.minor_version == 1) return error(400, "missing Host");
 
   if (head.minor_version == 1) {
-    head.keep_alive = !head.headers.has_token("connection", "close");
-    if (auto expect = head.headers.get("expect")) {
+    head.keep_alive = !close;
+    if (expect) {
       if (!iequals(*expect, "100-continue")) return error(417, "unsupported expectation");
       head.expect_continue = true;
     }
   } else {
-    head.keep_alive = head.headers.has_token("connection", "keep-alive") &&
-                      !head.headers.has_token("connection", "close");
+    head.keep_alive = keep_alive && !close;
   }
   return {State::kComplete, 0, 0, {}};
 }
@@ -229,9 +259,10 @@ ParseResult RequestParser::parse(std::string_view input, RequestHead& head) {
   }
   std::size_t pos = line_end + 2;
   while (pos < end + 2) {
-    std::size_t eol = message.find(kCrlf, pos);
+    // The line ends at its first CR, which must begin the CRLF (one scan finds both).
+    std::size_t eol = message.find('\r', pos);
+    if (message[eol + 1] != '\n') return error(400, "bare CR in header");
     std::string_view line = message.substr(pos, eol - pos);
-    if (line.find('\r') != std::string_view::npos) return error(400, "bare CR in header");
     if (head.headers.size() == limits_.max_headers) return error(431, "too many header fields");
     if (auto r = parse_field(line, head.headers); r.state == State::kError) return r;
     pos = eol + 2;
