@@ -1,6 +1,8 @@
 #include "spindle/http/http1_parser.h"
 
 #include <array>
+#include <cstdint>
+#include <cstring>
 
 namespace spindle::http {
 namespace {
@@ -33,6 +35,44 @@ bool is_field_value_char(char c) {
 bool is_target_char(char c) {
   auto u = static_cast<unsigned char>(c);
   return u > 0x20 && u < 0x7f;
+}
+
+// Eight bytes at a time (the common case is all valid): any byte below n (n <= 128), equal to
+// b, or at least 0x7f. Exact as yes/no answers; the bytewise check then finds the one.
+constexpr std::uint64_t kOnes = 0x0101010101010101ull;
+constexpr std::uint64_t kHighs = 0x8080808080808080ull;
+bool any_below(std::uint64_t w, unsigned n) { return ((w - kOnes * n) & ~w & kHighs) != 0; }
+bool any_equal(std::uint64_t w, unsigned b) {
+  std::uint64_t x = w ^ (kOnes * b);
+  return ((x - kOnes) & ~x & kHighs) != 0;
+}
+bool any_at_least_7f(std::uint64_t w) { return ((((w & ~kHighs) + kOnes) | w) & kHighs) != 0; }
+
+// True if every character of `s` passes `ok`; `suspect` flags words that may hold one that
+// does not (the words it passes are skipped, the rest checked bytewise).
+template <typename Suspect, typename Ok>
+bool all_chars(std::string_view s, Suspect suspect, Ok ok) {
+  std::size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    if (suspect(w)) break;
+  }
+  for (; i < s.size(); ++i) {
+    if (!ok(s[i])) return false;
+  }
+  return true;
+}
+
+bool is_field_value(std::string_view s) {
+  return all_chars(
+      s, [](std::uint64_t w) { return any_below(w, 0x20) || any_equal(w, 0x7f); },
+      is_field_value_char);
+}
+
+bool is_target(std::string_view s) {
+  return all_chars(
+      s, [](std::uint64_t w) { return any_below(w, 0x21) || any_at_least_7f(w); }, is_target_char);
 }
 
 ParseResult error(int status, std::string_view reason) {
@@ -71,9 +111,7 @@ ParseResult parse_request_line(std::string_view line, RequestHead& head) {
   std::size_t sp2 = rest.find(' ');
   if (sp2 == 0 || sp2 == std::string_view::npos) return error(400, "malformed request line");
   head.target = rest.substr(0, sp2);
-  for (char c : head.target) {
-    if (!is_target_char(c)) return error(400, "invalid character in request target");
-  }
+  if (!is_target(head.target)) return error(400, "invalid character in request target");
   std::string_view version = rest.substr(sp2 + 1);
   if (version.size() != 8 || !version.starts_with("HTTP/") || version[6] != '.' ||
       version[5] < '0' || version[5] > '9' || version[7] < '0' || version[7] > '9') {
@@ -202,9 +240,7 @@ ParseResult parse_field(std::string_view line, HeaderMap& headers) {
   }
   if (colon == 0) return error(400, "empty header name");
   std::string_view value = line.substr(colon + 1);
-  for (char c : value) {
-    if (!is_field_value_char(c)) return error(400, "invalid character in header value");
-  }
+  if (!is_field_value(value)) return error(400, "invalid character in header value");
   headers.add_view(line.substr(0, colon), trim_ows(value));
   return {State::kComplete, 0, 0, {}};
 }

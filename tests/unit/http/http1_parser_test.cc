@@ -194,6 +194,33 @@ TEST(Http1Parser, RejectsNulAndBareCrAndBareLfInFields) {
   EXPECT_EQ(status_of("GET / HTTP/1.1\r\nHost: h\r\nX-A: \x7f\r\n\r\n"), 400);
 }
 
+// The checks of target and value characters go eight bytes at a time: every byte value, at
+// every position of a long target and value, must still be judged as the RFC says.
+TEST(Http1Parser, EveryByteIsJudgedAtEveryPositionOfTargetAndValue) {
+  for (int byte = 0; byte < 256; ++byte) {
+    auto c = static_cast<char>(byte);
+    auto u = static_cast<unsigned char>(byte);
+    bool target_ok = u > 0x20 && u < 0x7f;
+    bool value_ok = u == '\t' || (u >= 0x20 && u != 0x7f);
+    for (std::size_t at = 0; at < 20; ++at) {
+      std::string target = "/abcdefghijklmnopqrst";
+      target[1 + at] = c;
+      std::string value = "abcdefghijklmnopqrstu";
+      value[1 + at] = c;
+      if (c != ' ' && c != '\r' && c != '\n') {
+        RequestHead head;
+        auto r = parse("GET " + target + " HTTP/1.1\r\nHost: h\r\n\r\n", head);
+        EXPECT_EQ(r.state == State::kComplete, target_ok) << "byte " << byte << " at " << at;
+      }
+      if (c != '\r' && c != '\n') {
+        RequestHead head;
+        auto r = parse("GET / HTTP/1.1\r\nHost: h\r\nX: " + value + "\r\n\r\n", head);
+        EXPECT_EQ(r.state == State::kComplete, value_ok) << "byte " << byte << " at " << at;
+      }
+    }
+  }
+}
+
 TEST(Http1Parser, RejectsInvalidFieldNameCharacters) {
   for (const char* name : {"X(A)", "X\"A", "X/A", "X@A", "X{A}", "X A", "\x80X", "[X]"}) {
     std::string text = std::string("GET / HTTP/1.1\r\nHost: h\r\n") + name + ": v\r\n\r\n";
