@@ -51,6 +51,7 @@ Router& Router::route(std::string_view method, std::string_view pattern, Handler
   Node* node = root_.get();
   std::string_view rest = pattern.substr(1);
   bool more = !rest.empty();
+  bool all_static = true;
   while (more) {
     more = rest.find('/') != std::string_view::npos;
     std::string_view segment = next_segment(rest);
@@ -64,6 +65,7 @@ Router& Router::route(std::string_view method, std::string_view pattern, Handler
         throw std::invalid_argument("conflicting wildcard names in " + std::string(pattern));
       }
       node = node->wildcard.get();
+      all_static = false;
     } else if (is_param(segment)) {
       std::string_view name = segment.substr(1, segment.size() - 2);
       if (!node->param) {
@@ -73,6 +75,7 @@ Router& Router::route(std::string_view method, std::string_view pattern, Handler
         throw std::invalid_argument("conflicting parameter names in " + std::string(pattern));
       }
       node = node->param.get();
+      all_static = false;
     } else {
       if (segment.find_first_of("{}") != std::string_view::npos) {
         throw std::invalid_argument("malformed segment '" + std::string(segment) + "' in " +
@@ -92,6 +95,7 @@ Router& Router::route(std::string_view method, std::string_view pattern, Handler
                                 std::string(pattern));
   }
   node->handlers.emplace_back(std::string(method), std::move(handler));
+  if (all_static) exact_.emplace(pattern, node);
   return *this;
 }
 
@@ -109,6 +113,10 @@ Response Router::run(std::size_t i, Request& request) const {
 }
 
 const Router::Node* Router::match(std::string_view path, Request& request) const {
+  if (auto it = exact_.find(path); it != exact_.end()) {
+    request.clear_params();
+    return it->second;
+  }
   // Depth-first, static before {param} before *wildcard; parameters of an abandoned branch are
   // dropped by truncating to the count on entry.
   struct Matcher {

@@ -50,6 +50,10 @@ class HeaderMap {
   void add_view(std::string_view name, std::string_view value);
   /// Appends a field, copying name and value into the map.
   void add(std::string_view name, std::string_view value);
+  /// Appends a field whose name outlives the map (a literal), copying only the value.
+  void add_with_static_name(std::string_view name, std::string_view value) {
+    add_view(name, copy(value));
+  }
   /// Replaces every field named `name` with one field (copied).
   void set(std::string_view name, std::string_view value);
   /// Removes every field named `name`; returns how many.

@@ -128,7 +128,7 @@ struct Response {
   explicit Response(int s) : status(s) {}
   /// A response with `status`, a body and its Content-Type.
   Response(int s, std::string b, std::string_view content_type) : status(s), body(std::move(b)) {
-    headers.add(std::string_view("Content-Type"), content_type);
+    headers.add_with_static_name("Content-Type", content_type);
   }
 
   /// 200 with a text/plain body.

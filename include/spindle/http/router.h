@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "spindle/http/message.h"
@@ -58,8 +59,17 @@ class Router {
   /// Runs middleware `i` (or dispatch past the last).
   Response run(std::size_t i, Request& request) const;
 
+  /// Hashes std::string and std::string_view alike (lookups by view, without a copy).
+  struct PathHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+  };
+
   /// The tree's root ("/").
   std::unique_ptr<Node> root_;
+  /// Routes made of static segments only, by their whole path: a request for one of them is
+  /// found with one hash lookup (the walk would reach the same node, static segments winning).
+  std::unordered_map<std::string, const Node*, PathHash, std::equal_to<>> exact_;
   /// The middleware, outermost first.
   std::vector<Middleware> middleware_;
 };
