@@ -415,60 +415,68 @@ bool Connection::finish_body() {
 
 Response Connection::respond(Request& request) { return detail::call_router(router_, request); }
 
-// Appends the decimal digits of `n` (cheaper than a format call on the per-response path).
-void append_number(std::string& out, std::uint64_t n) {
-  char digits[24];
-  auto [end, ec] = std::to_chars(digits, digits + sizeof digits, n);
-  out.append(digits, end);
-}
-
 void Connection::queue(Response& response, bool head_only, bool close) {
-  out_ += status_line(response.status);
-  // The handler's fields, in one pass that also notes which defaults they replace; framing
-  // (Content-Length, Transfer-Encoding, Connection) is the server's business.
-  bool has_date = false, has_server = false;
-  for (const Field& f : response.headers) {
-    switch (f.name.size()) {
-      case 4:
-        has_date = has_date || iequals(f.name, "date");
-        break;
-      case 6:
-        has_server = has_server || iequals(f.name, "server");
-        break;
-      case 10:
-        if (iequals(f.name, "connection")) continue;
-        break;
-      case 14:
-        if (iequals(f.name, "content-length")) continue;
-        break;
-      case 17:
-        if (iequals(f.name, "transfer-encoding")) continue;
-        break;
-    }
-    out_ += f.name;
-    out_ += ": "sv;
-    out_ += f.value;
-    out_ += "\r\n"sv;
-  }
-  if (!has_date) out_ += date_.line();
-  if (!has_server) out_ += shared_.server_line;
   bool no_body = status_has_no_body(response.status);
   bool streamed = response.stream && !no_body;
   // An HTTP/1.0 client cannot take chunks: its streamed body ends when the connection does.
   if (streamed && head_.minor_version == 0) close = true;
-  if (streamed && head_.minor_version == 1) {
-    out_ += "Transfer-Encoding: chunked\r\n"sv;
-  } else if (!no_body && !streamed) {
-    out_ += "Content-Length: "sv;
-    append_number(out_, response.body_size());
-    out_ += "\r\n"sv;
-  }
-  if (close) {
-    out_ += "Connection: close\r\n"sv;
-  } else if (head_.minor_version == 0) {
-    out_ += "Connection: keep-alive\r\n"sv;
-  }
-  out_ += "\r\n"sv;
+  std::string_view status = status_line(response.status);
+  // The head is written in one go: its size is bounded first (fixed lines, fields, 20 digits
+  // of Content-Length), then each piece is copied in, with no capacity check per piece.
+  std::string_view date = date_.line();
+  std::size_t bound = status.size() + date.size() + shared_.server_line.size() + 80;
+  for (const Field& f : response.headers) bound += f.name.size() + f.value.size() + 4;
+  std::size_t at = out_.size();
+  out_.resize_and_overwrite(at + bound, [&](char* data, std::size_t) {
+    char* w = data + at;
+    auto put = [&w](std::string_view piece) {
+      std::memcpy(w, piece.data(), piece.size());
+      w += piece.size();
+    };
+    put(status);
+    // The handler's fields, in one pass that also notes which defaults they replace; framing
+    // (Content-Length, Transfer-Encoding, Connection) is the server's business.
+    bool has_date = false, has_server = false;
+    for (const Field& f : response.headers) {
+      switch (f.name.size()) {
+        case 4:
+          has_date = has_date || iequals(f.name, "date");
+          break;
+        case 6:
+          has_server = has_server || iequals(f.name, "server");
+          break;
+        case 10:
+          if (iequals(f.name, "connection")) continue;
+          break;
+        case 14:
+          if (iequals(f.name, "content-length")) continue;
+          break;
+        case 17:
+          if (iequals(f.name, "transfer-encoding")) continue;
+          break;
+      }
+      put(f.name);
+      put(": "sv);
+      put(f.value);
+      put("\r\n"sv);
+    }
+    if (!has_date) put(date);
+    if (!has_server) put(shared_.server_line);
+    if (streamed && head_.minor_version == 1) {
+      put("Transfer-Encoding: chunked\r\n"sv);
+    } else if (!no_body && !streamed) {
+      put("Content-Length: "sv);
+      w = std::to_chars(w, w + 20, response.body_size()).ptr;
+      put("\r\n"sv);
+    }
+    if (close) {
+      put("Connection: close\r\n"sv);
+    } else if (head_.minor_version == 0) {
+      put("Connection: keep-alive\r\n"sv);
+    }
+    put("\r\n"sv);
+    return static_cast<std::size_t>(w - data);
+  });
   if (no_body || head_only) return;  // a HEAD response has no body, not even a chunked end
   if (streamed) {
     stream_body(response.stream);
