@@ -43,6 +43,7 @@ def main():
     p.add_argument("--idle-rss")
     p.add_argument("--tls")
     p.add_argument("--tls-chart")
+    p.add_argument("--instructions", help="bench/instructions.sh's JSON (OUT=...)")
     a = p.parse_args()
     micro = json.load(open(a.micro))
     echo = json.load(open(a.echo))
@@ -101,6 +102,22 @@ def main():
               "message (lower is better) is shown beside the rate.\n")
     if a.http:
         md.extend(http_section(json.load(open(a.http)), a.http_chart))
+    if a.instructions:
+        n = json.load(open(a.instructions))
+        md.append("### Userspace instructions per keep-alive request
+")
+        md.append("`OUT=bench/results/instructions.json bench/instructions.sh` — callgrind counts "
+                  "the instructions each server runs in userspace for wrk `-c100` keep-alive "
+                  "requests to /plaintext (one worker; a short and a long run, whose difference "
+                  "cancels start-up). Unlike CPU time it does not move with the machine's noise; "
+                  "the kernel's share (the same `recv` and `sendmsg` per request for both) is not "
+                  "counted.\n")
+        md.append("| server | instructions/request |")
+        md.append("|---|---:|")
+        for name in ("spindle", "ceiling"):
+            if name in n:
+                md.append(f"| {name} | {n[name]:,} |")
+        md.append("")
     if a.tls:
         md.extend(tls_section(json.load(open(a.tls)), a.tls_chart))
     if a.idle_rss:

@@ -10,23 +10,27 @@ out=bench/results
 mkdir -p "$out"
 py=/usr/bin/python3   # Debian's python3, which has python3-matplotlib
 
-echo "[bench 1/6] micro-benchmarks (fiber_bench, 3 repetitions)"
+echo "[bench 1/7] micro-benchmarks (fiber_bench, 3 repetitions)"
 "$bin/fiber_bench" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_min_time=0.3 --benchmark_out="$out/micro.json" --benchmark_out_format=json
 
-echo "[bench 2/6] echo throughput: spindle (1 worker) vs epoll_echo.c"
+echo "[bench 2/7] echo throughput: spindle (1 worker) vs epoll_echo.c"
 "$py" bench/echo_compare.py --bin "$bin" --out "$out/echo.json" ${ECHO_SECONDS:+--seconds "$ECHO_SECONDS"}
 
-echo "[bench 3/6] HTTP/1.1: spindle vs nginx, h2o and the C ceiling (wrk; 1 worker, then 2)"
+echo "[bench 3/7] HTTP/1.1: spindle vs nginx, h2o and the C ceiling (wrk; 1 worker, then 2)"
 "$py" bench/http_compare.py --bin "$bin" --out "$out/http.json" ${HTTP_SECONDS:+--seconds "$HTTP_SECONDS"}
 
-echo "[bench 4/6] HTTPS and HTTP/2: spindle vs nginx and h2o (h2load, wrk; 1 worker)"
+echo "[bench 4/7] HTTPS and HTTP/2: spindle vs nginx and h2o (h2load, wrk; 1 worker)"
 "$py" bench/tls_compare.py --bin "$bin" --out "$out/tls.json" ${HTTP_SECONDS:+--seconds "$HTTP_SECONDS"}
 
-echo "[bench 5/6] memory of 10,000 idle keep-alive connections: spindle vs nginx"
+echo "[bench 5/7] memory of 10,000 idle keep-alive connections: spindle vs nginx"
 "$py" bench/idle_rss.py --bin "$bin" --out "$out/idle_rss.json"
 
-echo "[bench 6/6] writing docs/benchmarks.md and its charts"
+echo "[bench 6/7] userspace instructions per keep-alive request: spindle vs the C ceiling (callgrind)"
+OUT="$out/instructions.json" bench/instructions.sh
+
+echo "[bench 7/7] writing docs/benchmarks.md and its charts"
 "$py" bench/report.py --micro "$out/micro.json" --echo "$out/echo.json" --http "$out/http.json" \
   --idle-rss "$out/idle_rss.json" --tls "$out/tls.json" --tls-chart docs/benchmarks-tls.png \
+  --instructions "$out/instructions.json" \
   --markdown docs/benchmarks.md --chart docs/benchmarks.png --http-chart docs/benchmarks-http.png

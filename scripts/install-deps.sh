@@ -12,7 +12,8 @@ build_pkgs=(build-essential cmake ninja-build pkg-config
   googletest libgtest-dev libgmock-dev)
 test_pkgs=(python3 python3-pytest python3-h2 curl openssl nghttp2-client golang-go nginx-light h2o
   clang-format clang libclang-rt-14-dev)
-bench_pkgs=(libbenchmark-dev python3-matplotlib nginx-light h2o wrk util-linux nghttp2-client)
+bench_pkgs=(libbenchmark-dev python3-matplotlib nginx-light h2o wrk util-linux nghttp2-client
+  valgrind)
 
 want=("${build_pkgs[@]}")
 for set in "$@"; do
