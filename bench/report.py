@@ -104,19 +104,19 @@ def main():
         md.extend(http_section(json.load(open(a.http)), a.http_chart))
     if a.instructions:
         n = json.load(open(a.instructions))
-        md.append("### Userspace instructions per keep-alive request
-")
+        md.append("### Userspace instructions per request\n")
         md.append("`OUT=bench/results/instructions.json bench/instructions.sh` — callgrind counts "
                   "the instructions each server runs in userspace for wrk `-c100` keep-alive "
-                  "requests to /plaintext (one worker; a short and a long run, whose difference "
-                  "cancels start-up). Unlike CPU time it does not move with the machine's noise; "
-                  "the kernel's share (the same `recv` and `sendmsg` per request for both) is not "
-                  "counted.\n")
-        md.append("| server | instructions/request |")
-        md.append("|---|---:|")
-        for name in ("spindle", "ceiling"):
+                  "requests to /plaintext, and for spindle h2load `-c10 -m10` h2c requests (one "
+                  "worker; a short and a long run, whose difference cancels start-up). Unlike "
+                  "CPU time it does not move with the machine's noise; the kernel's share (the "
+                  "same `recv` and `sendmsg` per HTTP/1.1 request for both) is not counted.\n")
+        md.append("| server | load | instructions/request |")
+        md.append("|---|---|---:|")
+        for name, label in (("spindle", "HTTP/1.1 keep-alive"), ("ceiling", "HTTP/1.1 keep-alive"),
+                            ("spindle-h2c", "h2c, 10 streams per connection")):
             if name in n:
-                md.append(f"| {name} | {n[name]:,} |")
+                md.append(f"| {name.removesuffix('-h2c')} | {label} | {n[name]:,} |")
         md.append("")
     if a.tls:
         md.extend(tls_section(json.load(open(a.tls)), a.tls_chart))

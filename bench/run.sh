@@ -26,7 +26,7 @@ echo "[bench 4/7] HTTPS and HTTP/2: spindle vs nginx and h2o (h2load, wrk; 1 wor
 echo "[bench 5/7] memory of 10,000 idle keep-alive connections: spindle vs nginx"
 "$py" bench/idle_rss.py --bin "$bin" --out "$out/idle_rss.json"
 
-echo "[bench 6/7] userspace instructions per keep-alive request: spindle vs the C ceiling (callgrind)"
+echo "[bench 6/7] userspace instructions per request: spindle vs the C ceiling, and h2c (callgrind)"
 OUT="$out/instructions.json" bench/instructions.sh
 
 echo "[bench 7/7] writing docs/benchmarks.md and its charts"
