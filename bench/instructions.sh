@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-4}
-bin=build/release/bin
+bin=${BIN:-build/release/bin}  # BIN=dir: another build's binaries
 tmp=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"' EXIT
 for tool in valgrind wrk h2load callgrind_annotate; do
