@@ -39,6 +39,29 @@ def test_https_keep_alive_and_alpn(tls_site, certs, http):
         assert [r[0] for r in http.read_responses(conn, 3)] == [200, 200, 404]
 
 
+def test_pipelined_requests_spanning_many_records_are_all_answered(tls_site, certs, http):
+    # 1,400 requests in four TLS records, each ending where a request ends, in one loopback
+    # segment (corked: one readiness edge, nothing arriving later to wake the server again).
+    # Each record leaves only complete requests in the server's buffer; the driver must see
+    # that the socket and OpenSSL still hold more, rather than go idle and wait for an edge
+    # that will not come (this test would then time out).
+    with tls_connect(tls_site, certs) as s:
+        conn = Conn(s)
+        records = [b"".join(get("/plaintext" if i % 2 else "/json") for i in range(350))
+                   for _ in range(4)]
+        assert all(len(r) < 16384 for r in records) and sum(map(len, records)) < 60000
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        for record in records:
+            s.sendall(record)  # one TLS record per call
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+        statuses = [r[0] for r in http.read_responses(conn, 1400)]
+        assert statuses == [200] * 1400
+        # And the connection still serves what comes later, one at a time.
+        for _ in range(3):
+            s.sendall(get("/plaintext"))
+            assert http.read_response(conn)[2] == b"Hello, World!"
+
+
 def test_tls12_is_served_and_older_versions_are_refused(tls_site, certs, http):
     ctx = client_context(certs)
     ctx.maximum_version = ssl.TLSVersion.TLSv1_2
