@@ -259,7 +259,7 @@ def main():
               f"CPU {cpu or 0:.2f} us/req  errors {r['errors']}", flush=True)
         results.append(r)
     with open(a.out, "w") as f:
-        json.dump({"seconds": a.seconds, "results": results}, f, indent=2)
+        json.dump({"seconds": a.seconds, "rounds": a.rounds, "results": results}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -173,8 +173,10 @@ HTTP_GOALS = {  # workload -> (spindle CPU per request / peer, peer) goal, from 
 def http_section(data, chart):
     results = data["results"]
     md = ["## HTTP/1.1: spindle vs nginx, h2o and a C ceiling\n"]
-    md.append(f"`/usr/bin/python3 bench/http_compare.py --out bench/results/http.json` — wrk "
-              f"{data['seconds']} s per run; `/plaintext` returns \"Hello, World!\" (nginx "
+    md.append(f"`/usr/bin/python3 bench/http_compare.py --rounds {data.get('rounds', 1)} --out "
+              "bench/results/http.json` — wrk "
+              f"{data['seconds']} s per run, the median of {data.get('rounds', 1)} runs by CPU per "
+              "request; `/plaintext` returns \"Hello, World!\" (nginx "
               f"`return 200`, h2o a 13-byte file), `/index.html` is a 612-byte page; spindle runs "
               f"`spindle serve --config bench/http/spindle.yaml` (no access log). The ceiling is "
               f"`bench/http_ceiling.c`, which parses nothing. One worker: server on CPU 0, wrk on "
@@ -259,10 +261,12 @@ def tls_section(data, chart):
     results = data["results"]
     by = {(r["server"], r["workload"]): r for r in results}
     md = ["## HTTPS and HTTP/2: spindle vs nginx and h2o\n"]
-    md.append("`/usr/bin/python3 bench/tls_compare.py --out bench/results/tls.json` — one worker "
+    md.append(f"`/usr/bin/python3 bench/tls_compare.py --rounds {data.get('rounds', 1)} --out "
+              "bench/results/tls.json` — one worker "
               "each (server on CPU 0, load on CPU 1); h2load `-c100 -m10 -t1` over TLS (ALPN h2) "
               "and h2c (prior knowledge); wrk `-c100` over HTTPS/1.1, kept alive and with "
-              f"`Connection: close` (a handshake per request); {data['seconds']} s per run. "
+              f"`Connection: close` (a handshake per request); {data['seconds']} s per run, the "
+              f"median of {data.get('rounds', 1)} runs by CPU per request. "
               "Same certificate (EC P-256) for all, and the same protocols: TLS 1.2 and 1.3 "
               "(nginx is given `ssl_protocols TLSv1.2 TLSv1.3`; its 1.22 default is TLS 1.2 "
               "only). wrk resumes sessions, so the handshakes are TLS 1.3 resumptions, each with "

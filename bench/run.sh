@@ -9,6 +9,9 @@ bin=build/release/bin
 out=bench/results
 mkdir -p "$out"
 py=/usr/bin/python3   # Debian's python3, which has python3-matplotlib
+# Each load run is repeated and the median (by server CPU per request) kept: single runs move
+# by ±15% on a shared machine. BENCH_ROUNDS=1 for a quick look.
+rounds=${BENCH_ROUNDS:-3}
 
 echo "[bench 1/7] micro-benchmarks (fiber_bench, 3 repetitions)"
 "$bin/fiber_bench" --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
@@ -18,10 +21,12 @@ echo "[bench 2/7] echo throughput: spindle (1 worker) vs epoll_echo.c"
 "$py" bench/echo_compare.py --bin "$bin" --out "$out/echo.json" ${ECHO_SECONDS:+--seconds "$ECHO_SECONDS"}
 
 echo "[bench 3/7] HTTP/1.1: spindle vs nginx, h2o and the C ceiling (wrk; 1 worker, then 2)"
-"$py" bench/http_compare.py --bin "$bin" --out "$out/http.json" ${HTTP_SECONDS:+--seconds "$HTTP_SECONDS"}
+"$py" bench/http_compare.py --bin "$bin" --out "$out/http.json" --rounds "$rounds" \
+  ${HTTP_SECONDS:+--seconds "$HTTP_SECONDS"}
 
 echo "[bench 4/7] HTTPS and HTTP/2: spindle vs nginx and h2o (h2load, wrk; 1 worker)"
-"$py" bench/tls_compare.py --bin "$bin" --out "$out/tls.json" ${HTTP_SECONDS:+--seconds "$HTTP_SECONDS"}
+"$py" bench/tls_compare.py --bin "$bin" --out "$out/tls.json" --rounds "$rounds" \
+  ${HTTP_SECONDS:+--seconds "$HTTP_SECONDS"}
 
 echo "[bench 5/7] memory of 10,000 idle keep-alive connections: spindle vs nginx"
 "$py" bench/idle_rss.py --bin "$bin" --out "$out/idle_rss.json"

@@ -198,7 +198,7 @@ def main():
                 ratios.append(f"{s['cpu_us_per_request'] / q['cpu_us_per_request']:.2f}x {peer}")
         print(f"    {name:<24} {s['cpu_us_per_request']:7.2f} us/req  " + ", ".join(ratios))
     with open(a.out, "w") as f:
-        json.dump({"seconds": a.seconds, "results": results}, f, indent=2)
+        json.dump({"seconds": a.seconds, "rounds": a.rounds, "results": results}, f, indent=2)
 
 
 if __name__ == "__main__":
