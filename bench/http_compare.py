@@ -162,6 +162,17 @@ def cpu_seconds(pid):
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_us_per_request(cpu_before, cpu_after, requests):
+    """Server CPU microseconds per request served (None if none was)."""
+    return (cpu_after - cpu_before) * 1e6 / requests if requests else None
+
+
+def median_round(rounds):
+    """The median of repeated runs, by server CPU per request."""
+    rounds = sorted(rounds, key=lambda x: x["cpu_us_per_request"] or 0)
+    return rounds[len(rounds) // 2]
+
+
 def stop(proc):
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -211,8 +222,7 @@ def run(kind, binaries, workers, workload, seconds, tmp):
         out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 60)
         after = cpu_seconds(proc.pid)
         result = parse_wrk(out.stdout)
-        result["cpu_us_per_request"] = ((after - before) * 1e6 / result["requests"]
-                                        if result["requests"] else None)
+        result["cpu_us_per_request"] = cpu_us_per_request(before, after, result["requests"])
         if warm.returncode != 0 or out.returncode != 0:
             result["errors"] += 1
         return result
@@ -251,8 +261,7 @@ def main():
             with tempfile.TemporaryDirectory() as tmp:
                 os.chmod(tmp, 0o755)  # h2o, started as root, reads files as nobody
                 rounds.append(run(kind, a.bin, workers, workload, a.seconds, tmp))
-        rounds.sort(key=lambda x: x["cpu_us_per_request"] or 0)
-        r = rounds[len(rounds) // 2]  # the median round by server CPU per request
+        r = median_round(rounds)
         r.update({"server": kind, "workers": workers, "workload": workload[0]})
         cpu = r["cpu_us_per_request"]
         print(f"      {r['rps']:>10,.0f} req/s  p99 {r['p99_ms'] or 0:.2f} ms  "

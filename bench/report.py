@@ -162,6 +162,21 @@ def main():
     fig.savefig(a.chart, dpi=110)
 
 
+def goals_table(title, goals, cpu):
+    """The goal table: for each workload, spindle's CPU per request over the peer's, from
+    `cpu` ((server, workload) -> CPU µs/req or None), against its goal."""
+    md = [f"{title}\n", "| workload | goal | measured | |", "|---|---|---:|---|"]
+    for workload, (goal, peer) in goals.items():
+        ours, theirs = cpu.get(("spindle", workload)), cpu.get((peer, workload))
+        if not ours or not theirs:
+            continue
+        ratio = ours / theirs
+        md.append(f"| {workload} | ≤ {goal}x {peer} | {ratio:.2f}x {peer} | "
+                  f"{'met' if ratio <= goal else 'not met'} |")
+    md.append("")
+    return md
+
+
 HTTP_GOALS = {  # workload -> (spindle CPU per request / peer, peer) goal, from the issue
     "keep-alive c100": (1.05, "ceiling"),
     "pipelined x16 c100": (0.2, "nginx"),
@@ -201,19 +216,10 @@ def http_section(data, chart):
                           f"{f'{vs_nginx:.2f}x' if vs_nginx else ''} | "
                           f"{f'{vs_ceiling:.2f}x' if vs_ceiling else ''} |")
         md.append("")
-    md.append("Goals (server CPU per request, one worker, same run):\n")
-    md.append("| workload | goal | measured | |")
-    md.append("|---|---|---:|---|")
-    for workload, (goal, peer) in HTTP_GOALS.items():
-        ours = [r for r in results if r["workers"] == 1 and r["workload"] == workload
-                and r["server"] == "spindle"]
-        theirs = [r for r in results if r["workers"] == 1 and r["server"] == peer
-                  and r["workload"] == workload]
-        if ours and theirs and theirs[0]["cpu_us_per_request"]:
-            ratio = ours[0]["cpu_us_per_request"] / theirs[0]["cpu_us_per_request"]
-            md.append(f"| {workload} | ≤ {goal}x {peer} | {ratio:.2f}x | "
-                      f"{'met' if ratio <= goal else 'NOT met'} |")
-    md.append("")
+    one_worker = {(r["server"], r["workload"]): r["cpu_us_per_request"]
+                  for r in results if r["workers"] == 1}
+    md.extend(goals_table("Goals (server CPU per request, one worker, same run):", HTTP_GOALS,
+                          one_worker))
     if chart:
         md.append("![HTTP benchmarks](benchmarks-http.png)\n")
         one = [r for r in results if r["workers"] == 1]
@@ -276,17 +282,9 @@ def tls_section(data, chart):
     for r in results:
         md.append(f"| {r['workload']} | {r['server']} | {r['rps']:,.0f} | "
                   f"{r['cpu_us_per_request'] or 0:.2f} | {r['errors']} |")
-    md.append("\nGoals (server CPU per request, same run):\n")
-    md.append("| workload | goal | measured | |")
-    md.append("|---|---|---:|---|")
-    for workload, (goal, peer) in TLS_GOALS.items():
-        s, q = by.get(("spindle", workload)), by.get((peer, workload))
-        if not s or not q or not s["cpu_us_per_request"] or not q["cpu_us_per_request"]:
-            continue
-        ratio = s["cpu_us_per_request"] / q["cpu_us_per_request"]
-        md.append(f"| {workload} | ≤ {goal}x {peer} | {ratio:.2f}x {peer} | "
-                  f"{'met' if ratio <= goal else 'not met'} |")
     md.append("")
+    md.extend(goals_table("Goals (server CPU per request, same run):", TLS_GOALS,
+                          {key: r["cpu_us_per_request"] for key, r in by.items()}))
     if chart:
         md.append("![HTTPS and HTTP/2 benchmarks](benchmarks-tls.png)\n")
         cpu_chart(results, "HTTPS and HTTP/2, one worker: server CPU per request (same run)",

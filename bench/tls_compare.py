@@ -21,7 +21,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from http_compare import ROOT, cpu_seconds, free_port, parse_wrk, pin, stop, wait_listening  # noqa: E402
+from http_compare import (ROOT, cpu_seconds, cpu_us_per_request, free_port,  # noqa: E402
+                          median_round, parse_wrk, pin, stop, wait_listening)
 
 WORKLOADS = [  # name, tool, scheme, extra arguments
     ("h2 TLS c100 m10", "h2load", "https", []),
@@ -139,8 +140,7 @@ def run(kind, binaries, workload, seconds, tmp, certs):
             out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 60)
             result = parse_wrk(out.stdout)
         after = cpu_seconds(proc.pid)
-        result["cpu_us_per_request"] = ((after - before) * 1e6 / result["requests"]
-                                        if result["requests"] else None)
+        result["cpu_us_per_request"] = cpu_us_per_request(before, after, result["requests"])
         if out.returncode != 0:
             result["errors"] += 1
         return result
@@ -177,8 +177,7 @@ def main():
                 with tempfile.TemporaryDirectory() as tmp:
                     os.chmod(tmp, 0o755)
                     rounds.append(run(kind, a.bin, workload, a.seconds, tmp, certs))
-            rounds.sort(key=lambda x: x["cpu_us_per_request"] or 0)
-            r = rounds[len(rounds) // 2]
+            r = median_round(rounds)
             r.update({"server": kind, "workers": 1, "workload": workload[0]})
             print(f"      {r['rps']:>10,.0f} req/s  CPU {r['cpu_us_per_request'] or 0:.2f} us/req"
                   f"  errors {r['errors']}", flush=True)
