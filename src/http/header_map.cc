@@ -1,6 +1,7 @@
 #include "spindle/http/header_map.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 namespace spindle::http {
@@ -8,13 +9,27 @@ namespace {
 
 constexpr char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; }
 
-}  // namespace
-
-std::string_view trim_ows(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
+// lower() of eight bytes at once: each byte's low seven bits plus 0x3f (0x25) carries into its
+// high bit exactly when they are at least 'A' (above 'Z'), and no byte carries into the next;
+// letters of bytes below 0x80 get 0x20 (the bit is clear in 'A'..'Z').
+constexpr std::uint64_t lower8(std::uint64_t w) {
+  constexpr std::uint64_t kOnes = 0x0101010101010101ull;
+  constexpr std::uint64_t kHighs = kOnes * 0x80;
+  std::uint64_t low7 = w & ~kHighs;
+  std::uint64_t at_least_a = low7 + kOnes * (0x80 - 'A');
+  std::uint64_t above_z = low7 + kOnes * (0x80 - 'Z' - 1);
+  std::uint64_t upper = at_least_a & ~above_z & ~w & kHighs;
+  return w | (upper >> 2);
 }
+
+// Eight bytes of `s` from `at`.
+std::uint64_t word_at(std::string_view s, std::size_t at) {
+  std::uint64_t w;
+  std::memcpy(&w, s.data() + at, 8);
+  return w;
+}
+
+}  // namespace
 
 bool accepts_encoding(std::string_view header, std::string_view coding) {
   while (!header.empty()) {
@@ -34,8 +49,27 @@ bool accepts_encoding(std::string_view header, std::string_view coding) {
 }
 
 bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
+  std::size_t n = a.size();
+  if (n != b.size()) return false;
+  auto same = [](std::uint64_t x, std::uint64_t y) { return x == y || lower8(x) == lower8(y); };
+  if (n >= 8) {
+    // Whole words, the last one overlapping its neighbour when n is not a multiple of 8.
+    for (std::size_t i = 0; i + 8 <= n; i += 8) {
+      if (!same(word_at(a, i), word_at(b, i))) return false;
+    }
+    return n % 8 == 0 || same(word_at(a, n - 8), word_at(b, n - 8));
+  }
+  if (n >= 4) {
+    // The first four bytes and the last four (overlapping) in one word: "host", "date".
+    auto pack = [n](std::string_view s) {
+      std::uint32_t lo, hi;
+      std::memcpy(&lo, s.data(), 4);
+      std::memcpy(&hi, s.data() + n - 4, 4);
+      return std::uint64_t{lo} | (std::uint64_t{hi} << 32);
+    };
+    return same(pack(a), pack(b));
+  }
+  for (std::size_t i = 0; i < n; ++i) {
     if (lower(a[i]) != lower(b[i])) return false;
   }
   return true;
@@ -68,12 +102,8 @@ void HeaderMap::take(HeaderMap&& other) noexcept {
   other.block_left_ = 0;
 }
 
-void HeaderMap::add_view(std::string_view name, std::string_view value) {
-  if (size_ < kInline) {
-    inline_.at[size_] = {name, value};
-  } else {
-    overflow_.push_back({name, value});
-  }
+void HeaderMap::add_overflow(std::string_view name, std::string_view value) {
+  overflow_.push_back({name, value});
   ++size_;
 }
 
@@ -102,10 +132,8 @@ std::size_t HeaderMap::erase(std::string_view name) {
   return removed;
 }
 
-void HeaderMap::clear() {
-  size_ = 0;
+void HeaderMap::release_overflow() {
   overflow_.clear();
-  arena_used_ = 0;
   blocks_.clear();
   block_free_ = nullptr;
   block_left_ = 0;

@@ -70,11 +70,6 @@ bool is_field_value(std::string_view s) {
       is_field_value_char);
 }
 
-bool is_target(std::string_view s) {
-  return all_chars(
-      s, [](std::uint64_t w) { return any_below(w, 0x21) || any_at_least_7f(w); }, is_target_char);
-}
-
 ParseResult error(int status, std::string_view reason) {
   return {State::kError, 0, status, reason};
 }
@@ -99,19 +94,33 @@ std::optional<std::uint64_t> parse_content_length(std::string_view value) {
   }
 }
 
-// Request line: method SP request-target SP HTTP-version (without CRLF).
-ParseResult parse_request_line(std::string_view line, RequestHead& head) {
-  std::size_t sp1 = line.find(' ');
-  if (sp1 == 0 || sp1 == std::string_view::npos) return error(400, "malformed request line");
-  head.method = line.substr(0, sp1);
-  for (char c : head.method) {
-    if (!is_tchar(c)) return error(400, "invalid character in method");
+// The length of the target at the start of `s`: up to the first character that cannot be in
+// one (visible ASCII only), eight bytes at a time while they all can.
+std::size_t target_length(std::string_view s) {
+  std::size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    if (any_below(w, 0x21) || any_at_least_7f(w)) break;
   }
+  while (i < s.size() && is_target_char(s[i])) ++i;
+  return i;
+}
+
+// Request line: method SP request-target SP HTTP-version (without CRLF), in one pass.
+ParseResult parse_request_line(std::string_view line, RequestHead& head) {
+  std::size_t sp1 = 0;
+  while (sp1 < line.size() && is_tchar(line[sp1])) ++sp1;
+  if (sp1 < line.size() && line[sp1] != ' ') return error(400, "invalid character in method");
+  if (sp1 == 0 || sp1 == line.size()) return error(400, "malformed request line");
+  head.method = line.substr(0, sp1);
   std::string_view rest = line.substr(sp1 + 1);
-  std::size_t sp2 = rest.find(' ');
-  if (sp2 == 0 || sp2 == std::string_view::npos) return error(400, "malformed request line");
+  std::size_t sp2 = target_length(rest);
+  if (sp2 < rest.size() && rest[sp2] != ' ') {
+    return error(400, "invalid character in request target");
+  }
+  if (sp2 == 0 || sp2 == rest.size()) return error(400, "malformed request line");
   head.target = rest.substr(0, sp2);
-  if (!is_target(head.target)) return error(400, "invalid character in request target");
   std::string_view version = rest.substr(sp2 + 1);
   if (version.size() != 8 || !version.starts_with("HTTP/") || version[6] != '.' ||
       version[5] < '0' || version[5] > '9' || version[7] < '0' || version[7] > '9') {
@@ -123,11 +132,10 @@ ParseResult parse_request_line(std::string_view line, RequestHead& head) {
   // The four target forms, each only where it belongs (origin-form, the common one, first).
   std::string_view t = head.target;
   if (t.front() == '/') return {State::kComplete, 0, 0, {}};
-  bool origin = false;
   bool absolute = t.find("://") != std::string_view::npos && is_tchar(t.front());
   bool asterisk = t == "*" && head.method == "OPTIONS";
-  bool authority = head.method == "CONNECT" && !origin && t.find('/') == std::string_view::npos;
-  if (!origin && !absolute && !asterisk && !authority) return error(400, "invalid request target");
+  bool authority = head.method == "CONNECT" && t.find('/') == std::string_view::npos;
+  if (!absolute && !asterisk && !authority) return error(400, "invalid request target");
   return {State::kComplete, 0, 0, {}};
 }
 
@@ -264,47 +272,77 @@ ParseResult RequestParser::parse(std::string_view input, RequestHead& head) {
   while (input.substr(start, 2) == kCrlf) start += 2;
   std::string_view message = input.substr(start);
   if (message.empty() || message == "\r") return {State::kIncomplete, 0, 0, {}};
-
-  std::size_t from = scanned_ > start + 3 ? scanned_ - start - 3 : 0;
-  std::size_t end = message.find("\r\n\r\n", from);
-  std::size_t line_end = message.find(kCrlf);
-  if (end == std::string_view::npos) {
-    // Fail early on a request line that is already too long or already wrong.
-    if (line_end == std::string_view::npos) {
-      if (message.size() > limits_.max_request_line) return error(414, "request line too long");
-      // Not even a method (a TLS handshake sent to a plain port, say): no need to wait.
-      for (char c : message.substr(0, message.find(' '))) {
-        if (!is_tchar(c)) return error(400, "invalid character in method");
-      }
-    } else if (scanned_ <= start + line_end + 2) {  // the request line is new: check it once
-      if (line_end > limits_.max_request_line) return error(414, "request line too long");
-      RequestHead probe;
-      auto r = parse_request_line(message.substr(0, line_end), probe);
-      if (r.state == State::kError) return r;
+  // Called again after kIncomplete: the head is parsed once its end has arrived, which only
+  // the new bytes can hold (a client sending a byte at a time costs no rescan).
+  if (scanned_ != 0) {
+    std::size_t from = scanned_ > start + 3 ? scanned_ - start - 3 : 0;
+    if (message.find("\r\n\r\n", from) == std::string_view::npos) {
+      return wait_for_more(input, start);
     }
-    if (message.size() > limits_.max_head) return error(431, "request header too large");
-    scanned_ = input.size();
-    return {State::kIncomplete, 0, 0, {}};
   }
-  if (end + 4 > limits_.max_head) return error(431, "request header too large");
-  if (line_end > limits_.max_request_line) return error(414, "request line too long");
+  ParseResult r = parse_head(message, head);
+  if (r.state == State::kIncomplete) return wait_for_more(input, start);
+  r.consumed += start;
+  return r;
+}
 
+ParseResult RequestParser::parse_head(std::string_view message, RequestHead& head) const {
+  // One pass, line by line: each line ends at its first CR, which must begin a CRLF.
+  std::size_t line_end = message.find('\r');
+  if (line_end == std::string_view::npos) return {State::kIncomplete, 0, 0, {}};
+  if (line_end > limits_.max_request_line) return error(414, "request line too long");
+  if (line_end + 1 == message.size()) return {State::kIncomplete, 0, 0, {}};
+  if (message[line_end + 1] != '\n') return error(400, "bare CR in request line");
   head.clear();
   if (auto r = parse_request_line(message.substr(0, line_end), head); r.state == State::kError) {
     return r;
   }
   std::size_t pos = line_end + 2;
-  while (pos < end + 2) {
-    // The line ends at its first CR, which must begin the CRLF (one scan finds both).
+  for (;;) {
+    if (message.size() - pos < 2) return {State::kIncomplete, 0, 0, {}};
+    if (message[pos] == '\r') {  // the empty line: the end of the head
+      if (message[pos + 1] != '\n') return error(400, "bare CR in header");
+      if (pos + 2 > limits_.max_head) return error(431, "request header too large");
+      if (auto r = interpret_headers(head); r.state == State::kError) return r;
+      return {State::kComplete, pos + 2, 0, {}};
+    }
     std::size_t eol = message.find('\r', pos);
+    if (eol == std::string_view::npos || eol + 1 == message.size()) {
+      return {State::kIncomplete, 0, 0, {}};
+    }
     if (message[eol + 1] != '\n') return error(400, "bare CR in header");
-    std::string_view line = message.substr(pos, eol - pos);
+    // The head holds at least this line, its CRLF and the empty line's.
+    if (eol + 4 > limits_.max_head) return error(431, "request header too large");
     if (head.headers.size() == limits_.max_headers) return error(431, "too many header fields");
-    if (auto r = parse_field(line, head.headers); r.state == State::kError) return r;
+    if (auto r = parse_field(message.substr(pos, eol - pos), head.headers);
+        r.state == State::kError) {
+      return r;
+    }
     pos = eol + 2;
   }
-  if (auto r = interpret_headers(head); r.state == State::kError) return r;
-  return {State::kComplete, start + end + 4, 0, {}};
+}
+
+ParseResult RequestParser::wait_for_more(std::string_view input, std::size_t start) {
+  std::string_view message = input.substr(start);
+  std::size_t line_end = message.find(kCrlf);
+  if (line_end == std::string_view::npos) {
+    // Fail early on a request line that is already too long or already wrong.
+    if (message.size() > limits_.max_request_line) return error(414, "request line too long");
+    // Not even a method (a TLS handshake sent to a plain port, say): no need to wait.
+    for (char c : message.substr(0, message.find(' '))) {
+      if (!is_tchar(c)) return error(400, "invalid character in method");
+    }
+  } else if (scanned_ != 0 && scanned_ <= start + line_end + 2) {
+    // The request line arrived whole since the last call: check it once (parse_head did on
+    // a first call).
+    if (line_end > limits_.max_request_line) return error(414, "request line too long");
+    RequestHead probe;
+    auto r = parse_request_line(message.substr(0, line_end), probe);
+    if (r.state == State::kError) return r;
+  }
+  if (message.size() > limits_.max_head) return error(431, "request header too large");
+  scanned_ = input.size();
+  return {State::kIncomplete, 0, 0, {}};
 }
 
 void ResponseHead::clear() {

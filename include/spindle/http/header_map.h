@@ -17,7 +17,11 @@ namespace spindle::http {
 bool iequals(std::string_view a, std::string_view b);
 
 /// `s` without leading and trailing spaces and tabs (RFC 9110 OWS).
-std::string_view trim_ows(std::string_view s);
+inline std::string_view trim_ows(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
 
 /// True if an Accept-Encoding value lists `coding` without q=0.
 bool accepts_encoding(std::string_view accept_encoding, std::string_view coding);
@@ -47,7 +51,13 @@ class HeaderMap {
   }
 
   /// Appends a field whose text outlives the map (a parsed buffer, a literal). No copy.
-  void add_view(std::string_view name, std::string_view value);
+  void add_view(std::string_view name, std::string_view value) {
+    if (size_ < kInline) {
+      inline_.at[size_++] = {name, value};
+    } else {
+      add_overflow(name, value);
+    }
+  }
   /// Appends a field, copying name and value into the map.
   void add(std::string_view name, std::string_view value);
   /// Appends a field whose name outlives the map (a literal), copying only the value.
@@ -59,7 +69,11 @@ class HeaderMap {
   /// Removes every field named `name`; returns how many.
   std::size_t erase(std::string_view name);
   /// Removes everything (keeps the first arena block).
-  void clear();
+  void clear() {
+    size_ = 0;
+    arena_used_ = 0;
+    if (!overflow_.empty() || !blocks_.empty()) release_overflow();
+  }
 
   /// The first value of `name`, if present.
   std::optional<std::string_view> get(std::string_view name) const;
@@ -104,6 +118,10 @@ class HeaderMap {
   static constexpr std::size_t kArenaInline = 1024;
 
   Field& at(std::size_t i) { return i < kInline ? inline_.at[i] : overflow_[i - kInline]; }
+  /// add_view beyond the inline fields.
+  void add_overflow(std::string_view name, std::string_view value);
+  /// clear() of the fields and text beyond the inline ones.
+  void release_overflow();
   /// The move: fields, arena text (re-pointing views into it) and blocks.
   void take(HeaderMap&& other) noexcept;
   /// Copies `text` into the arena; the view stays valid until clear() or destruction.

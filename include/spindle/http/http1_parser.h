@@ -75,9 +75,17 @@ class RequestParser {
   void reset() { scanned_ = 0; }
 
  private:
+  /// Parses the head at the start of `message` (leading empty lines skipped) in one pass;
+  /// kIncomplete if it has not all arrived.
+  ParseResult parse_head(std::string_view message, RequestHead& head) const;
+  /// After kIncomplete: rejects what is already wrong or too long, and notes how far `input`
+  /// has been searched for the end of the head.
+  ParseResult wait_for_more(std::string_view input, std::size_t start);
+
   /// The limits in force.
   ParserLimits limits_;
-  /// Bytes of the current input already known not to hold the end of the head.
+  /// Bytes of the current input already known not to hold the end of the head (0 before the
+  /// first call for a request).
   std::size_t scanned_ = 0;
 };
 

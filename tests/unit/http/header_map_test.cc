@@ -94,3 +94,27 @@ TEST(HeaderMap, MoveKeepsCopiedAndBorrowedText) {
   EXPECT_EQ(c.get("copied"), "value");
   EXPECT_EQ(c.size(), 42u);
 }
+
+// iequals compares words of eight (or two halves of four) bytes at once: every pair of byte
+// values, at every position of names of every length up to 17, must get the bytewise answer.
+TEST(HeaderMap, IequalsJudgesEveryBytePairAtEveryPosition) {
+  auto lower = [](unsigned char c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; };
+  for (std::size_t length = 1; length <= 17; ++length) {
+    for (std::size_t at = 0; at < length; ++at) {
+      std::string a(length, 'k');
+      std::string b(length, 'K');
+      for (int x = 0; x < 256; ++x) {
+        for (int y = 0; y < 256; ++y) {
+          a[at] = static_cast<char>(x);
+          b[at] = static_cast<char>(y);
+          bool expected =
+              lower(static_cast<unsigned char>(x)) == lower(static_cast<unsigned char>(y));
+          ASSERT_EQ(spindle::http::iequals(a, b), expected)
+              << "length " << length << " position " << at << " bytes " << x << ", " << y;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(spindle::http::iequals("host", "hosts"));
+  EXPECT_TRUE(spindle::http::iequals("", ""));
+}
