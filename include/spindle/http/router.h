@@ -4,6 +4,8 @@
 /// Answers 404 for unknown paths, 405 with Allow for unknown methods, HEAD from GET, and
 /// OPTIONS with Allow.
 
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -62,7 +64,20 @@ class Router {
   /// Hashes std::string and std::string_view alike (lookups by view, without a copy).
   struct PathHash {
     using is_transparent = void;
-    std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+    /// A multiply-xor hash of eight bytes at a time: a route path is short, and std::hash's
+    /// byte-wise Murmur showed in the per-request cost.
+    std::size_t operator()(std::string_view s) const {
+      std::uint64_t h = s.size() * 0x9e3779b97f4a7c15ull;
+      std::size_t i = 0;
+      for (; i + 8 <= s.size(); i += 8) {
+        std::uint64_t w;
+        std::memcpy(&w, s.data() + i, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+      }
+      for (; i < s.size(); ++i) h = (h ^ static_cast<unsigned char>(s[i])) * 0x100000001b3ull;
+      return h ^ (h >> 29);
+    }
   };
 
   /// The tree's root ("/").
