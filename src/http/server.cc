@@ -608,8 +608,8 @@ void Connection::queue_error(int status, std::string_view reason) {
 bool Connection::flush() {
   if (out_.empty() && big_body_.empty()) return true;
   iovec parts[2] = {{out_.data(), out_.size()}, {big_body_.data(), big_body_.size()}};
-  auto written =
-      stream_.writev({parts, big_body_.empty() ? 1u : 2u}, Deadline::after(options_.write_timeout));
+  auto written = stream_.writev({parts, big_body_.empty() ? 1u : 2u},
+                                Deadline::after_coarse(options_.write_timeout));
   out_.clear();
   big_body_.clear();
   return written.has_value();
@@ -744,13 +744,45 @@ void unlink_idle(ConnectionState* state) {
   state->idle = false;
 }
 
-// The reactor saw bytes (or a hang-up) on an idle connection: a fresh fiber takes it on.
+void run_ready_connections(const std::shared_ptr<HttpServer::Shared>& shared, WorkerState& worker);
+
+// Starts a fiber that serves woken connections until none is left. It holds the server's
+// shared state: the connections it finds may all have closed by the time it runs.
+void spawn_runner(const std::shared_ptr<HttpServer::Shared>& shared, WorkerState& worker) {
+  ++worker.runners_starting;
+  spawn([shared, &worker] { run_ready_connections(shared, worker); },
+        SpawnOptions{.stack_size = shared->options.tcp.stack_size})
+      .detach();
+}
+
+// The reactor saw bytes (or a hang-up) on an idle connection: it joins the worker's ready
+// list, which a fiber serves (one is started if none is on its way).
 void on_idle_readable(IoSlot& slot) {
   auto* state = static_cast<ConnectionState*>(slot.owner);
   unlink_idle(state);
-  spawn([state] { run_connection(state); },
-        SpawnOptions{.stack_size = state->shared->options.tcp.stack_size})
-      .detach();
+  WorkerState& worker = *state->worker;
+  if (worker.ready_tail) {
+    worker.ready_tail->next_idle = state;
+  } else {
+    worker.ready_head = state;
+  }
+  worker.ready_tail = state;
+  if (worker.runners_starting == 0) spawn_runner(state->shared, worker);
+}
+
+// Serves the ready connections one after another on the calling fiber. A fiber per woken
+// connection would cost a spawn and two switches per keep-alive request; one fiber serves a
+// whole batch of them instead, and a second stands by for the rest should the connection in
+// hand block (a slow handler, a full socket): no connection waits behind another.
+void run_ready_connections(const std::shared_ptr<HttpServer::Shared>& shared, WorkerState& worker) {
+  --worker.runners_starting;
+  while (ConnectionState* state = worker.ready_head) {
+    worker.ready_head = state->next_idle;
+    if (!worker.ready_head) worker.ready_tail = nullptr;
+    state->next_idle = nullptr;
+    if (worker.ready_head && worker.runners_starting == 0) spawn_runner(shared, worker);
+    run_connection(state);
+  }
 }
 
 // The keep-alive timer fired: closes the connection if it has been idle for the whole
@@ -775,7 +807,7 @@ void go_idle(ConnectionState* state) {
   if (worker.idle_head) worker.idle_head->prev_idle = state;
   worker.idle_head = state;
   state->idle = true;
-  state->idle_since = Clock::now();
+  state->idle_since = coarse_now();  // a tick early at most: the timeout is seconds
   if (!state->idle_timer.queued()) {
     state->idle_timer.when = state->idle_since + state->shared->options.keepalive_timeout;
     state->idle_timer.on_fire = &on_idle_timeout;

@@ -39,14 +39,18 @@ struct ConnectionState;
 class Http2Connection;
 
 /// What a worker knows of its connections: the Date cache, read buffers to reuse, the idle
-/// HTTP/1 connections and the HTTP/2 ones (for draining). Touched only by its worker.
+/// HTTP/1 connections, those that woke and wait for a fiber, and the HTTP/2 ones (for
+/// draining). Touched only by its worker.
 struct alignas(64) WorkerState {
   DateCache date;
   std::vector<std::vector<char>> free_buffers;
   std::vector<std::string> free_outputs;  // response buffers, with their capacity
   ConnectionState* idle_head = nullptr;   // intrusive list of idle connections
-  std::vector<Http2Connection*> http2;    // open HTTP/2 connections
-  std::size_t open = 0;                   // connections open on this worker
+  ConnectionState* ready_head = nullptr;  // woken idle connections, oldest first (same links)
+  ConnectionState* ready_tail = nullptr;
+  std::size_t runners_starting = 0;     // fibers spawned to serve them that have not begun
+  std::vector<Http2Connection*> http2;  // open HTTP/2 connections
+  std::size_t open = 0;                 // connections open on this worker
 };
 
 /// Runs the router for `request`, turning an exception into an error response (logged).

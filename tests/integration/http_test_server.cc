@@ -23,7 +23,9 @@ using namespace std::chrono_literals;
 int main(int argc, char** argv) {
   int port = argc > 1 ? std::atoi(argv[1]) : 0;
   SignalSet signals{SIGINT, SIGTERM};
-  Runtime runtime(RuntimeOptions{.workers = 2});
+  // argv: port, max body (default 64 KiB), workers (default 2).
+  std::size_t workers = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 2;
+  Runtime runtime(RuntimeOptions{.workers = workers});
 
   http::Router router;
   router.get("/plaintext", [](http::Request&) { return http::Response::text("Hello, World!"); });
@@ -71,6 +73,15 @@ int main(int argc, char** argv) {
   router.get("/slow", [](http::Request&) {
     (void)this_fiber::sleep_for(1s);
     return http::Response::text("finally");
+  });
+  // A handler that holds its worker's thread (CPU-bound work): meanwhile requests on other
+  // connections of that worker pile up and are woken in one batch.
+  router.get("/spin/{ms}", [](http::Request& r) {
+    auto until = std::chrono::steady_clock::now() +
+                 std::chrono::milliseconds(std::stoi(std::string(r.param("ms"))));
+    while (std::chrono::steady_clock::now() < until) {
+    }
+    return http::Response::text("spun");
   });
   router.get("/stream", [](http::Request&) {
     http::Response response(200);

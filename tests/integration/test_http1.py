@@ -1,7 +1,10 @@
 """HTTP/1.1 behaviour of the real server binaries over real sockets."""
+import os
 import socket
 import threading
 import time
+
+from conftest import Server
 
 
 def get(path, host="x", extra=""):
@@ -308,6 +311,38 @@ def test_many_slow_clients_do_not_block_others(test_server, http):
         s.close()
 
 
+def test_a_blocked_handler_does_not_delay_requests_woken_with_it(build_dir, http):
+    # Woken keep-alive connections are served one after another by a fiber, with another one
+    # standing by: a handler that parks (/slow sleeps 1 s) must not hold up the connections that
+    # became readable in the same batch. One worker, held busy by /spin while the requests
+    # arrive, so that they are all woken at once, slow ones first among them.
+    server = Server([os.path.join(build_dir, "bin", "http_test_server"), "0", "65536", "1"])
+    try:
+        conns = [server.connect(timeout=5) for _ in range(25)]
+        for s in conns:  # each answered once, so each is idle (no fiber) when the batch comes
+            s.sendall(get("/plaintext"))
+            assert http.read_response(s)[0] == 200
+        busy, conns = conns[0], conns[1:]
+        busy.sendall(get("/spin/300"))
+        time.sleep(0.05)  # the worker is now spinning
+        slow = set(range(0, 24, 6))
+        for i, s in enumerate(conns):
+            s.sendall(get("/slow" if i in slow else "/users/%d" % i))
+        assert http.read_response(busy)[2] == b"spun"
+        start = time.monotonic()
+        for i, s in enumerate(conns):
+            if i not in slow:
+                assert http.read_response(s)[2] == b"user %d" % i
+        fast_done = time.monotonic() - start
+        for i in slow:
+            assert http.read_response(conns[i])[2] == b"finally"
+        assert fast_done < 0.5, fast_done
+        for s in [busy] + conns:
+            s.close()
+    finally:
+        assert server.stop() == 0
+
+
 def test_graceful_shutdown_finishes_in_flight_requests(test_server, http):
     results = {}
 
@@ -354,7 +389,6 @@ def test_spindle_cli_errors_name_the_bad_flag_or_key(build_dir, tmp_path):
 
 def test_static_files_conditional_range_and_traversal(build_dir, tmp_path, http):
     import os
-    from conftest import Server
     root = tmp_path / "www"
     (root / "docs").mkdir(parents=True)
     (root / "index.html").write_text("<h1>home</h1>")
@@ -469,7 +503,6 @@ def test_idle_connections_hold_no_stack_and_no_buffer(build_dir, http):
     """2,000 idle keep-alive connections must cost the server far less than a fiber stack
     (64 KiB) or a read buffer (20 KiB) each: the bound here is 2 KiB per connection."""
     import resource
-    from conftest import Server
     count = 2000
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard < count + 200:
