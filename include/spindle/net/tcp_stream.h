@@ -39,8 +39,8 @@ class TcpStream {
   /// Writes all of `data`.
   [[nodiscard]] Result<void> write_all(std::span<const char> data,
                                        Deadline deadline = Deadline::never());
-  /// Writes all of the buffers, in order, with as few sendmsg calls as the kernel allows.
-  /// Returns the total written.
+  /// Writes all of the buffers, in order, with as few sendmsg calls as the kernel allows (a
+  /// single buffer goes by send). Returns the total written.
   [[nodiscard]] Result<std::size_t> writev(std::span<const iovec> buffers,
                                            Deadline deadline = Deadline::never());
   /// Sends `count` bytes of `file_fd` from `offset` with sendfile(2); stops early only at the
