@@ -27,11 +27,15 @@ Reactor::Reactor()
 Result<IoSlot*> Reactor::add(int fd) {
   IoSlot* slot;
   if (!free_.empty()) {
-    slot = &slots_[free_.back()];
+    std::uint32_t i = free_.back();
+    slot = &blocks_[i / kSlotsPerBlock][i % kSlotsPerBlock];
     free_.pop_back();
   } else {
-    slot = &slots_.emplace_back();
-    slot->index = static_cast<std::uint32_t>(slots_.size() - 1);
+    std::uint32_t i = slot_count_;
+    if (i % kSlotsPerBlock == 0) blocks_.push_back(std::make_unique<IoSlot[]>(kSlotsPerBlock));
+    slot = &blocks_[i / kSlotsPerBlock][i % kSlotsPerBlock];
+    slot->index = i;
+    ++slot_count_;
   }
   slot->fd = fd;
   slot->watches_writable = false;
@@ -68,8 +72,8 @@ void Reactor::release(IoSlot* slot) {
 IoSlot* Reactor::slot_for(std::uint64_t cookie) {
   auto index = static_cast<std::uint32_t>(cookie);
   auto generation = static_cast<std::uint32_t>(cookie >> 32);
-  if (index >= slots_.size()) return nullptr;
-  IoSlot& slot = slots_[index];
+  if (index >= slot_count_) return nullptr;
+  IoSlot& slot = blocks_[index / kSlotsPerBlock][index % kSlotsPerBlock];
   return slot.generation == generation && slot.fd >= 0 ? &slot : nullptr;
 }
 

@@ -11,7 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <deque>
+#include <memory>
 #include <vector>
 
 #include "spindle/base/error.h"
@@ -74,10 +74,12 @@ class Reactor {
   void wake();
 
   /// Number of slots in use.
-  std::size_t registered() const { return slots_.size() - free_.size(); }
+  std::size_t registered() const { return slot_count_ - free_.size(); }
 
  private:
   static constexpr int kMaxEvents = 256;
+  /// Slots per block of the slot table (a power of two).
+  static constexpr std::uint32_t kSlotsPerBlock = 256;
   /// Cookie of the wake-up eventfd (no slot has this index).
   static constexpr std::uint64_t kWakeCookie = UINT64_MAX;
 
@@ -92,8 +94,11 @@ class Reactor {
   UniqueFd wake_fd_;
   /// True while a wake-up is written and not yet drained: later wake() calls skip the write.
   std::atomic<bool> wake_pending_{false};
-  /// Slot table; a deque so that slot addresses stay stable as it grows.
-  std::deque<IoSlot> slots_;
+  /// Slot table: fixed blocks, so that slot addresses stay stable as it grows, and slot i is
+  /// blocks_[i / kSlotsPerBlock][i % kSlotsPerBlock] (cheaper to find than in a std::deque).
+  std::vector<std::unique_ptr<IoSlot[]>> blocks_;
+  /// Slots made so far.
+  std::uint32_t slot_count_ = 0;
   /// Indexes of free slots.
   std::vector<std::uint32_t> free_;
   /// Buffer for epoll_wait.
