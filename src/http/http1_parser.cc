@@ -281,7 +281,13 @@ ParseResult RequestParser::parse(std::string_view input, RequestHead& head) {
     }
   }
   ParseResult r = parse_head(message, head);
-  if (r.state == State::kIncomplete) return wait_for_more(input, start);
+  // A head that has not all arrived gets only wait_for_more's early verdicts, even where
+  // parse_head found an error in a line that is complete: how the bytes were split must not
+  // change the answer (the fuzz driver checks it). Errors are rare; the search is cheap then.
+  if (r.state == State::kIncomplete ||
+      (r.state == State::kError && message.find("\r\n\r\n") == std::string_view::npos)) {
+    return wait_for_more(input, start);
+  }
   r.consumed += start;
   return r;
 }
@@ -332,9 +338,9 @@ ParseResult RequestParser::wait_for_more(std::string_view input, std::size_t sta
     for (char c : message.substr(0, message.find(' '))) {
       if (!is_tchar(c)) return error(400, "invalid character in method");
     }
-  } else if (scanned_ != 0 && scanned_ <= start + line_end + 2) {
-    // The request line arrived whole since the last call: check it once (parse_head did on
-    // a first call).
+  } else if (scanned_ <= start + line_end + 2) {
+    // The request line arrived whole since the last call (or in this first one): check it
+    // once.
     if (line_end > limits_.max_request_line) return error(414, "request line too long");
     RequestHead probe;
     auto r = parse_request_line(message.substr(0, line_end), probe);

@@ -327,3 +327,32 @@ TEST(Http1Parser, FragmentedBadInputIsRejectedAtWhateverSplit) {
     EXPECT_EQ(r.status, 400);
   }
 }
+
+// The verdict must not depend on how the bytes were split: a bad line in a head that has not
+// all arrived is judged as a fragmented head would be (found by the fuzz driver: " \rq\rq" was
+// an error whole and incomplete in two pieces).
+TEST(Http1Parser, SplitNeverChangesTheVerdictOfAnIncompleteHead) {
+  const std::string inputs[] = {
+      " \rq\rq",
+      "GET / HTTP/1.1\r\nBad Name: v\r\n",
+      "GET / HTTP/1.1\r\nHost: h\r\n\rX",
+      "GET /\rx HTTP/1.1\r\n",
+      "GET / HTTP/1.1\r\nHost: h\r\nX: a\rb\r\n\r\n",
+  };
+  for (const std::string& text : inputs) {
+    RequestParser whole;
+    RequestHead head;
+    auto once = whole.parse(text, head);
+    for (std::size_t split = 1; split < text.size(); ++split) {
+      RequestParser pieces;
+      RequestHead head2;
+      auto first = pieces.parse(std::string_view(text).substr(0, split), head2);
+      if (first.state == State::kError) continue;  // an earlier verdict on a prefix is fine
+      ASSERT_EQ(first.state, State::kIncomplete);
+      auto second = pieces.parse(text, head2);
+      EXPECT_EQ(second.state, once.state)
+          << "input " << testing::PrintToString(text) << " split " << split;
+      EXPECT_EQ(second.status, once.status);
+    }
+  }
+}
