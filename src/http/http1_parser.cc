@@ -48,26 +48,30 @@ bool any_equal(std::uint64_t w, unsigned b) {
 }
 bool any_at_least_7f(std::uint64_t w) { return ((((w & ~kHighs) + kOnes) | w) & kHighs) != 0; }
 
-// True if every character of `s` passes `ok`; `suspect` flags words that may hold one that
-// does not (the words it passes are skipped, the rest checked bytewise).
+// The length of the prefix of `s` whose characters all pass `ok`; `suspect` flags words that
+// may hold one that does not (the words it passes are skipped, the rest checked bytewise).
 template <typename Suspect, typename Ok>
-bool all_chars(std::string_view s, Suspect suspect, Ok ok) {
+std::size_t valid_prefix(std::string_view s, Suspect suspect, Ok ok) {
   std::size_t i = 0;
   for (; i + 8 <= s.size(); i += 8) {
     std::uint64_t w;
     std::memcpy(&w, s.data() + i, 8);
     if (suspect(w)) break;
   }
-  for (; i < s.size(); ++i) {
-    if (!ok(s[i])) return false;
-  }
-  return true;
+  while (i < s.size() && ok(s[i])) ++i;
+  return i;
 }
 
 bool is_field_value(std::string_view s) {
-  return all_chars(
-      s, [](std::uint64_t w) { return any_below(w, 0x20) || any_equal(w, 0x7f); },
-      is_field_value_char);
+  auto suspect = [](std::uint64_t w) { return any_below(w, 0x20) || any_equal(w, 0x7f); };
+  return valid_prefix(s, suspect, is_field_value_char) == s.size();
+}
+
+// The length of the target at the start of `s`: up to the first character that cannot be in
+// one (visible ASCII only).
+std::size_t target_length(std::string_view s) {
+  auto suspect = [](std::uint64_t w) { return any_below(w, 0x21) || any_at_least_7f(w); };
+  return valid_prefix(s, suspect, is_target_char);
 }
 
 ParseResult error(int status, std::string_view reason) {
@@ -92,19 +96,6 @@ std::optional<std::uint64_t> parse_content_length(std::string_view value) {
     if (comma == std::string_view::npos) return result;
     value.remove_prefix(comma + 1);
   }
-}
-
-// The length of the target at the start of `s`: up to the first character that cannot be in
-// one (visible ASCII only), eight bytes at a time while they all can.
-std::size_t target_length(std::string_view s) {
-  std::size_t i = 0;
-  for (; i + 8 <= s.size(); i += 8) {
-    std::uint64_t w;
-    std::memcpy(&w, s.data() + i, 8);
-    if (any_below(w, 0x21) || any_at_least_7f(w)) break;
-  }
-  while (i < s.size() && is_target_char(s[i])) ++i;
-  return i;
 }
 
 // Request line: method SP request-target SP HTTP-version (without CRLF), in one pass.
