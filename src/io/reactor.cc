@@ -27,13 +27,12 @@ Reactor::Reactor()
 Result<IoSlot*> Reactor::add(int fd) {
   IoSlot* slot;
   if (!free_.empty()) {
-    std::uint32_t i = free_.back();
-    slot = &blocks_[i / kSlotsPerBlock][i % kSlotsPerBlock];
+    slot = &slot_at(free_.back());
     free_.pop_back();
   } else {
     std::uint32_t i = slot_count_;
     if (i % kSlotsPerBlock == 0) blocks_.push_back(std::make_unique<IoSlot[]>(kSlotsPerBlock));
-    slot = &blocks_[i / kSlotsPerBlock][i % kSlotsPerBlock];
+    slot = &slot_at(i);
     slot->index = i;
     ++slot_count_;
   }
@@ -73,7 +72,7 @@ IoSlot* Reactor::slot_for(std::uint64_t cookie) {
   auto index = static_cast<std::uint32_t>(cookie);
   auto generation = static_cast<std::uint32_t>(cookie >> 32);
   if (index >= slot_count_) return nullptr;
-  IoSlot& slot = blocks_[index / kSlotsPerBlock][index % kSlotsPerBlock];
+  IoSlot& slot = slot_at(index);
   return slot.generation == generation && slot.fd >= 0 ? &slot : nullptr;
 }
 

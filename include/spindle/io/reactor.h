@@ -83,6 +83,8 @@ class Reactor {
   /// Cookie of the wake-up eventfd (no slot has this index).
   static constexpr std::uint64_t kWakeCookie = UINT64_MAX;
 
+  /// Slot `i` of the table (i < slot_count_).
+  IoSlot& slot_at(std::uint32_t i) { return blocks_[i / kSlotsPerBlock][i % kSlotsPerBlock]; }
   /// Maps an event cookie to its slot, or nullptr if it is stale or the wake-up fd.
   IoSlot* slot_for(std::uint64_t cookie);
   /// Reads the eventfd so that the next wake() produces a new edge.
@@ -94,8 +96,8 @@ class Reactor {
   UniqueFd wake_fd_;
   /// True while a wake-up is written and not yet drained: later wake() calls skip the write.
   std::atomic<bool> wake_pending_{false};
-  /// Slot table: fixed blocks, so that slot addresses stay stable as it grows, and slot i is
-  /// blocks_[i / kSlotsPerBlock][i % kSlotsPerBlock] (cheaper to find than in a std::deque).
+  /// Slot table: fixed blocks, so that slot addresses stay stable as it grows (cheaper to
+  /// index than a std::deque; see slot_at).
   std::vector<std::unique_ptr<IoSlot[]>> blocks_;
   /// Slots made so far.
   std::uint32_t slot_count_ = 0;
