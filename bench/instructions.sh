@@ -3,8 +3,9 @@
 # not move with the machine's noise, so it shows what a change to the request path costs or
 # saves. Runs spindle (1 worker) and the C ceiling under callgrind, drives each with wrk -c100
 # keep-alive on loopback for SECONDS, and prints instructions per request (kernel time is not
-# counted: both make the same syscalls per request); then spindle over h2c with h2load -c10
-# -m10 (no peer: h2o and nginx do not run under callgrind here).
+# counted: spindle makes one recv and one send per request, the ceiling one recv more); then
+# spindle over h2c with h2load -c10 -m10 (no peer: h2o and nginx do not run under callgrind
+# here).
 # Each server runs twice (SECONDS, then twice that; or 5,000 then 15,000 h2c requests); the
 # difference is divided by the difference in requests, so start-up and connection set-up
 # cancel. With OUT=file, writes the figures as JSON.

@@ -109,8 +109,9 @@ def main():
                   "the instructions each server runs in userspace for wrk `-c100` keep-alive "
                   "requests to /plaintext, and for spindle h2load `-c10 -m10` h2c requests (one "
                   "worker; a short and a long run, whose difference cancels start-up). Unlike "
-                  "CPU time it does not move with the machine's noise; the kernel's share (the "
-                  "same `recv` and `sendmsg` per HTTP/1.1 request for both) is not counted.\n")
+                  "CPU time it does not move with the machine's noise; the kernel's share is not "
+                  "counted (per HTTP/1.1 request spindle makes one `recv` and one `send`, the "
+                  "ceiling the same plus a `recv` that finds the socket empty).\n")
         md.append("| server | load | instructions/request |")
         md.append("|---|---|---:|")
         for name, label in (("spindle", "HTTP/1.1 keep-alive"), ("ceiling", "HTTP/1.1 keep-alive"),
