@@ -9,11 +9,13 @@
 #include <optional>
 #include <unordered_map>
 
+#include "http2_frames.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/fiber/worker.h"
 #include "spindle/http/chunked.h"
 #include "spindle/http/http1_parser.h"
+#include "spindle/http/rules.h"
 #include "spindle/net/stream.h"
 #include "spindle/sync/event.h"
 #include "spindle/sync/wait_group.h"
@@ -30,6 +32,17 @@ struct Url {
   std::string target;     // path and query
   std::string origin;     // scheme://host:port, the pool key
 };
+
+// host[:port] as RFC 3986 allows it (reg-name or IP literal): nothing that could end the Host
+// field or the request line early.
+bool is_authority(std::string_view s) {
+  for (char c : s) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              std::string_view("-._~!$&'()*+,;=:%[]").find(c) != std::string_view::npos;
+    if (!ok) return false;
+  }
+  return !s.empty();
+}
 
 std::optional<Url> parse_url(std::string_view text) {
   Url url;
@@ -69,22 +82,33 @@ std::optional<Url> parse_url(std::string_view text) {
     }
     url.port = static_cast<std::uint16_t>(value);
   }
-  if (host.empty()) return std::nullopt;
+  if (host.empty() || !is_request_target(url.target) || !is_authority(authority)) {
+    return std::nullopt;
+  }
   url.host = host;
   url.origin = (url.tls ? "https://" : "http://") + url.host + ":" + std::to_string(url.port);
   return url;
 }
 
-// Fields a client never forwards as given: framing and connection management are its own.
-bool client_managed(std::string_view name) {
-  return iequals(name, "host") || iequals(name, "content-length") || iequals(name, "connection") ||
-         iequals(name, "transfer-encoding") || iequals(name, "keep-alive") ||
-         iequals(name, "upgrade") || iequals(name, "proxy-connection") || iequals(name, "te");
+// Fields a client never sends as given: Host, framing and connection management are its own.
+bool client_managed(const ClientRequest& request, std::string_view name) {
+  if (iequals(name, "host") || iequals(name, "content-length") || is_hop_by_hop(name)) {
+    return true;
+  }
+  for (const auto& [n, v] : request.headers) {
+    if (iequals(n, "connection") && list_has_token(v, name)) return true;
+  }
+  return false;
 }
 
-bool idempotent(std::string_view method) {
-  return method == "GET" || method == "HEAD" || method == "OPTIONS" || method == "PUT" ||
-         method == "DELETE" || method == "TRACE";
+// True if every part of the request may go on the wire (rules.h): a token method, and field
+// names and values that cannot end a line early (no request smuggling through the client).
+bool sendable(const ClientRequest& request) {
+  if (!is_method(request.method)) return false;
+  for (const auto& [name, value] : request.headers) {
+    if (!is_field_name(name) || !is_field_value(value)) return false;
+  }
+  return true;
 }
 
 // ---- HTTP/1.1 --------------------------------------------------------------------------------
@@ -99,7 +123,7 @@ Result<ClientResponse> http1_exchange(Stream& stream, const ClientRequest& reque
   std::string out =
       request.method + " " + url.target + " HTTP/1.1\r\nHost: " + url.authority + "\r\n";
   for (const auto& [name, value] : request.headers) {
-    if (client_managed(name)) continue;
+    if (client_managed(request, name)) continue;
     out += name + ": " + value + "\r\n";
   }
   if (!request.body.empty() || request.method == "POST" || request.method == "PUT" ||
@@ -357,31 +381,15 @@ void H2Client::read_loop() {
 void H2Client::write_loop() {
   std::string out;
   while (!broken_ || nghttp2_session_want_write(session_)) {
-    for (;;) {
-      const std::uint8_t* data = nullptr;
-      ssize_t n = nghttp2_session_mem_send(session_, &data);
-      if (n < 0) {
-        close();
-        break;
-      }
-      if (n == 0) break;
-      out.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
-      if (out.size() >= 64 * 1024) break;
-    }
-    if (!out.empty()) {
-      if (!stream_.write_all(out, Deadline::after(std::chrono::seconds(30)))) {
-        close();
-        break;
-      }
-      out.clear();
-      continue;
+    auto sent =
+        detail::send_frames(session_, stream_, out, Deadline::after(std::chrono::seconds(30)));
+    if (sent == detail::FramesSent::kSent) continue;
+    if (sent == detail::FramesSent::kFailed) {
+      close();
+      break;
     }
     if (broken_ || this_fiber::stop_requested()) break;
-    // mem_send had nothing to give (want_write may still say yes for DATA that flow control
-    // holds back): sleep until someone submits, resumes or receives something. Nobody ran
-    // since mem_send, so nothing can be missed between it and the reset.
-    writer_wake_.reset();
-    (void)writer_wake_.wait();
+    detail::wait_for_frames(writer_wake_);
   }
 }
 
@@ -405,7 +413,7 @@ Result<ClientResponse> H2Client::exchange(const ClientRequest& request, const Ur
   add(":authority", url.authority);
   add(":path", url.target);
   for (const auto& [name, value] : request.headers) {
-    if (client_managed(name)) continue;
+    if (client_managed(request, name)) continue;
     std::string lower(name);
     for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     add(std::move(lower), value);
@@ -480,7 +488,7 @@ Result<ClientResponse> HttpClient::send(const ClientRequest& request) {
   Worker* worker = Worker::current();
   if (worker == nullptr) return fail(std::errc::operation_not_permitted);
   auto url = parse_url(request.url);
-  if (!url) return fail(std::errc::invalid_argument);
+  if (!url || !sendable(request)) return fail(std::errc::invalid_argument);
   auto& slot = pools_.at(worker->index());
   if (!slot) slot = std::make_unique<Pool>();
   Pool& pool = *slot;
@@ -538,7 +546,7 @@ Result<ClientResponse> HttpClient::send(const ClientRequest& request) {
     auto response = http1_exchange(stream, request, *url, options_, deadline, reusable, untouched);
     // A pooled connection the server closed meanwhile fails before any answer: try again on a
     // fresh one, if the request may be sent twice.
-    if (!response && reused && untouched && attempt == 0 && idempotent(request.method)) continue;
+    if (!response && reused && untouched && attempt == 0 && is_idempotent(request.method)) continue;
     if (response && reusable && idle.size() < options_.max_idle_per_origin) {
       idle.push_back(std::move(stream));
     }

@@ -152,16 +152,19 @@ std::size_t HeaderMap::count(std::string_view name) const {
   return n;
 }
 
+bool list_has_token(std::string_view list, std::string_view token) {
+  while (!list.empty()) {
+    std::size_t comma = list.find(',');
+    if (iequals(trim_ows(list.substr(0, comma)), token)) return true;
+    if (comma == std::string_view::npos) break;
+    list.remove_prefix(comma + 1);
+  }
+  return false;
+}
+
 bool HeaderMap::has_token(std::string_view name, std::string_view token) const {
   for (const Field& f : *this) {
-    if (!iequals(f.name, name)) continue;
-    std::string_view rest = f.value;
-    while (!rest.empty()) {
-      std::size_t comma = rest.find(',');
-      if (iequals(trim_ows(rest.substr(0, comma)), token)) return true;
-      if (comma == std::string_view::npos) break;
-      rest.remove_prefix(comma + 1);
-    }
+    if (iequals(f.name, name) && list_has_token(f.value, token)) return true;
   }
   return false;
 }

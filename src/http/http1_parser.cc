@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "spindle/http/rules.h"
+
 namespace spindle::http {
 namespace {
 
@@ -11,91 +13,8 @@ using State = ParseResult::State;
 
 constexpr std::string_view kCrlf = "\r\n";
 
-// RFC 9110 tchar: the characters of a token (method, field name, coding).
-constexpr std::array<bool, 256> make_tchar_table() {
-  std::array<bool, 256> t{};
-  for (int c = '0'; c <= '9'; ++c) t[c] = true;
-  for (int c = 'a'; c <= 'z'; ++c) t[c] = true;
-  for (int c = 'A'; c <= 'Z'; ++c) t[c] = true;
-  for (char c : std::string_view("!#$%&'*+-.^_`|~")) t[static_cast<unsigned char>(c)] = true;
-  return t;
-}
-constexpr auto kTchar = make_tchar_table();
-
-bool is_tchar(char c) { return kTchar[static_cast<unsigned char>(c)]; }
-
-// A field value may hold HTAB, SP, visible ASCII and obs-text; no other control character
-// (so no NUL, no bare CR, no LF).
-bool is_field_value_char(char c) {
-  auto u = static_cast<unsigned char>(c);
-  return u == '\t' || (u >= 0x20 && u != 0x7f);
-}
-
-// The request target: visible ASCII only.
-bool is_target_char(char c) {
-  auto u = static_cast<unsigned char>(c);
-  return u > 0x20 && u < 0x7f;
-}
-
-// Eight bytes at a time (the common case is all valid): any byte below n (n <= 128), equal to
-// b, or at least 0x7f. Exact as yes/no answers; the bytewise check then finds the one.
-constexpr std::uint64_t kOnes = 0x0101010101010101ull;
-constexpr std::uint64_t kHighs = 0x8080808080808080ull;
-bool any_below(std::uint64_t w, unsigned n) { return ((w - kOnes * n) & ~w & kHighs) != 0; }
-bool any_equal(std::uint64_t w, unsigned b) {
-  std::uint64_t x = w ^ (kOnes * b);
-  return ((x - kOnes) & ~x & kHighs) != 0;
-}
-bool any_at_least_7f(std::uint64_t w) { return ((((w & ~kHighs) + kOnes) | w) & kHighs) != 0; }
-
-// The length of the prefix of `s` whose characters all pass `ok`; `suspect` flags words that
-// may hold one that does not (the words it passes are skipped, the rest checked bytewise).
-template <typename Suspect, typename Ok>
-std::size_t valid_prefix(std::string_view s, Suspect suspect, Ok ok) {
-  std::size_t i = 0;
-  for (; i + 8 <= s.size(); i += 8) {
-    std::uint64_t w;
-    std::memcpy(&w, s.data() + i, 8);
-    if (suspect(w)) break;
-  }
-  while (i < s.size() && ok(s[i])) ++i;
-  return i;
-}
-
-bool is_field_value(std::string_view s) {
-  auto suspect = [](std::uint64_t w) { return any_below(w, 0x20) || any_equal(w, 0x7f); };
-  return valid_prefix(s, suspect, is_field_value_char) == s.size();
-}
-
-// The length of the target at the start of `s`: up to the first character that cannot be in
-// one (visible ASCII only).
-std::size_t target_length(std::string_view s) {
-  auto suspect = [](std::uint64_t w) { return any_below(w, 0x21) || any_at_least_7f(w); };
-  return valid_prefix(s, suspect, is_target_char);
-}
-
 ParseResult error(int status, std::string_view reason) {
   return {State::kError, 0, status, reason};
-}
-
-// Content-Length: 1*DIGIT, or a list of identical ones ("5, 5", which RFC 9110 lets a
-// recipient accept). Signs, hex, spaces inside and overflow are errors.
-std::optional<std::uint64_t> parse_content_length(std::string_view value) {
-  std::optional<std::uint64_t> result;
-  while (true) {
-    std::size_t comma = value.find(',');
-    std::string_view item = trim_ows(value.substr(0, comma));
-    if (item.empty() || item.size() > 18) return std::nullopt;  // 18 digits cannot overflow
-    std::uint64_t n = 0;
-    for (char c : item) {
-      if (c < '0' || c > '9') return std::nullopt;
-      n = n * 10 + static_cast<std::uint64_t>(c - '0');
-    }
-    if (result && *result != n) return std::nullopt;
-    result = n;
-    if (comma == std::string_view::npos) return result;
-    value.remove_prefix(comma + 1);
-  }
 }
 
 // Request line: method SP request-target SP HTTP-version (without CRLF), in one pass.
@@ -106,7 +25,7 @@ ParseResult parse_request_line(std::string_view line, RequestHead& head) {
   if (sp1 == 0 || sp1 == line.size()) return error(400, "malformed request line");
   head.method = line.substr(0, sp1);
   std::string_view rest = line.substr(sp1 + 1);
-  std::size_t sp2 = target_length(rest);
+  std::size_t sp2 = target_prefix_length(rest);
   if (sp2 < rest.size() && rest[sp2] != ' ') {
     return error(400, "invalid character in request target");
   }
@@ -130,35 +49,6 @@ ParseResult parse_request_line(std::string_view line, RequestHead& head) {
   return {State::kComplete, 0, 0, {}};
 }
 
-// Transfer-Encoding: only "chunked" is supported, and it must come last (RFC 9112 6.1, 6.3).
-ParseResult check_transfer_encoding(const RequestHead& head, bool& chunked) {
-  chunked = false;
-  bool other = false;
-  std::string_view last;
-  for (const Field& f : head.headers) {
-    if (!iequals(f.name, "transfer-encoding")) continue;
-    std::string_view rest = f.value;
-    while (true) {
-      std::size_t comma = rest.find(',');
-      std::string_view coding = trim_ows(rest.substr(0, comma));
-      coding = trim_ows(coding.substr(0, coding.find(';')));
-      if (coding.empty()) return error(400, "empty transfer coding");
-      if (iequals(coding, "chunked")) {
-        if (chunked) return error(400, "chunked applied twice");
-        chunked = true;
-      } else {
-        other = true;
-      }
-      last = coding;
-      if (comma == std::string_view::npos) break;
-      rest.remove_prefix(comma + 1);
-    }
-  }
-  if (!iequals(last, "chunked")) return error(400, "chunked is not the final transfer coding");
-  if (other) return error(501, "transfer coding not implemented");
-  return {State::kComplete, 0, 0, {}};
-}
-
 // Notes which of "close" and "keep-alive" a Connection value lists.
 void note_connection_tokens(std::string_view value, bool& close, bool& keep_alive) {
   while (!value.empty()) {
@@ -172,9 +62,10 @@ void note_connection_tokens(std::string_view value, bool& close, bool& keep_aliv
 }
 
 // What the header fields mean for framing and the connection: one pass over them, each name
-// compared only with the one of its length that matters here.
+// compared only with the one of its length that matters here; the framing rules themselves are
+// rules.h's.
 ParseResult interpret_headers(RequestHead& head) {
-  bool has_te = false;
+  FramingFields framing;
   bool close = false;
   bool keep_alive = false;
   std::size_t hosts = 0;
@@ -191,28 +82,22 @@ ParseResult interpret_headers(RequestHead& head) {
         if (iequals(f.name, "connection")) note_connection_tokens(f.value, close, keep_alive);
         break;
       case 14:
-        if (iequals(f.name, "content-length")) {
-          auto n = parse_content_length(f.value);
-          if (!n) return error(400, "invalid Content-Length");
-          if (head.content_length && *head.content_length != *n) {
-            return error(400, "conflicting Content-Length");
-          }
-          head.content_length = n;
-        }
+        if (iequals(f.name, "content-length")) framing.note_content_length(f.value);
         break;
       case 17:
-        has_te = has_te || iequals(f.name, "transfer-encoding");
+        framing.transfer_encoding =
+            framing.transfer_encoding || iequals(f.name, "transfer-encoding");
         break;
       default:
         break;
     }
   }
-  if (has_te) {
-    if (head.content_length) return error(400, "both Content-Length and Transfer-Encoding");
-    if (head.minor_version == 0) return error(400, "Transfer-Encoding in an HTTP/1.0 request");
-    auto te = check_transfer_encoding(head, head.chunked);
-    if (te.state == State::kError) return te;
+  BodyFraming body;
+  if (auto e = request_framing(head.headers, framing, head.minor_version, body)) {
+    return error(e->status, e->reason);
   }
+  head.chunked = body.kind == BodyFraming::Kind::kChunked;
+  if (framing.content_length) head.content_length = framing.content_length;
   if (hosts > 1) return error(400, "more than one Host");
   if (hosts == 0 && head.minor_version == 1) return error(400, "missing Host");
 
@@ -349,6 +234,7 @@ void ResponseHead::clear() {
   headers.clear();
   content_length.reset();
   chunked = false;
+  framing = {};
   keep_alive = true;
 }
 
@@ -388,31 +274,15 @@ ParseResult ResponseParser::parse(std::string_view input, ResponseHead& head) {
     }
     pos = eol + 2;
   }
-  bool has_te = false;
-  for (const Field& f : head.headers) {
-    if (iequals(f.name, "content-length")) {
-      auto n = parse_content_length(f.value);
-      if (!n || (head.content_length && *head.content_length != *n)) {
-        return error(502, "invalid Content-Length");
-      }
-      head.content_length = n;
-    } else if (iequals(f.name, "transfer-encoding")) {
-      has_te = true;
-    }
+  FramingFields framing = collect_framing_fields(head.headers);
+  // The method is not known here: a HEAD or CONNECT caller re-decides with response_framing.
+  if (auto e = response_framing(head.headers, framing, head.status, "GET", head.framing)) {
+    return error(502, e->reason);
   }
-  if (has_te) {
-    // Chunked must be the final coding; anything else is read until the connection closes.
-    head.content_length.reset();
-    std::string_view last;
-    for (const Field& f : head.headers) {
-      if (!iequals(f.name, "transfer-encoding")) continue;
-      std::string_view v = f.value;
-      std::size_t comma = v.rfind(',');
-      last = trim_ows(comma == std::string_view::npos ? v : v.substr(comma + 1));
-    }
-    head.chunked = iequals(last, "chunked");
-    if (!head.chunked) head.keep_alive = false;
-  }
+  head.content_length = framing.content_length;
+  head.chunked = head.framing.kind == BodyFraming::Kind::kChunked;
+  if (framing.transfer_encoding) head.content_length.reset();  // the coding overrides it
+  if (head.framing.kind == BodyFraming::Kind::kUntilClose) head.keep_alive = false;
   if (head.minor_version == 1) {
     head.keep_alive = head.keep_alive && !head.headers.has_token("connection", "close");
   } else {

@@ -18,6 +18,8 @@
 #include <memory>
 #include <vector>
 
+#include "http2_frames.h"
+#include "response_head.h"
 #include "server_internal.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/spawn.h"
@@ -75,6 +77,11 @@ class Http2Connection {
   void start_handler(H2Stream& s);
   /// Runs the handler of `s` and submits its response.
   void handle(std::shared_ptr<H2Stream> s);
+  /// Submits the head of `response` for `s` (and its body, streaming it if it has a producer).
+  void submit_response(H2Stream& s, Response& response, bool head_only);
+  /// Runs a streamed body's producer into the stream's buffer; a producer that throws resets
+  /// the stream (its head is gone: nothing else can tell the client).
+  void stream_response(H2Stream& s, const BodyProducer& producer);
   /// Records the request in the access log.
   void log_access(H2Stream& s, const Response& response, Clock::time_point started);
   /// Ends the reader (a stop request wakes it from its read).
@@ -156,9 +163,6 @@ class H2Stream final : public BodySource {
 
 std::size_t H2Stream::read(std::span<char> buffer) {
   const ServerOptions& options = conn.options();
-  if (head.content_length && *head.content_length > options.max_body) {
-    throw HttpError(413, "body too large");
-  }
   for (;;) {
     if (body_too_large) throw HttpError(413, "body too large");
     if (body_in_pos < body_in.size()) {
@@ -237,12 +241,6 @@ ssize_t read_data(nghttp2_session* /*session*/, std::int32_t /*id*/, std::uint8_
   }
   if (s->streaming) s->out_event.set();  // room for the producer
   return static_cast<ssize_t>(n);
-}
-
-bool is_connection_specific(std::string_view name) {
-  return iequals(name, "connection") || iequals(name, "keep-alive") ||
-         iequals(name, "transfer-encoding") || iequals(name, "upgrade") ||
-         iequals(name, "proxy-connection") || iequals(name, "content-length");
 }
 
 }  // namespace
@@ -431,14 +429,12 @@ void Http2Connection::start_handler(H2Stream& s) {
   if (!s.authority.empty() && !s.head.headers.contains("host")) {
     s.head.headers.add(std::string_view("host"), s.authority);
   }
-  if (auto length = s.head.headers.get("content-length")) {
-    std::uint64_t n = 0;
-    auto [end, ec] = std::from_chars(length->data(), length->data() + length->size(), n);
-    if (ec == std::errc() && end == length->data() + length->size()) {
-      s.head.content_length = n;
-    } else {
-      s.early_status = 400;
-    }
+  FramingFields framing = collect_framing_fields(s.head.headers);
+  if (framing.content_length_invalid) s.early_status = 400;
+  s.head.content_length = framing.content_length;
+  // Refused from its HEADERS alone, as HTTP/1.1 does: no handler asks for a body that size.
+  if (framing.content_length && *framing.content_length > shared_.options.max_body) {
+    s.early_status = 413;
   }
   if (s.path.empty() || (s.path.front() != '/' && s.path != "*")) s.early_status = 400;
   handlers_.add();
@@ -459,78 +455,7 @@ void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
     response = call_router(shared_.router, request);
   }
   if (shared_.options.access_log) log_access(*s, response, started);
-  if (!s->closed) {
-    // The head: :status, the handler's fields (names in lower case, as HTTP/2 requires),
-    // then date, server and content-length.
-    // nghttp2 copies the list when it is submitted, so it may point at anything alive until
-    // then: the response's own values, and its names lower-cased into one buffer (reserved
-    // whole first, so views into it stay put).
-    std::size_t name_bytes = 0;
-    for (const Field& f : response.headers) name_bytes += f.name.size();
-    std::string& names = nv_names_;
-    names.clear();
-    names.reserve(name_bytes);
-    std::vector<nghttp2_nv>& nv = nv_;
-    nv.clear();
-    auto add = [&](std::string_view name, std::string_view value) {
-      nv.push_back({reinterpret_cast<std::uint8_t*>(const_cast<char*>(name.data())),
-                    reinterpret_cast<std::uint8_t*>(const_cast<char*>(value.data())), name.size(),
-                    value.size(), NGHTTP2_NV_FLAG_NONE});
-    };
-    char status[8];
-    auto status_end = std::to_chars(status, status + sizeof status, response.status).ptr;
-    add(":status", {status, static_cast<std::size_t>(status_end - status)});
-    bool has_date = false, has_server = false;
-    for (const Field& f : response.headers) {
-      if (is_connection_specific(f.name)) continue;
-      std::size_t at = names.size();
-      for (char ch : f.name) names += ch >= 'A' && ch <= 'Z' ? static_cast<char>(ch + 32) : ch;
-      std::string_view name(names.data() + at, f.name.size());
-      has_date = has_date || name == "date";
-      has_server = has_server || name == "server";
-      add(name, f.value);
-    }
-    if (!has_date) add("date", worker_.date.value());
-    if (!has_server && !shared_.options.server_name.empty()) {
-      add("server", shared_.options.server_name);
-    }
-    bool no_body = head_only || status_has_no_body(response.status);
-    bool streamed = response.stream && !no_body;
-    char length[24];
-    if (!streamed && !status_has_no_body(response.status)) {
-      auto end = std::to_chars(length, length + sizeof length, response.body_size()).ptr;
-      add("content-length", {length, static_cast<std::size_t>(end - length)});
-    }
-    nghttp2_data_provider provider{};
-    provider.source.ptr = s.get();
-    provider.read_callback = &read_data;
-    bool has_body = !no_body && (streamed || response.body_size() > 0);
-    if (has_body) {
-      if (response.file) {
-        s->out_file = response.file;
-      } else {
-        s->out_body = std::move(response.body);
-      }
-      s->streaming = streamed;
-    }
-    int rv = nghttp2_submit_response(session_, s->id, nv.data(), nv.size(),
-                                     has_body ? &provider : nullptr);
-    if (rv != 0)
-      log_warn("HTTP/2 stream {}: cannot submit the response: {}", s->id, nghttp2_strerror(rv));
-    wake_writer();
-    if (streamed && rv == 0) {
-      H2BodyWriter writer(*s);
-      try {
-        response.stream(writer);
-      } catch (const std::exception& e) {
-        log_error("streamed body of {} {} threw: {}", s->method, s->path, e.what());
-        nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
-      }
-      s->out_eof = true;
-      if (!s->closed) nghttp2_session_resume_data(session_, s->id);
-      wake_writer();
-    }
-  }
+  if (!s->closed) submit_response(*s, response, head_only);
   s->handler_done = true;
   // What the handler left unread is dropped; the client may send the rest (RFC 9113 8.1 lets
   // the server also reset the request side with NO_ERROR once the response is complete).
@@ -543,65 +468,104 @@ void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
   handlers_.done();
 }
 
-void Http2Connection::log_access(H2Stream& s, const Response& response, Clock::time_point started) {
-  if (remote_.empty()) {
-    auto peer = stream_.peer_address();
-    remote_ = peer ? peer->to_string() : "-";
-    if (auto colon = remote_.rfind(':'); peer && colon != std::string::npos) {
-      remote_.resize(colon);
-    }
-  }
-  bool no_body = s.method == "HEAD" || status_has_no_body(response.status);
-  shared_.options.access_log->record(AccessRecord{
-      .remote = remote_,
-      .method = s.method,
-      .target = s.path,
-      .major_version = 2,
-      .minor_version = 0,
-      .status = response.status,
-      .bytes = no_body ? 0 : response.body_size(),
-      .referer = s.head.headers.get("referer").value_or(""),
-      .user_agent = s.head.headers.get("user-agent").value_or(""),
-      .duration = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started),
+void Http2Connection::submit_response(H2Stream& s, Response& response, bool head_only) {
+  ResponseBodyPlan plan = plan_response_body(response, head_only);
+  // The head: :status, the handler's fields (names in lower case, as HTTP/2 requires), then
+  // date, server and content-length. nghttp2 copies the list when it is submitted, so it may
+  // point at anything alive until then: the response's own values, and its names lower-cased
+  // into one buffer (reserved whole first, so views into it stay put).
+  std::size_t name_bytes = 0;
+  for (const Field& f : response.headers) name_bytes += f.name.size();
+  std::string& names = nv_names_;
+  names.clear();
+  names.reserve(name_bytes);
+  std::vector<nghttp2_nv>& nv = nv_;
+  nv.clear();
+  auto add = [&](std::string_view name, std::string_view value) {
+    nv.push_back({reinterpret_cast<std::uint8_t*>(const_cast<char*>(name.data())),
+                  reinterpret_cast<std::uint8_t*>(const_cast<char*>(value.data())), name.size(),
+                  value.size(), NGHTTP2_NV_FLAG_NONE});
+  };
+  char status[8];
+  auto status_end = std::to_chars(status, status + sizeof status, response.status).ptr;
+  add(":status", {status, static_cast<std::size_t>(status_end - status)});
+  HandlerFields seen = each_response_field(response, [&](const Field& f) {
+    if (is_hop_by_hop(f.name)) return;  // a 101's Upgrade and Connection mean nothing here
+    std::size_t at = names.size();
+    for (char ch : f.name) names += ch >= 'A' && ch <= 'Z' ? static_cast<char>(ch + 32) : ch;
+    add(std::string_view(names.data() + at, f.name.size()), f.value);
   });
+  if (!seen.has_date) add("date", worker_.date.value());
+  if (!seen.has_server && !shared_.options.server_name.empty()) {
+    add("server", shared_.options.server_name);
+  }
+  char length[24];
+  if (plan.content_length) {
+    auto end = std::to_chars(length, length + sizeof length, *plan.content_length).ptr;
+    add("content-length", {length, static_cast<std::size_t>(end - length)});
+  }
+  nghttp2_data_provider provider{};
+  provider.source.ptr = &s;
+  provider.read_callback = &read_data;
+  bool has_body = plan.send_body && (plan.streamed || response.body_size() > 0);
+  if (has_body) {
+    if (response.file) {
+      s.out_file = response.file;
+    } else {
+      s.out_body = std::move(response.body);
+    }
+    s.streaming = plan.streamed;
+  }
+  int rv =
+      nghttp2_submit_response(session_, s.id, nv.data(), nv.size(), has_body ? &provider : nullptr);
+  if (rv != 0) {
+    log_warn("HTTP/2 stream {}: cannot submit the response: {}", s.id, nghttp2_strerror(rv));
+  }
+  wake_writer();
+  if (plan.streamed && plan.send_body && rv == 0) stream_response(s, response.stream);
+}
+
+void Http2Connection::stream_response(H2Stream& s, const BodyProducer& producer) {
+  H2BodyWriter writer(s);
+  try {
+    producer(writer);
+  } catch (const std::exception& e) {
+    log_error("streamed body of {} {} threw: {}", s.method, s.path, e.what());
+    nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, s.id, NGHTTP2_INTERNAL_ERROR);
+  } catch (...) {
+    log_error("streamed body of {} {} threw an exception of unknown type", s.method, s.path);
+    nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, s.id, NGHTTP2_INTERNAL_ERROR);
+  }
+  s.out_eof = true;
+  if (!s.closed) nghttp2_session_resume_data(session_, s.id);
+  wake_writer();
+}
+
+void Http2Connection::log_access(H2Stream& s, const Response& response, Clock::time_point started) {
+  if (remote_.empty()) remote_ = client_address_text(stream_.peer_address());
+  shared_.options.access_log->record(access_record(s.head, response, remote_, 2, started));
 }
 
 void Http2Connection::write_loop() {
   std::string out;
   while (!writer_failed_) {
-    // Gather frames into one buffer (up to 64 KiB), then one write.
-    for (;;) {
-      const std::uint8_t* data = nullptr;
-      ssize_t n = nghttp2_session_mem_send(session_, &data);
-      if (n < 0) {
+    switch (send_frames(session_, stream_, out, Deadline::after(shared_.options.write_timeout))) {
+      case FramesSent::kSent:
+        continue;
+      case FramesSent::kFailed:
         writer_failed_ = true;
+        continue;
+      case FramesSent::kNothing:
         break;
-      }
-      if (n == 0) break;
-      out.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
-      if (out.size() >= 64 * 1024) break;
     }
-    if (!out.empty()) {
-      if (!stream_.write_all(out, Deadline::after(shared_.options.write_timeout))) {
-        writer_failed_ = true;
-      }
-      out.clear();
-      continue;
-    }
-    if (writer_failed_) break;
     // After a connection error's GOAWAY, nghttp2 wants nothing more: the connection closes.
     if (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_)) {
       stop_reader();
       break;
     }
     // The reader is done: what could be sent is sent (no WINDOW_UPDATE can come any more).
-    if (stopping_) break;
-    if (this_fiber::stop_requested()) break;
-    // mem_send had nothing to give (want_write may still say yes for DATA that flow control
-    // holds back): sleep until someone submits, resumes or receives something. Nobody ran
-    // since mem_send, so nothing can be missed between it and the reset.
-    writer_wake_.reset();
-    (void)writer_wake_.wait();
+    if (stopping_ || this_fiber::stop_requested()) break;
+    wait_for_frames(writer_wake_);
   }
   if (writer_failed_) stop_reader();
 }
@@ -644,11 +608,9 @@ void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade)
     if (ok) {
       s->method = upgrade->head->method;
       s->path = upgrade->head->target;
-      for (const Field& f : upgrade->head->headers) {
-        if (!is_connection_specific(f.name) && !iequals(f.name, "http2-settings")) {
-          s->head.headers.add(f.name, f.value);
-        }
-      }
+      // Connection names HTTP2-Settings: it goes with the hop-by-hop fields.
+      for_each_end_to_end(upgrade->head->headers,
+                          [&](const Field& f) { s->head.headers.add(f.name, f.value); });
       s->body_in = upgrade->body;
       s->body_done = true;
       start_handler(*s);

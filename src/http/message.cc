@@ -29,7 +29,9 @@ Request::Request(const RequestHead& head, std::string body) : head_(&head), body
 }
 
 const std::string& Request::body() {
-  // Drop what read() already returned, then read the rest: an announced size in one go.
+  // Drop what read() already returned, then read the rest, growing the buffer by at most a
+  // step beyond what has arrived: the announced length is the client's word, not a size to
+  // allocate (the source enforces the server's max_body).
   if (whole_) return body_;
   whole_ = true;
   body_.erase(0, body_taken_);
@@ -38,7 +40,9 @@ const std::string& Request::body() {
   std::uint64_t announced = head_->content_length.value_or(0);
   for (;;) {
     std::size_t have = body_.size();
-    std::size_t want = announced > have ? announced - have : 16 * 1024;
+    std::size_t want = kBodyStep;
+    if (announced > have)
+      want = static_cast<std::size_t>(std::min<std::uint64_t>(announced - have, kBodyStep));
     body_.resize(have + want);
     std::size_t n = source_->read({body_.data() + have, want});
     body_.resize(have + n);

@@ -12,6 +12,7 @@
 #include <span>
 #include <vector>
 
+#include "response_head.h"
 #include "server_internal.h"
 #include "spindle/base/log.h"
 #include "spindle/http/chunked.h"
@@ -416,10 +417,9 @@ bool Connection::finish_body() {
 Response Connection::respond(Request& request) { return detail::call_router(router_, request); }
 
 void Connection::queue(Response& response, bool head_only, bool close) {
-  bool no_body = status_has_no_body(response.status);
-  bool streamed = response.stream && !no_body;
+  detail::ResponseBodyPlan plan = detail::plan_response_body(response, head_only);
   // An HTTP/1.0 client cannot take chunks: its streamed body ends when the connection does.
-  if (streamed && head_.minor_version == 0) close = true;
+  if (plan.streamed && head_.minor_version == 0) close = true;
   std::string_view status = status_line(response.status);
   // The head is written in one go: its size is bounded first (fixed lines, fields, 20 digits
   // of Content-Length), then each piece is copied in, with no capacity check per piece.
@@ -434,39 +434,19 @@ void Connection::queue(Response& response, bool head_only, bool close) {
       w += piece.size();
     };
     put(status);
-    // The handler's fields, in one pass that also notes which defaults they replace; framing
-    // (Content-Length, Transfer-Encoding, Connection) is the server's business.
-    bool has_date = false, has_server = false;
-    for (const Field& f : response.headers) {
-      switch (f.name.size()) {
-        case 4:
-          has_date = has_date || iequals(f.name, "date");
-          break;
-        case 6:
-          has_server = has_server || iequals(f.name, "server");
-          break;
-        case 10:
-          if (iequals(f.name, "connection")) continue;
-          break;
-        case 14:
-          if (iequals(f.name, "content-length")) continue;
-          break;
-        case 17:
-          if (iequals(f.name, "transfer-encoding")) continue;
-          break;
-      }
+    detail::HandlerFields seen = detail::each_response_field(response, [&](const Field& f) {
       put(f.name);
       put(": "sv);
       put(f.value);
       put("\r\n"sv);
-    }
-    if (!has_date) put(date);
-    if (!has_server) put(shared_.server_line);
-    if (streamed && head_.minor_version == 1) {
+    });
+    if (!seen.has_date) put(date);
+    if (!seen.has_server) put(shared_.server_line);
+    if (plan.streamed && head_.minor_version == 1) {
       put("Transfer-Encoding: chunked\r\n"sv);
-    } else if (!no_body && !streamed) {
+    } else if (plan.content_length) {
       put("Content-Length: "sv);
-      w = std::to_chars(w, w + 20, response.body_size()).ptr;
+      w = std::to_chars(w, w + 20, *plan.content_length).ptr;
       put("\r\n"sv);
     }
     if (close) {
@@ -477,7 +457,8 @@ void Connection::queue(Response& response, bool head_only, bool close) {
     put("\r\n"sv);
     return static_cast<std::size_t>(w - data);
   });
-  if (no_body || head_only) return;  // a HEAD response has no body, not even a chunked end
+  bool streamed = plan.streamed;
+  if (!plan.send_body) return;  // a HEAD response has no body, not even a chunked end
   if (streamed) {
     stream_body(response.stream);
     if (head_.minor_version == 0) broken_ = true;  // the close marks the end of the body
@@ -566,16 +547,7 @@ void Connection::stream_body(const BodyProducer& producer) {
 }
 
 const std::string& Connection::remote() {
-  if (state_.remote.empty()) {
-    auto peer = stream_.peer_address();
-    state_.remote = peer ? peer->to_string() : "-";
-    if (peer && peer->family() != Address::Family::kUnix) {
-      state_.remote.resize(state_.remote.rfind(':'));
-    }
-    if (state_.remote.starts_with('[')) {
-      state_.remote = state_.remote.substr(1, state_.remote.size() - 2);
-    }
-  }
+  if (state_.remote.empty()) state_.remote = detail::client_address_text(stream_.peer_address());
   return state_.remote;
 }
 
@@ -585,18 +557,7 @@ void Connection::log_rejected(int status) {
 }
 
 void Connection::log_access(const Response& response, Clock::time_point handled_at) {
-  bool no_body = head_.method == "HEAD" || status_has_no_body(response.status);
-  options_.access_log->record(AccessRecord{
-      .remote = remote(),
-      .method = head_.method,
-      .target = head_.target,
-      .minor_version = head_.minor_version,
-      .status = response.status,
-      .bytes = no_body ? 0 : response.body_size(),
-      .referer = head_.headers.get("referer").value_or(""),
-      .user_agent = head_.headers.get("user-agent").value_or(""),
-      .duration = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - handled_at),
-  });
+  options_.access_log->record(detail::access_record(head_, response, remote(), 1, handled_at));
 }
 
 void Connection::queue_error(int status, std::string_view reason) {
@@ -848,7 +809,9 @@ void close_idle_connections(WorkerState& worker) {
 
 Response detail::call_router(const Router& router, Request& request) {
   try {
-    return router.handle(request);
+    Response response = router.handle(request);
+    refuse_unsendable(response, request.method(), request.target());
+    return response;
   } catch (const HttpError& e) {
     return Response::error(e.status(), e.what());
   } catch (const std::exception& e) {

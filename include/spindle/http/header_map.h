@@ -23,6 +23,10 @@ inline std::string_view trim_ows(std::string_view s) {
   return s;
 }
 
+/// True if a comma-separated list value (as of Connection or Vary) holds `token`, compared
+/// without regard to case.
+bool list_has_token(std::string_view list, std::string_view token);
+
 /// True if an Accept-Encoding value lists `coding` without q=0.
 bool accepts_encoding(std::string_view accept_encoding, std::string_view coding);
 

@@ -10,6 +10,7 @@
 #include <string_view>
 
 #include "spindle/http/header_map.h"
+#include "spindle/http/rules.h"
 
 namespace spindle::http {
 
@@ -102,6 +103,9 @@ struct ResponseHead {
   std::optional<std::uint64_t> content_length;
   /// Transfer-Encoding: chunked.
   bool chunked = false;
+  /// How the body is delimited, as for a GET (rules.h: response_framing; callers that sent
+  /// HEAD or CONNECT decide again with the method).
+  BodyFraming framing;
   /// The connection may carry another request after this response.
   bool keep_alive = true;
 

@@ -53,8 +53,11 @@ class Request {
   /// The first value of a header field, or "".
   std::string_view header(std::string_view name) const { return headers().get(name).value_or(""); }
   /// The whole body, read on the first call (so it may throw as `read` does); read() returns 0
-  /// after it. After earlier `read` calls it holds only what they had not yet returned.
+  /// after it. After earlier `read` calls it holds only what they had not yet returned. Memory
+  /// grows with the bytes received (kBodyStep at a time), never with the announced length.
   const std::string& body();
+  /// How far body() reads ahead of what has arrived.
+  static constexpr std::size_t kBodyStep = 64 * 1024;
   /// Streams the body: reads up to `buffer.size()` bytes, 0 at the end. Throws HttpError
   /// (413, 400, 408) when the body is over the server's limit, malformed or too slow; the
   /// server then answers with that status unless the handler catches it.

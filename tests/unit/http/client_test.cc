@@ -171,3 +171,37 @@ TEST(HttpClient, RetriesAnIdempotentRequestOnAConnectionTheServerClosed) {
   });
   server->drain(Deadline::after(5s));
 }
+
+TEST(HttpClient, RefusesARequestThatCouldSmuggleBytesOntoTheWire) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server = start_server(runtime, false);
+  // Short timeouts: a request that does go out must not hold the test up.
+  HttpClient client(runtime, ClientOptions{.request_timeout = 500ms});
+  HttpClient h2(runtime, ClientOptions{.h2c_prior_knowledge = true, .request_timeout = 500ms});
+  runtime.block_on([&] {
+    std::string base = url(*server, false, "");
+    std::vector<ClientRequest> bad = {
+        {.method = "GET /x HTTP/1.1\r\nHost: a\r\n\r\nGET", .url = base + "/hello"},
+        {.method = "GE T", .url = base + "/hello"},
+        {.url = base + "/hello\r\nX-Injected: 1"},
+        {.url = base + "/he llo"},
+        {.url = "http://127.0.0.1\r\nX: y:" + std::to_string(server->address().port()) + "/"},
+        {.url = base + "/hello", .headers = {{"X-Ok", "a\r\nX-Injected: 1"}}},
+        {.url = base + "/hello", .headers = {{"X-Ok", std::string("a\0b", 3)}}},
+        {.url = base + "/hello", .headers = {{"Bad Name", "v"}}},
+    };
+    for (const ClientRequest& request : bad) {
+      for (HttpClient* c : {&client, &h2}) {
+        auto r = c->send(request);
+        ASSERT_FALSE(r.has_value()) << request.url << ": sent, status " << r->status;
+        EXPECT_EQ(r.error(), std::errc::invalid_argument) << request.url;
+      }
+    }
+    // Nothing was sent: the server saw no connection at all.
+    EXPECT_EQ(server->connections(), 0u);
+    auto ok = client.send({.url = base + "/hello", .headers = {{"X-Ok", "fine\tvalue"}}});
+    ASSERT_TRUE(ok.has_value());
+    EXPECT_EQ(ok->body, "hello");
+  });
+  server->drain(Deadline::after(5s));
+}

@@ -1,0 +1,218 @@
+#pragma once
+/// The HTTP rules every part of spindle follows, written once: which bytes may form a method, a
+/// field name, a field value or a request target (RFC 9110 §5, §9, §7.1); which fields belong to
+/// one connection only (hop-by-hop, RFC 9110 §7.6.1, including those `Connection` names); and
+/// how a message's body is delimited (RFC 9112 §6.3). The HTTP/1 parsers, the server's HTTP/1
+/// and HTTP/2 drivers and the client (HTTP/1 and HTTP/2) all decide through these functions.
+/// No I/O, no allocation.
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <string_view>
+
+#include "spindle/http/header_map.h"
+
+namespace spindle::http {
+
+namespace detail {
+/// RFC 9110 tchar: the characters of a token.
+constexpr std::array<bool, 256> make_token_table() {
+  std::array<bool, 256> t{};
+  for (int c = '0'; c <= '9'; ++c) t[c] = true;
+  for (int c = 'a'; c <= 'z'; ++c) t[c] = true;
+  for (int c = 'A'; c <= 'Z'; ++c) t[c] = true;
+  for (char c : std::string_view("!#$%&'*+-.^_`|~")) t[static_cast<unsigned char>(c)] = true;
+  return t;
+}
+inline constexpr std::array<bool, 256> kTokenChars = make_token_table();
+
+/// Eight bytes at a time (the common case is all valid): any byte below n (n <= 128), equal
+/// to b, or at least 0x7f. Exact as yes/no answers; a bytewise check then finds the one.
+constexpr std::uint64_t kOnes = 0x0101010101010101ull;
+constexpr std::uint64_t kHighs = 0x8080808080808080ull;
+inline bool any_below(std::uint64_t w, unsigned n) { return ((w - kOnes * n) & ~w & kHighs) != 0; }
+inline bool any_equal(std::uint64_t w, unsigned b) {
+  std::uint64_t x = w ^ (kOnes * b);
+  return ((x - kOnes) & ~x & kHighs) != 0;
+}
+inline bool any_at_least_7f(std::uint64_t w) {
+  return ((((w & ~kHighs) + kOnes) | w) & kHighs) != 0;
+}
+
+/// The length of the prefix of `s` whose characters all pass `ok`; `suspect` flags words that
+/// may hold one that does not (the words it passes are skipped, the rest checked bytewise).
+template <typename Suspect, typename Ok>
+std::size_t valid_prefix(std::string_view s, Suspect suspect, Ok ok) {
+  std::size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    std::uint64_t w;
+    std::memcpy(&w, s.data() + i, 8);
+    if (suspect(w)) break;
+  }
+  while (i < s.size() && ok(s[i])) ++i;
+  return i;
+}
+}  // namespace detail
+
+// ---- characters ------------------------------------------------------------------------------
+
+/// True if `c` may appear in a token (method, field name, transfer coding).
+inline bool is_tchar(char c) { return detail::kTokenChars[static_cast<unsigned char>(c)]; }
+
+/// True if `s` is a non-empty token (RFC 9110 §5.6.2).
+inline bool is_token(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (!is_tchar(c)) return false;
+  }
+  return true;
+}
+
+/// A field name is a token (RFC 9110 §5.1).
+inline bool is_field_name(std::string_view s) { return is_token(s); }
+
+/// A method is a token (RFC 9110 §9.1).
+inline bool is_method(std::string_view s) { return is_token(s); }
+
+/// True if `c` may appear in a field value: HTAB, SP, visible ASCII and obs-text; never NUL,
+/// CR, LF or another control character (RFC 9110 §5.5). What a sender could use to end a field
+/// early (response splitting, request smuggling) is exactly what this refuses.
+inline bool is_field_value_char(char c) {
+  auto u = static_cast<unsigned char>(c);
+  return u == '\t' || (u >= 0x20 && u != 0x7f);
+}
+
+/// True if every character of `s` may appear in a field value (the empty value may).
+inline bool is_field_value(std::string_view s) {
+  auto suspect = [](std::uint64_t w) {
+    return detail::any_below(w, 0x20) || detail::any_equal(w, 0x7f);
+  };
+  return detail::valid_prefix(s, suspect, is_field_value_char) == s.size();
+}
+
+/// True if `c` may appear in a request target as sent on the wire: visible ASCII only.
+inline bool is_target_char(char c) {
+  auto u = static_cast<unsigned char>(c);
+  return u > 0x20 && u < 0x7f;
+}
+
+/// The length of the longest prefix of `s` made of request-target characters.
+inline std::size_t target_prefix_length(std::string_view s) {
+  auto suspect = [](std::uint64_t w) {
+    return detail::any_below(w, 0x21) || detail::any_at_least_7f(w);
+  };
+  return detail::valid_prefix(s, suspect, is_target_char);
+}
+
+/// True if `s` is a request target that may be sent: non-empty, visible ASCII only, and in
+/// origin form ("/path?query"), asterisk form ("*"), or absolute or authority form.
+bool is_request_target(std::string_view s);
+
+// ---- fields that belong to one connection ----------------------------------------------------
+
+/// True for the fields that describe one connection and are never forwarded as they are:
+/// Connection, Proxy-Connection, Keep-Alive, TE, Transfer-Encoding, Upgrade (RFC 9110 §7.6.1;
+/// the same set is connection-specific in HTTP/2, RFC 9113 §8.2.2).
+bool is_hop_by_hop(std::string_view name);
+
+/// True if a Connection field of `headers` lists `name` (so it is hop-by-hop too).
+bool connection_nominates(const HeaderMap& headers, std::string_view name);
+
+/// Removes every hop-by-hop field and every field the Connection fields name. Returns how many.
+std::size_t remove_hop_by_hop(HeaderMap& headers);
+
+/// Calls `fn(field)` for each field of `headers` that is not hop-by-hop (nor named by a
+/// Connection field), in order: the fields an intermediary forwards.
+template <typename Fn>
+void for_each_end_to_end(const HeaderMap& headers, Fn&& fn) {
+  bool nominated = headers.contains("connection");
+  for (const Field& f : headers) {
+    if (is_hop_by_hop(f.name) || (nominated && connection_nominates(headers, f.name))) continue;
+    fn(f);
+  }
+}
+
+// ---- framing (RFC 9112 §6.3) -----------------------------------------------------------------
+
+/// How a message body is delimited.
+struct BodyFraming {
+  enum class Kind {
+    kNone,        ///< no body at all (HEAD responses, 1xx, 204, 304, requests without length)
+    kLength,      ///< exactly `length` bytes
+    kChunked,     ///< chunked transfer coding
+    kUntilClose,  ///< responses only: the body ends when the connection does
+    kTunnel,      ///< 2xx to CONNECT, 101: the connection becomes a tunnel
+  };
+  Kind kind = Kind::kNone;
+  /// kLength: the body size.
+  std::uint64_t length = 0;
+};
+
+/// A framing decision that went wrong: the status to answer (requests: 400 or 501; responses:
+/// 502) and why.
+struct FramingError {
+  int status = 400;
+  std::string_view reason;
+};
+
+/// Content-Length: 1*DIGIT, or a list of identical ones ("5, 5", which RFC 9110 §8.6 lets a
+/// recipient accept). Signs, hex, spaces inside and overflow are nullopt.
+std::optional<std::uint64_t> parse_content_length(std::string_view value);
+
+/// What the Transfer-Encoding fields of a message say.
+struct TransferCodings {
+  /// A Transfer-Encoding field is present.
+  bool present = false;
+  /// Its final coding is chunked (RFC 9112 §6.3 rules 3 and 4 turn on it).
+  bool chunked_last = false;
+  /// A coding other than chunked is listed (we decode none).
+  bool other = false;
+  /// Malformed: empty codings, or chunked listed twice.
+  bool malformed = false;
+};
+
+/// Reads every Transfer-Encoding field of `headers`.
+TransferCodings transfer_codings(const HeaderMap& headers);
+
+/// The fields of a message that decide its framing, gathered in one pass by a parser (or by
+/// collect_framing_fields).
+struct FramingFields {
+  /// How many Content-Length fields there were, and the value all of them agree on.
+  std::size_t content_length_fields = 0;
+  std::optional<std::uint64_t> content_length;
+  /// A Content-Length field was malformed, or two disagreed.
+  bool content_length_invalid = false;
+  /// A Transfer-Encoding field was present.
+  bool transfer_encoding = false;
+
+  /// Notes one Content-Length value.
+  void note_content_length(std::string_view value);
+};
+
+/// Gathers the framing fields of `headers` (for messages not built by a parser).
+FramingFields collect_framing_fields(const HeaderMap& headers);
+
+/// The framing of a request (RFC 9112 §6.3 rules 4-6, strict): chunked if Transfer-Encoding
+/// ends in chunked (501 for other codings, 400 if it does not end in chunked, with
+/// Content-Length too, or in HTTP/1.0); else Content-Length (400 if invalid); else no body.
+/// `headers` is read only when fields.transfer_encoding is set.
+[[nodiscard]] std::optional<FramingError> request_framing(const HeaderMap& headers,
+                                                          const FramingFields& fields,
+                                                          int minor_version, BodyFraming& out);
+
+/// The framing of a response to `request_method` (RFC 9112 §6.3 rules 1-7): none for HEAD,
+/// 1xx, 204 and 304; a tunnel for 2xx to CONNECT; chunked if Transfer-Encoding ends in chunked
+/// (it overrides Content-Length), until close if it lists another final coding; else
+/// Content-Length (502 if invalid); else until close.
+[[nodiscard]] std::optional<FramingError> response_framing(const HeaderMap& headers,
+                                                           const FramingFields& fields, int status,
+                                                           std::string_view request_method,
+                                                           BodyFraming& out);
+
+/// True for methods whose request may be repeated with the same effect (RFC 9110 §9.2.2):
+/// GET, HEAD, OPTIONS, TRACE, PUT, DELETE.
+bool is_idempotent(std::string_view method);
+
+}  // namespace spindle::http

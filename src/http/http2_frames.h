@@ -1,0 +1,36 @@
+#pragma once
+// Moving nghttp2's output to the socket, for the server's and the client's HTTP/2 connections
+// alike (private to src/http).
+
+#include <nghttp2/nghttp2.h>
+
+#include <string>
+
+#include "spindle/io/deadline.h"
+#include "spindle/net/stream.h"
+#include "spindle/sync/event.h"
+
+namespace spindle::http::detail {
+
+/// What send_frames did.
+enum class FramesSent {
+  kNothing,  ///< nghttp2 had nothing to give now
+  kSent,     ///< frames went out (there may be more: call again)
+  kFailed,   ///< the session or the write failed: the connection is over
+};
+
+/// Takes what `session` has to send (nghttp2_session_mem_send, gathered into `out` up to 64
+/// KiB so that many small frames cost one write) and writes it to `stream` by `deadline`.
+FramesSent send_frames(nghttp2_session* session, Stream& stream, std::string& out,
+                       Deadline deadline);
+
+/// Parks the writer until someone submits, resumes or receives something (they set `wake`).
+/// Call right after send_frames said kNothing: nghttp2's want_write may still say yes for DATA
+/// that flow control holds back, so only a wake-up can tell when to try again. Nobody ran
+/// between that mem_send and the reset here, so no wake-up can be missed.
+inline void wait_for_frames(Event& wake) {
+  wake.reset();
+  (void)wake.wait();
+}
+
+}  // namespace spindle::http::detail

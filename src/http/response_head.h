@@ -1,0 +1,101 @@
+#pragma once
+// What the server sends for a handler's response, decided once for the HTTP/1 and HTTP/2
+// drivers (which differ only in how they encode it), and the access-log record of a request
+// (private to src/http).
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "spindle/base/error.h"
+#include "spindle/http/access_log.h"
+#include "spindle/http/http1_parser.h"
+#include "spindle/http/message.h"
+#include "spindle/http/rules.h"
+#include "spindle/http/status.h"
+#include "spindle/io/deadline.h"
+#include "spindle/net/address.h"
+
+namespace spindle::http::detail {
+
+/// What each_response_field saw of the handler's fields.
+struct HandlerFields {
+  /// The handler set Date / Server itself (the server's own are then left out).
+  bool has_date = false;
+  bool has_server = false;
+};
+
+/// The first thing of `response` that may not be sent at all: a status outside 100-599
+/// (":status"), a field name that is not a token, or a value with CR, LF, NUL or another
+/// control character (rules.h). nullopt if it may all go out.
+std::optional<std::string_view> unsendable_part(const Response& response);
+
+/// Replaces `response` with a 500 if unsendable_part finds something, and logs what.
+/// call_router does this for every handler's response, on HTTP/1 and HTTP/2 alike, so that a
+/// handler can never split a response or smuggle a field in.
+void refuse_unsendable(Response& response, std::string_view method, std::string_view target);
+
+/// Calls `emit(field)` for each field of a handler's response that goes out as given: every
+/// field but Content-Length and the hop-by-hop ones (rules.h), whose values the server decides
+/// (a 101 response keeps Upgrade and Connection). The response has passed refuse_unsendable.
+template <typename Emit>
+HandlerFields each_response_field(const Response& response, Emit&& emit) {
+  HandlerFields seen;
+  // A handler that sets Connection may name more fields in it (rare: only then the lookup).
+  bool nominated = false;
+  for (const Field& f : response.headers) {
+    nominated = nominated || (f.name.size() == 10 && iequals(f.name, "connection"));
+  }
+  bool upgrade = response.status == 101;
+  for (const Field& f : response.headers) {
+    switch (f.name.size()) {
+      case 4:
+        seen.has_date = seen.has_date || iequals(f.name, "date");
+        break;
+      case 6:
+        seen.has_server = seen.has_server || iequals(f.name, "server");
+        break;
+      case 14:
+        if (iequals(f.name, "content-length")) continue;
+        break;
+    }
+    if (is_hop_by_hop(f.name) || (nominated && connection_nominates(response.headers, f.name))) {
+      if (!upgrade || !(iequals(f.name, "upgrade") || iequals(f.name, "connection"))) continue;
+    }
+    emit(f);
+  }
+  return seen;
+}
+
+/// How the body of a response goes out, whatever the protocol.
+struct ResponseBodyPlan {
+  /// Body bytes are sent (not for HEAD, nor for statuses without a body).
+  bool send_body = false;
+  /// The body comes from a producer (Response::stream), its length unknown beforehand.
+  bool streamed = false;
+  /// A Content-Length is announced (also for HEAD, as the GET would have had), with this value.
+  std::optional<std::uint64_t> content_length;
+};
+
+/// Decides how `response` (to a HEAD request if `head_request`) carries its body.
+inline ResponseBodyPlan plan_response_body(const Response& response, bool head_request) {
+  ResponseBodyPlan plan;
+  bool no_body = status_has_no_body(response.status);
+  plan.streamed = response.stream && !no_body;
+  plan.send_body = !no_body && !head_request;
+  if (!no_body && !plan.streamed) plan.content_length = response.body_size();
+  return plan;
+}
+
+/// The client's address as the access log shows it: "192.0.2.1", "2001:db8::1" (no brackets,
+/// no port), "unix:/path", or "-" if unknown.
+std::string client_address_text(const Result<Address>& peer);
+
+/// The access-log record of a request answered with `response`: `bytes` is what the body
+/// sends, `started` when its head was complete.
+AccessRecord access_record(const RequestHead& head, const Response& response,
+                           std::string_view remote, int major_version, Clock::time_point started);
+
+}  // namespace spindle::http::detail

@@ -1,0 +1,194 @@
+#include "spindle/http/rules.h"
+
+#include "spindle/http/status.h"
+
+namespace spindle::http {
+
+bool is_request_target(std::string_view s) {
+  if (s.empty() || target_prefix_length(s) != s.size()) return false;
+  if (s.front() == '/' || s == "*") return true;
+  // absolute-form ("http://host/path") or authority-form ("host:port", CONNECT)
+  std::size_t scheme = s.find("://");
+  if (scheme != std::string_view::npos) return scheme > 0 && is_tchar(s.front());
+  return s.find('/') == std::string_view::npos && s.find(':') != std::string_view::npos;
+}
+
+bool is_hop_by_hop(std::string_view name) {
+  // Compared by length first: this runs for every forwarded field.
+  switch (name.size()) {
+    case 2:
+      return iequals(name, "te");
+    case 7:
+      return iequals(name, "upgrade");
+    case 10:
+      return iequals(name, "connection") || iequals(name, "keep-alive");
+    case 16:
+      return iequals(name, "proxy-connection");
+    case 17:
+      return iequals(name, "transfer-encoding");
+    default:
+      return false;
+  }
+}
+
+bool connection_nominates(const HeaderMap& headers, std::string_view name) {
+  return headers.has_token("connection", name) || headers.has_token("proxy-connection", name);
+}
+
+std::size_t remove_hop_by_hop(HeaderMap& headers) {
+  // The nominated names first: erasing Connection would lose them.
+  std::size_t removed = 0;
+  for (const char* field : {"connection", "proxy-connection"}) {
+    for (;;) {
+      std::optional<std::string_view> nominated;
+      for (const Field& f : headers) {
+        if (!iequals(f.name, field)) continue;
+        std::string_view rest = f.value;
+        while (!rest.empty() && !nominated) {
+          std::size_t comma = rest.find(',');
+          std::string_view token = trim_ows(rest.substr(0, comma));
+          if (!token.empty() && !is_hop_by_hop(token) && headers.contains(token)) {
+            nominated = token;
+          }
+          if (comma == std::string_view::npos) break;
+          rest.remove_prefix(comma + 1);
+        }
+        if (nominated) break;
+      }
+      if (!nominated) break;
+      // The view points into the Connection field, which erase() keeps until it is erased.
+      std::string name(*nominated);
+      removed += headers.erase(name);
+    }
+  }
+  for (const char* name :
+       {"connection", "proxy-connection", "keep-alive", "te", "transfer-encoding", "upgrade"}) {
+    removed += headers.erase(name);
+  }
+  return removed;
+}
+
+std::optional<std::uint64_t> parse_content_length(std::string_view value) {
+  std::optional<std::uint64_t> result;
+  while (true) {
+    std::size_t comma = value.find(',');
+    std::string_view item = trim_ows(value.substr(0, comma));
+    if (item.empty() || item.size() > 18) return std::nullopt;  // 18 digits cannot overflow
+    std::uint64_t n = 0;
+    for (char c : item) {
+      if (c < '0' || c > '9') return std::nullopt;
+      n = n * 10 + static_cast<std::uint64_t>(c - '0');
+    }
+    if (result && *result != n) return std::nullopt;
+    result = n;
+    if (comma == std::string_view::npos) return result;
+    value.remove_prefix(comma + 1);
+  }
+}
+
+void FramingFields::note_content_length(std::string_view value) {
+  ++content_length_fields;
+  auto n = parse_content_length(value);
+  if (!n || (content_length && *content_length != *n)) {
+    content_length_invalid = true;
+    return;
+  }
+  content_length = n;
+}
+
+FramingFields collect_framing_fields(const HeaderMap& headers) {
+  FramingFields fields;
+  for (const Field& f : headers) {
+    if (iequals(f.name, "content-length")) {
+      fields.note_content_length(f.value);
+    } else if (iequals(f.name, "transfer-encoding")) {
+      fields.transfer_encoding = true;
+    }
+  }
+  return fields;
+}
+
+TransferCodings transfer_codings(const HeaderMap& headers) {
+  TransferCodings t;
+  bool chunked_seen = false;
+  for (const Field& f : headers) {
+    if (!iequals(f.name, "transfer-encoding")) continue;
+    t.present = true;
+    std::string_view rest = f.value;
+    while (true) {
+      std::size_t comma = rest.find(',');
+      std::string_view coding = trim_ows(rest.substr(0, comma));
+      coding = trim_ows(coding.substr(0, coding.find(';')));
+      if (coding.empty()) {
+        t.malformed = true;
+      } else if (iequals(coding, "chunked")) {
+        if (chunked_seen) t.malformed = true;
+        chunked_seen = true;
+        t.chunked_last = true;
+      } else {
+        t.other = true;
+        t.chunked_last = false;
+      }
+      if (comma == std::string_view::npos) break;
+      rest.remove_prefix(comma + 1);
+    }
+  }
+  return t;
+}
+
+std::optional<FramingError> request_framing(const HeaderMap& headers, const FramingFields& fields,
+                                            int minor_version, BodyFraming& out) {
+  if (fields.transfer_encoding) {
+    if (fields.content_length_fields > 0) {
+      return FramingError{400, "both Content-Length and Transfer-Encoding"};
+    }
+    if (minor_version == 0) return FramingError{400, "Transfer-Encoding in an HTTP/1.0 request"};
+    TransferCodings t = transfer_codings(headers);
+    if (t.malformed) return FramingError{400, "malformed Transfer-Encoding"};
+    if (!t.chunked_last) return FramingError{400, "chunked is not the final transfer coding"};
+    if (t.other) return FramingError{501, "transfer coding not implemented"};
+    out = {BodyFraming::Kind::kChunked, 0};
+    return std::nullopt;
+  }
+  if (fields.content_length_invalid) return FramingError{400, "invalid Content-Length"};
+  if (fields.content_length && *fields.content_length > 0) {
+    out = {BodyFraming::Kind::kLength, *fields.content_length};
+  } else {
+    out = {BodyFraming::Kind::kNone, 0};
+  }
+  return std::nullopt;
+}
+
+std::optional<FramingError> response_framing(const HeaderMap& headers, const FramingFields& fields,
+                                             int status, std::string_view request_method,
+                                             BodyFraming& out) {
+  if (request_method == "HEAD" || status_has_no_body(status)) {
+    out = {status == 101 ? BodyFraming::Kind::kTunnel : BodyFraming::Kind::kNone, 0};
+    return std::nullopt;
+  }
+  if (request_method == "CONNECT" && status >= 200 && status < 300) {
+    out = {BodyFraming::Kind::kTunnel, 0};
+    return std::nullopt;
+  }
+  if (fields.transfer_encoding) {
+    TransferCodings t = transfer_codings(headers);
+    out = {t.chunked_last && !t.malformed ? BodyFraming::Kind::kChunked
+                                          : BodyFraming::Kind::kUntilClose,
+           0};
+    return std::nullopt;
+  }
+  if (fields.content_length_invalid) return FramingError{502, "invalid Content-Length"};
+  if (fields.content_length) {
+    out = {BodyFraming::Kind::kLength, *fields.content_length};
+    return std::nullopt;
+  }
+  out = {BodyFraming::Kind::kUntilClose, 0};
+  return std::nullopt;
+}
+
+bool is_idempotent(std::string_view method) {
+  return method == "GET" || method == "HEAD" || method == "OPTIONS" || method == "PUT" ||
+         method == "DELETE" || method == "TRACE";
+}
+
+}  // namespace spindle::http

@@ -1,0 +1,179 @@
+#include "spindle/http/rules.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "spindle/http/http1_parser.h"
+
+using namespace spindle::http;
+using Kind = BodyFraming::Kind;
+
+namespace {
+
+HeaderMap fields(std::initializer_list<std::pair<std::string_view, std::string_view>> list) {
+  HeaderMap map;
+  for (auto [name, value] : list) map.add(name, value);
+  return map;
+}
+
+// The request framing of `headers` (HTTP/1.1): the kind, or the error status as a negative.
+int request_kind(const HeaderMap& headers, int minor = 1, std::uint64_t* length = nullptr) {
+  BodyFraming out;
+  if (auto e = request_framing(headers, collect_framing_fields(headers), minor, out)) {
+    return -e->status;
+  }
+  if (length) *length = out.length;
+  return static_cast<int>(out.kind);
+}
+
+int response_kind(const HeaderMap& headers, int status, std::string_view method = "GET") {
+  BodyFraming out;
+  if (auto e = response_framing(headers, collect_framing_fields(headers), status, method, out)) {
+    return -e->status;
+  }
+  return static_cast<int>(out.kind);
+}
+
+}  // namespace
+
+TEST(HttpRules, FieldValuesRefuseEveryControlCharacterButTab) {
+  for (int c = 0; c < 256; ++c) {
+    std::string value = "abc" + std::string(1, static_cast<char>(c)) + "defghijklmnop";
+    bool allowed = c == '\t' || (c >= 0x20 && c != 0x7f);
+    EXPECT_EQ(is_field_value(value), allowed) << "byte " << c;
+    // The same answer at every position of a longer value (the word-at-a-time path).
+    for (std::size_t at = 0; at < 20; ++at) {
+      std::string v(20, 'x');
+      v[at] = static_cast<char>(c);
+      ASSERT_EQ(is_field_value(v), allowed) << "byte " << c << " at " << at;
+    }
+  }
+  EXPECT_TRUE(is_field_value(""));
+  EXPECT_FALSE(is_field_value("ok\r\nSet-Cookie: evil=1"));
+}
+
+TEST(HttpRules, NamesAndMethodsAreTokens) {
+  EXPECT_TRUE(is_field_name("X-Request-Id"));
+  EXPECT_TRUE(is_method("PROPFIND"));
+  for (std::string_view bad : {"", "X Y", "X:Y", "X\r\nY", "Ü", "a(b)", "a/b", "GET\n"}) {
+    EXPECT_FALSE(is_field_name(bad)) << bad;
+    EXPECT_FALSE(is_method(bad)) << bad;
+  }
+}
+
+TEST(HttpRules, RequestTargetsAreVisibleAsciiInAKnownForm) {
+  for (std::string_view ok : {"/", "/a?b=c", "*", "http://h/x", "example.com:443"}) {
+    EXPECT_TRUE(is_request_target(ok)) << ok;
+  }
+  for (std::string_view bad :
+       {"", "/a b", "/a\r\nHost: evil", "/\x01", "/\x7f", "/é", "relative", "://x"}) {
+    EXPECT_FALSE(is_request_target(bad)) << bad;
+  }
+}
+
+TEST(HttpRules, HopByHopIsTheRfc9110SetAnyCase) {
+  for (std::string_view name :
+       {"Connection", "keep-alive", "PROXY-CONNECTION", "TE", "Transfer-Encoding", "upgrade"}) {
+    EXPECT_TRUE(is_hop_by_hop(name)) << name;
+  }
+  for (std::string_view name : {"Content-Length", "Trailer", "Host", "X-Te", "Upgrades"}) {
+    EXPECT_FALSE(is_hop_by_hop(name)) << name;
+  }
+}
+
+TEST(HttpRules, RemovesHopByHopFieldsAndThoseConnectionNames) {
+  HeaderMap h = fields({{"Host", "a"},
+                        {"Connection", "keep-alive, X-Secret, x-other"},
+                        {"X-Secret", "1"},
+                        {"Keep-Alive", "timeout=5"},
+                        {"X-Other", "2"},
+                        {"X-Kept", "3"},
+                        {"Proxy-Connection", "X-Proxied"},
+                        {"X-Proxied", "4"},
+                        {"TE", "trailers"},
+                        {"Upgrade", "websocket"}});
+  EXPECT_TRUE(connection_nominates(h, "x-secret"));
+  EXPECT_FALSE(connection_nominates(h, "x-kept"));
+  std::vector<std::string> kept;
+  for_each_end_to_end(h, [&](const Field& f) { kept.emplace_back(f.name); });
+  EXPECT_EQ(kept, (std::vector<std::string>{"Host", "X-Kept"}));
+  EXPECT_EQ(remove_hop_by_hop(h), 8u);
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[0].name, "Host");
+  EXPECT_EQ(h[1].name, "X-Kept");
+}
+
+TEST(HttpRules, RequestFramingFollowsRfc9112Section6_3) {
+  std::uint64_t length = 0;
+  EXPECT_EQ(request_kind(fields({})), static_cast<int>(Kind::kNone));
+  EXPECT_EQ(request_kind(fields({{"Content-Length", "0"}})), static_cast<int>(Kind::kNone));
+  EXPECT_EQ(request_kind(fields({{"Content-Length", "12"}}), 1, &length),
+            static_cast<int>(Kind::kLength));
+  EXPECT_EQ(length, 12u);
+  EXPECT_EQ(request_kind(fields({{"Content-Length", "7, 7"}}), 1, &length),
+            static_cast<int>(Kind::kLength));
+  EXPECT_EQ(request_kind(fields({{"Transfer-Encoding", "chunked"}})),
+            static_cast<int>(Kind::kChunked));
+  EXPECT_EQ(request_kind(fields({{"Transfer-Encoding", "gzip, chunked"}})), -501);
+  EXPECT_EQ(request_kind(fields({{"Transfer-Encoding", "chunked, gzip"}})), -400);
+  EXPECT_EQ(request_kind(fields({{"Transfer-Encoding", "chunked, chunked"}})), -400);
+  EXPECT_EQ(request_kind(fields({{"Transfer-Encoding", "chunked"}, {"Content-Length", "3"}})),
+            -400);
+  EXPECT_EQ(request_kind(fields({{"Transfer-Encoding", "chunked"}}), 0), -400);
+  EXPECT_EQ(request_kind(fields({{"Content-Length", "1"}, {"Content-Length", "2"}})), -400);
+  EXPECT_EQ(request_kind(fields({{"Content-Length", "-1"}})), -400);
+  EXPECT_EQ(request_kind(fields({{"Content-Length", "0x10"}})), -400);
+  EXPECT_EQ(request_kind(fields({{"Content-Length", "99999999999999999999"}})), -400);
+}
+
+TEST(HttpRules, ResponseFramingFollowsRfc9112Section6_3) {
+  HeaderMap sized = fields({{"Content-Length", "5"}});
+  EXPECT_EQ(response_kind(sized, 200), static_cast<int>(Kind::kLength));
+  EXPECT_EQ(response_kind(sized, 200, "HEAD"), static_cast<int>(Kind::kNone));
+  EXPECT_EQ(response_kind(sized, 204), static_cast<int>(Kind::kNone));
+  EXPECT_EQ(response_kind(sized, 304), static_cast<int>(Kind::kNone));
+  EXPECT_EQ(response_kind(fields({}), 103), static_cast<int>(Kind::kNone));
+  EXPECT_EQ(response_kind(fields({}), 101), static_cast<int>(Kind::kTunnel));
+  EXPECT_EQ(response_kind(sized, 200, "CONNECT"), static_cast<int>(Kind::kTunnel));
+  EXPECT_EQ(response_kind(sized, 407, "CONNECT"), static_cast<int>(Kind::kLength));
+  // Transfer-Encoding overrides Content-Length; a final coding other than chunked reads to
+  // the close.
+  EXPECT_EQ(response_kind(fields({{"Transfer-Encoding", "chunked"}, {"Content-Length", "5"}}), 200),
+            static_cast<int>(Kind::kChunked));
+  EXPECT_EQ(response_kind(fields({{"Transfer-Encoding", "chunked, gzip"}}), 200),
+            static_cast<int>(Kind::kUntilClose));
+  EXPECT_EQ(response_kind(fields({}), 200), static_cast<int>(Kind::kUntilClose));
+  EXPECT_EQ(response_kind(fields({{"Content-Length", "5, 6"}}), 200), -502);
+}
+
+TEST(HttpRules, TheParsersDecideFramingThroughTheRules) {
+  // Request: Content-Length with chunked is refused whichever comes first.
+  RequestParser parser;
+  RequestHead head;
+  auto r = parser.parse(
+      "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+      head);
+  EXPECT_EQ(r.state, ParseResult::State::kError);
+  EXPECT_EQ(r.status, 400);
+  // Response: chunked wins over Content-Length, and a body without length ends the connection.
+  ResponseParser responses;
+  ResponseHead rh;
+  auto c = responses.parse(
+      "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", rh);
+  ASSERT_EQ(c.state, ParseResult::State::kComplete);
+  EXPECT_EQ(rh.framing.kind, Kind::kChunked);
+  EXPECT_FALSE(rh.content_length.has_value());
+  auto u = responses.parse("HTTP/1.1 200 OK\r\nServer: x\r\n\r\n", rh);
+  ASSERT_EQ(u.state, ParseResult::State::kComplete);
+  EXPECT_EQ(rh.framing.kind, Kind::kUntilClose);
+  EXPECT_FALSE(rh.keep_alive);
+}
+
+TEST(HttpRules, IdempotentMethodsAreRfc9110s) {
+  for (std::string_view m : {"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"}) {
+    EXPECT_TRUE(is_idempotent(m)) << m;
+  }
+  for (std::string_view m : {"POST", "PATCH", "CONNECT", "get"})
+    EXPECT_FALSE(is_idempotent(m)) << m;
+}
