@@ -267,3 +267,37 @@ def test_http2_requests_are_access_logged(build_dir, tmp_path):
         assert any('"GET /json HTTP/2.0" 200 27' in line for line in server.output), server.output
     finally:
         server.stop()
+
+
+def response_status(sock, conn, seconds=5):
+    """Reads until the first response head arrives; returns its :status (None if none came)."""
+    sock.settimeout(seconds)
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return None
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    return dict(event.headers)[":status"]
+            sock.sendall(conn.data_to_send())
+    except socket.timeout:
+        return None
+
+
+@pytest.mark.parametrize("path", ["/ignore", "/echo"])
+def test_a_body_announced_over_max_body_gets_413_from_its_headers(test_server, path):
+    # A terabyte announced, no byte of it sent: the answer comes from the HEADERS alone, even
+    # for a handler that would not read the body (/ignore), and nothing that size is allocated.
+    sock, conn = h2_client_socket(test_server)
+    try:
+        headers = [(":method", "POST"), (":path", path), (":scheme", "http"),
+                   (":authority", "x"), ("content-length", str(1 << 40))]
+        conn.send_headers(1, headers, end_stream=False)
+        sock.sendall(conn.data_to_send())
+        assert response_status(sock, conn) == "413"
+    finally:
+        sock.close()
+    # An announced size within the limit is served as before.
+    assert curl("--http2-prior-knowledge", "--data-binary", "hello",
+                f"http://127.0.0.1:{test_server.port}/echo").stdout == b"hello"
