@@ -3,7 +3,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <new>
+#include <system_error>
+
+#include "spindle/base/error.h"
 
 namespace spindle {
 namespace {
@@ -22,10 +24,12 @@ Stack map_stack(std::size_t size) {
   const std::size_t guard = StackPool::guard_size();
   void* region = ::mmap(nullptr, size + guard, PROT_READ | PROT_WRITE,
                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
-  if (region == MAP_FAILED) throw std::bad_alloc();
+  if (region == MAP_FAILED) throw std::system_error(last_errno(), "fiber stack: mmap");
   if (::mprotect(region, guard, PROT_NONE) != 0) {
+    auto ec = last_errno();
     ::munmap(region, size + guard);
-    throw std::bad_alloc();
+    // ENOMEM here is the mapping count: the guard page splits the region in two.
+    throw std::system_error(ec, "fiber stack: guard page (vm.max_map_count?)");
   }
   return Stack{static_cast<char*>(region) + guard, size};
 }
@@ -47,6 +51,11 @@ StackPool::~StackPool() {
 }
 
 Stack StackPool::allocate(std::size_t size) {
+  if (fail_next_ > 0) {
+    --fail_next_;
+    throw std::system_error(std::make_error_code(std::errc::not_enough_memory),
+                            "fiber stack: mmap (injected failure)");
+  }
   size = size == 0 ? stack_size_ : round_to_pages(size);
   if (size == stack_size_ && !free_.empty()) {
     Stack s = free_.back();

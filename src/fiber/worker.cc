@@ -93,8 +93,22 @@ void Worker::start_fiber(Fiber* fiber) {
 }
 
 void Worker::fail_start(Fiber* fiber, std::exception_ptr error) {
-  log_error("fiber {:#x} could not start: no stack (raise vm.max_map_count or lower the count)",
-            fiber->id_);
+  // Once a second at most, with the cause: a shortage makes many spawns fail at once.
+  ++failed_starts_;
+  auto now = Clock::now();
+  if (now - last_start_failure_log_ >= std::chrono::seconds(1)) {
+    last_start_failure_log_ = now;
+    std::string cause = "unknown";
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      cause = e.what();
+    } catch (...) {
+    }
+    log_error("worker {}: {} fiber(s) could not start: no stack: {}", index_, failed_starts_,
+              cause);
+    failed_starts_ = 0;
+  }
   fiber->error_ = std::move(error);
   fiber->finish();
   fiber->release();

@@ -50,6 +50,8 @@ class Http2Connection {
   Http2Connection(Stream& stream, HttpServer::Shared& shared, WorkerState& worker);
   ~Http2Connection();
 
+  /// Serves the connection until it ends (never throws past the point where fibers point at
+  /// it: they are all gone when it returns or throws).
   void run(std::string_view preread, const Http2Upgrade* upgrade);
   /// Draining: GOAWAY now; the connection ends once its streams are done.
   void shut_down();
@@ -86,6 +88,12 @@ class Http2Connection {
   void log_access(H2Stream& s, const Response& response, Clock::time_point started);
   /// Ends the reader (a stop request wakes it from its read).
   void stop_reader();
+  /// The reader's loop: socket -> nghttp2 (the h2c upgrade's stream 1 and `preread` first).
+  void read_loop(std::string_view preread, const Http2Upgrade* upgrade);
+  /// After the reader: closes the streams for their handlers, waits for them and the writer.
+  void finish(JoinHandle<void>& writer) noexcept;
+  /// A handler is done (its fiber ends): drops what it left unread, uncounts it.
+  void end_handler(H2Stream& s) noexcept;
   /// Closes gently: half-close, then drop what the client still sends, briefly.
   void linger();
 
@@ -374,13 +382,18 @@ Http2Connection::Http2Connection(Stream& stream, HttpServer::Shared& shared, Wor
     : stream_(stream), shared_(shared), worker_(worker) {
   nghttp2_session_callbacks* callbacks = nullptr;
   nghttp2_session_callbacks_new(&callbacks);
-  nghttp2_session_callbacks_set_on_begin_frame_callback(callbacks, &Callbacks::on_begin_frame);
-  nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, &Callbacks::on_begin_headers);
-  nghttp2_session_callbacks_set_on_header_callback(callbacks, &Callbacks::on_header);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, &Callbacks::on_frame_recv);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks,
-                                                            &Callbacks::on_data_chunk_recv);
-  nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, &Callbacks::on_stream_close);
+  nghttp2_session_callbacks_set_on_begin_frame_callback(callbacks,
+                                                        &Guarded<&Callbacks::on_begin_frame>::call);
+  nghttp2_session_callbacks_set_on_begin_headers_callback(
+      callbacks, &Guarded<&Callbacks::on_begin_headers>::call);
+  nghttp2_session_callbacks_set_on_header_callback(callbacks,
+                                                   &Guarded<&Callbacks::on_header>::call);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks,
+                                                       &Guarded<&Callbacks::on_frame_recv>::call);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(
+      callbacks, &Guarded<&Callbacks::on_data_chunk_recv>::call);
+  nghttp2_session_callbacks_set_on_stream_close_callback(
+      callbacks, &Guarded<&Callbacks::on_stream_close>::call);
   nghttp2_option* option = nullptr;
   nghttp2_option_new(&option);
   // Windows open as handlers read, not as bytes arrive: a handler that does not read holds
@@ -438,33 +451,62 @@ void Http2Connection::start_handler(H2Stream& s) {
   }
   if (s.path.empty() || (s.path.front() != '/' && s.path != "*")) s.early_status = 400;
   handlers_.add();
-  spawn([this, self = open_[s.open_index]] { handle(self); },
-        SpawnOptions{.stack_size = shared_.options.tcp.stack_size})
-      .detach();
+  auto handler = spawn([this, self = open_[s.open_index]] { handle(self); },
+                       SpawnOptions{.stack_size = shared_.options.tcp.stack_size});
+  if (handler.finished()) {
+    // No fiber for its handler (no stack; the worker logged why): refused, so the client may
+    // send it again, here later or elsewhere.
+    handlers_.done();
+    nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, s.id, NGHTTP2_REFUSED_STREAM);
+    wake_writer();
+    try {
+      handler.join();
+    } catch (...) {
+      // The worker logged why.
+    }
+  }
 }
 
 void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
-  // The clock is read only for the access log's duration.
-  auto started = shared_.options.access_log ? Clock::now() : Clock::time_point();
-  Response response;
-  bool head_only = s->method == "HEAD";
-  if (s->early_status != 0) {
-    response = Response::error(s->early_status);
-  } else {
-    Request request(s->head, *s);
-    response = call_router(shared_.router, request);
+  // Whatever happens here, the connection learns that this handler is done.
+  struct Done {
+    Http2Connection& connection;
+    H2Stream& stream;
+    ~Done() { connection.end_handler(stream); }
+  } done{*this, *s};
+  try {
+    // The clock is read only for the access log's duration.
+    auto started = shared_.options.access_log ? Clock::now() : Clock::time_point();
+    Response response;
+    bool head_only = s->method == "HEAD";
+    if (s->early_status != 0) {
+      response = Response::error(s->early_status);
+    } else {
+      Request request(s->head, *s);
+      response = call_router(shared_.router, request);
+    }
+    if (shared_.options.access_log) log_access(*s, response, started);
+    if (!s->closed) submit_response(*s, response, head_only);
+  } catch (...) {
+    // Only the server's own code can get here (call_router catches the handler's exceptions):
+    // the stream ends, the connection goes on.
+    log_error("HTTP/2 stream {} of {} {} failed", s->id, s->method, s->path);
+    if (!s->closed) {
+      nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, s->id, NGHTTP2_INTERNAL_ERROR);
+    }
   }
-  if (shared_.options.access_log) log_access(*s, response, started);
-  if (!s->closed) submit_response(*s, response, head_only);
-  s->handler_done = true;
+}
+
+void Http2Connection::end_handler(H2Stream& s) noexcept {
+  s.handler_done = true;
   // What the handler left unread is dropped; the client may send the rest (RFC 9113 8.1 lets
   // the server also reset the request side with NO_ERROR once the response is complete).
-  if (std::size_t unread = s->body_in.size() - s->body_in_pos; unread > 0) {
-    nghttp2_session_consume(session_, s->id, unread);
-    s->body_in.clear();
-    s->body_in_pos = 0;
-    wake_writer();
+  if (std::size_t unread = s.body_in.size() - s.body_in_pos; unread > 0) {
+    nghttp2_session_consume(session_, s.id, unread);
+    s.body_in.clear();
+    s.body_in_pos = 0;
   }
+  wake_writer();
   handlers_.done();
 }
 
@@ -595,7 +637,18 @@ void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade)
   nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings, std::size(settings));
   nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, kConnectionWindow);
   auto writer = spawn([this] { write_loop(); });
+  // Whatever happens below, the writer and the handlers point at this connection: they end
+  // before it does.
+  struct Finish {
+    Http2Connection& connection;
+    JoinHandle<void>& writer;
+    ~Finish() { connection.finish(writer); }
+  } finish{*this, writer};
+  if (writer.finished()) return;  // no fiber for the writer (no stack): nothing can be sent
+  read_loop(preread, upgrade);
+}
 
+void Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* upgrade) {
   bool ok = true;
   if (upgrade != nullptr) {
     // Stream 1 is the HTTP/1.1 request that asked for h2c; it is answered over HTTP/2.
@@ -639,25 +692,26 @@ void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade)
     ok = nghttp2_session_mem_recv(session_, reinterpret_cast<const std::uint8_t*>(buffer.data()),
                                   *n) >= 0;
   }
-  // The end: every stream is closed for its handler, the handlers finish, the writer sends
-  // what is left (a GOAWAY the session queued, say) and stops.
+}
+
+void Http2Connection::finish(JoinHandle<void>& writer) noexcept {
+  // Every stream is closed for its handler, the handlers finish, the writer sends what is
+  // left (a GOAWAY the session queued, say) and stops.
   stopping_ = true;
   for (auto& s : open_) {
     s->closed = true;
     s->body_event.set();
     s->out_event.set();
   }
-  // The handlers point at this connection: it must outlive them. This fiber may have been
-  // asked to stop (its own waits would return at once), so a fresh one waits, and is joined
-  // (a join is not cancellable). If even that one is cancelled (the runtime stops), it yields
-  // to the handlers, which are cancelled too, until they are gone.
-  spawn([this] {
-    while (handlers_.count() > 0) {
-      if (handlers_.wait()) this_fiber::yield();
-    }
-  }).join();
+  // Not cancellable: this fiber may have been asked to stop, and the handlers must be gone
+  // before the connection is (they are cancelled too when the runtime stops).
+  (void)handlers_.wait(Deadline::never(), kNotCancellable);
   wake_writer();
-  writer.join();
+  try {
+    writer.join();
+  } catch (...) {
+    writer_failed_ = true;  // it never started
+  }
   reader_ = nullptr;
   if (!writer_failed_) linger();
 }
@@ -666,8 +720,11 @@ void Http2Connection::linger() {
   // Closing a socket with unread bytes (a client's PING or TLS alert after its GOAWAY) makes
   // the kernel send a reset, which can destroy our last frames in flight: half-close, then
   // read and drop what still comes, for a moment. On a fresh fiber: this one may have been
-  // asked to stop, which would end any wait at once.
-  spawn([this] { stream_.linger(Deadline::after(std::chrono::seconds(1))); }).join();
+  // asked to stop, which would end any wait at once. (Without a stack for it, no lingering.)
+  try {
+    spawn([this] { stream_.linger(Deadline::after(std::chrono::seconds(1))); }).join();
+  } catch (...) {
+  }
 }
 
 void serve_http2(Stream& stream, HttpServer::Shared& shared, WorkerState& worker,

@@ -12,6 +12,22 @@
 
 namespace spindle::http::detail {
 
+/// nghttp2 is C: nothing may be thrown through it. Guarded<&callback>::call runs a callback
+/// and turns any exception it lets out (an allocation failure, say) into
+/// NGHTTP2_ERR_CALLBACK_FAILURE, which ends the session instead of the process.
+template <auto Fn>
+struct Guarded;
+template <typename... Args, int (*Fn)(Args...)>
+struct Guarded<Fn> {
+  static int call(Args... args) noexcept {
+    try {
+      return Fn(args...);
+    } catch (...) {
+      return NGHTTP2_ERR_CALLBACK_FAILURE;
+    }
+  }
+};
+
 /// What send_frames did.
 enum class FramesSent {
   kNothing,  ///< nghttp2 had nothing to give now

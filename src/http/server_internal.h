@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "spindle/http/server.h"
+#include "spindle/io/timer_queue.h"
 #include "spindle/net/stream.h"
 #include "spindle/sync/wait_group.h"
 
@@ -78,6 +79,53 @@ struct HttpServer::Shared {
 };
 
 namespace detail {
+
+/// One client connection, from accept to close: its socket, and what it keeps between
+/// requests. The one owner of the connection (through ConnectionPtr, or a worker's idle or
+/// ready list while no fiber serves it); its constructor and destructor alone count it in the
+/// worker's `open` and the server's `active`, so whatever is thrown, a connection that ends is
+/// closed and uncounted. While it is idle this is all there is of it: no fiber, no stack, no
+/// read buffer.
+struct ConnectionState {
+  ConnectionState(Stream s, std::shared_ptr<HttpServer::Shared> sh, WorkerState& w);
+  /// Closes: TLS close_notify, the socket, the keep-alive timer; uncounts.
+  ~ConnectionState();
+  ConnectionState(const ConnectionState&) = delete;
+  ConnectionState& operator=(const ConnectionState&) = delete;
+
+  /// The socket (TCP or TLS).
+  Stream stream;
+  /// The server it belongs to (kept alive by its connections).
+  std::shared_ptr<HttpServer::Shared> shared;
+  /// Its worker's state.
+  WorkerState* worker;
+  /// Requests answered so far.
+  std::size_t requests = 0;
+  /// The client's address for the access log (looked up on first use).
+  std::string remote;
+  /// The keep-alive timer. It stays queued across requests (re-queued only when it fires
+  /// early), so a request costs no timer-heap work.
+  Timer idle_timer;
+  /// When the connection last went idle, and whether it is idle now.
+  Clock::time_point idle_since{};
+  bool idle = false;
+  /// Links in the worker's idle list (or its ready list: next_idle only).
+  ConnectionState* prev_idle = nullptr;
+  ConnectionState* next_idle = nullptr;
+};
+
+/// Owns a connection while a fiber serves it.
+using ConnectionPtr = std::unique_ptr<ConnectionState>;
+
+/// How one HTTP/1 activation of a connection ended.
+enum class Http1Outcome {
+  kClose,  ///< the connection is done (it lingered first if the client may still be sending)
+  kIdle,   ///< nothing to do: it waits in the reactor for its next request
+};
+
+/// Serves an HTTP/1 connection (switching to HTTP/2 if it asks) on the calling fiber until it
+/// closes or goes idle. May throw (the caller's ConnectionPtr then closes the connection).
+Http1Outcome serve_http1(ConnectionState& state);
 
 /// Serves one HTTP/2 connection on `stream` until it ends, on the calling fiber. `preread`:
 /// bytes already received (from the client preface on); `upgrade`: the h2c upgrade request,

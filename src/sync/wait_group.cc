@@ -21,10 +21,10 @@ std::size_t WaitGroup::count() {
   return count_;
 }
 
-std::error_code WaitGroup::wait(Deadline deadline) {
+std::error_code WaitGroup::wait(Deadline deadline, bool cancellable) {
   std::unique_lock guard(lock_);
   while (count_ != 0) {
-    if (auto ec = waiters_.wait(lock_, deadline)) return ec;
+    if (auto ec = waiters_.wait(lock_, deadline, cancellable)) return ec;
   }
   return {};
 }

@@ -39,6 +39,27 @@ inline std::string exchange_raw(const Address& address, std::string_view request
   return got;
 }
 
+/// Reads one HTTP/1 response with a Content-Length (or none: no body) from `stream`: head and
+/// body, as text; "" if the connection closed or `timeout` passed before it was whole.
+inline std::string read_response(TcpStream& stream,
+                                 std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+  Deadline deadline = Deadline::after(timeout);
+  std::string got;
+  char buffer[4096];
+  for (;;) {
+    std::size_t end = got.find("\r\n\r\n");
+    if (end != std::string::npos) {
+      std::size_t length = 0;
+      std::size_t at = got.find("Content-Length: ");
+      if (at != std::string::npos && at < end) length = std::stoul(got.substr(at + 16));
+      if (got.size() >= end + 4 + length) return got.substr(0, end + 4 + length);
+    }
+    auto n = stream.read(buffer, deadline);
+    if (!n || *n == 0) return "";
+    got.append(buffer, *n);
+  }
+}
+
 /// The head of a raw HTTP/1 response (up to the empty line).
 inline std::string_view head_of(std::string_view response) {
   return response.substr(0, response.find("\r\n\r\n"));

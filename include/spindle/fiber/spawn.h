@@ -59,7 +59,10 @@ class JoinHandle {
 };
 
 /// Starts `fn` in a new fiber on `worker`. Safe from any thread; from another thread the stack
-/// is taken when the worker picks the fiber up. Throws std::bad_alloc if no stack can be mapped.
+/// is taken when the worker picks the fiber up. If no stack can be had (StackPool::allocate
+/// failed), `fn` never runs: the fiber finishes at once and join() rethrows the
+/// std::system_error. On the calling worker that is known on return: the handle's finished()
+/// is then already true. Throws std::bad_alloc only if the fiber object cannot be allocated.
 template <typename Fn>
 auto spawn_on(Worker& worker, Fn&& fn, SpawnOptions options = {})
     -> JoinHandle<std::invoke_result_t<std::decay_t<Fn>&>> {

@@ -38,9 +38,13 @@ class StackPool {
   StackPool(const StackPool&) = delete;
   StackPool& operator=(const StackPool&) = delete;
 
-  /// A stack of at least `size` bytes (0: the pool's size). Throws std::bad_alloc when the
-  /// kernel refuses the mapping (see vm.max_map_count: each stack needs two mappings).
+  /// A stack of at least `size` bytes (0: the pool's size). Throws std::system_error with the
+  /// kernel's reason when it refuses the mapping (ENOMEM: memory, or vm.max_map_count, as each
+  /// stack needs two mappings).
   Stack allocate(std::size_t size = 0);
+  /// Test hook: the next `count` allocate() calls fail as if the kernel had refused them, so
+  /// that what a failed spawn does can be tested.
+  void fail_next_allocations(std::size_t count) { fail_next_ = count; }
   /// Returns a stack; kept for reuse if it has the pool's size and the cache has room.
   void deallocate(Stack stack);
 
@@ -59,6 +63,8 @@ class StackPool {
   std::size_t max_cached_;
   /// Stacks ready for reuse (LIFO: the most recently used is warmest in cache).
   std::vector<Stack> free_;
+  /// Allocations still to fail (fail_next_allocations).
+  std::size_t fail_next_ = 0;
 };
 
 }  // namespace spindle

@@ -146,6 +146,9 @@ class Worker {
   Clock::time_point stop_started_{};
   /// True once the slow-stop warning was logged.
   bool stop_warned_ = false;
+  /// Fibers that could not start since the last log of it, and when that was.
+  std::size_t failed_starts_ = 0;
+  Clock::time_point last_start_failure_log_{};
 };
 
 }  // namespace spindle

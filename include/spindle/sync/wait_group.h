@@ -23,9 +23,11 @@ class WaitGroup {
   void done();
   /// The count now.
   std::size_t count();
-  /// Waits until the count is zero. Returns {}, std::errc::timed_out or
-  /// std::errc::operation_canceled.
-  [[nodiscard]] std::error_code wait(Deadline deadline = Deadline::never());
+  /// Waits until the count is zero. Returns {}, std::errc::timed_out or (if `cancellable`)
+  /// std::errc::operation_canceled. Not cancellable: for an owner that must outlive the work
+  /// it counts even after it was asked to stop.
+  [[nodiscard]] std::error_code wait(Deadline deadline = Deadline::never(),
+                                     bool cancellable = kCancellable);
 
  private:
   /// Guards count_ and waiters_.
