@@ -10,7 +10,7 @@ namespace {
 void serve_connection(Worker& worker, UniqueFd fd,
                       std::shared_ptr<const TcpServer::Handler> handler,
                       const TcpServerOptions& options) {
-  spawn_on(
+  auto fiber = spawn_on(
       worker,
       [handler = std::move(handler), fd = std::move(fd)]() mutable {
         auto socket = Socket::adopt(std::move(fd));
@@ -20,8 +20,15 @@ void serve_connection(Worker& worker, UniqueFd fd,
         }
         (*handler)(TcpStream(std::move(*socket)));
       },
-      SpawnOptions{.stack_size = options.stack_size})
-      .detach();
+      SpawnOptions{.stack_size = options.stack_size});
+  // Without a stack the connection is closed unserved (its descriptor went with the fiber's
+  // callable); the worker has logged why, once for all of them.
+  if (fiber.finished()) {
+    try {
+      fiber.join();
+    } catch (...) {
+    }
+  }
 }
 
 // Accepts until cancelled. Connections go to `workers` round-robin (just this worker when each
