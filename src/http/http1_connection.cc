@@ -14,6 +14,7 @@
 #include "response_head.h"
 #include "server_internal.h"
 #include "spindle/base/log.h"
+#include "spindle/fiber/buffer_pool.h"
 #include "spindle/http/chunked.h"
 #include "spindle/http/status.h"
 #include "spindle/net/stream.h"
@@ -378,10 +379,10 @@ bool Connection::finish_body() {
   // A client still waiting for its 100 Continue would send the body only after a pause:
   // closing is quicker for both than asking for a body nobody reads.
   if (body_state_ == BodyState::kFailed || continue_due_) return false;
-  // Dropped bytes: every fiber of this thread may share one place for them.
-  static thread_local char sink[16 * 1024];
+  // Dropped bytes go to a buffer lent to this connection alone (the read may park).
+  BufferPool::Buffer sink = take_buffer();
   std::ptrdiff_t n;
-  while ((n = pull_body(sink)) > 0) {
+  while ((n = pull_body(sink.span())) > 0) {
   }
   return n == 0;
 }

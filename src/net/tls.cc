@@ -13,6 +13,8 @@
 #include <climits>
 #include <utility>
 
+#include "spindle/fiber/buffer_pool.h"
+
 namespace spindle {
 namespace {
 
@@ -121,10 +123,6 @@ long note_socket_read(BIO* bio, int oper, const char* /*argp*/, std::size_t aske
   return ret;
 }
 
-// Room to gather small writes into full records, and to read files into when there is no
-// kTLS: one per thread, used only between two parks.
-thread_local std::array<char, 16 * 1024> staging;
-
 }  // namespace
 
 const std::error_category& tls_category() {
@@ -190,6 +188,10 @@ struct TlsCallbacks {
 std::expected<std::shared_ptr<const TlsServerContext>, std::string> TlsServerContext::create(
     TlsServerOptions options) {
   if (options.certificates.empty()) return std::unexpected("no certificate given");
+  if (options.max_record_size < 512 || options.max_record_size > 16384) {
+    return std::unexpected(
+        fmt::format("max_record_size {}: expected 512 to 16384", options.max_record_size));
+  }
   std::shared_ptr<TlsServerContext> self(new TlsServerContext());
   auto wire = alpn_wire(options.alpn);
   if (!wire) return std::unexpected(wire.error());
@@ -210,6 +212,7 @@ std::expected<std::shared_ptr<const TlsServerContext>, std::string> TlsServerCon
     std::uint64_t flags = SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE |
                           SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_COMPRESSION;
     if (!options.session_tickets) flags |= SSL_OP_NO_TICKET;
+    SSL_CTX_set_max_send_fragment(ctx, static_cast<long>(options.max_record_size));
     if (options.ktls) flags |= SSL_OP_ENABLE_KTLS;
     SSL_CTX_set_options(ctx, flags);
     // Buffers go back while a connection is idle (idle keep-alive connections stay small). The
@@ -471,13 +474,17 @@ Result<void> TlsStream::write_all(std::span<const char> data, Deadline deadline)
 }
 
 Result<std::size_t> TlsStream::writev(std::span<const iovec> buffers, Deadline deadline) {
+  // Small pieces are gathered into full records in a buffer of this call's own: a write that
+  // waits mid-record must find the same bytes when it resumes (OpenSSL continues from them),
+  // whatever other fibers of the worker write meanwhile.
+  BufferPool::Buffer staging;
   std::size_t total = 0, gathered = 0;
   for (const iovec& b : buffers) {
     std::span<const char> piece(static_cast<const char*>(b.iov_base), b.iov_len);
     total += piece.size();
-    if (gathered + piece.size() <= staging.size()) {
-      std::copy(piece.begin(), piece.end(),
-                staging.begin() + static_cast<std::ptrdiff_t>(gathered));
+    if (gathered + piece.size() <= BufferPool::kBufferSize) {
+      if (!staging.data()) staging = take_buffer();
+      std::copy(piece.begin(), piece.end(), staging.data() + gathered);
       gathered += piece.size();
       continue;
     }
@@ -510,12 +517,14 @@ Result<std::size_t> TlsStream::sendfile(int file_fd, off_t offset, std::size_t c
     }
     return sent;
   }
+  // Read and encrypted here, through a buffer of this call's own (see writev).
+  BufferPool::Buffer chunk = take_buffer();
   while (sent < count) {
-    std::size_t want = std::min(count - sent, staging.size());
-    ssize_t n = ::pread(file_fd, staging.data(), want, offset + static_cast<off_t>(sent));
+    std::size_t want = std::min(count - sent, chunk.size());
+    ssize_t n = ::pread(file_fd, chunk.data(), want, offset + static_cast<off_t>(sent));
     if (n < 0) return fail_errno();
     if (n == 0) break;  // the file ended early
-    if (auto r = write_record({staging.data(), static_cast<std::size_t>(n)}, deadline); !r) {
+    if (auto r = write_record({chunk.data(), static_cast<std::size_t>(n)}, deadline); !r) {
       return fail(r.error());
     }
     sent += static_cast<std::size_t>(n);

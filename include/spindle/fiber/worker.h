@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "spindle/fiber/buffer_pool.h"
 #include "spindle/fiber/fiber.h"
 #include "spindle/fiber/scheduler.h"
 #include "spindle/fiber/spin_lock.h"
@@ -57,6 +58,8 @@ class Worker {
   TimerQueue& timers() { return timers_; }
   /// The stack pool (owner thread only).
   StackPool& stacks() { return stacks_; }
+  /// The I/O buffer pool (owner thread only).
+  BufferPool& buffers() { return buffers_; }
   /// Fibers started on this worker and not yet finished (owner thread only).
   std::size_t live_fibers() const { return live_count_; }
   /// How many times the loop has polled the reactor (owner thread). A reader that drained a
@@ -117,6 +120,8 @@ class Worker {
   TimerQueue timers_;
   /// Fiber stacks for this worker.
   StackPool stacks_;
+  /// I/O buffers lent to this worker's fibers.
+  BufferPool buffers_;
 
   /// Guards the inbox.
   SpinLock inbox_lock_;

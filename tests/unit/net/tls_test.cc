@@ -258,3 +258,60 @@ FIBER_TEST(Tls, KtlsEngagesOnlyWhereTheKernelOffersIt) {
   ASSERT_TRUE(client->write_all(std::string_view("via ktls?"), Deadline::after(5s)));
   EXPECT_EQ(read_n(*client, 9), "via ktls?");
 }
+
+FIBER_TEST(Tls, TwoWritersParkedOnOneWorkerEachSendOnlyTheirOwnBytes) {
+  // Small records, so that one gathered write is many records and a full socket stops it
+  // midway; small socket buffers, so that both writers park. While one waits, the other
+  // gathers its own pieces: each peer must receive exactly its writer's bytes.
+  const std::string& d = cert_dir();
+  auto context = TlsServerContext::create(TlsServerOptions{
+      .certificates = {{d + "/localhost.pem", d + "/localhost.key", {}}}, .max_record_size = 512});
+  ASSERT_TRUE(context.has_value()) << context.error();
+  auto listener = TcpListener::bind(Address::loopback_v4(0));
+  ASSERT_TRUE(listener.has_value());
+  Address address = listener->local_address().value();
+  constexpr std::size_t kPiece = 100, kPieces = 4000;  // 400 KB per writer
+  auto pattern = [](int writer, std::size_t i) {
+    return static_cast<char>((writer == 0 ? 'a' : 'A') + (i / kPiece + i) % 26);
+  };
+  std::vector<TlsStream> clients, servers;
+  for (int i = 0; i < 2; ++i) {
+    auto client = spawn([&] { return connect_to(address, "localhost", client_context()); });
+    auto tcp = listener->accept(Deadline::after(5s));
+    ASSERT_TRUE(tcp.has_value());
+    int small = 16384;
+    ASSERT_EQ(::setsockopt(tcp->fd(), SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+    auto server = TlsStream::accept(std::move(*tcp), *context, Deadline::after(5s));
+    ASSERT_TRUE(server.has_value());
+    auto c = client.join();
+    ASSERT_TRUE(c.has_value());
+    ASSERT_EQ(::setsockopt(c->fd(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+    clients.push_back(std::move(*c));
+    servers.push_back(std::move(*server));
+  }
+  std::vector<std::string> data(2);
+  std::vector<std::vector<iovec>> pieces(2);
+  for (int w = 0; w < 2; ++w) {
+    data[w].resize(kPiece * kPieces);
+    for (std::size_t i = 0; i < data[w].size(); ++i) data[w][i] = pattern(w, i);
+    for (std::size_t p = 0; p < kPieces; ++p) pieces[w].push_back({&data[w][p * kPiece], kPiece});
+  }
+  std::vector<JoinHandle<Result<std::size_t>>> writers;
+  for (int w = 0; w < 2; ++w) {
+    writers.push_back(spawn([&, w] { return servers[w].writev(pieces[w], Deadline::after(20s)); }));
+  }
+  (void)this_fiber::sleep_for(50ms);  // both writers are parked on full sockets by now
+  std::vector<JoinHandle<std::string>> readers;
+  for (int w = 0; w < 2; ++w) {
+    readers.push_back(spawn([&, w] { return read_n(clients[w], data[w].size()); }));
+  }
+  for (int w = 0; w < 2; ++w) {
+    auto written = writers[w].join();
+    ASSERT_TRUE(written.has_value()) << written.error().message();
+    std::string got = readers[w].join();
+    ASSERT_EQ(got.size(), data[w].size());
+    std::size_t first_bad = 0;
+    while (first_bad < got.size() && got[first_bad] == data[w][first_bad]) ++first_bad;
+    EXPECT_EQ(first_bad, got.size()) << "writer " << w << ": first wrong byte at " << first_bad;
+  }
+}
