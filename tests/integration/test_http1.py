@@ -1,10 +1,17 @@
 """HTTP/1.1 behaviour of the real server binaries over real sockets."""
 import os
 import socket
+import subprocess
 import threading
 import time
+import zlib
+
+import brotli
+import pytest
 
 from conftest import Server
+
+brotli_decode = brotli.decompress
 
 
 def get(path, host="x", extra=""):
@@ -589,3 +596,16 @@ def test_rejected_requests_are_access_logged_too(spindle, http):
     while time.monotonic() < deadline and not any('"- - HTTP/1.1" 400' in l for l in spindle.output):
         time.sleep(0.1)
     assert any('"- - HTTP/1.1" 400 0' in l for l in spindle.output), spindle.output
+
+
+@pytest.mark.parametrize("coding", ["gzip", "br"])
+@pytest.mark.parametrize("http2", [False, True])
+def test_streamed_bodies_are_compressed_as_they_stream(test_server, coding, http2):
+    args = ["curl", "-s", "-H", f"Accept-Encoding: {coding}", "-D", "-", "-o", "/dev/stdout",
+            "--http2-prior-knowledge" if http2 else "--http1.1",
+            f"http://127.0.0.1:{test_server.port}/stream"]
+    out = subprocess.run(args, capture_output=True, timeout=30, check=True).stdout
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert f"content-encoding: {coding}".encode() in head.lower(), head
+    plain = zlib.decompress(body, 16 + zlib.MAX_WBITS) if coding == "gzip" else brotli_decode(body)
+    assert plain == b"".join(b"part %d\n" % i for i in range(5))

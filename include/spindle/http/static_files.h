@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "spindle/base/error.h"
+#include "spindle/http/compression.h"
 #include "spindle/http/message.h"
 #include "spindle/io/unique_fd.h"
 
@@ -36,8 +37,8 @@ struct StaticOptions {
   /// brotli or gzip when the client accepts it and no precompressed sibling exists. Each
   /// worker keeps the results (keyed by path, coding and ETag) up to compress_cache_bytes.
   bool compress = true;
-  std::size_t compress_min = 1024;
-  std::size_t compress_max = 1 << 20;
+  std::size_t compress_min = kCompressMin;
+  std::size_t compress_max = kCompressMax;
   std::size_t compress_cache_bytes = 16 << 20;
 };
 

@@ -117,3 +117,64 @@ TEST(Compression, LeavesSmallBinaryOrUnacceptedResponsesAlone) {
   auto refused = compressed("gzip;q=0", Response::text(std::string(4000, 'x')));
   EXPECT_FALSE(refused.headers.contains("content-encoding"));
 }
+
+namespace {
+
+// Collects what a streamed body writes, piece by piece.
+class RecordingWriter final : public BodyWriter {
+ public:
+  bool write(std::string_view data) override {
+    pieces.emplace_back(data);
+    return true;
+  }
+  std::string all() const {
+    std::string out;
+    for (const auto& p : pieces) out += p;
+    return out;
+  }
+  std::vector<std::string> pieces;
+};
+
+Response streamed_text(std::vector<std::string> parts) {
+  Response r(200);
+  r.headers.add_view("Content-Type", "text/plain");
+  r.stream = [parts](BodyWriter& body) {
+    for (const auto& p : parts) body.write(p);
+  };
+  return r;
+}
+
+}  // namespace
+
+TEST(Compression, StreamedBodiesAreCompressedPieceByPieceAndEachPieceIsFlushed) {
+  std::vector<std::string> parts;
+  for (int i = 0; i < 50; ++i) parts.push_back("event " + std::to_string(i) + " data\n");
+  std::string plain;
+  for (const auto& p : parts) plain += p;
+  for (std::string coding : {"gzip", "br"}) {
+    Response r = compressed(coding, streamed_text(parts));
+    ASSERT_EQ(r.headers.get("content-encoding"), coding);
+    ASSERT_TRUE(r.stream);
+    RecordingWriter out;
+    r.stream(out);
+    // One compressed piece per piece written, and the end of the stream.
+    EXPECT_EQ(out.pieces.size(), parts.size() + 1) << coding;
+    std::string decoded = coding == "gzip" ? gunzip(out.all()) : unbrotli(out.all());
+    EXPECT_EQ(decoded, plain) << coding;
+    // Flushed: the first piece alone decodes to the first part (a client sees it at once).
+    auto first = StreamCompressor::create(coding, {});
+    std::string head;
+    ASSERT_TRUE(first->compress(parts[0], false, head));
+    EXPECT_EQ(head, out.pieces[0]) << coding;
+  }
+}
+
+TEST(Compression, BodiesOverTheLimitAreNotCompressedInOneGo) {
+  CompressionOptions options;
+  std::string big(options.max_size + 1, 'x');
+  auto untouched = compressed("gzip", Response::text(big));
+  EXPECT_FALSE(untouched.headers.contains("content-encoding"));
+  EXPECT_EQ(untouched.body.size(), big.size());
+  auto at_limit = compressed("gzip", Response::text(std::string(options.max_size, 'x')));
+  EXPECT_EQ(at_limit.headers.get("content-encoding"), "gzip");
+}
