@@ -135,14 +135,16 @@ void Fiber::finish() {
   bool unobserved_error = detached_ && error_;
   join_lock_.unlock();
   if (joiner) joiner->notify();
-  if (unobserved_error) {
-    try {
-      std::rethrow_exception(error_);
-    } catch (const std::exception& e) {
-      log_error("fiber {:#x} ended by an exception: {}", id_, e.what());
-    } catch (...) {
-      log_error("fiber {:#x} ended by an exception of unknown type", id_);
-    }
+  if (unobserved_error) log_unobserved_error();
+}
+
+void Fiber::log_unobserved_error() const {
+  try {
+    std::rethrow_exception(error_);
+  } catch (const std::exception& e) {
+    log_error("fiber {:#x} ended by an exception: {}", id_, e.what());
+  } catch (...) {
+    log_error("fiber {:#x} ended by an exception of unknown type", id_);
   }
 }
 
@@ -163,7 +165,7 @@ void Fiber::detach() {
   detached_ = true;
   bool unobserved_error = done_ && error_;
   join_lock_.unlock();
-  if (unobserved_error) log_error("fiber {:#x} had ended by an exception nobody joined", id_);
+  if (unobserved_error) log_unobserved_error();
 }
 
 void Fiber::request_stop() {

@@ -112,6 +112,8 @@ class Fiber {
   void main();
   /// Wakes the joiner and logs an unobserved exception of a detached fiber.
   void finish();
+  /// Logs the exception that ended this detached fiber (nobody joins it to see it).
+  void log_unobserved_error() const;
   /// On the owner thread: if parked in a cancellable wait, wakes it as cancelled.
   void cancel_wait();
 

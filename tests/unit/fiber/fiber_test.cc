@@ -77,8 +77,14 @@ FIBER_TEST(Fiber, SleepForWaitsAtLeastTheDuration) {
 }
 
 FIBER_TEST(Fiber, SleepUntilAPastDeadlineReturnsAtOnce) {
+  // "At once": without parking, so a fiber that is ready has not run when it returns.
+  bool sibling_ran = false;
+  auto sibling = spawn([&] { sibling_ran = true; });
   auto start = spindle::Clock::now();
   EXPECT_FALSE(this_fiber::sleep_until(Deadline::at(start - 1s)));
+  EXPECT_FALSE(sibling_ran);
+  sibling.join();
+  EXPECT_TRUE(sibling_ran);
   EXPECT_FALSE(this_fiber::sleep_until(Deadline::at(start + 15ms)));
   EXPECT_GE(spindle::Clock::now() - start, 15ms);
 }
@@ -236,14 +242,24 @@ TEST(Runtime, JoinFromAPlainThreadWaitsForTheFiber) {
   EXPECT_EQ(handle.join(), 5);
 }
 
-TEST(Runtime, DetachedFiberExceptionEndsOnlyThatFiber) {
+TEST(Runtime, DetachedFiberExceptionEndsOnlyThatFiberAndIsLogged) {
   Runtime runtime(RuntimeOptions{.workers = 1});
+  ::testing::internal::CaptureStderr();
   int after = runtime.block_on([] {
-    spawn([] { throw std::runtime_error("detached failure"); }).detach();
+    // One that throws after it is detached, one that had thrown before.
+    spawn([] {
+      this_fiber::yield();
+      throw std::runtime_error("detached failure");
+    }).detach();
+    auto early = spawn([] { throw std::runtime_error("early failure"); });
     (void)this_fiber::sleep_for(5ms);
+    early.detach();
     return spawn([] { return 3; }).join();
   });
+  std::string log = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(after, 3);
+  EXPECT_NE(log.find("ended by an exception: detached failure"), std::string::npos) << log;
+  EXPECT_NE(log.find("early failure"), std::string::npos) << log;
 }
 
 TEST(Runtime, PostFromAPlainThreadRunsOnTheWorker) {

@@ -10,6 +10,7 @@
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/http/server.h"
+#include "spindle/net/tcp_server.h"
 #include "spindle/sync/wait_group.h"
 #include "spindle/testing.h"
 
@@ -57,6 +58,49 @@ std::string url(const HttpServer& server, bool tls, std::string_view path) {
   return std::string(tls ? "https://localhost:" : "http://127.0.0.1:") +
          std::to_string(server.address().port()) + std::string(path);
 }
+
+// The error a send ended with; none if it succeeded (so a check compares, never calls
+// error() on a result that holds a response).
+template <typename T>
+std::error_code error_of(const Result<T>& result) {
+  return result.has_value() ? std::error_code{} : result.error();
+}
+
+// An HTTP/1.1 upstream that answers the first request of each connection and closes the
+// connection, unanswered, when a second one arrives on it: a pooled connection that looks
+// alive and fails after the request was written. Counts connections and requests.
+struct ClosingUpstream {
+  std::atomic<int> connections{0}, requests{0};
+  std::unique_ptr<TcpServer> server;
+
+  explicit ClosingUpstream(Runtime& runtime) {
+    auto started = TcpServer::start(runtime, Address::loopback_v4(0), [this](TcpStream stream) {
+      ++connections;
+      for (int answered = 0;; ++answered) {
+        std::string head;
+        char c;
+        while (!head.ends_with("\r\n\r\n")) {
+          if (stream.read({&c, 1}, Deadline::after(5s)).value_or(0) != 1) return;
+          head += c;
+        }
+        ++requests;
+        if (answered == 1) return;  // closes without a response byte
+        if (head.find("Content-Length: 2") != std::string::npos) {
+          char body[2];
+          if (!stream.read_exact(body, Deadline::after(5s))) return;
+        }
+        if (!stream.write_all(std::string_view("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))) {
+          return;
+        }
+      }
+    });
+    EXPECT_TRUE(started.has_value());
+    server = std::move(*started);
+  }
+  std::string url() const {
+    return "http://127.0.0.1:" + std::to_string(server->address().port()) + "/";
+  }
+};
 
 ClientOptions trusting(ClientOptions options = {}) {
   auto ctx = TlsClientContext::create(
@@ -145,11 +189,11 @@ TEST(HttpClient, ErrorsAndTimeouts) {
   HttpClient client(runtime, ClientOptions{.request_timeout = 300ms});
   HttpClient h2(runtime, ClientOptions{.h2c_prior_knowledge = true, .request_timeout = 300ms});
   runtime.block_on([&] {
-    EXPECT_EQ(client.send({.url = "ftp://x/"}).error(), std::errc::invalid_argument);
-    EXPECT_EQ(client.send({.url = "http://:80/"}).error(), std::errc::invalid_argument);
-    EXPECT_EQ(client.send({.url = "http://127.0.0.1:1/"}).error(), std::errc::connection_refused);
-    EXPECT_EQ(client.send({.url = url(*server, false, "/slow")}).error(), std::errc::timed_out);
-    EXPECT_EQ(h2.send({.url = url(*server, false, "/slow")}).error(), std::errc::timed_out);
+    EXPECT_EQ(error_of(client.send({.url = "ftp://x/"})), std::errc::invalid_argument);
+    EXPECT_EQ(error_of(client.send({.url = "http://:80/"})), std::errc::invalid_argument);
+    EXPECT_EQ(error_of(client.send({.url = "http://127.0.0.1:1/"})), std::errc::connection_refused);
+    EXPECT_EQ(error_of(client.send({.url = url(*server, false, "/slow")})), std::errc::timed_out);
+    EXPECT_EQ(error_of(h2.send({.url = url(*server, false, "/slow")})), std::errc::timed_out);
     // The HTTP/2 connection outlives a cancelled stream.
     auto after = h2.send({.url = url(*server, false, "/hello")});
     ASSERT_TRUE(after.has_value());
@@ -160,16 +204,23 @@ TEST(HttpClient, ErrorsAndTimeouts) {
 
 TEST(HttpClient, RetriesAnIdempotentRequestOnAConnectionTheServerClosed) {
   Runtime runtime(RuntimeOptions{.workers = 1});
-  auto server = start_server(runtime, false, 100ms);
+  ClosingUpstream upstream(runtime);
   HttpClient client(runtime);
   runtime.block_on([&] {
-    ASSERT_TRUE(client.send({.url = url(*server, false, "/hello")}).has_value());
-    (void)this_fiber::sleep_for(400ms);  // the server closes the idle connection meanwhile
-    auto again = client.send({.url = url(*server, false, "/hello")});
+    ASSERT_TRUE(client.send({.url = upstream.url()}).has_value());
+    // Sent on the pooled connection, which the upstream closes unanswered: retried on a new one.
+    auto again = client.send({.url = upstream.url()});
     ASSERT_TRUE(again.has_value()) << again.error().message();
-    EXPECT_EQ(again->body, "hello");
+    EXPECT_EQ(again->body, "ok");
+    EXPECT_EQ(upstream.requests.load(), 3);
+    EXPECT_EQ(upstream.connections.load(), 2);
+    // A POST whose bytes reached the upstream is not replayed: the failure is the caller's.
+    auto post = client.send({.method = "POST", .url = upstream.url(), .body = "hi"});
+    ASSERT_FALSE(post.has_value()) << "status " << post->status;
+    EXPECT_EQ(upstream.requests.load(), 4);
+    EXPECT_EQ(upstream.connections.load(), 2);
   });
-  server->drain(Deadline::after(5s));
+  upstream.server->stop();
 }
 
 TEST(HttpClient, RefusesARequestThatCouldSmuggleBytesOntoTheWire) {
