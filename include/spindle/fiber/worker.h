@@ -33,8 +33,8 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
   ~Worker();
 
-  /// The worker whose thread is calling, or nullptr on any other thread. This is spindle's
-  /// only thread_local.
+  /// The worker whose thread is calling, or nullptr on any other thread (a thread_local; the
+  /// other one is the per-thread cache of fiber objects in fiber.cc).
   static Worker* current();
 
   /// Position in the runtime, 0-based.

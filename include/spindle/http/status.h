@@ -5,10 +5,13 @@
 
 namespace spindle::http {
 
-/// The reason phrase of `status` ("OK", "Not Found", ...), or "Unknown".
+/// The reason phrase of `status` ("OK", "Not Found", ...), or "Unknown" for a status RFC 9110
+/// does not name (299, say).
 std::string_view reason_phrase(int status);
 
-/// "HTTP/1.1 <status> <reason>\r\n", built once per status (100-599; others get "Unknown").
+/// "HTTP/1.1 <status> <reason>\r\n", built once per status from 100 to 599. A status outside
+/// that range gets the 500 line; the server never sends one, as call_router answers a handler's
+/// out-of-range status with a logged 500 (refuse_unsendable).
 std::string_view status_line(int status);
 
 /// True for statuses whose responses never have a body (1xx, 204, 304).
