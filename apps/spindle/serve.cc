@@ -9,15 +9,30 @@
 #include <string>
 #include <vector>
 
-#include "config.h"
 #include "site.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/http/server.h"
 #include "spindle/net/signal_set.h"
+#include "spindle/proxy/config.h"
 
 namespace spindle::app {
 namespace {
+
+using proxy::Config;
+using proxy::ConfigError;
+using proxy::load_config;
+using proxy::parse_config;
+using proxy::ServerConfig;
+
+// The configuration used when no --config is given.
+constexpr const char* kDefaultConfig = R"(# spindle's built-in configuration
+threads: 0            # one worker per core
+servers:
+  - listen: 127.0.0.1:8080
+    default_site: true
+    access_log: {path: "-", format: combined}
+)";
 
 constexpr auto kGracePeriod = std::chrono::seconds(10);
 
@@ -99,10 +114,11 @@ int serve(const ServeFlags& flags) {
                  started.error().message());
       return 1;
     }
-    // "ktls": whether the kernel could take over TLS records (OpenSSL then engages it per
-    // connection when the cipher allows; TlsStream::ktls_send() tells).
+    // "ktls_available": the kernel offers kTLS, so OpenSSL may hand a connection's records
+    // to it after that connection's handshake (cipher and kernel permitting). Whether it did
+    // is known per connection only (TlsStream::ktls_send()), never at start.
     fmt::print(
-        "{{\"event\":\"listening\",\"address\":\"{}\",\"tls\":{},\"ktls\":{},"
+        "{{\"event\":\"listening\",\"address\":\"{}\",\"tls\":{},\"ktls_available\":{},"
         "\"http2\":{},\"workers\":{},\"version\":\"{}\"}}\n",
         (*started)->address().to_string(), options.tls != nullptr,
         options.tls != nullptr && kernel_offers_ktls(), options.http2, runtime.size(), kVersion);

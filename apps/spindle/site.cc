@@ -21,7 +21,7 @@ constexpr const char* kWelcomePage = R"(<!DOCTYPE html>
 
 }  // namespace
 
-std::expected<http::Router, std::string> build_site(const ServerConfig& server) {
+std::expected<http::Router, std::string> build_site(const proxy::ServerConfig& server) {
   http::Router router;
   if (server.compression) router.use(http::compression());
   if (server.default_site) {

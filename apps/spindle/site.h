@@ -4,13 +4,13 @@
 #include <expected>
 #include <string>
 
-#include "config.h"
 #include "spindle/http/router.h"
+#include "spindle/proxy/config.h"
 
 namespace spindle::app {
 
 /// The router for one server: the built-in site (welcome page, /plaintext, /json) if enabled,
 /// static files from its root if set. Fails with a message if the root is unusable.
-std::expected<http::Router, std::string> build_site(const ServerConfig& server);
+std::expected<http::Router, std::string> build_site(const proxy::ServerConfig& server);
 
 }  // namespace spindle::app

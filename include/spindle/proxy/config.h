@@ -1,5 +1,7 @@
 #pragma once
-// The spindle configuration: a YAML file (or the embedded default) turned into a checked model.
+/// The spindle configuration: a YAML file (or the embedded default of the binary) turned into
+/// a checked model. Every error, whatever the shape of the YAML, is a ConfigError naming the
+/// file, the line and the key; nothing else escapes the loader.
 
 #include <chrono>
 #include <cstddef>
@@ -11,10 +13,7 @@
 #include "spindle/http/server.h"
 #include "spindle/net/address.h"
 
-namespace spindle::app {
-
-/// The embedded default configuration used when no --config is given.
-extern const char* const kDefaultConfig;
+namespace spindle::proxy {
 
 /// A configuration error: "FILE:LINE: KEY: what is wrong".
 class ConfigError : public std::runtime_error {
@@ -56,11 +55,11 @@ struct Config {
   std::vector<ServerConfig> servers;
 };
 
-/// Parses YAML `text` read from `file` (used in error messages). Throws ConfigError for
-/// unknown keys and bad values, naming the file, line and key.
+/// Parses YAML `text` read from `file` (used in error messages; relative paths in it are
+/// relative to the file's folder). Throws ConfigError for anything wrong, and only that.
 Config parse_config(const std::string& text, const std::string& file);
 
 /// Reads and parses `file`. Throws ConfigError (also when it cannot be read).
 Config load_config(const std::string& file);
 
-}  // namespace spindle::app
+}  // namespace spindle::proxy

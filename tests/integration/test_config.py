@@ -1,0 +1,179 @@
+"""The configuration file: every documented key is accepted and has its effect, every example
+of the documentation loads, and every malformed file, whatever its shape, is an error naming
+the file, the line and the key, with exit code 1 (never a crash)."""
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import ROOT, Server
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import config_examples  # noqa: E402
+
+DOC = os.path.join(ROOT, "docs", "configuration.md")
+
+# A value for every documented key (its path as in the documentation's headings). A key the
+# documentation lists without a value here fails the test below: add one.
+SAMPLES = {
+    "threads": "2",
+    "servers": None,  # the list itself
+    "servers[].listen": "127.0.0.1:0",
+    "servers[].default_site": "true",
+    "servers[].root": "{tmp}",
+    "servers[].server_name": "example",
+    "servers[].compression": "false",
+    "servers[].limits": None,
+    "servers[].timeouts": None,
+    "servers[].access_log": "off",
+    "servers[].tls": None,
+    "servers[].http2": "true",
+    "servers[].limits.max_request_line": "4k",
+    "servers[].limits.max_header_size": "8k",
+    "servers[].limits.max_headers": "50",
+    "servers[].limits.max_body": "2m",
+    "servers[].limits.max_requests_per_connection": "100",
+    "servers[].limits.max_connections_per_worker": "1000",
+    "servers[].timeouts.header": "5s",
+    "servers[].timeouts.body": "20s",
+    "servers[].timeouts.keepalive": "30s",
+    "servers[].timeouts.write": "15s",
+    "servers[].timeouts.handshake": "3s",
+    "servers[].access_log.path": "{tmp}/access.log",
+    "servers[].access_log.format": "json",
+}
+
+
+def documented_keys():
+    """The key paths of the documentation's tables: '## `servers[].limits`' + '| `max_body` |'."""
+    keys = []
+    section = None
+    with open(DOC, encoding="utf-8") as f:
+        for line in f:
+            heading = re.match(r"^## (?:`([^`]+)`|Top level)\s*$", line)
+            if heading:
+                section = heading.group(1) or ""
+                continue
+            if line.startswith("## ") or line.startswith("### "):
+                section = None  # library option structs and prose sections: not file keys
+                continue
+            row = re.match(r"^\| `([a-z_0-9]+)` \|", line)
+            if row and section is not None:
+                keys.append(f"{section}.{row.group(1)}" if section else row.group(1))
+    return keys
+
+
+def yaml_for(path, value):
+    """A whole configuration that sets `path` to `value` (and whatever else must be there)."""
+    parts = path.replace("[]", "").split(".")
+    if parts == ["threads"]:
+        return f"threads: {value}\nservers:\n  - listen: 127.0.0.1:0\n"
+    assert parts[0] == "servers", path
+    server = {"listen": "127.0.0.1:0"}
+    if len(parts) == 2:
+        server[parts[1]] = value
+    else:
+        server[parts[1]] = "{" + f"{parts[2]}: {value}" + "}"
+    return "servers:\n  - " + "\n    ".join(f"{k}: {v}" for k, v in server.items()) + "\n"
+
+
+def check_config(build_dir, path):
+    return subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(path)],
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_every_documented_key_is_accepted(build_dir, tmp_path):
+    keys = documented_keys()
+    assert "servers[].limits.max_connections_per_worker" in keys and len(keys) >= 20, keys
+    missing = [k for k in keys if k not in SAMPLES]
+    assert not missing, f"documented keys without a sample value in this test: {missing}"
+    for key in keys:
+        value = SAMPLES[key]
+        if value is None:
+            continue  # a section: its keys are checked one by one
+        config = tmp_path / "key.yaml"
+        config.write_text(yaml_for(key, value.format(tmp=tmp_path)))
+        out = check_config(build_dir, config)
+        assert out.returncode == 0, f"{key}: {out.stderr}\n{config.read_text()}"
+
+
+def test_every_example_of_the_documentation_loads(build_dir, tmp_path, certs):
+    docs = sorted(os.path.join(ROOT, "docs", d) for d in os.listdir(os.path.join(ROOT, "docs"))
+                  if d.endswith(".md"))
+    count = 0
+    for doc in docs:
+        for i, text in enumerate(config_examples.examples(doc)):
+            # The files an example names are made here: test certificates for PEM files, an
+            # empty folder for a root.
+            for name in set(re.findall(r"([\w.-]+\.(?:pem|key))", text)):
+                src = "localhost.key" if name.endswith(".key") else "localhost.pem"
+                shutil.copy(os.path.join(certs, src), tmp_path / name)
+            config = tmp_path / f"{os.path.basename(doc)}-{i}.yaml"
+            config.write_text(text)
+            out = check_config(build_dir, config)
+            assert out.returncode == 0, f"{doc} example {i}: {out.stderr}\n{text}"
+            count += 1
+    assert count >= 2
+
+
+@pytest.mark.parametrize("text, line, key", [
+    ('servers: [{listen: "127.0.0.1:1", tls: {cert: C, key: K, names: [[a]]}}]', 1,
+     "servers[0].tls.names[0]"),
+    ("servers:\n  - listen: [1]\n", 2, "servers[0].listen"),
+    ("servers:\n  - listen: 127.0.0.1:1\n    listen: 127.0.0.1:2\n", 3, "servers[0].listen"),
+    ("- 1\n- 2\n", 1, "(top level)"),
+    ("{[a]: 1}\n", 1, "(top level)"),
+    ("servers: {a: 1}\n", 1, "servers"),
+    ("servers:\n  - listen: 127.0.0.1:1\n    access_log: [a]\n", 3, "servers[0].access_log"),
+    ("servers:\n  - listen: 127.0.0.1:1\n    limits: {max_headers: ~}\n", 3,
+     "servers[0].limits.max_headers"),
+    ("servers:\n  - listen: 127.0.0.1:1\n    tls: {cert: /dev/zero, key: /dev/zero}\n", 3,
+     "servers[0].tls.cert"),
+    ("threads: {a: b}\nservers: [{listen: 127.0.0.1:1}]\n", 1, "threads"),
+    ("servers:\n  - listen: 127.0.0.1:1\n    timeouts: {header: 10 s}\n", 3,
+     "servers[0].timeouts.header"),
+    ("servers:\n  - listen: 127.0.0.1:1\n    server_name: \"a\\r\\nb\"\n", 3,
+     "servers[0].server_name"),
+    ("servers: [{listen: 127.0.0.1:1}]\n  bad: indentation\n", 2, "invalid YAML"),
+    ("", 1, "servers"),
+    ("threads: 1\n\"\": 2\n", 2, '""'),
+])
+def test_a_malformed_file_is_an_error_with_file_line_and_key(build_dir, tmp_path, certs, text,
+                                                             line, key):
+    config = tmp_path / "bad.yaml"
+    config.write_text(text.replace("C,", f"{certs}/localhost.pem,")
+                      .replace("K,", f"{certs}/localhost.key,"))
+    for argv in (["check-config", str(config)], ["serve", "--config", str(config)]):
+        out = subprocess.run([os.path.join(build_dir, "bin", "spindle"), *argv],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 1, (argv, out.returncode, out.stderr)
+        assert out.stderr.startswith(f"spindle: {config}:{line}: {key}"), out.stderr
+        assert "terminate called" not in out.stderr
+
+
+def test_max_connections_per_worker_is_enforced(build_dir, tmp_path, http):
+    config = tmp_path / "limit.yaml"
+    config.write_text("servers:\n  - listen: 127.0.0.1:0\n    access_log: off\n"
+                      "    limits: {max_connections_per_worker: 2}\n")
+    server = Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config",
+                     str(config), "--threads", "1"])
+    try:
+        kept = [server.connect() for _ in range(2)]
+        for c in kept:
+            c.sendall(b"GET /plaintext HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert http.read_response(c)[0] == 200
+        third = server.connect()
+        third.sendall(b"GET /plaintext HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert http.read_response(third)[0] == 503
+        kept[0].close()
+        time.sleep(0.2)
+        fourth = server.connect()
+        fourth.sendall(b"GET /plaintext HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert http.read_response(fourth)[0] == 200
+    finally:
+        server.stop()
