@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
 """Memory of idle keep-alive connections: spindle and nginx, one worker each, same run.
 
-Opens N connections one after another (each sends one request and reads the answer, then
-stays open and idle) and reports the server's RSS growth per connection (VmRSS of the server
-and its children, /proc). Loopback only; every process started here is stopped by PID.
+Two ways for N connections to arrive, each measured on a fresh server:
+- sequential: opened one after another; each sends one request, reads the answer, stays open;
+- burst: all N opened first, then each sends its first request at about the same moment
+  (one pass over the sockets), and the answers are read as they come.
+Then the connections stay idle and the server's RSS growth per connection is taken (VmRSS of
+the server and its children, /proc) after a few seconds of quiet; then they all close and the
+RSS is followed until it is back within 10% of its level before (or a time limit passes).
+Loopback only; every process started here is stopped by PID.
 """
 import argparse
 import json
 import os
 import resource
+import selectors
 import socket
 import subprocess
 import sys
@@ -43,7 +49,45 @@ def one_request(sock):
         data += chunk
 
 
-def measure(kind, binaries, count):
+def open_sequential(port, count, kind):
+    conns = []
+    for i in range(count):
+        s = socket.create_connection(("127.0.0.1", port))
+        conns.append(s)
+        one_request(s)
+        if (i + 1) % 2000 == 0:
+            print(f"    {kind}: {i + 1} idle connections", flush=True)
+    return conns
+
+
+def open_burst(port, count, kind):
+    conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+    print(f"    {kind}: {count} connections open; every one sends its request now", flush=True)
+    for s in conns:
+        s.sendall(REQUEST)
+    selector = selectors.DefaultSelector()
+    received = {}
+    for s in conns:
+        s.setblocking(False)
+        selector.register(s, selectors.EVENT_READ)
+        received[s] = b""
+    waiting, deadline = count, time.monotonic() + 60
+    while waiting and time.monotonic() < deadline:
+        for key, _ in selector.select(timeout=1):
+            data = key.fileobj.recv(4096)
+            if not data:
+                raise ConnectionError("closed before answering")
+            received[key.fileobj] += data
+            if b"Hello, World!" in received[key.fileobj]:
+                selector.unregister(key.fileobj)
+                waiting -= 1
+    if waiting:
+        raise TimeoutError(f"{waiting} of {count} requests unanswered after 60 s")
+    print(f"    {kind}: all {count} answered", flush=True)
+    return conns
+
+
+def measure(kind, binaries, count, arrival):
     with tempfile.TemporaryDirectory() as tmp:
         os.chmod(tmp, 0o755)
         proc, port = http_compare.SERVERS[kind](binaries, 1, tmp)
@@ -53,18 +97,25 @@ def measure(kind, binaries, count):
             for _ in range(50):  # warm-up: pools, arenas, caches
                 with socket.create_connection(("127.0.0.1", port)) as s:
                     one_request(s)
-            time.sleep(0.3)
+            time.sleep(3)
             before = rss(proc.pid)
-            for i in range(count):
-                s = socket.create_connection(("127.0.0.1", port))
-                one_request(s)
-                conns.append(s)
-                if (i + 1) % 2000 == 0:
-                    print(f"    {kind}: {i + 1} idle connections", flush=True)
-            time.sleep(0.5)
+            opener = open_sequential if arrival == "sequential" else open_burst
+            conns = opener(port, count, kind)
+            time.sleep(3)  # quiet: what the server keeps for idle connections
+            idle = rss(proc.pid)
+            for s in conns:
+                s.close()
+            conns = []
+            closed_at = time.monotonic()
             after = rss(proc.pid)
-            return {"server": kind, "connections": count, "rss_before": before,
-                    "rss_after": after, "bytes_per_connection": (after - before) / count}
+            while after > before * 1.1 and time.monotonic() - closed_at < 10:
+                time.sleep(0.25)
+                after = rss(proc.pid)
+            return {"server": kind, "arrival": arrival, "connections": count,
+                    "rss_before": before, "rss_after": idle,
+                    "bytes_per_connection": (idle - before) / count,
+                    "rss_after_close": after,
+                    "seconds_to_recover": round(time.monotonic() - closed_at, 2)}
         finally:
             for s in conns:
                 s.close()
@@ -82,10 +133,19 @@ def main():
         sys.exit(f"idle_rss: needs {a.connections + 100} open files; ulimit -n hard limit is {hard}")
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     results = []
-    for kind in ("spindle", "nginx"):
-        r = measure(kind, a.bin, a.connections)
-        print(f"  {kind}: {r['bytes_per_connection']:.0f} bytes RSS per idle connection", flush=True)
-        results.append(r)
+    for arrival in ("sequential", "burst"):
+        for kind in ("spindle", "nginx"):
+            print(f"  {kind}, {arrival}:", flush=True)
+            r = measure(kind, a.bin, a.connections, arrival)
+            print(f"  {kind}, {arrival}: {r['bytes_per_connection']:.0f} bytes RSS per idle "
+                  f"connection; {r['rss_before'] / 2**20:.1f} MiB before, "
+                  f"{r['rss_after_close'] / 2**20:.1f} MiB {r['seconds_to_recover']} s after "
+                  "closing", flush=True)
+            results.append(r)
+    by = {(r["server"], r["arrival"]): r["bytes_per_connection"] for r in results}
+    for arrival in ("sequential", "burst"):
+        print(f"  {arrival}: spindle/nginx = "
+              f"{by[('spindle', arrival)] / by[('nginx', arrival)]:.2f}", flush=True)
     with open(a.out, "w") as f:
         json.dump(results, f, indent=2)
 

@@ -15,17 +15,15 @@ BufferPool::Buffer BufferPool::take() {
     // Not value-initialised: a buffer is written before it is read.
     return Buffer(this, std::unique_ptr<char[]>(new char[kBufferSize]));
   }
-  std::unique_ptr<char[]> data = std::move(free_.back());
-  free_.pop_back();
-  return Buffer(this, std::move(data));
+  return Buffer(this, free_.take());
 }
 
 void BufferPool::give(std::unique_ptr<char[]> data) {
-  if (free_.size() < max_cached_) free_.push_back(std::move(data));
+  (void)free_.give(std::move(data));  // freed when it goes out of scope if not kept
 }
 
-void BufferPool::trim(std::size_t keep) {
-  if (free_.size() > keep) free_.resize(keep);
+std::size_t BufferPool::trim() {
+  return free_.trim([](std::unique_ptr<char[]>) {}) * kBufferSize;
 }
 
 BufferPool::Buffer take_buffer() {

@@ -4,10 +4,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cassert>
 #include <climits>
 #include <thread>
 
+#include "fiber_objects.h"
 #include "sanitizer.h"
 #include "spindle/base/intrusive_ptr.h"
 #include "spindle/base/log.h"
@@ -55,7 +57,8 @@ namespace {
 // Sanitizer builds skip the cache, so that a use after free is still caught.
 class FiberObjectCache {
  public:
-  static constexpr std::size_t kStep = 64, kClasses = 16, kKeep = 1024;
+  // kFloor per class survive a trim (idle_cache.h explains the low-water mark).
+  static constexpr std::size_t kStep = 64, kClasses = 16, kKeep = 1024, kFloor = 64;
 
   ~FiberObjectCache() {
     closed_ = true;  // a fiber freed later in this thread's exit goes straight to malloc
@@ -73,6 +76,7 @@ class FiberObjectCache {
     Node* n = free_[c];
     free_[c] = n->next;
     --count_[c];
+    low_water_[c] = std::min(low_water_[c], count_[c]);
     return n;
   }
   void give(void* p, std::size_t size) {
@@ -83,6 +87,27 @@ class FiberObjectCache {
     }
     free_[c] = new (p) Node{free_[c]};
     ++count_[c];
+  }
+  bool over_floor() const {
+    for (std::size_t count : count_) {
+      if (count > kFloor) return true;
+    }
+    return false;
+  }
+  std::size_t trim() {
+    std::size_t freed = 0;
+    for (std::size_t c = 0; c < kClasses; ++c) {
+      std::size_t excess = count_[c] > kFloor ? count_[c] - kFloor : 0;
+      for (std::size_t n = std::min(low_water_[c], excess); n > 0; --n) {
+        Node* node = free_[c];
+        free_[c] = node->next;
+        --count_[c];
+        ::operator delete(node);
+        freed += (c + 1) * kStep;
+      }
+      low_water_[c] = count_[c];
+    }
+    return freed;
   }
 
  private:
@@ -96,12 +121,17 @@ class FiberObjectCache {
 #endif
   Node* free_[kClasses] = {};
   std::size_t count_[kClasses] = {};
+  std::size_t low_water_[kClasses] = {};
   bool closed_ = false;
 };
 
 thread_local FiberObjectCache fiber_objects;
 
 }  // namespace
+
+bool detail::fiber_objects_over_floor() { return fiber_objects.over_floor(); }
+
+std::size_t detail::trim_fiber_objects() { return fiber_objects.trim(); }
 
 void* Fiber::operator new(std::size_t size) { return fiber_objects.take(size); }
 

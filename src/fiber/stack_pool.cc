@@ -7,6 +7,13 @@
 
 #include "spindle/base/error.h"
 
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#else
+#define VALGRIND_STACK_REGISTER(start, end) 0u
+#define VALGRIND_STACK_DEREGISTER(id) ((void)(id))
+#endif
+
 namespace spindle {
 namespace {
 
@@ -31,11 +38,15 @@ Stack map_stack(std::size_t size) {
     // ENOMEM here is the mapping count: the guard page splits the region in two.
     throw std::system_error(ec, "fiber stack: guard page (vm.max_map_count?)");
   }
-  return Stack{static_cast<char*>(region) + guard, size};
+  char* base = static_cast<char*>(region) + guard;
+  // Tells valgrind this range is a stack, so a switch onto it is not taken for a huge frame.
+  unsigned id = VALGRIND_STACK_REGISTER(base, base + size);
+  return Stack{base, size, id};
 }
 
 void unmap_stack(Stack stack) {
   const std::size_t guard = StackPool::guard_size();
+  VALGRIND_STACK_DEREGISTER(stack.valgrind_id);
   ::munmap(static_cast<char*>(stack.base) - guard, stack.size + guard);
 }
 
@@ -44,10 +55,10 @@ void unmap_stack(Stack stack) {
 std::size_t StackPool::guard_size() { return page_size(); }
 
 StackPool::StackPool(std::size_t stack_size, std::size_t max_cached)
-    : stack_size_(round_to_pages(stack_size)), max_cached_(max_cached) {}
+    : stack_size_(round_to_pages(stack_size)), free_(kFloor, max_cached) {}
 
 StackPool::~StackPool() {
-  for (Stack s : free_) unmap_stack(s);
+  free_.clear([](Stack s) { unmap_stack(s); });
 }
 
 Stack StackPool::allocate(std::size_t size) {
@@ -57,20 +68,16 @@ Stack StackPool::allocate(std::size_t size) {
                             "fiber stack: mmap (injected failure)");
   }
   size = size == 0 ? stack_size_ : round_to_pages(size);
-  if (size == stack_size_ && !free_.empty()) {
-    Stack s = free_.back();
-    free_.pop_back();
-    return s;
-  }
+  if (size == stack_size_ && !free_.empty()) return free_.take();
   return map_stack(size);
 }
 
 void StackPool::deallocate(Stack stack) {
-  if (stack.size == stack_size_ && free_.size() < max_cached_) {
-    free_.push_back(stack);
-  } else {
-    unmap_stack(stack);
-  }
+  if (stack.size != stack_size_ || !free_.give(std::move(stack))) unmap_stack(stack);
+}
+
+std::size_t StackPool::trim() {
+  return free_.trim([](Stack s) { unmap_stack(s); }) * (stack_size_ + guard_size());
 }
 
 }  // namespace spindle

@@ -1,7 +1,10 @@
 #include "spindle/fiber/worker.h"
 
+#include <malloc.h>
+
 #include <cassert>
 
+#include "fiber_objects.h"
 #include "sanitizer.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/runtime.h"
@@ -11,6 +14,9 @@
 namespace spindle {
 namespace {
 
+// Heap worth a malloc_trim (a walk of every arena) once given back.
+constexpr std::size_t kWorthTrimming = 256 * 1024;
+
 thread_local Worker* t_current_worker = nullptr;
 
 }  // namespace
@@ -18,7 +24,12 @@ thread_local Worker* t_current_worker = nullptr;
 Worker* Worker::current() { return t_current_worker; }
 
 Worker::Worker(Runtime& runtime, std::size_t index, const RuntimeOptions& options)
-    : runtime_(&runtime), index_(index), stacks_(options.stack_size, options.stack_cache) {}
+    : runtime_(&runtime), index_(index), stacks_(options.stack_size, options.stack_cache) {
+  trim_timer_.owner = this;
+  trim_timer_.on_fire = [](Timer& timer) {
+    (void)static_cast<Worker*>(timer.owner)->trim_idle_memory();
+  };
+}
 
 Worker::~Worker() {
   assert(!thread_.joinable());
@@ -218,6 +229,39 @@ void Worker::poll(std::chrono::milliseconds timeout) {
   if (!polled) log_error("worker {}: epoll_wait failed: {}", index_, polled.error().message());
 }
 
+void Worker::keep_trimmed(std::shared_ptr<IdleCache> cache) {
+  idle_caches_.push_back(std::move(cache));
+}
+
+bool Worker::holds_idle_memory() const {
+  if (released_ >= kWorthTrimming || reactor_.trimmable() || stacks_.over_floor() ||
+      buffers_.over_floor() || detail::fiber_objects_over_floor()) {
+    return true;
+  }
+  for (const auto& cache : idle_caches_) {
+    if (cache->over_floor()) return true;
+  }
+  return false;
+}
+
+std::size_t Worker::trim_idle_memory() {
+  // Stacks are unmapped: their pages go back at once.
+  std::size_t stacks = stacks_.trim();
+  std::size_t heap = buffers_.trim() + detail::trim_fiber_objects() + reactor_.trim();
+  // A cache only the worker still holds belongs to something gone (a stopped server).
+  std::erase_if(idle_caches_, [](const auto& cache) { return cache.use_count() == 1; });
+  for (const auto& cache : idle_caches_) heap += cache->trim();
+  // What other layers freed counts once the worker is quiet (few fibers started in the last
+  // second): while connections come and go, their memory is about to be reused anyway.
+  FiberId seq = fiber_seq_.load(std::memory_order_relaxed);
+  constexpr FiberId kQuiet = 64;
+  if (seq - std::exchange(seq_at_trim_, seq) < kQuiet) heap += std::exchange(released_, 0);
+  // Freed heap blocks stay in malloc's arenas as resident pages until trimmed; after a burst
+  // that is most of the memory. malloc_trim gives whole free pages back (every arena).
+  if (heap >= kWorthTrimming) ::malloc_trim(0);
+  return stacks + heap;
+}
+
 void Worker::loop() {
   // Runnable rounds between two looks at timers and the reactor.
   constexpr int kRoundsPerPoll = 8;
@@ -244,8 +288,15 @@ void Worker::loop() {
       log_warn("worker {}: {} fiber(s) still running 5 s after stop; they ignore cancellation",
                index_, live_count_);
     }
+    // Pools over their floor are trimmed a second from now (and then every second until they
+    // are not): an idle worker with nothing to give back has no timer at all.
+    if (!trim_timer_.queued() && holds_idle_memory()) {
+      trim_timer_.when = now + std::chrono::seconds(1);
+      timers_.push(&trim_timer_);
+    }
     poll(poll_timeout(now));
   }
+  timers_.erase(&trim_timer_);
   t_current_worker = nullptr;
 }
 

@@ -54,27 +54,29 @@ class Connection final : public BodySource {
         date_(state.worker->date),
         shared_(*state.shared),
         parser_(options_.parser) {
-    auto& pool = state.worker->free_buffers;
-    if (!pool.empty()) {
-      buffer_ = std::move(pool.back());
-      pool.pop_back();
+    if (!state.worker->buffers) {
+      state.worker->buffers = std::make_shared<detail::ConnectionBuffers>();
+      Worker::current()->keep_trimmed(state.worker->buffers);
+    }
+    detail::ConnectionBuffers& pools = *state.worker->buffers;
+    if (!pools.reads.empty()) {
+      buffer_ = pools.reads.take();
     } else {
       buffer_.resize(options_.parser.max_head + 4096);
     }
     // A response buffer that has grown before: no reallocation while a head is appended.
-    auto& outputs = state.worker->free_outputs;
-    if (!outputs.empty()) {
-      out_ = std::move(outputs.back());
-      outputs.pop_back();
+    if (!pools.outputs.empty()) {
+      out_ = pools.outputs.take();
     } else {
       out_.reserve(kOutputReserve);
     }
   }
   ~Connection() {
-    state_.worker->free_buffers.push_back(std::move(buffer_));
+    detail::ConnectionBuffers& pools = *state_.worker->buffers;
+    (void)pools.reads.give(std::move(buffer_));  // freed with the connection if not kept
     if (out_.capacity() <= kCopyBodyLimit * 4) {
       out_.clear();
-      state_.worker->free_outputs.push_back(std::move(out_));
+      (void)pools.outputs.give(std::move(out_));
     }
   }
 

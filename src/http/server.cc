@@ -184,6 +184,7 @@ detail::ConnectionState::~ConnectionState() {
   // and forgets the session, so its next connection would pay for a full handshake.
   if (TlsStream* tls = stream.tls()) (void)tls->shutdown(TcpStream::Shutdown::kWrite);
   --worker->open;
+  Worker::current()->note_released(sizeof(ConnectionState));
   shared->active.done();  // the socket closes right after, with the members
 }
 

@@ -4,10 +4,12 @@
 #include <atomic>
 #include <cstddef>
 #include <ctime>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "spindle/fiber/idle_cache.h"
 #include "spindle/http/server.h"
 #include "spindle/io/timer_queue.h"
 #include "spindle/net/stream.h"
@@ -39,15 +41,31 @@ struct alignas(64) DateCache {
 struct ConnectionState;
 class Http2Connection;
 
+/// A worker's HTTP/1 connection buffers kept for reuse: read buffers (max_head + 4 KiB) and
+/// response buffers with their capacity. The worker trims them with its own pools
+/// (Worker::keep_trimmed), so a burst of connections does not keep its buffers.
+struct ConnectionBuffers final : IdleCache {
+  static constexpr std::size_t kFloor = 16, kMax = 1024;
+  FreeList<std::vector<char>> reads{kFloor, kMax};
+  FreeList<std::string> outputs{kFloor, kMax};
+
+  bool over_floor() const override { return reads.over_floor() || outputs.over_floor(); }
+  std::size_t trim() override {
+    std::size_t bytes = 0;
+    reads.trim([&](std::vector<char> b) { bytes += b.capacity(); });
+    outputs.trim([&](std::string b) { bytes += b.capacity(); });
+    return bytes;
+  }
+};
+
 /// What a worker knows of its connections: the Date cache, read buffers to reuse, the idle
 /// HTTP/1 connections, those that woke and wait for a fiber, and the HTTP/2 ones (for
 /// draining). Touched only by its worker.
 struct alignas(64) WorkerState {
   DateCache date;
-  std::vector<std::vector<char>> free_buffers;
-  std::vector<std::string> free_outputs;  // response buffers, with their capacity
-  ConnectionState* idle_head = nullptr;   // intrusive list of idle connections
-  ConnectionState* ready_head = nullptr;  // woken idle connections, oldest first (same links)
+  std::shared_ptr<ConnectionBuffers> buffers;  // made by the worker's first connection
+  ConnectionState* idle_head = nullptr;        // intrusive list of idle connections
+  ConnectionState* ready_head = nullptr;       // woken idle connections, oldest first (same links)
   ConnectionState* ready_tail = nullptr;
   std::size_t runners_starting = 0;     // fibers spawned to serve them that have not begun
   std::vector<Http2Connection*> http2;  // open HTTP/2 connections

@@ -2,7 +2,9 @@
 
 #include <sys/eventfd.h>
 
+#include <algorithm>
 #include <cassert>
+#include <functional>
 
 namespace spindle {
 namespace {
@@ -27,15 +29,23 @@ Reactor::Reactor()
 Result<IoSlot*> Reactor::add(int fd) {
   IoSlot* slot;
   if (!free_.empty()) {
+    // The lowest free index: the table's tail empties first, so trim() can drop it.
+    std::pop_heap(free_.begin(), free_.end(), std::greater<>{});
     slot = &slot_at(free_.back());
     free_.pop_back();
   } else {
     std::uint32_t i = slot_count_;
-    if (i % kSlotsPerBlock == 0) blocks_.push_back(std::make_unique<IoSlot[]>(kSlotsPerBlock));
+    if (i % kSlotsPerBlock == 0) {
+      blocks_.push_back(std::make_unique<IoSlot[]>(kSlotsPerBlock));
+      in_use_.push_back(0);
+    }
     slot = &slot_at(i);
     slot->index = i;
+    // Above every generation a dropped block had: no stale cookie can match it.
+    slot->generation = next_generation_;
     ++slot_count_;
   }
+  ++in_use_[slot->index / kSlotsPerBlock];
   slot->fd = fd;
   slot->watches_writable = false;
   epoll_event ev{};
@@ -65,7 +75,31 @@ void Reactor::release(IoSlot* slot) {
   slot->on_readable = nullptr;
   slot->owner = nullptr;
   ++slot->generation;
+  --in_use_[slot->index / kSlotsPerBlock];
   free_.push_back(slot->index);
+  std::push_heap(free_.begin(), free_.end(), std::greater<>{});
+}
+
+bool Reactor::trimmable() const { return blocks_.size() > 1 && in_use_.back() == 0; }
+
+std::size_t Reactor::trim() {
+  std::size_t freed = 0;
+  while (trimmable()) {
+    auto first = static_cast<std::uint32_t>((blocks_.size() - 1) * kSlotsPerBlock);
+    for (std::uint32_t i = first; i < slot_count_; ++i) {
+      next_generation_ = std::max(next_generation_, slot_at(i).generation + 1);
+    }
+    slot_count_ = first;
+    blocks_.pop_back();
+    in_use_.pop_back();
+    freed += kSlotsPerBlock * sizeof(IoSlot);
+  }
+  if (freed > 0) {
+    std::erase_if(free_, [&](std::uint32_t i) { return i >= slot_count_; });
+    std::make_heap(free_.begin(), free_.end(), std::greater<>{});
+    free_.shrink_to_fit();
+  }
+  return freed;
 }
 
 IoSlot* Reactor::slot_for(std::uint64_t cookie) {

@@ -8,7 +8,8 @@
 #include <cstddef>
 #include <memory>
 #include <span>
-#include <vector>
+
+#include "spindle/fiber/idle_cache.h"
 
 namespace spindle {
 
@@ -51,8 +52,9 @@ class BufferPool {
     std::unique_ptr<char[]> data_;
   };
 
-  /// A pool that keeps at most `max_cached` buffers for reuse.
-  explicit BufferPool(std::size_t max_cached = 64) : max_cached_(max_cached) {}
+  /// A pool that keeps at most `max_cached` buffers for reuse, and `floor` through any trim.
+  explicit BufferPool(std::size_t max_cached = 64, std::size_t floor = 8)
+      : free_(floor, max_cached) {}
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;
 
@@ -60,17 +62,17 @@ class BufferPool {
   Buffer take();
   /// Buffers waiting for reuse.
   std::size_t cached() const { return free_.size(); }
-  /// Frees cached buffers beyond `keep`.
-  void trim(std::size_t keep);
+  /// True if more than the floor wait for reuse.
+  bool over_floor() const { return free_.over_floor(); }
+  /// Frees the cached buffers not taken since the last trim (FreeList); returns the bytes.
+  std::size_t trim();
 
  private:
   /// Takes a buffer back (freed if the cache is full).
   void give(std::unique_ptr<char[]> data);
 
-  /// Most buffers kept.
-  std::size_t max_cached_;
   /// Buffers ready for reuse (LIFO: the most recently used is warmest in cache).
-  std::vector<std::unique_ptr<char[]>> free_;
+  FreeList<std::unique_ptr<char[]>> free_;
 };
 
 /// A buffer from the calling worker's pool; on a thread that is not a worker, one of its own.

@@ -3,10 +3,14 @@
 ///
 /// Each stack is an mmap'd region with a PROT_NONE guard page below it, so an overflow faults
 /// instead of corrupting a neighbour. Freed stacks of the pool's size are kept for reuse, so a
-/// spawn on a warm pool costs no syscall. Not thread-safe: one pool per worker.
+/// spawn on a warm pool costs no syscall; those not reused for a while are unmapped (trim()),
+/// so a burst of fibers does not keep its stacks' pages. Each stack is registered with
+/// valgrind while mapped (a no-op outside it), so that it follows the switches. Not
+/// thread-safe: one pool per worker.
 
 #include <cstddef>
-#include <vector>
+
+#include "spindle/fiber/idle_cache.h"
 
 namespace spindle {
 
@@ -16,6 +20,8 @@ struct Stack {
   void* base = nullptr;
   /// Usable bytes.
   std::size_t size = 0;
+  /// Valgrind's id for the stack (0 outside valgrind).
+  unsigned valgrind_id = 0;
 
   /// The highest address (where a downward-growing stack starts).
   void* top() const { return static_cast<char*>(base) + size; }
@@ -31,6 +37,9 @@ class StackPool {
 #else
   static constexpr std::size_t kDefaultStackSize = 64 * 1024;
 #endif
+
+  /// Stacks kept through any trim.
+  static constexpr std::size_t kFloor = 16;
 
   /// A pool of `stack_size`-byte stacks (rounded up to pages) keeping at most `max_cached`.
   explicit StackPool(std::size_t stack_size = kDefaultStackSize, std::size_t max_cached = 1024);
@@ -52,6 +61,10 @@ class StackPool {
   std::size_t stack_size() const { return stack_size_; }
   /// Stacks waiting for reuse.
   std::size_t cached() const { return free_.size(); }
+  /// True if more than kFloor stacks wait for reuse.
+  bool over_floor() const { return free_.over_floor(); }
+  /// Unmaps the cached stacks not reused since the last trim (FreeList); returns the bytes.
+  std::size_t trim();
 
   /// Size of the guard page(s) below each stack.
   static std::size_t guard_size();
@@ -59,10 +72,8 @@ class StackPool {
  private:
   /// Usable bytes of each pooled stack, page-aligned.
   std::size_t stack_size_;
-  /// Most stacks kept for reuse.
-  std::size_t max_cached_;
   /// Stacks ready for reuse (LIFO: the most recently used is warmest in cache).
-  std::vector<Stack> free_;
+  FreeList<Stack> free_;
   /// Allocations still to fail (fail_next_allocations).
   std::size_t fail_next_ = 0;
 };

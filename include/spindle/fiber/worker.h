@@ -7,11 +7,13 @@
 #include <atomic>
 #include <cstddef>
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
 #include "spindle/fiber/buffer_pool.h"
 #include "spindle/fiber/fiber.h"
+#include "spindle/fiber/idle_cache.h"
 #include "spindle/fiber/scheduler.h"
 #include "spindle/fiber/spin_lock.h"
 #include "spindle/fiber/stack_pool.h"
@@ -62,6 +64,18 @@ class Worker {
   BufferPool& buffers() { return buffers_; }
   /// Fibers started on this worker and not yet finished (owner thread only).
   std::size_t live_fibers() const { return live_count_; }
+  /// Has `cache` trimmed with the worker's own pools, for as long as someone else holds it
+  /// too (owner thread).
+  void keep_trimmed(std::shared_ptr<IdleCache> cache);
+  /// Gives back the pooled memory (stacks, buffers, fiber objects, kept_trimmed caches) not
+  /// used since the last call, then free heap pages to the kernel if that was much. The loop
+  /// calls it once a second while some pool holds more than its floor; returns the bytes.
+  std::size_t trim_idle_memory();
+  /// Tells the worker that `bytes` of heap were freed by objects of another layer (closed
+  /// connections): after a burst they leave free pages inside malloc's arenas, which the next
+  /// trim of a quiet worker gives back (owner thread).
+  void note_released(std::size_t bytes) { released_ += bytes; }
+
   /// How many times the loop has polled the reactor (owner thread). A reader that drained a
   /// socket and sees the same count later knows no readiness edge was delivered in between.
   std::uint64_t polls() const { return polls_; }
@@ -105,6 +119,8 @@ class Worker {
   void fail_start(Fiber* fiber, std::exception_ptr error);
   /// Wakes the waiter parked in `slot` (reader or writer), if any.
   static void wake_io(Waiter*& parked);
+  /// True if some pool holds more than its floor (so a trim is due in a second).
+  bool holds_idle_memory() const;
 
   /// The owning runtime.
   Runtime* runtime_;
@@ -151,6 +167,14 @@ class Worker {
   Clock::time_point stop_started_{};
   /// True once the slow-stop warning was logged.
   bool stop_warned_ = false;
+  /// Fires a second after a pool went over its floor: trim_idle_memory().
+  Timer trim_timer_;
+  /// Pools of other layers trimmed with ours (keep_trimmed).
+  std::vector<std::shared_ptr<IdleCache>> idle_caches_;
+  /// Heap freed by other layers since the last malloc_trim (note_released).
+  std::size_t released_ = 0;
+  /// fiber_seq_ at the last trim: how many fibers started since tells whether it is quiet.
+  FiberId seq_at_trim_ = 0;
   /// Fibers that could not start since the last log of it, and when that was.
   std::size_t failed_starts_ = 0;
   Clock::time_point last_start_failure_log_{};

@@ -65,6 +65,12 @@ class Reactor {
   /// removes it from epoll, and the generation check drops events already queued for it.
   void release(IoSlot* slot);
 
+  /// True if the slot table ends in a block with no slot in use (trim() would drop it).
+  bool trimmable() const;
+  /// Drops the blocks at the end of the slot table that have no slot in use (after a burst
+  /// of connections); returns the bytes freed. Slots in use never move.
+  std::size_t trim();
+
   /// Waits up to `timeout` (negative: forever, zero: poll) and calls `on_ready(slot, events)`
   /// for each ready registration. Returns the number of events, or the epoll error.
   template <typename OnReady>
@@ -101,8 +107,12 @@ class Reactor {
   std::vector<std::unique_ptr<IoSlot[]>> blocks_;
   /// Slots made so far.
   std::uint32_t slot_count_ = 0;
-  /// Indexes of free slots.
+  /// Slots in use in each block.
+  std::vector<std::uint32_t> in_use_;
+  /// Indexes of free slots, a min-heap (the lowest is reused first).
   std::vector<std::uint32_t> free_;
+  /// Generation of the next slot made: above those of every block trim() dropped.
+  std::uint32_t next_generation_ = 0;
   /// Buffer for epoll_wait.
   epoll_event events_[kMaxEvents];
 };

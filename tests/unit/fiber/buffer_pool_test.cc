@@ -22,14 +22,25 @@ TEST(BufferPool, LendsEachBufferToOneHolderAndReusesItAfter) {
   EXPECT_EQ(pool.cached(), 0u);
 }
 
-TEST(BufferPool, KeepsAtMostItsLimitAndTrimsOnRequest) {
-  BufferPool pool(3);
+TEST(BufferPool, KeepsAtMostItsLimitAndTrimsWhatWasNotReused) {
+  BufferPool pool(/*max_cached=*/5, /*floor=*/1);
   {
     std::vector<BufferPool::Buffer> many;
     for (int i = 0; i < 10; ++i) many.push_back(pool.take());
   }
-  EXPECT_EQ(pool.cached(), 3u);
-  pool.trim(1);
+  EXPECT_EQ(pool.cached(), 5u);
+  EXPECT_TRUE(pool.over_floor());
+  // The first trim only starts the count: all 5 came back since the pool last looked.
+  EXPECT_EQ(pool.trim(), 0u);
+  // Two were taken and given back meanwhile: the 3 nobody needed go.
+  { auto a = pool.take(), b = pool.take(); }
+  EXPECT_EQ(pool.trim(), 3 * BufferPool::kBufferSize);
+  EXPECT_EQ(pool.cached(), 2u);
+  // Nothing taken since: down to the floor, never below it.
+  EXPECT_EQ(pool.trim(), BufferPool::kBufferSize);
+  EXPECT_EQ(pool.cached(), 1u);
+  EXPECT_FALSE(pool.over_floor());
+  EXPECT_EQ(pool.trim(), 0u);
   EXPECT_EQ(pool.cached(), 1u);
 }
 

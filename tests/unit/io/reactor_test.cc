@@ -1,10 +1,12 @@
 #include "spindle/io/reactor.h"
 
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <thread>
+#include <vector>
 
 using namespace std::chrono_literals;
 using spindle::IoSlot;
@@ -131,4 +133,41 @@ TEST(Reactor, WatchesWritabilityOnlyOnceAsked) {
   EXPECT_TRUE(seen & EPOLLOUT);  // already writable: reported right after the change
   EXPECT_FALSE(reactor.watch_writable(**slot));  // idempotent
   reactor.release(*slot);
+}
+
+TEST(Reactor, TrimDropsTheEmptyTailOfTheSlotTableAndStaleEventsStayDropped) {
+  // 300 registrations (two blocks of 256 slots), eventfds but for the last, a socket that
+  // can be made readable: about 600 descriptors in all.
+  Reactor reactor;
+  SocketPair last;
+  std::vector<UniqueFd> fds;
+  auto registered = [&](std::size_t count, int final_fd) {
+    std::vector<IoSlot*> slots;
+    for (std::size_t i = 0; i + 1 < count; ++i) {
+      fds.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+      slots.push_back(reactor.add(fds.back().get()).value());
+    }
+    if (final_fd >= 0) slots.push_back(reactor.add(final_fd).value());
+    (void)reactor.poll(0ms, [](IoSlot&, std::uint32_t) {});  // the writability edges
+    return slots;
+  };
+  std::vector<IoSlot*> slots = registered(300, last.a.get());
+  EXPECT_FALSE(reactor.trimmable());
+  // All but the first go; the last one's descriptor stays open and registered.
+  for (std::size_t i = 1; i < slots.size(); ++i) reactor.release(slots[i]);
+  EXPECT_TRUE(reactor.trimmable());
+  EXPECT_EQ(reactor.trim(), 256 * sizeof(IoSlot));
+  EXPECT_FALSE(reactor.trimmable());
+  EXPECT_EQ(reactor.registered(), 1u);
+  // New registrations take the lowest free index, then grow the table back over the dropped
+  // block: the slot at the old last index has a generation no stale cookie carries.
+  std::vector<IoSlot*> fresh = registered(300, -1);
+  EXPECT_EQ(fresh.front()->index, 1u);
+  EXPECT_EQ(fresh.back()->index, 299u);
+  ASSERT_EQ(::write(last.b.get(), "x", 1), 1);
+  int events = 0;
+  (void)reactor.poll(100ms, [&](IoSlot&, std::uint32_t) { ++events; });
+  EXPECT_EQ(events, 0);
+  for (IoSlot* s : fresh) reactor.release(s);
+  reactor.release(slots[0]);
 }
