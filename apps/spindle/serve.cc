@@ -68,8 +68,12 @@ Config effective_config(const ServeFlags& flags) {
 int check_config(const std::string& file) {
   try {
     Config config = load_config(file);
-    fmt::print("{}: ok ({} server{})\n", file, config.servers.size(),
-               config.servers.size() == 1 ? "" : "s");
+    auto count = [](std::size_t n, std::string_view what) {
+      return fmt::format("{} {}{}", n, what, n == 1 ? "" : "s");
+    };
+    fmt::print("{}: ok ({}, {}, {}, {})\n", file, count(config.servers.size(), "server"),
+               count(config.routes.size(), "route"), count(config.services.size(), "service"),
+               count(config.upstreams.size(), "upstream"));
     return 0;
   } catch (const ConfigError& e) {
     fmt::print(stderr, "spindle: {}\n", e.what());

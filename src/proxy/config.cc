@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "config_reader.h"
+#include "gateway_config.h"
 
 namespace spindle::proxy {
 namespace {
@@ -133,9 +134,18 @@ void read_http2(const ConfigReader& r, http::ServerOptions& http) {
 }
 
 ServerConfig read_server(const ConfigReader& r) {
-  r.only({"listen", "default_site", "root", "server_name", "compression", "limits", "timeouts",
-          "access_log", "tls", "http2"});
+  r.only({"name", "listen", "default_site", "root", "server_name", "compression", "limits",
+          "timeouts", "access_log", "tls", "http2", "trusted_proxies"});
   ServerConfig server;
+  server.name = r.string("name", "");
+  for (const std::string& text : r.strings("trusted_proxies")) {
+    auto cidr = Cidr::parse(text);
+    if (!cidr) {
+      r.fail_key("trusted_proxies",
+                 fmt::format("'{}' is not an address or network (10.0.0.0/8, fd00::/8)", text));
+    }
+    server.trusted_proxies.push_back(*cidr);
+  }
   std::string listen = r.string("listen", "");
   auto address = Address::parse(listen);
   if (!address) {
@@ -167,7 +177,7 @@ Config read_config(const YAML::Node& root, const std::string& file) {
         fmt::format("{}:1: servers: the file is empty (expected a list of servers)", file));
   }
   ConfigReader top(file, root, "");
-  top.only({"threads", "servers"});
+  top.only({"threads", "servers", "routes", "services", "upstreams"});
   Config config;
   config.threads = top.number("threads", 0, 1024);
   YAML::Node servers = top.get("servers");
@@ -175,13 +185,34 @@ Config read_config(const YAML::Node& root, const std::string& file) {
     top.fail(servers ? servers : root, "servers", "expected a list with at least one server");
   }
   for (std::size_t i = 0; i < servers.size(); ++i) {
-    config.servers.push_back(
-        read_server(ConfigReader(file, servers[i], fmt::format("servers[{}]", i))));
+    ConfigReader r(file, servers[i], fmt::format("servers[{}]", i));
+    config.servers.push_back(read_server(r));
+    const std::string& name = config.servers.back().name;
+    for (std::size_t j = 0; j + 1 < config.servers.size() && !name.empty(); ++j) {
+      if (config.servers[j].name == name) {
+        r.fail_key("name", fmt::format("servers[{}] has that name already", j));
+      }
+    }
   }
+  read_gateway(top, config);
   return config;
 }
 
 }  // namespace
+
+const ServiceConfig* Config::service(std::string_view name) const {
+  for (const auto& s : services) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+const UpstreamConfig* Config::upstream(std::string_view name) const {
+  for (const auto& u : upstreams) {
+    if (u.name == name) return &u;
+  }
+  return nullptr;
+}
 
 Config parse_config(const std::string& text, const std::string& file) {
   YAML::Node root;

@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from conftest import ROOT, Server
 
@@ -46,6 +47,41 @@ SAMPLES = {
     "servers[].timeouts.handshake": "3s",
     "servers[].access_log.path": "{tmp}/access.log",
     "servers[].access_log.format": "json",
+    "servers[].name": "edge",
+    "servers[].trusted_proxies": "[10.0.0.0/8, '::1']",
+    "routes": None,
+    "services": None,
+    "upstreams": None,
+    "routes[].name": "api",
+    "routes[].servers": "[public]",
+    "routes[].match": "{path: /x}",
+    "routes[].service": "s",
+    "routes[].match.hosts": "[api.example.com, '*.example.com']",
+    "routes[].match.path": "/exact",
+    "routes[].match.path_prefix": "/api/",
+    "routes[].match.path_regex": "'^/v[0-9]+/'",
+    "routes[].match.methods": "[GET, POST]",
+    "routes[].match.headers": "{x-canary: '1'}",
+    "services.NAME.upstream": "u",
+    "services.NAME.url": "https://127.0.0.1:8443",
+    "services.NAME.protocol": "h2c",
+    "services.NAME.timeouts": None,
+    "services.NAME.retries": None,
+    "services.NAME.timeouts.connect": "1s",
+    "services.NAME.timeouts.first_byte": "15s",
+    "services.NAME.timeouts.read": "30s",
+    "services.NAME.timeouts.write": "30s",
+    "services.NAME.timeouts.idle": "60s",
+    "services.NAME.retries.attempts": "3",
+    "services.NAME.retries.budget": "10%",
+    "upstreams.NAME.balancer": "{consistent_hash: {by: cookie, key: session}}",
+    "upstreams.NAME.targets": "[{address: '[::1]:9', weight: 3}, {address: localhost:10}]",
+    "upstreams.NAME.health": None,
+    "upstreams.NAME.keepalive": None,
+    "upstreams.NAME.health.active": "{path: /healthz, interval: 2s, timeout: 1s}",
+    "upstreams.NAME.health.passive": "{max_fails: 0}",
+    "upstreams.NAME.keepalive.max_idle": "8",
+    "upstreams.NAME.keepalive.idle_timeout": "5s",
 }
 
 
@@ -69,17 +105,28 @@ def documented_keys():
 
 
 def yaml_for(path, value):
-    """A whole configuration that sets `path` to `value` (and whatever else must be there)."""
-    parts = path.replace("[]", "").split(".")
-    if parts == ["threads"]:
-        return f"threads: {value}\nservers:\n  - listen: 127.0.0.1:0\n"
-    assert parts[0] == "servers", path
-    server = {"listen": "127.0.0.1:0"}
-    if len(parts) == 2:
-        server[parts[1]] = value
+    """A whole configuration that sets `path` to `value` (YAML text) and has whatever else must
+    be there: a named server, a route, a service `s` and an upstream `u` to hang keys on."""
+    config = {
+        "servers": [{"name": "public", "listen": "127.0.0.1:0"}],
+        "routes": [{"name": "r", "match": {}, "service": "s"}],
+        "services": {"s": {"url": "http://127.0.0.1:9"}},
+        "upstreams": {"u": {"targets": [{"address": "127.0.0.1:9"}]}},
+    }
+    parts = path.replace("[]", "").replace(".NAME", "").split(".")
+    node = {"servers": config["servers"][0], "routes": config["routes"][0],
+            "services": config["services"]["s"], "upstreams": config["upstreams"]["u"]}
+    parsed = yaml.safe_load(value)
+    if len(parts) == 1:
+        config[parts[0]] = parsed
     else:
-        server[parts[1]] = "{" + f"{parts[2]}: {value}" + "}"
-    return "servers:\n  - " + "\n    ".join(f"{k}: {v}" for k, v in server.items()) + "\n"
+        target = node[parts[0]]
+        for part in parts[1:-1]:
+            target = target.setdefault(part, {})
+        target[parts[-1]] = parsed
+    if path == "services.NAME.upstream":
+        del config["services"]["s"]["url"]  # one of the two
+    return yaml.safe_dump(config)
 
 
 def check_config(build_dir, path):
@@ -97,7 +144,7 @@ def test_every_documented_key_is_accepted(build_dir, tmp_path):
         if value is None:
             continue  # a section: its keys are checked one by one
         config = tmp_path / "key.yaml"
-        config.write_text(yaml_for(key, value.format(tmp=tmp_path)))
+        config.write_text(yaml_for(key, value.replace("{tmp}", str(tmp_path))))
         out = check_config(build_dir, config)
         assert out.returncode == 0, f"{key}: {out.stderr}\n{config.read_text()}"
 
@@ -121,6 +168,10 @@ def test_every_example_of_the_documentation_loads(build_dir, tmp_path, certs):
     assert count >= 2
 
 
+GW = 'servers: [{name: public, listen: "127.0.0.1:1"}]\n'
+SVC = "services:\n  s: {url: 'http://127.0.0.1:9'}\n"
+
+
 @pytest.mark.parametrize("text, line, key", [
     ('servers: [{listen: "127.0.0.1:1", tls: {cert: C, key: K, names: [[a]]}}]', 1,
      "servers[0].tls.names[0]"),
@@ -142,6 +193,23 @@ def test_every_example_of_the_documentation_loads(build_dir, tmp_path, certs):
     ("servers: [{listen: 127.0.0.1:1}]\n  bad: indentation\n", 2, "invalid YAML"),
     ("", 1, "servers"),
     ("threads: 1\n\"\": 2\n", 2, '""'),
+    # The gateway: references, regular expressions, networks.
+    (GW + "routes:\n  - match: {}\n    service: nope\n", 4, "routes[0].service: no service"),
+    (GW + "services:\n  s: {upstream: nope}\n", 3, "services.s.upstream: no upstream"),
+    (GW + "routes:\n  - match: {path_regex: '(a'}\n    service: s\n" + SVC, 3,
+     "routes[0].match.path_regex: invalid regular expression"),
+    ("servers:\n  - listen: 127.0.0.1:1\n    trusted_proxies: [10.0.0.1/8]\n", 3,
+     "servers[0].trusted_proxies: '10.0.0.1/8'"),
+    (GW + "routes:\n  - servers: [other]\n    match: {}\n    service: s\n" + SVC, 3,
+     "routes[0].servers: no server named 'other'"),
+    (GW + "upstreams:\n  u:\n    balancer: fastest\n    targets: [{address: '127.0.0.1:9'}]\n",
+     4, "upstreams.u.balancer"),
+    (GW + "upstreams:\n  u: {targets: [{address: '127.0.0.1'}]}\n", 3,
+     "upstreams.u.targets[0].address"),
+    (GW + "services:\n  s: {url: 'http://a:1', upstream: u}\n", 3, "services.s.upstream"),
+    (GW + "services:\n  s:\n    url: 'http://a:1'\n    retries: {budget: 120%}\n", 5,
+     "services.s.retries.budget"),
+    (GW + "services:\n  s: {url: 'https://a:1', protocol: h2c}\n", 3, "services.s.protocol"),
 ])
 def test_a_malformed_file_is_an_error_with_file_line_and_key(build_dir, tmp_path, certs, text,
                                                              line, key):

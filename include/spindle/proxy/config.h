@@ -5,13 +5,16 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "spindle/http/server.h"
 #include "spindle/net/address.h"
+#include "spindle/net/cidr.h"
 
 namespace spindle::proxy {
 
@@ -33,6 +36,11 @@ struct AccessLogConfig {
 
 /// One `servers` entry.
 struct ServerConfig {
+  /// The name routes use to pick servers ("" if unnamed: such a server gets the routes that
+  /// name no servers).
+  std::string name;
+  /// Peers whose X-Forwarded-For is believed (and kept, with the peer added) when proxying.
+  std::vector<Cidr> trusted_proxies;
   /// Where to listen.
   Address listen = Address::loopback_v4(8080);
   /// Serve the built-in site: a welcome page at /, /plaintext and /json.
@@ -47,12 +55,133 @@ struct ServerConfig {
   AccessLogConfig access_log;
 };
 
+// ---- the gateway: routes → services → upstreams ---------------------------------------------
+
+/// What a request must have for a route to take it (every condition given must hold).
+struct RouteMatch {
+  /// Host names ("api.example.com") or "*.example.com" (one or more labels in front); empty:
+  /// any host. Lower case, without port.
+  std::vector<std::string> hosts;
+  /// At most one of these three: an exact path, a path prefix, a regular expression (RE2
+  /// syntax, searched in the path; anchor it with ^ and $ as needed).
+  std::string path;
+  std::string path_prefix;
+  std::string path_regex;
+  /// Methods; empty: any.
+  std::vector<std::string> methods;
+  /// Fields that must be present with exactly these values (names lower case).
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+/// One `routes` entry.
+struct RouteConfig {
+  std::string name;
+  /// Names of the servers it applies to; empty: every server.
+  std::vector<std::string> servers;
+  RouteMatch match;
+  /// The service that answers.
+  std::string service;
+};
+
+/// How a service talks to its upstream.
+enum class UpstreamProtocol { kHttp1, kH2, kH2c };
+
+/// Time limits of one upstream exchange.
+struct UpstreamTimeouts {
+  std::chrono::milliseconds connect{std::chrono::seconds(5)};
+  std::chrono::milliseconds first_byte{std::chrono::seconds(60)};
+  std::chrono::milliseconds read{std::chrono::seconds(60)};
+  std::chrono::milliseconds write{std::chrono::seconds(60)};
+  std::chrono::milliseconds idle{std::chrono::seconds(60)};
+};
+
+/// When a failed attempt is tried again on another target.
+struct RetryPolicy {
+  /// Most attempts per request, the first included (1: never retried).
+  unsigned attempts = 2;
+  /// Retries allowed as a share of the service's recent requests (0.2 for "20%").
+  double budget = 0.2;
+};
+
+/// One `services` entry.
+struct ServiceConfig {
+  std::string name;
+  /// The upstream whose targets serve it (for `url:`, an upstream of one target made for it,
+  /// named "<service>.url").
+  std::string upstream;
+  UpstreamProtocol protocol = UpstreamProtocol::kHttp1;
+  /// TLS to the upstream (h2 always; http when the url is https://).
+  bool tls = false;
+  UpstreamTimeouts timeouts;
+  RetryPolicy retries;
+};
+
+/// How an upstream picks a target for a request.
+enum class BalancerKind { kRoundRobin, kWeighted, kLeastConnections, kRandomTwo, kConsistentHash };
+
+/// What consistent_hash hashes.
+struct HashKey {
+  enum class By { kHeader, kCookie, kClientIp } by = By::kClientIp;
+  /// The header or cookie name (empty for client_ip).
+  std::string key;
+};
+
+/// One target of an upstream.
+struct TargetConfig {
+  /// A host name or IP address, and the port.
+  std::string host;
+  std::uint16_t port = 0;
+  unsigned weight = 1;
+};
+
+/// Probing targets with requests of our own.
+struct ActiveHealthConfig {
+  bool enabled = false;
+  std::string path = "/healthz";
+  std::chrono::milliseconds interval{std::chrono::seconds(2)};
+  std::chrono::milliseconds timeout{std::chrono::seconds(1)};
+  /// Consecutive successes that make a target healthy again, failures that make it unhealthy.
+  unsigned healthy = 2;
+  unsigned unhealthy = 3;
+};
+
+/// Taking a target out after failures of real requests (max_fails 0: never).
+struct PassiveHealthConfig {
+  unsigned max_fails = 3;
+  std::chrono::milliseconds fail_timeout{std::chrono::seconds(10)};
+};
+
+/// Idle upstream connections kept per worker and target.
+struct KeepaliveConfig {
+  std::size_t max_idle = 64;
+  std::chrono::milliseconds idle_timeout{std::chrono::seconds(30)};
+};
+
+/// One `upstreams` entry.
+struct UpstreamConfig {
+  std::string name;
+  BalancerKind balancer = BalancerKind::kRoundRobin;
+  HashKey hash;
+  std::vector<TargetConfig> targets;
+  ActiveHealthConfig active_health;
+  PassiveHealthConfig passive_health;
+  KeepaliveConfig keepalive;
+};
+
 /// The whole configuration.
 struct Config {
   /// Worker threads; 0 means one per core.
   std::size_t threads = 0;
   /// The servers.
   std::vector<ServerConfig> servers;
+  /// The gateway, in declared order.
+  std::vector<RouteConfig> routes;
+  std::vector<ServiceConfig> services;
+  std::vector<UpstreamConfig> upstreams;
+
+  /// The service or upstream named `name`, or nullptr.
+  const ServiceConfig* service(std::string_view name) const;
+  const UpstreamConfig* upstream(std::string_view name) const;
 };
 
 /// Parses YAML `text` read from `file` (used in error messages; relative paths in it are

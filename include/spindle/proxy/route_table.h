@@ -1,0 +1,53 @@
+#pragma once
+/// RouteTable: which route of the configuration takes a request, for one server.
+///
+/// A route is a candidate when every condition of its `match` holds (host, path, methods,
+/// headers). Of several candidates the most specific wins, in this order:
+///   1. the host: a route naming the exact host, then one whose "*.domain" wildcard matches
+///      (the longer domain first), then one naming no hosts;
+///   2. the path: an exact `path`, then the longest `path_prefix`, then a `path_regex`, then
+///      no path condition;
+///   3. the order in which the routes are declared.
+/// Methods and headers only filter; they do not make a route more specific. Built once per
+/// configuration (regular expressions compiled then), read-only afterwards: any thread.
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "spindle/http/header_map.h"
+#include "spindle/proxy/config.h"
+
+namespace re2 {
+class RE2;
+}
+
+namespace spindle::proxy {
+
+class RouteTable {
+ public:
+  /// The routes of `config` that apply to the server named `server_name` (a route naming no
+  /// servers applies to every server). `config` must outlive the table.
+  RouteTable(const Config& config, std::string_view server_name);
+  ~RouteTable();
+  RouteTable(RouteTable&&) noexcept;
+  RouteTable& operator=(RouteTable&&) noexcept;
+
+  /// The route for a request to `host` (its Host or :authority; any port and a trailing dot
+  /// are ignored, case too) with request target `target` (the query is not part of the path),
+  /// or nullptr if none matches.
+  const RouteConfig* select(std::string_view host, std::string_view target, std::string_view method,
+                            const http::HeaderMap& headers) const;
+
+  /// Routes in the table.
+  std::size_t size() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    const RouteConfig* route;
+    std::unique_ptr<re2::RE2> regex;
+  };
+  std::vector<Entry> entries_;
+};
+
+}  // namespace spindle::proxy

@@ -1,0 +1,381 @@
+#include "gateway_config.h"
+
+#include <fmt/format.h>
+#include <re2/re2.h>
+
+#include <algorithm>
+#include <charconv>
+#include <set>
+
+#include "spindle/http/rules.h"
+
+namespace spindle::proxy::detail {
+namespace {
+
+std::string lower(std::string text) {
+  std::ranges::transform(text, text.begin(), [](unsigned char c) { return std::tolower(c); });
+  return text;
+}
+
+// A DNS name or an IP literal as routes and targets may hold: letters, digits, '-', '.', and
+// for IPv6 ':' (no brackets here).
+bool is_host(std::string_view host) {
+  if (host.empty() || host.size() > 253) return false;
+  return std::ranges::all_of(
+      host, [](unsigned char c) { return std::isalnum(c) || c == '-' || c == '.' || c == ':'; });
+}
+
+// The names of a YAML mapping's entries, in order, each with its reader.
+template <typename Fn>
+void for_each_entry(const ConfigReader& parent, std::string_view key, Fn&& fn) {
+  YAML::Node section = parent.get(key);
+  if (!section) return;
+  if (!section.IsMap()) parent.fail_key(key, "expected a mapping of names to definitions");
+  ConfigReader map(parent.file(), section, std::string(key));
+  std::set<std::string> seen;
+  for (const auto& entry : section) {
+    if (!entry.first.IsScalar() || entry.first.Scalar().empty()) {
+      map.fail(entry.first, std::string(key), "a name must be a plain string");
+    }
+    const std::string& name = entry.first.Scalar();
+    if (!seen.insert(name).second) map.fail(entry.first, map.key_path(name), "given twice");
+    fn(name, ConfigReader(parent.file(), entry.second, map.key_path(name)));
+  }
+}
+
+std::string known_names(const std::vector<std::string>& names) {
+  return names.empty() ? "none is defined" : fmt::format("defined: {}", fmt::join(names, ", "));
+}
+
+RouteMatch read_match(const ConfigReader& r) {
+  r.only({"hosts", "path", "path_prefix", "path_regex", "methods", "headers"});
+  RouteMatch m;
+  for (std::string host : r.strings("hosts")) {
+    host = lower(host);
+    std::string_view name = host;
+    if (name.starts_with("*.")) name.remove_prefix(2);
+    if (!is_host(name) || name.find(':') != std::string_view::npos) {
+      r.fail_key("hosts", fmt::format("'{}' is not a host name or *.domain", host));
+    }
+    m.hosts.push_back(host);
+  }
+  int paths = r.has("path") + r.has("path_prefix") + r.has("path_regex");
+  if (paths > 1) r.fail(r.node(), r.key_path("path"), "give one of path, path_prefix, path_regex");
+  m.path = r.string("path", "");
+  m.path_prefix = r.string("path_prefix", "");
+  m.path_regex = r.string("path_regex", "");
+  for (std::string_view key : {"path", "path_prefix"}) {
+    std::string value = r.string(key, "/");
+    if (!value.starts_with('/') || !http::is_request_target(value)) {
+      r.fail_key(key, "expected a path starting with /");
+    }
+  }
+  if (r.has("path_regex")) {
+    RE2 re(m.path_regex, RE2::Quiet);
+    if (!re.ok()) {
+      r.fail_key("path_regex", fmt::format("invalid regular expression: {}", re.error()));
+    }
+  }
+  for (const std::string& method : r.strings("methods")) {
+    if (!http::is_method(method))
+      r.fail_key("methods", fmt::format("'{}' is not a method", method));
+    m.methods.push_back(method);
+  }
+  if (r.has("headers")) {
+    ConfigReader headers = r.nested("headers");
+    for (const auto& entry : headers.node()) {
+      std::string name = entry.first.IsScalar() ? entry.first.Scalar() : "";
+      if (!http::is_field_name(name)) {
+        headers.fail(entry.first, headers.key_path(name), "not a header field name");
+      }
+      std::string value = scalar_text(headers, entry.second, headers.key_path(name));
+      if (!http::is_field_value(value)) {
+        headers.fail(entry.second, headers.key_path(name), "not a valid field value");
+      }
+      m.headers.emplace_back(lower(name), value);
+    }
+  }
+  return m;
+}
+
+RouteConfig read_route(const ConfigReader& r, const Config& config) {
+  r.only({"name", "servers", "match", "service"});
+  RouteConfig route;
+  route.name = r.string("name", "");
+  std::vector<std::string> server_names;
+  for (const ServerConfig& s : config.servers) {
+    if (!s.name.empty()) server_names.push_back(s.name);
+  }
+  for (const std::string& name : r.strings("servers")) {
+    if (std::ranges::find(server_names, name) == server_names.end()) {
+      r.fail_key("servers",
+                 fmt::format("no server named '{}' ({})", name, known_names(server_names)));
+    }
+    route.servers.push_back(name);
+  }
+  if (!r.has("match"))
+    r.fail(r.node(), r.key_path("match"), "required (match: {path_prefix: /} takes every request)");
+  route.match = read_match(r.nested("match"));
+  route.service = r.string("service", "");
+  if (route.service.empty()) r.fail(r.node(), r.key_path("service"), "required");
+  return route;
+}
+
+UpstreamTimeouts read_timeouts(const ConfigReader& r) {
+  r.only({"connect", "first_byte", "read", "write", "idle"});
+  UpstreamTimeouts t;
+  t.connect = r.duration("connect", t.connect);
+  t.first_byte = r.duration("first_byte", t.first_byte);
+  t.read = r.duration("read", t.read);
+  t.write = r.duration("write", t.write);
+  t.idle = r.duration("idle", t.idle);
+  for (auto [key, value] : {std::pair{"connect", t.connect},
+                            {"first_byte", t.first_byte},
+                            {"read", t.read},
+                            {"write", t.write},
+                            {"idle", t.idle}}) {
+    if (value.count() == 0) r.fail_key(key, "must be more than 0");
+  }
+  return t;
+}
+
+RetryPolicy read_retries(const ConfigReader& r) {
+  r.only({"attempts", "budget"});
+  RetryPolicy p;
+  p.attempts = static_cast<unsigned>(r.number("attempts", p.attempts, 10));
+  if (p.attempts == 0) r.fail_key("attempts", "at least 1 (the first attempt)");
+  if (r.has("budget")) {
+    std::string text = r.string("budget", "");
+    unsigned percent = 0;
+    bool ok = text.ends_with('%');
+    if (ok) {
+      auto [end, ec] = std::from_chars(text.data(), text.data() + text.size() - 1, percent);
+      ok = ec == std::errc{} && end == text.data() + text.size() - 1 && percent <= 100 &&
+           text.size() > 1;
+    }
+    if (!ok) r.fail_key("budget", "expected a share of requests from 0% to 100%, such as 20%");
+    p.budget = percent / 100.0;
+  }
+  return p;
+}
+
+// url: http://HOST[:PORT] or https://HOST[:PORT], nothing after the authority but "/".
+void read_url(const ConfigReader& r, ServiceConfig& service, Config& config) {
+  std::string url = r.string("url", "");
+  bool https = url.starts_with("https://");
+  std::string_view rest = url;
+  if (https) {
+    rest.remove_prefix(8);
+  } else if (url.starts_with("http://")) {
+    rest.remove_prefix(7);
+  } else {
+    r.fail_key("url", "expected http://HOST[:PORT] or https://HOST[:PORT]");
+  }
+  if (rest.ends_with('/')) rest.remove_suffix(1);
+  bool has_port = !rest.empty() && rest.back() != ']' &&
+                  rest.rfind(':') != std::string_view::npos &&
+                  (rest.front() != '[' || rest.rfind(']') < rest.rfind(':'));
+  std::string authority(rest);
+  if (!has_port) authority += https ? ":443" : ":80";
+  auto target = split_host_port(authority);
+  if (!target) r.fail_key("url", "expected http://HOST[:PORT] or https://HOST[:PORT] (no path)");
+  UpstreamConfig upstream;
+  upstream.name = service.name + ".url";
+  upstream.targets.push_back({target->first, target->second, 1});
+  service.upstream = upstream.name;
+  service.tls = https;
+  config.upstreams.push_back(std::move(upstream));
+}
+
+ServiceConfig read_service(const std::string& name, const ConfigReader& r, Config& config) {
+  r.only({"upstream", "url", "protocol", "timeouts", "retries"});
+  ServiceConfig service;
+  service.name = name;
+  if (r.has("upstream") == r.has("url")) {
+    r.fail(r.node(), r.key_path("upstream"), "give one of upstream (a name) or url");
+  }
+  std::string protocol = r.string("protocol", "http");
+  if (protocol == "http") {
+    service.protocol = UpstreamProtocol::kHttp1;
+  } else if (protocol == "h2") {
+    service.protocol = UpstreamProtocol::kH2;
+    service.tls = true;
+  } else if (protocol == "h2c") {
+    service.protocol = UpstreamProtocol::kH2c;
+  } else {
+    r.fail_key("protocol", "expected http, h2 (HTTP/2 over TLS) or h2c (cleartext HTTP/2)");
+  }
+  if (r.has("url")) {
+    read_url(r, service, config);
+    if (service.protocol == UpstreamProtocol::kH2c && service.tls) {
+      r.fail_key("protocol", "h2c is cleartext: the url must be http://");
+    }
+  } else {
+    service.upstream = r.string("upstream", "");
+  }
+  if (r.has("timeouts")) service.timeouts = read_timeouts(r.nested("timeouts"));
+  if (r.has("retries")) service.retries = read_retries(r.nested("retries"));
+  return service;
+}
+
+void read_balancer(const ConfigReader& r, UpstreamConfig& u) {
+  YAML::Node b = r.get("balancer");
+  if (!b) return;
+  if (b.IsScalar()) {
+    const std::string& kind = b.Scalar();
+    if (kind == "round_robin") {
+      u.balancer = BalancerKind::kRoundRobin;
+    } else if (kind == "weighted") {
+      u.balancer = BalancerKind::kWeighted;
+    } else if (kind == "least_connections") {
+      u.balancer = BalancerKind::kLeastConnections;
+    } else if (kind == "random_two") {
+      u.balancer = BalancerKind::kRandomTwo;
+    } else {
+      r.fail_key("balancer",
+                 "expected round_robin, weighted, least_connections, random_two or "
+                 "consistent_hash: {by: header|cookie|client_ip, key: NAME}");
+    }
+    return;
+  }
+  ConfigReader kind = r.nested("balancer");
+  kind.only({"consistent_hash"});
+  ConfigReader hash = kind.nested("consistent_hash");
+  hash.only({"by", "key"});
+  std::string by = hash.string("by", "client_ip");
+  u.balancer = BalancerKind::kConsistentHash;
+  if (by == "client_ip") {
+    u.hash.by = HashKey::By::kClientIp;
+    if (hash.has("key")) hash.fail_key("key", "client_ip takes no key");
+    return;
+  }
+  if (by == "header") {
+    u.hash.by = HashKey::By::kHeader;
+  } else if (by == "cookie") {
+    u.hash.by = HashKey::By::kCookie;
+  } else {
+    hash.fail_key("by", "expected header, cookie or client_ip");
+  }
+  u.hash.key = hash.string("key", "");
+  if (!http::is_field_name(u.hash.key)) {
+    hash.fail(hash.has("key") ? hash.get("key") : hash.node(), hash.key_path("key"),
+              fmt::format("required for by: {} (a header or cookie name)", by));
+  }
+  if (u.hash.by == HashKey::By::kHeader) u.hash.key = lower(u.hash.key);
+}
+
+void read_health(const ConfigReader& r, UpstreamConfig& u) {
+  r.only({"active", "passive"});
+  if (r.has("active")) {
+    ConfigReader a = r.nested("active");
+    a.only({"path", "interval", "timeout", "healthy", "unhealthy"});
+    ActiveHealthConfig& h = u.active_health;
+    h.enabled = true;
+    h.path = a.string("path", h.path);
+    if (!h.path.starts_with('/') || !http::is_request_target(h.path)) {
+      a.fail_key("path", "expected a path starting with /");
+    }
+    h.interval = a.duration("interval", h.interval);
+    h.timeout = a.duration("timeout", h.timeout);
+    if (h.interval.count() == 0) a.fail_key("interval", "must be more than 0");
+    if (h.timeout.count() == 0) a.fail_key("timeout", "must be more than 0");
+    h.healthy = static_cast<unsigned>(a.number("healthy", h.healthy, 100));
+    h.unhealthy = static_cast<unsigned>(a.number("unhealthy", h.unhealthy, 100));
+    if (h.healthy == 0) a.fail_key("healthy", "at least 1");
+    if (h.unhealthy == 0) a.fail_key("unhealthy", "at least 1");
+  }
+  if (r.has("passive")) {
+    ConfigReader p = r.nested("passive");
+    p.only({"max_fails", "fail_timeout"});
+    u.passive_health.max_fails =
+        static_cast<unsigned>(p.number("max_fails", u.passive_health.max_fails, 1000));
+    u.passive_health.fail_timeout = p.duration("fail_timeout", u.passive_health.fail_timeout);
+  }
+}
+
+UpstreamConfig read_upstream(const std::string& name, const ConfigReader& r) {
+  r.only({"balancer", "targets", "health", "keepalive"});
+  UpstreamConfig u;
+  u.name = name;
+  read_balancer(r, u);
+  YAML::Node targets = r.sequence("targets", "{address: HOST:PORT, weight: N}");
+  if (targets.size() == 0) r.fail(r.node(), r.key_path("targets"), "at least one target");
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    ConfigReader t(r.file(), targets[i], fmt::format("{}[{}]", r.key_path("targets"), i));
+    t.only({"address", "weight"});
+    std::string address = t.string("address", "");
+    auto split = split_host_port(address);
+    if (!split) {
+      t.fail(t.has("address") ? t.get("address") : t.node(), t.key_path("address"),
+             address.empty() ? "required (HOST:PORT)"
+                             : fmt::format("'{}' is not HOST:PORT ([IPv6]:PORT)", address));
+    }
+    auto weight = static_cast<unsigned>(t.number("weight", 1, 1000));
+    if (weight == 0) t.fail_key("weight", "at least 1 (remove the target to send it nothing)");
+    u.targets.push_back({split->first, split->second, weight});
+  }
+  if (r.has("health")) read_health(r.nested("health"), u);
+  if (r.has("keepalive")) {
+    ConfigReader k = r.nested("keepalive");
+    k.only({"max_idle", "idle_timeout"});
+    u.keepalive.max_idle = k.number("max_idle", u.keepalive.max_idle, 100'000);
+    u.keepalive.idle_timeout = k.duration("idle_timeout", u.keepalive.idle_timeout);
+  }
+  return u;
+}
+
+}  // namespace
+
+std::optional<std::pair<std::string, std::uint16_t>> split_host_port(std::string_view text) {
+  std::size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return std::nullopt;
+  std::string_view host = text.substr(0, colon), port_text = text.substr(colon + 1);
+  if (host.front() == '[') {
+    if (host.size() < 3 || host.back() != ']') return std::nullopt;
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string_view::npos) {
+    return std::nullopt;  // IPv6 needs brackets
+  }
+  unsigned port = 0;
+  auto [end, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
+  if (port_text.empty() || ec != std::errc{} || end != port_text.data() + port_text.size() ||
+      port == 0 || port > 65535 || !is_host(host)) {
+    return std::nullopt;
+  }
+  return std::pair{lower(std::string(host)), static_cast<std::uint16_t>(port)};
+}
+
+void read_gateway(const ConfigReader& top, Config& config) {
+  for_each_entry(top, "upstreams", [&](const std::string& name, const ConfigReader& r) {
+    config.upstreams.push_back(read_upstream(name, r));
+  });
+  std::vector<std::string> upstream_names;
+  for (const auto& u : config.upstreams) upstream_names.push_back(u.name);
+  for_each_entry(top, "services", [&](const std::string& name, const ConfigReader& r) {
+    ServiceConfig service = read_service(name, r, config);
+    if (r.has("upstream") && !config.upstream(service.upstream)) {
+      r.fail_key("upstream", fmt::format("no upstream named '{}' ({})", service.upstream,
+                                         known_names(upstream_names)));
+    }
+    config.services.push_back(std::move(service));
+  });
+  std::vector<std::string> service_names;
+  for (const auto& s : config.services) service_names.push_back(s.name);
+  YAML::Node routes = top.sequence("routes", "routes ({name, match, service})");
+  std::set<std::string> route_names;
+  for (std::size_t i = 0; i < routes.size(); ++i) {
+    ConfigReader r(top.file(), routes[i], fmt::format("routes[{}]", i));
+    RouteConfig route = read_route(r, config);
+    if (!config.service(route.service)) {
+      r.fail_key("service", fmt::format("no service named '{}' ({})", route.service,
+                                        known_names(service_names)));
+    }
+    if (!route.name.empty() && !route_names.insert(route.name).second) {
+      r.fail_key("name", fmt::format("another route is named '{}'", route.name));
+    }
+    if (route.name.empty()) route.name = fmt::format("routes[{}]", i);
+    config.routes.push_back(std::move(route));
+  }
+}
+
+}  // namespace spindle::proxy::detail
