@@ -89,6 +89,13 @@ int serve(const ServeFlags& flags) {
     fmt::print(stderr, "spindle: {}\n", e.what());
     return 1;
   }
+  if (!config.routes.empty()) {
+    // Said at start, so that nobody takes the server's own answers for the upstreams'.
+    fmt::print(stderr,
+               "spindle: warning: {} route(s) checked but not served: this version does not "
+               "proxy yet; requests get each server's own site\n",
+               config.routes.size());
+  }
   // Before the runtime, so that its threads inherit the blocked mask.
   SignalSet signals{SIGINT, SIGTERM};
   Runtime runtime(RuntimeOptions{.workers = config.threads});

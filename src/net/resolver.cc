@@ -52,7 +52,8 @@ struct Resolver::Lookup {
   Event done;
 };
 
-Resolver::Resolver(std::size_t threads) {
+Resolver::Resolver(std::size_t threads, LookupFunction lookup)
+    : lookup_(lookup ? std::move(lookup) : LookupFunction(&spindle::lookup)) {
   for (std::size_t i = 0; i < std::max<std::size_t>(threads, 1); ++i) {
     threads_.emplace_back([this] { serve(); });
   }
@@ -80,7 +81,7 @@ void Resolver::serve() {
       lookup = std::move(queue_.front());
       queue_.pop_front();
     }
-    lookup->result = spindle::lookup(lookup->host, lookup->port);
+    lookup->result = lookup_(lookup->host, lookup->port);
     lookup->done.set();
   }
 }

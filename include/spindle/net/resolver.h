@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -24,8 +25,13 @@ const std::error_category& resolver_category();
 /// Resolves host names on helper threads. Thread-safe; share one per process or per runtime.
 class Resolver {
  public:
+  /// How a helper looks a name up: getaddrinfo unless a test gives another (one that is slow,
+  /// say, to show that a worker keeps running meanwhile).
+  using LookupFunction =
+      std::function<Result<std::vector<Address>>(const std::string& host, std::uint16_t port)>;
+
   /// Starts `threads` helper threads (at least 1).
-  explicit Resolver(std::size_t threads = 2);
+  explicit Resolver(std::size_t threads = 2, LookupFunction lookup = {});
   /// Stops the helpers; lookups still queued fail with std::errc::operation_canceled. Waits for
   /// lookups in progress (getaddrinfo cannot be interrupted).
   ~Resolver();
@@ -45,6 +51,8 @@ class Resolver {
   /// A helper thread's body.
   void serve();
 
+  /// getaddrinfo, or a test's stand-in.
+  LookupFunction lookup_;
   /// Guards queue_ and stopping_.
   std::mutex mutex_;
   /// Signals queued work to the helpers.

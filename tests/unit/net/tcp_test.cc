@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "spindle/fiber/runtime.h"
@@ -298,7 +299,11 @@ FIBER_TEST(Resolver, AnswersNumericHostsWithoutALookup) {
 }
 
 FIBER_TEST(Resolver, ResolvesLocalhostFromTheHostsFileWithoutBlockingTheWorker) {
-  Resolver resolver(1);
+  // getaddrinfo, made slow enough that a lookup cannot be over before the asking fiber parks.
+  Resolver resolver(1, [](const std::string& host, std::uint16_t port) {
+    std::this_thread::sleep_for(20ms);
+    return Resolver(1).resolve(host, port);
+  });
   // A sibling fiber, ready before the lookup starts, runs while the lookup is in flight: it
   // has run by the time resolve() returns only if resolve() parked instead of blocking.
   std::atomic<bool> stop{false};
