@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "http2_frames.h"
+#include "spindle/base/ascii.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/fiber/worker.h"
@@ -414,9 +415,7 @@ Result<ClientResponse> H2Client::exchange(const ClientRequest& request, const Ur
   add(":path", url.target);
   for (const auto& [name, value] : request.headers) {
     if (client_managed(request, name)) continue;
-    std::string lower(name);
-    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    add(std::move(lower), value);
+    add(ascii_lower(name), value);
   }
   auto ex = std::make_shared<H2Exchange>();
   ex->max_body = options.max_response_body;

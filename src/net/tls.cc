@@ -13,6 +13,7 @@
 #include <climits>
 #include <utility>
 
+#include "spindle/base/ascii.h"
 #include "spindle/fiber/buffer_pool.h"
 
 namespace spindle {
@@ -56,12 +57,6 @@ constexpr const char* kCiphers12 =
 constexpr const char* kSuites13 =
     "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:TLS_CHACHA20_POLY1305_SHA256";
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
 // "example.com" matches itself; "*.example.com" matches one more label in front.
 bool name_matches(std::string_view pattern, std::string_view name) {
   if (pattern.starts_with("*.")) {
@@ -81,15 +76,15 @@ std::vector<std::string> certificate_names(X509* cert) {
       const GENERAL_NAME* gn = sk_GENERAL_NAME_value(sans, i);
       if (gn->type != GEN_DNS) continue;
       const unsigned char* data = ASN1_STRING_get0_data(gn->d.dNSName);
-      names.push_back(lower({reinterpret_cast<const char*>(data),
-                             static_cast<std::size_t>(ASN1_STRING_length(gn->d.dNSName))}));
+      names.push_back(ascii_lower({reinterpret_cast<const char*>(data),
+                                   static_cast<std::size_t>(ASN1_STRING_length(gn->d.dNSName))}));
     }
     GENERAL_NAMES_free(sans);
   }
   if (names.empty()) {
     char cn[256];
     int n = X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn, sizeof cn);
-    if (n > 0) names.push_back(lower({cn, static_cast<std::size_t>(n)}));
+    if (n > 0) names.push_back(ascii_lower({cn, static_cast<std::size_t>(n)}));
   }
   return names;
 }
@@ -239,7 +234,7 @@ std::expected<std::shared_ptr<const TlsServerContext>, std::string> TlsServerCon
     SSL_CTX_set_tlsext_servername_arg(ctx, self.get());
     SSL_CTX_set_alpn_select_cb(ctx, &TlsCallbacks::alpn, self.get());
     auto& names = self->sites_.back().names;
-    for (const auto& n : cert.names) names.push_back(lower(n));
+    for (const auto& n : cert.names) names.push_back(ascii_lower(n));
     if (names.empty()) names = certificate_names(SSL_CTX_get0_certificate(ctx));
   }
   self->options_ = std::move(options);
@@ -253,7 +248,7 @@ TlsServerContext::~TlsServerContext() {
 SSL_CTX* TlsServerContext::default_context() const { return sites_.front().ctx; }
 
 SSL_CTX* TlsServerContext::context_for(std::string_view server_name) const {
-  std::string name = lower(server_name);
+  std::string name = ascii_lower(server_name);
   for (const Site& site : sites_) {
     for (const auto& pattern : site.names) {
       if (name_matches(pattern, name)) return site.ctx;

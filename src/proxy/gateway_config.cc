@@ -7,15 +7,11 @@
 #include <charconv>
 #include <set>
 
+#include "spindle/base/ascii.h"
 #include "spindle/http/rules.h"
 
 namespace spindle::proxy::detail {
 namespace {
-
-std::string lower(std::string text) {
-  std::ranges::transform(text, text.begin(), [](unsigned char c) { return std::tolower(c); });
-  return text;
-}
 
 // A DNS name or an IP literal as routes and targets may hold: letters, digits, '-', '.', and
 // for IPv6 ':' (no brackets here).
@@ -51,7 +47,7 @@ RouteMatch read_match(const ConfigReader& r) {
   r.only({"hosts", "path", "path_prefix", "path_regex", "methods", "headers"});
   RouteMatch m;
   for (std::string host : r.strings("hosts")) {
-    host = lower(host);
+    host = ascii_lower(host);
     std::string_view name = host;
     if (name.starts_with("*.")) name.remove_prefix(2);
     if (!is_host(name) || name.find(':') != std::string_view::npos) {
@@ -64,9 +60,8 @@ RouteMatch read_match(const ConfigReader& r) {
   m.path = r.string("path", "");
   m.path_prefix = r.string("path_prefix", "");
   m.path_regex = r.string("path_regex", "");
-  for (std::string_view key : {"path", "path_prefix"}) {
-    std::string value = r.string(key, "/");
-    if (!value.starts_with('/') || !http::is_request_target(value)) {
+  for (auto [key, value] : {std::pair{"path", &m.path}, {"path_prefix", &m.path_prefix}}) {
+    if (r.has(key) && (!value->starts_with('/') || !http::is_request_target(*value))) {
       r.fail_key(key, "expected a path starting with /");
     }
   }
@@ -92,7 +87,7 @@ RouteMatch read_match(const ConfigReader& r) {
       if (!http::is_field_value(value)) {
         headers.fail(entry.second, headers.key_path(name), "not a valid field value");
       }
-      m.headers.emplace_back(lower(name), value);
+      m.headers.emplace_back(ascii_lower(name), value);
     }
   }
   return m;
@@ -261,7 +256,7 @@ void read_balancer(const ConfigReader& r, UpstreamConfig& u) {
     hash.fail(hash.has("key") ? hash.get("key") : hash.node(), hash.key_path("key"),
               fmt::format("required for by: {} (a header or cookie name)", by));
   }
-  if (u.hash.by == HashKey::By::kHeader) u.hash.key = lower(u.hash.key);
+  if (u.hash.by == HashKey::By::kHeader) u.hash.key = ascii_lower(u.hash.key);
 }
 
 void read_health(const ConfigReader& r, UpstreamConfig& u) {
@@ -342,7 +337,7 @@ std::optional<std::pair<std::string, std::uint16_t>> split_host_port(std::string
       port == 0 || port > 65535 || !is_host(host)) {
     return std::nullopt;
   }
-  return std::pair{lower(std::string(host)), static_cast<std::uint16_t>(port)};
+  return std::pair{ascii_lower(std::string(host)), static_cast<std::uint16_t>(port)};
 }
 
 void read_gateway(const ConfigReader& top, Config& config) {

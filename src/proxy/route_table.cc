@@ -7,6 +7,8 @@
 #include <cctype>
 #include <string>
 
+#include "spindle/base/ascii.h"
+
 namespace spindle::proxy {
 namespace {
 
@@ -19,9 +21,7 @@ std::string normalise_host(std::string_view host) {
     host = host.substr(0, colon);
   }
   if (host.ends_with('.')) host.remove_suffix(1);
-  std::string out(host);
-  std::ranges::transform(out, out.begin(), [](unsigned char c) { return std::tolower(c); });
-  return out;
+  return ascii_lower(host);
 }
 
 // How well `hosts` matches `host`: 0 no match; 1 no host condition; 2 + the wildcard domain's
