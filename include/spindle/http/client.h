@@ -1,7 +1,8 @@
 #pragma once
-/// HttpClient: HTTP/1.1 and HTTP/2 requests from fibers, over TCP or TLS, with connections
-/// pooled per worker and per origin. An HTTP/2 connection carries many requests at once (each
-/// calling fiber waits for its own stream); HTTP/1.1 connections are kept alive and reused.
+/// HttpClient: whole HTTP/1.1 and HTTP/2 requests from fibers, by URL, over TCP or TLS. A
+/// convenience over UpstreamConnections (exchange.h), which streams and pools per worker and
+/// per endpoint: an HTTP/2 connection carries many requests at once, HTTP/1.1 connections are
+/// kept alive and reused.
 
 #include <chrono>
 #include <cstddef>
@@ -13,6 +14,7 @@
 
 #include "spindle/base/error.h"
 #include "spindle/fiber/runtime.h"
+#include "spindle/http/exchange.h"
 #include "spindle/http/header_map.h"
 #include "spindle/net/resolver.h"
 #include "spindle/net/tls.h"
@@ -44,7 +46,7 @@ struct ClientRequest {
   /// "http://host[:port]/path?query" or "https://...".
   std::string url;
   /// Header fields to send (Host, Content-Length and connection fields are the client's).
-  std::vector<std::pair<std::string, std::string>> headers;
+  HeaderMap headers;
   std::string body;
 };
 
@@ -75,8 +77,11 @@ class HttpClient {
  private:
   Runtime& runtime_;
   ClientOptions options_;
-  Resolver resolver_{1};
-  /// One pool per worker, made by that worker on first use.
+  /// Lookups run on several threads: one slow name does not hold the others up.
+  Resolver resolver_{4};
+  /// The connections, per worker and endpoint.
+  UpstreamConnections connections_;
+  /// Per worker: the address each origin resolved to, made by that worker on first use.
   std::vector<std::unique_ptr<Pool>> pools_;
 };
 

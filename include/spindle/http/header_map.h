@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstddef>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -42,6 +43,10 @@ struct Field {
 class HeaderMap {
  public:
   HeaderMap() = default;
+  /// A map holding copies of `fields`, in order (for requests built in code).
+  HeaderMap(std::initializer_list<std::pair<std::string_view, std::string_view>> fields) {
+    for (const auto& [name, value] : fields) add(name, value);
+  }
   HeaderMap(const HeaderMap&) = delete;
   HeaderMap& operator=(const HeaderMap&) = delete;
   /// Moves the fields; views into the moved-from map's own text are re-pointed to ours.

@@ -231,16 +231,17 @@ TEST(HttpClient, RefusesARequestThatCouldSmuggleBytesOntoTheWire) {
   HttpClient h2(runtime, ClientOptions{.h2c_prior_knowledge = true, .request_timeout = 500ms});
   runtime.block_on([&] {
     std::string base = url(*server, false, "");
-    std::vector<ClientRequest> bad = {
-        {.method = "GET /x HTTP/1.1\r\nHost: a\r\n\r\nGET", .url = base + "/hello"},
-        {.method = "GE T", .url = base + "/hello"},
-        {.url = base + "/hello\r\nX-Injected: 1"},
-        {.url = base + "/he llo"},
-        {.url = "http://127.0.0.1\r\nX: y:" + std::to_string(server->address().port()) + "/"},
-        {.url = base + "/hello", .headers = {{"X-Ok", "a\r\nX-Injected: 1"}}},
-        {.url = base + "/hello", .headers = {{"X-Ok", std::string("a\0b", 3)}}},
-        {.url = base + "/hello", .headers = {{"Bad Name", "v"}}},
-    };
+    // ClientRequest holds a HeaderMap: moved in, one by one.
+    std::vector<ClientRequest> bad;
+    bad.push_back({.method = "GET /x HTTP/1.1\r\nHost: a\r\n\r\nGET", .url = base + "/hello"});
+    bad.push_back({.method = "GE T", .url = base + "/hello"});
+    bad.push_back({.url = base + "/hello\r\nX-Injected: 1"});
+    bad.push_back({.url = base + "/he llo"});
+    bad.push_back(
+        {.url = "http://127.0.0.1\r\nX: y:" + std::to_string(server->address().port()) + "/"});
+    bad.push_back({.url = base + "/hello", .headers = {{"X-Ok", "a\r\nX-Injected: 1"}}});
+    bad.push_back({.url = base + "/hello", .headers = {{"X-Ok", std::string("a\0b", 3)}}});
+    bad.push_back({.url = base + "/hello", .headers = {{"Bad Name", "v"}}});
     for (const ClientRequest& request : bad) {
       for (HttpClient* c : {&client, &h2}) {
         auto r = c->send(request);

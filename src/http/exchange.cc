@@ -1,0 +1,648 @@
+// Client exchanges by endpoint: the per-worker pools, connecting, and the HTTP/1.1 exchange.
+// The HTTP/2 exchange is in http2_client.cc.
+#include "spindle/http/exchange.h"
+
+#include <fmt/format.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <charconv>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include "exchange_internal.h"
+#include "spindle/fiber/worker.h"
+#include "spindle/http/chunked.h"
+#include "spindle/http/rules.h"
+#include "spindle/sync/wait_group.h"
+
+namespace spindle::http {
+namespace {
+
+class ExchangeCategory final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "upstream exchange"; }
+  std::string message(int value) const override {
+    switch (static_cast<ExchangeErrc>(value)) {
+      case ExchangeErrc::kRefused:
+        return "connection refused";
+      case ExchangeErrc::kConnectTimeout:
+        return "connect timed out";
+      case ExchangeErrc::kTlsFailed:
+        return "TLS handshake failed";
+      case ExchangeErrc::kConnectFailed:
+        return "cannot connect";
+      case ExchangeErrc::kClosedBeforeWrite:
+        return "connection closed before the request was written";
+      case ExchangeErrc::kClosedBeforeResponse:
+        return "connection closed before any response byte";
+      case ExchangeErrc::kRefusedStream:
+        return "stream refused (REFUSED_STREAM)";
+      case ExchangeErrc::kAboveGoaway:
+        return "stream above GOAWAY's last id";
+      case ExchangeErrc::kFirstByteTimeout:
+        return "no response within the first-byte timeout";
+      case ExchangeErrc::kReadTimeout:
+        return "response stalled past the read timeout";
+      case ExchangeErrc::kWriteTimeout:
+        return "request not taken within the write timeout";
+      case ExchangeErrc::kProtocolError:
+        return "malformed response";
+      case ExchangeErrc::kResponseCut:
+        return "response cut short";
+      case ExchangeErrc::kCancelled:
+        return "cancelled";
+      case ExchangeErrc::kNoCapacity:
+        return "connection limit reached";
+    }
+    return "unknown exchange error";
+  }
+  // Each code also compares equal to the generic condition it is a case of, so that callers
+  // that only care about "timed out" or "refused" can ask that.
+  std::error_condition default_error_condition(int value) const noexcept override {
+    switch (static_cast<ExchangeErrc>(value)) {
+      case ExchangeErrc::kRefused:
+        return std::errc::connection_refused;
+      case ExchangeErrc::kConnectTimeout:
+      case ExchangeErrc::kFirstByteTimeout:
+      case ExchangeErrc::kReadTimeout:
+      case ExchangeErrc::kWriteTimeout:
+        return std::errc::timed_out;
+      case ExchangeErrc::kClosedBeforeWrite:
+      case ExchangeErrc::kClosedBeforeResponse:
+      case ExchangeErrc::kResponseCut:
+        return std::errc::connection_reset;
+      case ExchangeErrc::kProtocolError:
+        return std::errc::protocol_error;
+      case ExchangeErrc::kCancelled:
+        return std::errc::operation_canceled;
+      case ExchangeErrc::kNoCapacity:
+        return std::errc::resource_unavailable_try_again;
+      default:
+        return {value, *this};
+    }
+  }
+};
+
+std::error_code error(ExchangeErrc e) { return make_error_code(e); }
+
+}  // namespace
+
+const std::error_category& exchange_category() {
+  static const ExchangeCategory category;
+  return category;
+}
+
+bool nothing_reached_upstream(std::error_code ec) {
+  if (ec.category() == tls_category()) return true;  // the handshake failed
+  if (ec.category() != exchange_category()) return false;
+  switch (static_cast<ExchangeErrc>(ec.value())) {
+    case ExchangeErrc::kRefused:
+    case ExchangeErrc::kConnectTimeout:
+    case ExchangeErrc::kTlsFailed:
+    case ExchangeErrc::kConnectFailed:
+    case ExchangeErrc::kClosedBeforeWrite:
+    case ExchangeErrc::kRefusedStream:
+    case ExchangeErrc::kAboveGoaway:
+    case ExchangeErrc::kNoCapacity:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_connect_failure(std::error_code ec) {
+  return ec.category() == tls_category() || ec == ExchangeErrc::kRefused ||
+         ec == ExchangeErrc::kConnectTimeout || ec == ExchangeErrc::kTlsFailed ||
+         ec == ExchangeErrc::kConnectFailed;
+}
+
+std::string Endpoint::key() const {
+  const char* proto = protocol == WireProtocol::kHttp1   ? "h1"
+                      : protocol == WireProtocol::kHttp2 ? "h2"
+                                                         : "h2c";
+  return fmt::format("{}|{}|{}|{}", address.to_string(), proto, server_name,
+                     static_cast<const void*>(tls.get()));
+}
+
+namespace detail {
+
+bool stream_looks_alive(Stream& stream) {
+  if (TlsStream* tls = stream.tls(); tls != nullptr && tls->has_pending()) return false;
+  char byte;
+  ssize_t n = ::recv(stream.fd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  // 0: the peer closed; data: an unasked-for answer (a timeout notice): neither is reusable.
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+Result<Stream> connect_endpoint(const Endpoint& endpoint, Deadline deadline,
+                                std::string_view* alpn_out) {
+  auto tcp = TcpStream::connect(endpoint.address, deadline);
+  if (!tcp) {
+    std::error_code ec = tcp.error();
+    if (ec == std::errc::timed_out) return fail(error(ExchangeErrc::kConnectTimeout));
+    if (ec == std::errc::connection_refused || ec == std::errc::host_unreachable ||
+        ec == std::errc::network_unreachable) {
+      return fail(error(ExchangeErrc::kRefused));
+    }
+    return fail(error(ExchangeErrc::kConnectFailed));
+  }
+  (void)tcp->set_nodelay(true);
+  if (!endpoint.tls) return Stream(std::move(*tcp));
+  auto tls = TlsStream::connect(std::move(*tcp), endpoint.tls, endpoint.server_name, deadline);
+  if (!tls) {
+    // The TLS layer's own error says why (a name that does not match, an unknown issuer).
+    if (tls.error() == std::errc::timed_out) return fail(error(ExchangeErrc::kConnectTimeout));
+    return fail(tls.error().category() == tls_category() ? tls.error()
+                                                         : error(ExchangeErrc::kTlsFailed));
+  }
+  if (alpn_out != nullptr) *alpn_out = tls->alpn();
+  return Stream(std::move(*tls));
+}
+
+// Fields the client never forwards as given: Host (sent from `authority`), framing, and the
+// hop-by-hop ones with those Connection names.
+bool client_managed(const HeaderMap& headers, std::string_view name) {
+  if (iequals(name, "host") || iequals(name, "content-length") || is_hop_by_hop(name)) {
+    return true;
+  }
+  return connection_nominates(headers, name);
+}
+
+}  // namespace detail
+
+using detail::TargetState;
+
+// ---- HTTP/1.1 ---------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::size_t kReadChunk = 16 * 1024;
+
+class Http1Exchange final : public ClientExchange {
+ public:
+  Http1Exchange(std::shared_ptr<TargetState> target, Stream stream, bool reused,
+                const ClientRequestHead& head, std::string_view authority,
+                const ExchangeTimeouts& timeouts)
+      : target_(std::move(target)),
+        stream_(std::move(stream)),
+        timeouts_(timeouts),
+        head_request_(head.method == "HEAD"),
+        connect_request_(head.method == "CONNECT") {
+    reused_ = reused;
+    ++target_->connections;
+    out_.reserve(256 + head.headers.size() * 32);
+    out_.append(head.method).append(" ").append(head.target).append(" HTTP/1.1\r\nHost: ");
+    out_.append(authority).append("\r\n");
+    for (const Field& f : head.headers) {
+      if (detail::client_managed(head.headers, f.name)) continue;
+      out_.append(f.name).append(": ").append(f.value).append("\r\n");
+    }
+    // An upgrade (WebSocket) keeps its Upgrade and Connection fields: they are the request.
+    if (auto upgrade = head.headers.get("upgrade");
+        upgrade && head.headers.has_token("connection", "upgrade")) {
+      out_.append("Connection: upgrade\r\nUpgrade: ").append(*upgrade).append("\r\n");
+    }
+    if (head.chunked) {
+      mode_ = BodyMode::kChunked;
+      out_.append("Transfer-Encoding: chunked\r\n");
+    } else if (head.content_length) {
+      mode_ = BodyMode::kLength;
+      body_left_ = *head.content_length;
+      out_.append("Content-Length: ").append(std::to_string(*head.content_length)).append("\r\n");
+    }
+    out_.append("\r\n");
+  }
+
+  ~Http1Exchange() override {
+    --target_->connections;
+    if (reusable()) target_->put_idle(std::move(stream_));
+  }
+
+  Result<void> write(std::string_view data) override {
+    if (cancelled_) return fail(error(ExchangeErrc::kCancelled));
+    if (data.empty()) return {};
+    if (mode_ == BodyMode::kNone || (mode_ == BodyMode::kLength && data.size() > body_left_)) {
+      broken_ = true;
+      return fail(std::errc::invalid_argument);  // more body than the head announced
+    }
+    char size[24];
+    std::size_t size_length = 0;
+    if (mode_ == BodyMode::kChunked) {
+      size_length = fmt::format_to_n(size, sizeof size, "{:x}\r\n", data.size()).size;
+    }
+    iovec parts[4];
+    std::size_t n = 0;
+    if (!head_sent_) parts[n++] = {out_.data(), out_.size()};
+    if (size_length != 0) parts[n++] = {size, size_length};
+    parts[n++] = {const_cast<char*>(data.data()), data.size()};
+    if (mode_ == BodyMode::kChunked) parts[n++] = {const_cast<char*>("\r\n"), 2};
+    if (auto sent = send({parts, n}); !sent) return sent;
+    if (mode_ == BodyMode::kLength) body_left_ -= data.size();
+    return {};
+  }
+
+  Result<void> finish(const HeaderMap* trailers) override {
+    if (cancelled_) return fail(error(ExchangeErrc::kCancelled));
+    if (request_done_) return {};
+    if (mode_ == BodyMode::kLength && body_left_ != 0) {
+      broken_ = true;
+      return fail(std::errc::invalid_argument);  // less body than announced
+    }
+    std::string tail;
+    if (mode_ == BodyMode::kChunked) {
+      tail = "0\r\n";
+      if (trailers != nullptr) {
+        for (const Field& f : *trailers) tail.append(f.name).append(": ").append(f.value) += "\r\n";
+      }
+      tail += "\r\n";
+    }
+    iovec parts[2];
+    std::size_t n = 0;
+    if (!head_sent_) parts[n++] = {out_.data(), out_.size()};
+    if (!tail.empty()) parts[n++] = {tail.data(), tail.size()};
+    if (n != 0) {
+      if (auto sent = send({parts, n}); !sent) return sent;
+    }
+    request_done_ = true;
+    return {};
+  }
+
+  Result<const ClientResponseHead*> read_head() override {
+    if (have_head_) return &response_;
+    if (!head_sent_ && !broken_) {
+      iovec part{out_.data(), out_.size()};
+      if (auto sent = send({&part, 1}); !sent) return fail(sent.error());
+    }
+    Deadline deadline = Deadline::after(timeouts_.first_byte);
+    ResponseParser parser;
+    ResponseHead head;
+    for (;;) {
+      std::string_view have = std::string_view(in_).substr(in_begin_);
+      auto parsed = parser.parse(have, head);
+      if (parsed.state == ParseResult::State::kError) {
+        broken_ = true;
+        return fail(error(ExchangeErrc::kProtocolError));
+      }
+      if (parsed.state == ParseResult::State::kComplete) {
+        if (head.status < 200 && head.status != 101) {
+          in_begin_ += parsed.consumed;  // an interim answer: the final one follows
+          continue;
+        }
+        head_bytes_.assign(have.substr(0, parsed.consumed));
+        in_begin_ += parsed.consumed;
+        break;
+      }
+      if (auto more = read_more(deadline, true); !more) return fail(more.error());
+    }
+    // Parse again from bytes the exchange keeps, so that the head's views stay valid.
+    (void)parser.parse(head_bytes_, head);
+    response_.status = head.status;
+    response_.version = head.minor_version == 0 ? 10 : 11;
+    for (const Field& f : head.headers) response_.headers.add_view(f.name, f.value);
+    framing_ = head.framing;
+    keep_alive_ = head.keep_alive;
+    if (head_request_ ||
+        (framing_.kind == BodyFraming::Kind::kTunnel && !connect_request_ && head.status != 101)) {
+      framing_.kind = BodyFraming::Kind::kNone;
+    }
+    if (connect_request_ && head.status >= 200 && head.status < 300) {
+      framing_.kind = BodyFraming::Kind::kTunnel;
+    }
+    response_.no_body = framing_.kind == BodyFraming::Kind::kNone;
+    if (framing_.kind == BodyFraming::Kind::kLength) {
+      response_.content_length = framing_.length;
+      body_left_in_ = framing_.length;
+    }
+    if (framing_.kind == BodyFraming::Kind::kChunked) decoder_ = ChunkedDecoder();
+    response_done_ = framing_.kind == BodyFraming::Kind::kNone;
+    have_head_ = true;
+    return &response_;
+  }
+
+  Result<std::size_t> read(std::span<char> buffer) override {
+    if (!have_head_) {
+      if (auto head = read_head(); !head) return fail(head.error());
+    }
+    if (cancelled_) return fail(error(ExchangeErrc::kCancelled));
+    if (response_done_ || buffer.empty()) return 0;
+    Deadline deadline = Deadline::after(timeouts_.read);
+    switch (framing_.kind) {
+      case BodyFraming::Kind::kLength: {
+        std::size_t want = std::min<std::uint64_t>(buffer.size(), body_left_in_);
+        std::size_t n = take_buffered(buffer.first(want));
+        if (n == 0) {
+          auto got = stream_.read(buffer.first(want), deadline);
+          if (!got) return fail(read_error(got.error(), false));
+          if (*got == 0) return fail(cut());
+          n = *got;
+        }
+        body_left_in_ -= n;
+        if (body_left_in_ == 0) response_done_ = true;
+        return n;
+      }
+      case BodyFraming::Kind::kChunked:
+        for (;;) {
+          if (!pending_.empty()) {
+            std::size_t n = std::min(buffer.size(), pending_.size());
+            std::memcpy(buffer.data(), pending_.data(), n);
+            pending_.remove_prefix(n);
+            return n;
+          }
+          auto step = decoder_.next(std::string_view(in_).substr(in_begin_));
+          if (step.kind == ChunkedDecoder::Step::Kind::kError) {
+            broken_ = true;
+            return fail(error(ExchangeErrc::kProtocolError));
+          }
+          in_begin_ += step.consumed;
+          if (step.kind == ChunkedDecoder::Step::Kind::kData) {
+            pending_ = step.data;  // a view into in_, which stays put until handed out
+            continue;
+          }
+          if (step.kind == ChunkedDecoder::Step::Kind::kDone) {
+            response_done_ = true;
+            return 0;
+          }
+          if (auto more = read_more(deadline, false); !more) return fail(more.error());
+        }
+      case BodyFraming::Kind::kUntilClose: {
+        keep_alive_ = false;
+        std::size_t n = take_buffered(buffer);
+        if (n != 0) return n;
+        auto got = stream_.read(buffer, deadline);
+        if (!got) return fail(read_error(got.error(), false));
+        if (*got == 0) response_done_ = true;
+        return *got;
+      }
+      case BodyFraming::Kind::kNone:
+      case BodyFraming::Kind::kTunnel:
+        return 0;
+    }
+    return 0;
+  }
+
+  const HeaderMap& trailers() const override { return trailers_; }
+
+  void cancel() override {
+    if (cancelled_) return;
+    cancelled_ = true;
+    broken_ = true;
+    (void)stream_.shutdown(TcpStream::Shutdown::kBoth);  // wakes a fiber parked on it
+  }
+
+  Result<Stream> take_connection(std::string& early) override {
+    if (!have_head_ || framing_.kind != BodyFraming::Kind::kTunnel) {
+      return fail(std::errc::invalid_argument);
+    }
+    early.assign(in_, in_begin_);
+    broken_ = true;  // the connection leaves the pool for good
+    return std::move(stream_);
+  }
+
+ private:
+  enum class BodyMode { kNone, kLength, kChunked };
+
+  bool reusable() const {
+    return !broken_ && !cancelled_ && request_done_ && response_done_ && keep_alive_ &&
+           framing_.kind != BodyFraming::Kind::kTunnel && in_begin_ == in_.size();
+  }
+
+  Result<void> send(std::span<const iovec> parts) {
+    auto sent = stream_.writev(parts, Deadline::after(timeouts_.write));
+    if (!sent) {
+      broken_ = true;
+      if (cancelled_) return fail(error(ExchangeErrc::kCancelled));
+      if (sent.error() == std::errc::timed_out) return fail(error(ExchangeErrc::kWriteTimeout));
+      // The first write failing (reset, broken pipe) means the upstream had closed: nothing of
+      // this request reached it.
+      return fail(error(head_sent_ ? ExchangeErrc::kClosedBeforeResponse
+                                   : ExchangeErrc::kClosedBeforeWrite));
+    }
+    head_sent_ = true;
+    return {};
+  }
+
+  // Reads more response bytes onto in_. While waiting for the head, a close or reset before
+  // any response byte says whether the request went out.
+  Result<void> read_more(Deadline deadline, bool for_head) {
+    if (in_begin_ == in_.size()) {
+      in_.clear();
+      in_begin_ = 0;
+      pending_ = {};
+    } else if (in_begin_ > kReadChunk && pending_.empty()) {
+      in_.erase(0, in_begin_);
+      in_begin_ = 0;
+    }
+    std::size_t at = in_.size();
+    in_.resize(at + kReadChunk);
+    auto n = stream_.read({in_.data() + at, kReadChunk}, deadline);
+    in_.resize(at + (n ? *n : 0));
+    if (!n) return fail(read_error(n.error(), for_head));
+    if (*n == 0) {
+      broken_ = true;
+      if (cancelled_) return fail(error(ExchangeErrc::kCancelled));
+      if (!got_response_byte_) return fail(error(ExchangeErrc::kClosedBeforeResponse));
+      return fail(for_head ? error(ExchangeErrc::kProtocolError) : cut());
+    }
+    got_response_byte_ = true;
+    return {};
+  }
+
+  std::error_code read_error(std::error_code ec, bool for_head) {
+    broken_ = true;
+    if (cancelled_) return error(ExchangeErrc::kCancelled);
+    if (ec == std::errc::timed_out) {
+      return error(got_response_byte_ ? ExchangeErrc::kReadTimeout
+                                      : ExchangeErrc::kFirstByteTimeout);
+    }
+    if (!got_response_byte_) return error(ExchangeErrc::kClosedBeforeResponse);
+    return for_head ? error(ExchangeErrc::kProtocolError) : cut();
+  }
+
+  std::error_code cut() {
+    broken_ = true;
+    return error(cancelled_ ? ExchangeErrc::kCancelled : ExchangeErrc::kResponseCut);
+  }
+
+  std::size_t take_buffered(std::span<char> buffer) {
+    std::size_t n = std::min(buffer.size(), in_.size() - in_begin_);
+    std::memcpy(buffer.data(), in_.data() + in_begin_, n);
+    in_begin_ += n;
+    return n;
+  }
+
+  std::shared_ptr<TargetState> target_;
+  Stream stream_;
+  ExchangeTimeouts timeouts_;
+  bool head_request_;
+  bool connect_request_;
+  /// The request: its head (until sent), body framing and what is left of a sized body.
+  std::string out_;
+  BodyMode mode_ = BodyMode::kNone;
+  std::uint64_t body_left_ = 0;
+  bool head_sent_ = false;
+  bool request_done_ = false;
+  /// The response: bytes read ([in_begin_, end) not yet used), the head's own bytes, the head.
+  std::string in_;
+  std::size_t in_begin_ = 0;
+  std::string head_bytes_;
+  ClientResponseHead response_;
+  bool have_head_ = false;
+  bool got_response_byte_ = false;
+  BodyFraming framing_;
+  std::uint64_t body_left_in_ = 0;
+  ChunkedDecoder decoder_;
+  std::string_view pending_;
+  bool response_done_ = false;
+  bool keep_alive_ = true;
+  HeaderMap trailers_;
+  /// Set once the connection cannot carry another exchange.
+  bool broken_ = false;
+  bool cancelled_ = false;
+};
+
+}  // namespace
+
+// ---- pools ------------------------------------------------------------------------------------
+
+void TargetState::put_idle(Stream stream) {
+  auto now = Clock::now();
+  drop_expired(now);
+  if (idle.size() >= limits.max_idle) return;  // closed as it goes
+  idle.push_back({std::move(stream), now});
+}
+
+std::optional<Stream> TargetState::take_idle() {
+  auto now = Clock::now();
+  drop_expired(now);
+  while (!idle.empty()) {
+    Stream stream = std::move(idle.back().stream);
+    idle.pop_back();
+    if (detail::stream_looks_alive(stream)) return stream;
+  }
+  return std::nullopt;
+}
+
+void TargetState::drop_expired(Clock::time_point now) {
+  std::size_t keep = 0;
+  for (auto& c : idle) {
+    if (now - c.since < limits.idle_timeout) idle[keep++] = std::move(c);
+  }
+  idle.resize(keep);
+}
+
+struct UpstreamConnections::Pool {
+  std::unordered_map<std::string, std::shared_ptr<TargetState>> targets;
+
+  ~Pool() {
+    for (auto& [key, target] : targets) {
+      if (target->http2) target->http2->close();
+    }
+  }
+};
+
+UpstreamConnections::UpstreamConnections(Runtime& runtime)
+    : runtime_(runtime), pools_(runtime.size()) {}
+
+UpstreamConnections::~UpstreamConnections() {
+  // Each pool holds sockets of its worker: it is closed there.
+  WaitGroup closed;
+  for (std::size_t i = 0; i < pools_.size(); ++i) {
+    if (!pools_[i]) continue;
+    closed.add();
+    runtime_.worker(i).post([this, i, &closed] {
+      pools_[i].reset();
+      closed.done();
+    });
+  }
+  (void)closed.wait();
+}
+
+UpstreamConnections::Pool& UpstreamConnections::pool() {
+  Worker* worker = Worker::current();
+  auto& slot = pools_.at(worker->index());
+  if (!slot) slot = std::make_unique<Pool>();
+  return *slot;
+}
+
+const UpstreamConnections::Pool* UpstreamConnections::pool_if_any() const {
+  Worker* worker = Worker::current();
+  return worker == nullptr ? nullptr : pools_.at(worker->index()).get();
+}
+
+std::size_t UpstreamConnections::idle(const Endpoint& endpoint) const {
+  const Pool* p = pool_if_any();
+  if (p == nullptr) return 0;
+  auto it = p->targets.find(endpoint.key());
+  return it == p->targets.end() ? 0 : it->second->idle.size();
+}
+
+std::size_t UpstreamConnections::open_connections(const Endpoint& endpoint) const {
+  const Pool* p = pool_if_any();
+  if (p == nullptr) return 0;
+  auto it = p->targets.find(endpoint.key());
+  if (it == p->targets.end()) return 0;
+  const TargetState& t = *it->second;
+  return t.connections + t.idle.size() + (t.http2 && t.http2->usable() ? 1 : 0);
+}
+
+Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(const Endpoint& endpoint,
+                                                                  const ClientRequestHead& head,
+                                                                  std::string_view authority,
+                                                                  const ExchangeTimeouts& timeouts,
+                                                                  const PoolLimits& limits) {
+  if (Worker::current() == nullptr) return fail(std::errc::operation_not_permitted);
+  if (!is_method(head.method) || !is_request_target(head.target)) {
+    return fail(std::errc::invalid_argument);
+  }
+  for (const Field& f : head.headers) {
+    if (!is_field_name(f.name) || !is_field_value(f.value))
+      return fail(std::errc::invalid_argument);
+  }
+  Pool& p = pool();
+  auto& slot = p.targets[endpoint.key()];
+  if (!slot) slot = std::make_shared<TargetState>();
+  std::shared_ptr<TargetState> target = slot;
+  target->limits = limits;
+
+  if (target->http2 && !target->http2->usable()) target->http2.reset();
+  if (target->http2) return target->http2->open(head, authority, timeouts);
+
+  if (endpoint.protocol == WireProtocol::kHttp1) {
+    if (auto stream = target->take_idle()) {
+      return std::unique_ptr<ClientExchange>(std::make_unique<Http1Exchange>(
+          target, std::move(*stream), true, head, authority, timeouts));
+    }
+  }
+  if (limits.max_connections != 0 &&
+      target->connections + target->idle.size() + (target->http2 ? 1 : 0) >=
+          limits.max_connections) {
+    return fail(error(ExchangeErrc::kNoCapacity));
+  }
+  auto started = Clock::now();
+  std::string_view alpn;
+  auto stream = detail::connect_endpoint(endpoint, Deadline::after(timeouts.connect), &alpn);
+  if (!stream) return fail(stream.error());
+  auto took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
+  bool http2 = endpoint.protocol == WireProtocol::kH2c || (endpoint.tls && alpn == "h2");
+  if (endpoint.protocol == WireProtocol::kHttp2 && !http2) {
+    return fail(error(ExchangeErrc::kTlsFailed));  // the upstream would not speak h2
+  }
+  if (http2) {
+    // Another fiber may have connected meanwhile: one HTTP/2 connection per endpoint.
+    if (target->http2 && target->http2->usable()) {
+      return target->http2->open(head, authority, timeouts);
+    }
+    target->http2 = detail::Http2Session::start(std::move(*stream));
+    auto exchange = target->http2->open(head, authority, timeouts);
+    if (exchange) (*exchange)->set_connect_time(took);
+    return exchange;
+  }
+  auto exchange =
+      std::make_unique<Http1Exchange>(target, std::move(*stream), false, head, authority, timeouts);
+  exchange->set_connect_time(took);
+  return std::unique_ptr<ClientExchange>(std::move(exchange));
+}
+
+}  // namespace spindle::http

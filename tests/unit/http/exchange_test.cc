@@ -1,0 +1,376 @@
+#include "spindle/http/exchange.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <functional>
+#include <string>
+
+#include "spindle/fiber/spawn.h"
+#include "spindle/fiber/this_fiber.h"
+#include "spindle/fiber/worker.h"
+#include "spindle/http/server.h"
+#include "spindle/net/tcp_server.h"
+#include "spindle/testing.h"
+
+using namespace std::chrono_literals;
+using namespace spindle;
+using namespace spindle::http;
+
+namespace {
+
+// An FNV-1a hash, to compare large bodies without keeping them.
+std::uint64_t fnv(std::string_view data, std::uint64_t h = 14695981039346656037ull) {
+  for (unsigned char c : data) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// A spindle server with routes that stream: /digest reads the body piece by piece and answers
+// its size and hash; /bytes?N streams N bytes of a pattern; /slow answers after 1 s.
+std::unique_ptr<HttpServer> start_upstream(Runtime& runtime) {
+  Router router;
+  router.post("/digest", [](Request& r) {
+    std::uint64_t size = 0, hash = fnv("");
+    std::string piece(7000, '\0');
+    while (std::size_t n = r.read(piece)) {
+      size += n;
+      hash = fnv(std::string_view(piece).substr(0, n), hash);
+    }
+    return Response::text(std::to_string(size) + " " + std::to_string(hash));
+  });
+  router.get("/bytes", [](Request& r) {
+    std::uint64_t n = std::stoull(std::string(r.query()));
+    Response response;
+    response.stream = [n](BodyWriter& w) {
+      std::string piece(10000, 'b');
+      for (std::uint64_t sent = 0; sent < n; sent += piece.size()) {
+        if (!w.write(std::string_view(piece).substr(
+                0, std::min<std::uint64_t>(piece.size(), n - sent)))) {
+          return;
+        }
+      }
+    };
+    return response;
+  });
+  router.get("/hello", [](Request&) { return Response::text("hello"); });
+  router.get("/slow", [](Request&) {
+    (void)this_fiber::sleep_for(1s);
+    return Response::text("late");
+  });
+  ServerOptions options;
+  options.http2 = true;
+  options.max_body = 64 << 20;
+  auto server = HttpServer::start(runtime, Address::loopback_v4(0), std::move(router), options);
+  EXPECT_TRUE(server.has_value());
+  return std::move(*server);
+}
+
+Endpoint endpoint_of(const Address& address, WireProtocol protocol = WireProtocol::kHttp1) {
+  Endpoint e;
+  e.address = address;
+  e.protocol = protocol;
+  return e;
+}
+
+// A head for `method` `target`, with a body of `length` bytes (or of unknown length).
+RequestHead head_for(std::string_view method, std::string_view target,
+                     std::optional<std::uint64_t> length = std::nullopt, bool chunked = false) {
+  RequestHead head;
+  head.method = method;
+  head.target = target;
+  head.content_length = length;
+  head.chunked = chunked;
+  return head;
+}
+
+// Reads the rest of a response body; its size and hash, or the error that ended it.
+Result<std::pair<std::uint64_t, std::uint64_t>> drain(ClientExchange& ex) {
+  std::string buffer(16384, '\0');
+  std::uint64_t size = 0, hash = fnv("");
+  for (;;) {
+    auto n = ex.read(buffer);
+    if (!n) return fail(n.error());
+    if (*n == 0) return std::pair{size, hash};
+    size += *n;
+    hash = fnv(std::string_view(buffer).substr(0, *n), hash);
+  }
+}
+
+std::string body_of(ClientExchange& ex) {
+  std::string all, buffer(4096, '\0');
+  for (;;) {
+    auto n = ex.read(buffer);
+    if (!n || *n == 0) return all;
+    all.append(buffer, 0, *n);
+  }
+}
+
+// An upstream whose every connection runs `script` on the raw stream.
+std::unique_ptr<TcpServer> scripted(Runtime& runtime, std::function<void(TcpStream&)> script) {
+  auto server = TcpServer::start(runtime, Address::loopback_v4(0),
+                                 [script](TcpStream stream) { script(stream); });
+  EXPECT_TRUE(server.has_value());
+  return std::move(*server);
+}
+
+// Reads one request head (up to the blank line) off `stream`.
+std::string read_head(TcpStream& stream) {
+  std::string in;
+  char c;
+  while (!in.ends_with("\r\n\r\n")) {
+    auto n = stream.read({&c, 1}, Deadline::after(5s));
+    if (!n || *n == 0) return in;
+    in += c;
+  }
+  return in;
+}
+
+class Exchange : public ::testing::TestWithParam<WireProtocol> {};
+
+TEST_P(Exchange, StreamsALargeBodyEachWayInPiecesAndReusesTheConnection) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto upstream = start_upstream(runtime);
+  UpstreamConnections pools(runtime);
+  Endpoint endpoint = endpoint_of(upstream->address(), GetParam());
+  runtime.block_on([&] {
+    // 8 MiB up, in 64 KiB pieces of unknown total length (chunked on HTTP/1.1).
+    RequestHead up = head_for("POST", "/digest", std::nullopt, true);
+    auto ex = pools.open(endpoint, up, "upstream.test", {});
+    ASSERT_TRUE(ex.has_value()) << ex.error().message();
+    std::string piece(64 * 1024, '\0');
+    std::uint64_t hash = fnv("");
+    for (int i = 0; i < 128; ++i) {
+      std::fill(piece.begin(), piece.end(), static_cast<char>('a' + i % 26));
+      hash = fnv(piece, hash);
+      ASSERT_TRUE((*ex)->write(piece).has_value());
+    }
+    ASSERT_TRUE((*ex)->finish().has_value());
+    auto head = (*ex)->read_head();
+    ASSERT_TRUE(head.has_value()) << head.error().message();
+    EXPECT_EQ((*head)->status, 200);
+    EXPECT_EQ(body_of(**ex), std::to_string(8u << 20) + " " + std::to_string(hash));
+    EXPECT_FALSE((*ex)->reused());
+    ex->reset();
+
+    // 8 MiB down, streamed by the upstream, read in pieces on the same connection.
+    auto down = pools.open(endpoint, head_for("GET", "/bytes?8388608"), "upstream.test", {});
+    ASSERT_TRUE(down.has_value());
+    ASSERT_TRUE((*down)->finish().has_value());
+    auto got = drain(**down);
+    ASSERT_TRUE(got.has_value()) << got.error().message();
+    EXPECT_EQ(got->first, 8u << 20);
+    EXPECT_EQ(got->second, fnv(std::string(8u << 20, 'b')));
+    EXPECT_EQ(pools.open_connections(endpoint), 1u) << "one connection carried both";
+  });
+  upstream->drain(Deadline::after(5s));
+}
+
+TEST_P(Exchange, ASizedBodyGoesOutWithItsLength) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto upstream = start_upstream(runtime);
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    auto ex = pools.open(endpoint_of(upstream->address(), GetParam()),
+                         head_for("POST", "/digest", 5), "upstream.test", {});
+    ASSERT_TRUE(ex.has_value());
+    ASSERT_TRUE((*ex)->write("ab").has_value());
+    ASSERT_TRUE((*ex)->write("cde").has_value());
+    ASSERT_TRUE((*ex)->finish().has_value());
+    ASSERT_TRUE((*ex)->read_head().has_value());
+    EXPECT_EQ(body_of(**ex), "5 " + std::to_string(fnv("abcde")));
+  });
+  upstream->drain(Deadline::after(5s));
+}
+
+TEST_P(Exchange, NoResponseWithinTheFirstByteTimeoutIsItsOwnError) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto upstream = start_upstream(runtime);
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    auto ex = pools.open(endpoint_of(upstream->address(), GetParam()), head_for("GET", "/slow"),
+                         "upstream.test", ExchangeTimeouts{.first_byte = 200ms});
+    ASSERT_TRUE(ex.has_value());
+    ASSERT_TRUE((*ex)->finish().has_value());
+    auto head = (*ex)->read_head();
+    ASSERT_FALSE(head.has_value());
+    EXPECT_EQ(head.error(), ExchangeErrc::kFirstByteTimeout);
+    EXPECT_EQ(head.error(), std::errc::timed_out) << "and it is a timeout for those who ask";
+    EXPECT_FALSE(nothing_reached_upstream(head.error()));
+  });
+  upstream->drain(Deadline::after(5s));
+}
+
+TEST_P(Exchange, CancelWakesTheFiberWaitingForTheResponse) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto upstream = start_upstream(runtime);
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    auto ex = pools.open(endpoint_of(upstream->address(), GetParam()), head_for("GET", "/slow"),
+                         "upstream.test", {});
+    ASSERT_TRUE(ex.has_value());
+    ASSERT_TRUE((*ex)->finish().has_value());
+    ClientExchange* exchange = ex->get();
+    auto canceller = spawn([exchange] {
+      (void)this_fiber::sleep_for(100ms);
+      exchange->cancel();
+    });
+    auto started = Clock::now();
+    auto head = exchange->read_head();
+    canceller.join();
+    ASSERT_FALSE(head.has_value());
+    EXPECT_EQ(head.error(), ExchangeErrc::kCancelled);
+    EXPECT_LT(Clock::now() - started, 800ms) << "woken by the cancel, not by the answer";
+  });
+  upstream->drain(Deadline::after(5s));
+}
+
+INSTANTIATE_TEST_SUITE_P(Protocols, Exchange,
+                         ::testing::Values(WireProtocol::kHttp1, WireProtocol::kH2c),
+                         [](const auto& info) {
+                           return info.param == WireProtocol::kHttp1 ? "Http1" : "H2c";
+                         });
+
+TEST(ExchangeErrors, ARefusedConnectionReachedNothing) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    auto ex = pools.open(endpoint_of(Address::loopback_v4(1)), head_for("POST", "/", 3),
+                         "upstream.test", {});
+    ASSERT_FALSE(ex.has_value());
+    EXPECT_EQ(ex.error(), ExchangeErrc::kRefused);
+    EXPECT_TRUE(nothing_reached_upstream(ex.error()));
+    EXPECT_TRUE(is_connect_failure(ex.error()));
+  });
+}
+
+TEST(ExchangeErrors, APooledConnectionTheUpstreamClosedIsNotReused) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  std::atomic<int> connections{0};
+  // Answers one request per connection, keeps it open a moment, then closes it.
+  auto upstream = scripted(runtime, [&](TcpStream& s) {
+    ++connections;
+    read_head(s);
+    (void)s.write_all(std::string_view("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+                      Deadline::after(5s));
+    (void)this_fiber::sleep_for(50ms);
+  });
+  UpstreamConnections pools(runtime);
+  Endpoint endpoint = endpoint_of(upstream->address());
+  runtime.block_on([&] {
+    for (int i = 0; i < 3; ++i) {
+      auto ex = pools.open(endpoint, head_for("POST", "/", 1), "upstream.test", {});
+      ASSERT_TRUE(ex.has_value());
+      EXPECT_FALSE((*ex)->reused()) << "request " << i << " went on a closed connection";
+      ASSERT_TRUE((*ex)->write("x").has_value());
+      ASSERT_TRUE((*ex)->finish().has_value());
+      ASSERT_TRUE((*ex)->read_head().has_value());
+      EXPECT_EQ(body_of(**ex), "ok");
+      ex->reset();
+      EXPECT_EQ(pools.idle(endpoint), 1u);
+      (void)this_fiber::sleep_for(150ms);  // the upstream closes it meanwhile
+    }
+  });
+  EXPECT_EQ(connections.load(), 3);
+}
+
+TEST(ExchangeErrors, ACloseAfterTheRequestWentOutMayHaveReachedTheUpstream) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto upstream = scripted(runtime, [](TcpStream& s) { read_head(s); });  // reads, then closes
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    auto ex = pools.open(endpoint_of(upstream->address()), head_for("GET", "/"), "u", {});
+    ASSERT_TRUE(ex.has_value());
+    ASSERT_TRUE((*ex)->finish().has_value());
+    auto head = (*ex)->read_head();
+    ASSERT_FALSE(head.has_value());
+    EXPECT_EQ(head.error(), ExchangeErrc::kClosedBeforeResponse);
+    EXPECT_FALSE(nothing_reached_upstream(head.error()));
+  });
+}
+
+TEST(ExchangeErrors, ABodyCutShortIsAnErrorNotAShortBody) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto sized = scripted(runtime, [](TcpStream& s) {
+    read_head(s);
+    (void)s.write_all(std::string_view("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this"),
+                      Deadline::after(5s));
+  });
+  auto chunked = scripted(runtime, [](TcpStream& s) {
+    read_head(s);
+    (void)s.write_all(
+        std::string_view("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n"),
+        Deadline::after(5s));
+  });
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    for (auto* upstream : {sized.get(), chunked.get()}) {
+      auto ex = pools.open(endpoint_of(upstream->address()), head_for("GET", "/"), "u", {});
+      ASSERT_TRUE(ex.has_value());
+      ASSERT_TRUE((*ex)->finish().has_value());
+      ASSERT_TRUE((*ex)->read_head().has_value());
+      auto got = drain(**ex);
+      ASSERT_FALSE(got.has_value());
+      EXPECT_EQ(got.error(), ExchangeErrc::kResponseCut);
+    }
+  });
+}
+
+TEST(ExchangeErrors, AMalformedResponseIsAProtocolError) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto upstream = scripted(runtime, [](TcpStream& s) {
+    read_head(s);
+    (void)s.write_all(std::string_view("HTTP/1.1 200 OK\r\nBad Field: x\r\n\r\n"),
+                      Deadline::after(5s));
+    (void)this_fiber::sleep_for(500ms);
+  });
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    auto ex = pools.open(endpoint_of(upstream->address()), head_for("GET", "/"), "u", {});
+    ASSERT_TRUE(ex.has_value());
+    ASSERT_TRUE((*ex)->finish().has_value());
+    auto head = (*ex)->read_head();
+    ASSERT_FALSE(head.has_value());
+    EXPECT_EQ(head.error(), ExchangeErrc::kProtocolError);
+  });
+}
+
+TEST(ExchangeErrors, AnHttp2StreamTheUpstreamRefusedReachedNothing) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto upstream = start_upstream(runtime);
+  UpstreamConnections pools(runtime);
+  Endpoint endpoint = endpoint_of(upstream->address(), WireProtocol::kH2c);
+  runtime.block_on([&] {
+    // Opens the connection first, so that the upstream's next stream fails to spawn.
+    auto first = pools.open(endpoint, head_for("GET", "/hello"), "u", {});
+    ASSERT_TRUE(first.has_value());
+    ASSERT_TRUE((*first)->read_head().has_value());
+    EXPECT_EQ(body_of(**first), "hello");
+    Worker::current()->stacks().fail_next_allocations(1);
+    auto refused = pools.open(endpoint, head_for("GET", "/hello"), "u", {});
+    ASSERT_TRUE(refused.has_value());
+    auto head = (*refused)->read_head();
+    Worker::current()->stacks().fail_next_allocations(0);
+    ASSERT_FALSE(head.has_value());
+    EXPECT_EQ(head.error(), ExchangeErrc::kRefusedStream);
+    EXPECT_TRUE(nothing_reached_upstream(head.error()));
+  });
+  upstream->drain(Deadline::after(5s));
+}
+
+TEST(ExchangeErrors, TheConnectionLimitIsHeld) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto upstream = start_upstream(runtime);
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    PoolLimits limits{.max_connections = 1};
+    Endpoint endpoint = endpoint_of(upstream->address());
+    auto first = pools.open(endpoint, head_for("GET", "/hello"), "u", {}, limits);
+    ASSERT_TRUE(first.has_value());
+    auto second = pools.open(endpoint, head_for("GET", "/hello"), "u", {}, limits);
+    ASSERT_FALSE(second.has_value());
+    EXPECT_EQ(second.error(), ExchangeErrc::kNoCapacity);
+  });
+  upstream->drain(Deadline::after(5s));
+}
+
+}  // namespace
