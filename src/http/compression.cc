@@ -136,6 +136,7 @@ class CompressingWriter final : public BodyWriter {
     if (data.empty()) return true;
     return pass(data, false);
   }
+  void set_trailers(const HeaderMap& trailers) override { inner_.set_trailers(trailers); }
   /// Ends the compressed stream.
   bool finish() { return !failed_ && pass({}, true); }
 
@@ -193,6 +194,7 @@ Middleware compression(CompressionOptions options) {
     if (coding.empty()) return response;
     if (streamed) {
       // Each piece is compressed as the producer writes it, on its fiber.
+      response.stream_length.reset();  // the compressed length is known only at the end
       response.stream = [producer = std::move(response.stream), coding, options](BodyWriter& body) {
         auto compressor = StreamCompressor::create(coding, options);
         if (!compressor) throw std::runtime_error("cannot start a compressor");

@@ -314,6 +314,8 @@ class Http1Exchange final : public ClientExchange {
     if (framing_.kind == BodyFraming::Kind::kLength) {
       response_.content_length = framing_.length;
       body_left_in_ = framing_.length;
+    } else if (head_request_) {
+      response_.content_length = head.content_length;  // what the GET would have had
     }
     if (framing_.kind == BodyFraming::Kind::kChunked) decoder_ = ChunkedDecoder();
     response_done_ = framing_.kind == BodyFraming::Kind::kNone;

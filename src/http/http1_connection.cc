@@ -116,14 +116,17 @@ class Connection final : public BodySource {
   Response respond(Request& request);
   /// Serializes `response` for the current head into the output queue.
   void queue(Response& response, bool head_only, bool close);
-  /// Runs a streamed body's producer, writing chunks (HTTP/1.1) or raw bytes (HTTP/1.0).
-  void stream_body(const BodyProducer& producer);
+  /// Runs a streamed body's producer, writing chunks (HTTP/1.1, length unknown) or raw bytes
+  /// (a known length, or HTTP/1.0).
+  void stream_body(const BodyProducer& producer, std::optional<std::uint64_t> length);
   /// Records the request just answered in the access log.
   void log_access(const Response& response, Clock::time_point handled_at);
   /// Records a request the parser rejected (method and target "-", as nginx logs them).
   void log_rejected(int status);
   /// The client's address as text, looked up once per connection.
   const std::string& remote();
+  /// The request context: the connection's facts (once per connection) and the time now.
+  const RequestContext& context();
   /// Queues a bare error response.
   void queue_error(int status, std::string_view reason);
   /// Writes everything queued; false if the connection failed.
@@ -171,6 +174,9 @@ class Connection final : public BodySource {
   std::optional<detail::Http2Upgrade> upgrade_;
   /// See should_linger().
   bool linger_ = false;
+  /// See context(); `local_` is what context_.local points to.
+  RequestContext context_;
+  std::optional<Address> peer_, local_;
 };
 
 constexpr std::string_view kHttp2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -393,8 +399,10 @@ Response Connection::respond(Request& request) { return detail::call_router(rout
 
 void Connection::queue(Response& response, bool head_only, bool close) {
   detail::ResponseBodyPlan plan = detail::plan_response_body(response, head_only);
-  // An HTTP/1.0 client cannot take chunks: its streamed body ends when the connection does.
-  if (plan.streamed && head_.minor_version == 0) close = true;
+  // Chunks carry a streamed body of unknown length. An HTTP/1.0 client cannot take them: its
+  // body ends when the connection does.
+  bool chunked = plan.streamed && !plan.content_length;
+  if (chunked && head_.minor_version == 0) close = true;
   std::string_view status = status_line(response.status);
   // The head is written in one go: its size is bounded first (fixed lines, fields, 20 digits
   // of Content-Length), then each piece is copied in, with no capacity check per piece.
@@ -417,7 +425,7 @@ void Connection::queue(Response& response, bool head_only, bool close) {
     });
     if (!seen.has_date) put(date);
     if (!seen.has_server) put(shared_.server_line);
-    if (plan.streamed && head_.minor_version == 1) {
+    if (chunked && head_.minor_version == 1) {
       put("Transfer-Encoding: chunked\r\n"sv);
     } else if (plan.content_length) {
       put("Content-Length: "sv);
@@ -435,8 +443,8 @@ void Connection::queue(Response& response, bool head_only, bool close) {
   bool streamed = plan.streamed;
   if (!plan.send_body) return;  // a HEAD response has no body, not even a chunked end
   if (streamed) {
-    stream_body(response.stream);
-    if (head_.minor_version == 0) broken_ = true;  // the close marks the end of the body
+    stream_body(response.stream, plan.content_length);
+    if (chunked && head_.minor_version == 0) broken_ = true;  // the close ends the body
     return;
   }
   if (response.file && response.file->length <= kCopyBodyLimit) {
@@ -470,15 +478,21 @@ void Connection::queue(Response& response, bool head_only, bool close) {
   }
 }
 
-// Sends each piece straight to the socket, framed as a chunk on HTTP/1.1.
+// Sends each piece straight to the socket: framed as a chunk when the body is chunked, else
+// raw, and then held to the announced length.
 class ChunkWriter final : public BodyWriter {
  public:
-  ChunkWriter(Stream& stream, bool chunked, std::chrono::milliseconds timeout)
-      : stream_(stream), chunked_(chunked), timeout_(timeout) {}
+  ChunkWriter(Stream& stream, bool chunked, std::optional<std::uint64_t> length,
+              std::chrono::milliseconds timeout)
+      : stream_(stream), chunked_(chunked), length_(length), timeout_(timeout) {}
 
   bool write(std::string_view data) override {
     if (failed_) return false;
     if (data.empty()) return true;
+    if (length_ && data.size() > *length_ - written_) {
+      failed_ = true;  // more than announced: it cannot go out, and the body is now short
+      return false;
+    }
     char size[24];
     auto head = fmt::format_to_n(size, sizeof size, "{:x}\r\n", data.size());
     iovec parts[3] = {{size, head.size},
@@ -487,29 +501,42 @@ class ChunkWriter final : public BodyWriter {
     std::span<const iovec> iov =
         chunked_ ? std::span<const iovec>(parts, 3) : std::span<const iovec>(parts + 1, 1);
     failed_ = !stream_.writev(iov, Deadline::after(timeout_));
+    written_ += data.size();
     return !failed_;
   }
-  /// Ends the body; false if any write failed.
+  void set_trailers(const HeaderMap& trailers) override {
+    trailers_.clear();
+    for (const Field& f : trailers) {
+      if (is_hop_by_hop(f.name) || !is_field_name(f.name) || !is_field_value(f.value)) continue;
+      trailers_.append(f.name).append(": ").append(f.value).append("\r\n");
+    }
+  }
+  /// Ends the body; false if any write failed or a sized body fell short.
   bool finish() {
     if (!failed_ && chunked_) {
-      failed_ = !stream_.write_all(std::string_view("0\r\n\r\n"), Deadline::after(timeout_));
+      std::string last = "0\r\n" + trailers_ + "\r\n";
+      failed_ = !stream_.write_all(std::string_view(last), Deadline::after(timeout_));
     }
+    if (length_ && written_ != *length_) failed_ = true;
     return !failed_;
   }
 
  private:
   Stream& stream_;
   bool chunked_;
+  std::optional<std::uint64_t> length_;
+  std::uint64_t written_ = 0;
   std::chrono::milliseconds timeout_;
+  std::string trailers_;
   bool failed_ = false;
 };
 
-void Connection::stream_body(const BodyProducer& producer) {
+void Connection::stream_body(const BodyProducer& producer, std::optional<std::uint64_t> length) {
   if (!flush()) {
     broken_ = true;
     return;
   }
-  ChunkWriter writer(stream_, head_.minor_version == 1, options_.write_timeout);
+  ChunkWriter writer(stream_, head_.minor_version == 1 && !length, length, options_.write_timeout);
   try {
     producer(writer);
   } catch (const std::exception& e) {
@@ -529,6 +556,27 @@ void Connection::stream_body(const BodyProducer& producer) {
 const std::string& Connection::remote() {
   if (state_.remote.empty()) state_.remote = detail::client_address_text(stream_.peer_address());
   return state_.remote;
+}
+
+const RequestContext& Connection::context() {
+  if (context_.remote == "-") {
+    context_.remote = remote();
+    if (auto peer = stream_.peer_address()) {
+      peer_ = *peer;
+      context_.peer = &*peer_;
+    }
+    if (auto local = stream_.local_address()) {
+      local_ = *local;
+      context_.local = &*local_;
+    }
+    if (TlsStream* tls = stream_.tls()) {
+      context_.tls = true;
+      context_.server_name = tls->server_name();
+      context_.alpn = tls->alpn();
+    }
+  }
+  context_.started = coarse_now();
+  return context_;
 }
 
 void Connection::log_rejected(int status) {
@@ -590,6 +638,7 @@ Connection::Outcome Connection::serve() {
       }
       auto handled_at = options_.access_log ? Clock::now() : Clock::time_point{};
       Request request(head_, *this);
+      request.set_context(context());
       Response response = respond(request);
       ++state_.requests;
       if (options_.access_log) log_access(response, handled_at);

@@ -15,12 +15,15 @@
 #include <charconv>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "http2_frames.h"
 #include "response_head.h"
 #include "server_internal.h"
+#include "spindle/base/ascii.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
@@ -83,7 +86,8 @@ class Http2Connection {
   void submit_response(H2Stream& s, Response& response, bool head_only);
   /// Runs a streamed body's producer into the stream's buffer; a producer that throws resets
   /// the stream (its head is gone: nothing else can tell the client).
-  void stream_response(H2Stream& s, const BodyProducer& producer);
+  void stream_response(H2Stream& s, const BodyProducer& producer,
+                       std::optional<std::uint64_t> length);
   /// Records the request in the access log.
   void log_access(H2Stream& s, const Response& response, Clock::time_point started);
   /// Ends the reader (a stop request wakes it from its read).
@@ -122,6 +126,13 @@ class Http2Connection {
   std::deque<std::int32_t> closed_early_;
   Fiber* reader_ = nullptr;
   std::string remote_;
+  /// See context(); `local_` is what context_.local points to.
+  RequestContext context_;
+  std::optional<Address> peer_, local_;
+
+ public:
+  /// The request context: the connection's facts (once) and the time now.
+  const RequestContext& context();
 };
 
 namespace {
@@ -161,6 +172,10 @@ class H2Stream final : public BodySource {
 
   /// nghttp2 closed the stream (done, or reset by either side).
   bool closed = false;
+  /// Trailer fields a streamed body's producer set (sent after its last DATA).
+  HeaderMap out_trailers;
+  /// What the handler asked to run if the client resets the stream (Request::on_client_gone).
+  std::function<void()> on_gone;
   /// The handler has returned (its response is submitted).
   bool handler_done = false;
   /// Where it is in the connection's open_ list.
@@ -199,9 +214,13 @@ std::size_t H2Stream::read(std::span<char> buffer) {
 // Writes a streamed response body into the stream's buffer for nghttp2 to send.
 class H2BodyWriter final : public BodyWriter {
  public:
-  explicit H2BodyWriter(H2Stream& s) : s_(s) {}
+  H2BodyWriter(H2Stream& s, std::optional<std::uint64_t> length) : s_(s), length_(length) {}
+  /// True if a sized body got all its bytes.
+  bool complete() const { return !length_ || written_ == *length_; }
   bool write(std::string_view data) override {
     if (s_.closed) return false;
+    if (length_ && data.size() > *length_ - written_) return false;  // more than announced
+    written_ += data.size();
     if (s_.out_pos > 0 && s_.out_pos == s_.out_body.size()) {
       s_.out_body.clear();
       s_.out_pos = 0;
@@ -216,13 +235,22 @@ class H2BodyWriter final : public BodyWriter {
     }
     return !s_.closed;
   }
+  void set_trailers(const HeaderMap& trailers) override {
+    s_.out_trailers.clear();
+    for (const Field& f : trailers) {
+      if (is_hop_by_hop(f.name) || !is_field_name(f.name) || !is_field_value(f.value)) continue;
+      s_.out_trailers.add(ascii_lower(f.name), f.value);
+    }
+  }
 
  private:
   H2Stream& s_;
+  std::optional<std::uint64_t> length_;
+  std::uint64_t written_ = 0;
 };
 
 // nghttp2 pulls a response body from here (on the writer fiber, inside mem_send).
-ssize_t read_data(nghttp2_session* /*session*/, std::int32_t /*id*/, std::uint8_t* buf,
+ssize_t read_data(nghttp2_session* session, std::int32_t /*id*/, std::uint8_t* buf,
                   std::size_t length, std::uint32_t* flags, nghttp2_data_source* source,
                   void* /*user*/) {
   auto* s = static_cast<H2Stream*>(source->ptr);
@@ -243,6 +271,18 @@ ssize_t read_data(nghttp2_session* /*session*/, std::int32_t /*id*/, std::uint8_
   if (s->out_pos == s->out_body.size()) {
     if (!s->streaming || s->out_eof) {
       *flags |= NGHTTP2_DATA_FLAG_EOF;
+      if (!s->out_trailers.empty()) {
+        // The body ends here; the trailers' HEADERS frame ends the stream.
+        std::vector<nghttp2_nv> nv;
+        for (const Field& f : s->out_trailers) {
+          nv.push_back({reinterpret_cast<std::uint8_t*>(const_cast<char*>(f.name.data())),
+                        reinterpret_cast<std::uint8_t*>(const_cast<char*>(f.value.data())),
+                        f.name.size(), f.value.size(), NGHTTP2_NV_FLAG_NONE});
+        }
+        if (nghttp2_submit_trailer(session, s->id, nv.data(), nv.size()) == 0) {
+          *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+        }
+      }
     } else if (n == 0) {
       return NGHTTP2_ERR_DEFERRED;  // the producer resumes it
     }
@@ -370,6 +410,11 @@ struct Callbacks {
     s.closed = true;
     s.body_event.set();
     s.out_event.set();
+    if (!s.handler_done && s.on_gone) {
+      // The client reset the stream while its handler runs: tell it, from a fiber of its own
+      // (nothing may wait inside nghttp2's callback).
+      spawn([gone = std::move(s.on_gone)] { gone(); }).detach();
+    }
     c.forget(s);  // the handler, if it still runs, keeps its own reference
     if (c.goaway_sent_ && c.open_.empty()) c.stop_reader();
     return 0;
@@ -435,6 +480,29 @@ void Http2Connection::forget(H2Stream& s) {
   open_.pop_back();  // the last reference unless the handler still runs
 }
 
+const RequestContext& Http2Connection::context() {
+  if (context_.remote == "-") {
+    if (remote_.empty()) remote_ = client_address_text(stream_.peer_address());
+    context_.remote = remote_;
+    context_.major_version = 2;
+    if (auto peer = stream_.peer_address()) {
+      peer_ = *peer;
+      context_.peer = &*peer_;
+    }
+    if (auto local = stream_.local_address()) {
+      local_ = *local;
+      context_.local = &*local_;
+    }
+    if (TlsStream* tls = stream_.tls()) {
+      context_.tls = true;
+      context_.server_name = tls->server_name();
+      context_.alpn = tls->alpn();
+    }
+  }
+  context_.started = coarse_now();
+  return context_;
+}
+
 void Http2Connection::start_handler(H2Stream& s) {
   s.head.method = s.method;
   s.head.target = s.path;
@@ -445,6 +513,9 @@ void Http2Connection::start_handler(H2Stream& s) {
   FramingFields framing = collect_framing_fields(s.head.headers);
   if (framing.content_length_invalid) s.early_status = 400;
   s.head.content_length = framing.content_length;
+  // A body without a Content-Length: its length is known only at END_STREAM, as a chunked
+  // one's is on HTTP/1.1 (what `chunked` tells a handler, and a proxy that forwards it).
+  s.head.chunked = !s.body_done && !framing.content_length;
   // Refused from its HEADERS alone, as HTTP/1.1 does: no handler asks for a body that size.
   if (framing.content_length && *framing.content_length > shared_.options.max_body) {
     s.early_status = 413;
@@ -483,6 +554,8 @@ void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
       response = Response::error(s->early_status);
     } else {
       Request request(s->head, *s);
+      request.set_context(context());
+      request.set_client_gone_slot(&s->on_gone);
       response = call_router(shared_.router, request);
     }
     if (shared_.options.access_log) log_access(*s, response, started);
@@ -564,13 +637,20 @@ void Http2Connection::submit_response(H2Stream& s, Response& response, bool head
     log_warn("HTTP/2 stream {}: cannot submit the response: {}", s.id, nghttp2_strerror(rv));
   }
   wake_writer();
-  if (plan.streamed && plan.send_body && rv == 0) stream_response(s, response.stream);
+  if (plan.streamed && plan.send_body && rv == 0)
+    stream_response(s, response.stream, plan.content_length);
 }
 
-void Http2Connection::stream_response(H2Stream& s, const BodyProducer& producer) {
-  H2BodyWriter writer(s);
+void Http2Connection::stream_response(H2Stream& s, const BodyProducer& producer,
+                                      std::optional<std::uint64_t> length) {
+  H2BodyWriter writer(s, length);
   try {
     producer(writer);
+    if (!writer.complete()) {
+      // Fewer bytes than announced: the stream is reset rather than ended short.
+      log_error("streamed body of {} {} ended short of its length", s.method, s.path);
+      nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, s.id, NGHTTP2_INTERNAL_ERROR);
+    }
   } catch (const std::exception& e) {
     log_error("streamed body of {} {} threw: {}", s.method, s.path, e.what());
     nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, s.id, NGHTTP2_INTERNAL_ERROR);

@@ -9,6 +9,25 @@
 
 namespace spindle::http {
 
+const RequestContext Request::kNoContext{};
+
+void Request::set_attribute(std::string_view name, std::string_view value) {
+  for (auto& [n, v] : attributes_) {
+    if (n == name) {
+      v = value;
+      return;
+    }
+  }
+  attributes_.emplace_back(name, value);
+}
+
+std::string_view Request::attribute(std::string_view name) const {
+  for (const auto& [n, v] : attributes_) {
+    if (n == name) return v;
+  }
+  return {};
+}
+
 Request::Request(const RequestHead& head, BodySource& source) : Request(head, std::string()) {
   source_ = &source;
 }

@@ -73,7 +73,8 @@ HandlerFields each_response_field(const Response& response, Emit&& emit) {
 struct ResponseBodyPlan {
   /// Body bytes are sent (not for HEAD, nor for statuses without a body).
   bool send_body = false;
-  /// The body comes from a producer (Response::stream), its length unknown beforehand.
+  /// The body comes from a producer (Response::stream), its length unknown beforehand unless
+  /// content_length is set too.
   bool streamed = false;
   /// A Content-Length is announced (also for HEAD, as the GET would have had), with this value.
   std::optional<std::uint64_t> content_length;
@@ -86,6 +87,7 @@ inline ResponseBodyPlan plan_response_body(const Response& response, bool head_r
   plan.streamed = response.stream && !no_body;
   plan.send_body = !no_body && !head_request;
   if (!no_body && !plan.streamed) plan.content_length = response.body_size();
+  if (plan.streamed && response.stream_length) plan.content_length = response.stream_length;
   return plan;
 }
 

@@ -37,7 +37,8 @@ struct RequestHead {
   HeaderMap headers;
   /// The body length from Content-Length, if present.
   std::optional<std::uint64_t> content_length;
-  /// True if the body is chunked (Transfer-Encoding: chunked).
+  /// True if the body is chunked (Transfer-Encoding: chunked); on HTTP/2, true for a body
+  /// without Content-Length (its end is END_STREAM): a body of unknown length either way.
   bool chunked = false;
   /// True if the connection may carry another request after this one.
   bool keep_alive = true;

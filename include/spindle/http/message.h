@@ -14,7 +14,9 @@
 
 #include "spindle/http/header_map.h"
 #include "spindle/http/http1_parser.h"
+#include "spindle/io/deadline.h"
 #include "spindle/io/unique_fd.h"
+#include "spindle/net/address.h"
 
 namespace spindle::http {
 
@@ -27,6 +29,26 @@ class BodySource {
   /// Reads up to `buffer.size()` bytes of the body; 0 at its end. Throws HttpError when the
   /// body cannot be had: 413 over the size limit, 400 malformed or cut short, 408 too slow.
   virtual std::size_t read(std::span<char> buffer) = 0;
+};
+
+/// What a request arrived on, for handlers and middleware: filled by the server's protocol
+/// drivers. The views stay valid until the handler returns.
+struct RequestContext {
+  /// The client's address as text: "192.0.2.1", "2001:db8::1" (no brackets, no port), or "-".
+  std::string_view remote = "-";
+  /// The client's address and the server's own address the connection came to (nullptr if
+  /// unknown).
+  const Address* peer = nullptr;
+  const Address* local = nullptr;
+  /// True over TLS ("https"), false in cleartext ("http").
+  bool tls = false;
+  /// 1 for HTTP/1.x, 2 for HTTP/2.
+  int major_version = 1;
+  /// The name the client asked for by SNI, and the protocol ALPN chose ("" if none).
+  std::string_view server_name;
+  std::string_view alpn;
+  /// When the request's head was complete.
+  Clock::time_point started{};
 };
 
 /// One request as a handler sees it. The views stay valid until the handler returns.
@@ -50,6 +72,8 @@ class Request {
   int minor_version() const { return head_->minor_version; }
   /// The header fields.
   const HeaderMap& headers() const { return head_->headers; }
+  /// The parsed head: framing (content_length, chunked for a body of unknown length) too.
+  const RequestHead& head() const { return *head_; }
   /// The first value of a header field, or "".
   std::string_view header(std::string_view name) const { return headers().get(name).value_or(""); }
   /// The whole body, read on the first call (so it may throw as `read` does); read() returns 0
@@ -62,6 +86,27 @@ class Request {
   /// (413, 400, 408) when the body is over the server's limit, malformed or too slow; the
   /// server then answers with that status unless the handler catches it.
   std::size_t read(std::span<char> buffer);
+
+  /// The connection the request arrived on (defaults when the server did not say).
+  const RequestContext& context() const { return *context_; }
+  /// Sets the context (the server's drivers do; it must outlive the request).
+  void set_context(const RequestContext& context) { context_ = &context; }
+
+  /// Asks to be told when the client goes away before the response is complete (an HTTP/2
+  /// RST_STREAM or a connection that closed): `callback` then runs on the request's worker,
+  /// from another fiber, so that a wait on its behalf (an upstream exchange) can be cancelled.
+  /// One callback per request; the last one set counts. Not every driver can tell (HTTP/1.1
+  /// learns it only when it next writes): then the callback never runs.
+  void on_client_gone(std::function<void()> callback) {
+    if (gone_ != nullptr) *gone_ = std::move(callback);
+  }
+  /// Where on_client_gone keeps its callback (the driver's; nullptr: not supported).
+  void set_client_gone_slot(std::function<void()>* slot) { gone_ = slot; }
+
+  /// Per-request attributes, for middleware to pass facts along (a route name, a user id).
+  void set_attribute(std::string_view name, std::string_view value);
+  /// An attribute's value, or "".
+  std::string_view attribute(std::string_view name) const;
 
   /// The value of a route parameter ({name} or *name), or "".
   std::string_view param(std::string_view name) const;
@@ -84,6 +129,13 @@ class Request {
   std::string_view path_, query_;
   /// Route parameters, in pattern order.
   std::vector<std::pair<std::string_view, std::string_view>> params_;
+  /// The connection's facts.
+  const RequestContext* context_ = &kNoContext;
+  static const RequestContext kNoContext;
+  /// See on_client_gone.
+  std::function<void()>* gone_ = nullptr;
+  /// See set_attribute.
+  std::vector<std::pair<std::string, std::string>> attributes_;
 };
 
 /// A byte range of an open file, sent with sendfile(2) instead of a body string.
@@ -103,6 +155,9 @@ class BodyWriter {
   /// Sends `data` now (as one chunk on HTTP/1.1). Returns false once the client is gone or too
   /// slow (the write timeout passed): the producer should stop.
   virtual bool write(std::string_view data) = 0;
+  /// Trailer fields to send after the body (HTTP/2, and chunked HTTP/1.1; dropped where the
+  /// body is not chunked). Call before the producer returns; the fields are copied.
+  virtual void set_trailers(const HeaderMap& trailers) = 0;
 };
 
 /// Produces a streamed body; runs on the connection's fiber after the head was sent.
@@ -122,6 +177,11 @@ struct Response {
   /// If set, the body is streamed by this producer instead (chunked on HTTP/1.1; on HTTP/1.0
   /// the connection closes after it).
   BodyProducer stream;
+  /// With `stream`: the body's length, if known beforehand. It is announced (Content-Length,
+  /// no chunks) and held to: a producer that writes more is stopped, and one that writes less
+  /// (or throws) ends the connection (HTTP/1.1) or resets the stream (HTTP/2), so the client
+  /// never takes a short body for a whole one.
+  std::optional<std::uint64_t> stream_length;
 
   /// Bytes of body this response carries.
   std::uint64_t body_size() const { return file ? file->length : body.size(); }

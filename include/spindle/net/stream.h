@@ -51,6 +51,9 @@ class Stream {
   [[nodiscard]] Result<Address> peer_address() {
     return with([](auto& s) { return s.peer_address(); });
   }
+  [[nodiscard]] Result<Address> local_address() {
+    return with([](auto& s) { return s.local_address(); });
+  }
   void on_readable(void (*callback)(IoSlot& slot), void* owner) {
     with([&](auto& s) { s.on_readable(callback, owner); });
   }

@@ -179,6 +179,7 @@ class TlsStream {
   /// The TCP connection underneath.
   TcpStream& tcp() { return tcp_; }
   [[nodiscard]] Result<Address> peer_address() const { return tcp_.peer_address(); }
+  [[nodiscard]] Result<Address> local_address() const { return tcp_.local_address(); }
   int fd() const { return tcp_.fd(); }
   bool is_open() const { return tcp_.is_open(); }
   /// As TcpStream::on_readable; check has_pending() first, as OpenSSL may hold bytes already.

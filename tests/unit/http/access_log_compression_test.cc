@@ -127,6 +127,7 @@ class RecordingWriter final : public BodyWriter {
     pieces.emplace_back(data);
     return true;
   }
+  void set_trailers(const HeaderMap&) override {}
   std::string all() const {
     std::string out;
     for (const auto& p : pieces) out += p;
