@@ -15,6 +15,7 @@
 #include "spindle/http/server.h"
 #include "spindle/net/signal_set.h"
 #include "spindle/proxy/config.h"
+#include "spindle/proxy/gateway.h"
 
 namespace spindle::app {
 namespace {
@@ -89,20 +90,32 @@ int serve(const ServeFlags& flags) {
     fmt::print(stderr, "spindle: {}\n", e.what());
     return 1;
   }
-  if (!config.routes.empty()) {
-    // Said at start, so that nobody takes the server's own answers for the upstreams'.
-    fmt::print(stderr,
-               "spindle: warning: {} route(s) checked but not served: this version does not "
-               "proxy yet; requests get each server's own site\n",
-               config.routes.size());
-  }
   // Before the runtime, so that its threads inherit the blocked mask.
   SignalSet signals{SIGINT, SIGTERM};
   Runtime runtime(RuntimeOptions{.workers = config.threads});
+  runtime.start();
+
+  // The gateway: routes, services and upstreams compiled into the snapshot the workers use.
+  proxy::HealthRegistry health;
+  http::UpstreamConnections connections(runtime);
+  proxy::Gateways gateways(runtime);
+  proxy::Proxy forwarder(gateways, connections);
+  std::shared_ptr<proxy::Gateway> gateway;
+  if (!config.routes.empty()) {
+    try {
+      gateway = proxy::Gateway::build(config, runtime.size(), health);
+    } catch (const ConfigError& e) {
+      fmt::print(stderr, "spindle: {}\n", e.what());
+      return 1;
+    }
+    gateways.publish(gateway);
+    gateway->start_probes(runtime, connections);
+  }
 
   std::vector<std::unique_ptr<http::HttpServer>> servers;
-  for (const ServerConfig& server : config.servers) {
-    auto router = build_site(server);
+  for (std::size_t index = 0; index < config.servers.size(); ++index) {
+    const ServerConfig& server = config.servers[index];
+    auto router = build_site(server, gateway ? forwarder.middleware(index) : http::Middleware{});
     if (!router) {
       fmt::print(stderr, "spindle: {}\n", router.error());
       return 1;
@@ -145,6 +158,7 @@ int serve(const ServeFlags& flags) {
   bool clean = true;
   for (auto& server : servers) clean = server->drain(deadline) && clean;
   if (!clean) log_warn("grace period over: closing the remaining connections");
+  if (gateway) gateway->stop_probes();
   return 0;
 }
 

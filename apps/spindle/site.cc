@@ -21,8 +21,12 @@ constexpr const char* kWelcomePage = R"(<!DOCTYPE html>
 
 }  // namespace
 
-std::expected<http::Router, std::string> build_site(const proxy::ServerConfig& server) {
+std::expected<http::Router, std::string> build_site(const proxy::ServerConfig& server,
+                                                    http::Middleware proxy) {
   http::Router router;
+  // The proxy first: what a route forwards is the upstream's answer, untouched (an upstream
+  // compresses its own responses).
+  if (proxy) router.use(std::move(proxy));
   if (server.compression) router.use(http::compression());
   if (server.default_site) {
     // /plaintext and /json exactly as the TechEmpower benchmarks define them.

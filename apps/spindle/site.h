@@ -9,8 +9,10 @@
 
 namespace spindle::app {
 
-/// The router for one server: the built-in site (welcome page, /plaintext, /json) if enabled,
-/// static files from its root if set. Fails with a message if the root is unusable.
-std::expected<http::Router, std::string> build_site(const proxy::ServerConfig& server);
+/// The router for one server: `proxy` (if set) for the requests a route takes, then the
+/// built-in site (welcome page, /plaintext, /json) if enabled, static files from its root if
+/// set. Fails with a message if the root is unusable.
+std::expected<http::Router, std::string> build_site(const proxy::ServerConfig& server,
+                                                    http::Middleware proxy = {});
 
 }  // namespace spindle::app

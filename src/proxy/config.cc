@@ -68,25 +68,6 @@ void read_access_log(const ConfigReader& server, AccessLogConfig& log) {
   }
 }
 
-// A path from the configuration: relative ones are relative to the file's directory.
-std::string config_path(const std::string& file, const std::string& path) {
-  if (path.empty() || path.front() == '/') return path;
-  auto slash = file.rfind('/');
-  return slash == std::string::npos ? path : file.substr(0, slash + 1) + path;
-}
-
-// A certificate or key file: it must be a regular file (OpenSSL would read a FIFO or a device
-// for ever).
-std::string pem_file(const ConfigReader& r, std::string_view key, const std::string& what) {
-  std::string path = config_path(r.file(), r.string(key, ""));
-  if (path.empty()) r.fail(r.node(), r.key_path(key), "required (" + what + ")");
-  struct stat st {};
-  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    r.fail_key(key, path + ": not a regular file");
-  }
-  return path;
-}
-
 // One certificate: cert and key files, and optional SNI names.
 TlsCertificate read_certificate(const ConfigReader& r, bool allow_sni) {
   if (allow_sni) {
@@ -244,6 +225,25 @@ Config load_config(const std::string& file) {
   std::stringstream text;
   text << in.rdbuf();
   return parse_config(text.str(), file);
+}
+
+// A path from the configuration: relative ones are relative to the file's directory.
+std::string detail::config_path(const std::string& file, const std::string& path) {
+  if (path.empty() || path.front() == '/') return path;
+  auto slash = file.rfind('/');
+  return slash == std::string::npos ? path : file.substr(0, slash + 1) + path;
+}
+
+// A certificate or key file: it must be a regular file (OpenSSL would read a FIFO or a device
+// for ever).
+std::string detail::pem_file(const ConfigReader& r, std::string_view key, const std::string& what) {
+  std::string path = config_path(r.file(), r.string(key, ""));
+  if (path.empty()) r.fail(r.node(), r.key_path(key), "required (" + what + ")");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    r.fail_key(key, path + ": not a regular file");
+  }
+  return path;
 }
 
 }  // namespace spindle::proxy

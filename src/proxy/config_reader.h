@@ -76,4 +76,11 @@ std::string scalar_text(const ConfigReader& reader, const YAML::Node& node, cons
 /// The line (1-based) of `node`, or of `fallback` if `node` has none.
 int line_of(const YAML::Node& node, const YAML::Node& fallback);
 
+/// A path from the configuration: relative ones are relative to `file`'s directory.
+std::string config_path(const std::string& file, const std::string& path);
+
+/// The PEM file named by `key` (required; `what` says what it holds): a regular file, its path
+/// relative to the configuration file's directory.
+std::string pem_file(const ConfigReader& r, std::string_view key, const std::string& what);
+
 }  // namespace spindle::proxy::detail

@@ -183,7 +183,7 @@ void read_url(const ConfigReader& r, ServiceConfig& service, Config& config) {
 }
 
 ServiceConfig read_service(const std::string& name, const ConfigReader& r, Config& config) {
-  r.only({"upstream", "url", "protocol", "timeouts", "retries"});
+  r.only({"upstream", "url", "protocol", "timeouts", "retries", "tls"});
   ServiceConfig service;
   service.name = name;
   if (r.has("upstream") == r.has("url")) {
@@ -207,6 +207,22 @@ ServiceConfig read_service(const std::string& name, const ConfigReader& r, Confi
     }
   } else {
     service.upstream = r.string("upstream", "");
+  }
+  if (r.has("tls")) {
+    ConfigReader tls = r.nested("tls");
+    tls.only({"ca", "verify", "server_name"});
+    if (service.protocol == UpstreamProtocol::kH2c) {
+      r.fail_key("tls", "h2c is cleartext: use protocol h2 for HTTP/2 over TLS");
+    }
+    service.tls = true;
+    if (tls.has("ca")) service.tls_ca_file = pem_file(tls, "ca", "a PEM CA bundle");
+    service.tls_verify = tls.boolean("verify", true);
+    service.tls_server_name = tls.string("server_name", "");
+    if (!service.tls_server_name.empty() &&
+        (!is_host(service.tls_server_name) ||
+         service.tls_server_name.find(':') != std::string::npos)) {
+      tls.fail_key("server_name", "expected a host name");
+    }
   }
   if (r.has("timeouts")) service.timeouts = read_timeouts(r.nested("timeouts"));
   if (r.has("retries")) service.retries = read_retries(r.nested("retries"));

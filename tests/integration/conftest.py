@@ -24,9 +24,9 @@ def pytest_addoption(parser):
 class Server:
     """A started server process and the address it listens on."""
 
-    def __init__(self, argv):
+    def __init__(self, argv, env=None):
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+                                     text=True, env=None if env is None else {**os.environ, **env})
         line = self.proc.stdout.readline()
         if not line:
             err = self.proc.stderr.read()
@@ -38,10 +38,18 @@ class Server:
         self.output = []
         self.reader = threading.Thread(target=self._drain, daemon=True)
         self.reader.start()
+        # And its log: a full stderr pipe would stall it too.
+        self.errors = []
+        self.error_reader = threading.Thread(target=self._drain_errors, daemon=True)
+        self.error_reader.start()
 
     def _drain(self):
         for line in self.proc.stdout:
             self.output.append(line)
+
+    def _drain_errors(self):
+        for line in self.proc.stderr:
+            self.errors.append(line)
 
     def connect(self, timeout=5.0):
         return Conn(socket.create_connection((self.host, self.port), timeout=timeout))

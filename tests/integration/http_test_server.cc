@@ -1,8 +1,12 @@
 // The HTTP server the integration tests drive: spindle's framework with routes that exercise
 // bodies, errors and slow handlers, and limits small enough to hit quickly.
 //
-//   http_test_server PORT [MAX_BODY]   (prints {"event":"listening","address":...} when ready;
-//                            SIGTERM drains gracefully and exits 0)
+//   http_test_server PORT [MAX_BODY [WORKERS]]   (prints {"event":"listening","address":...}
+//                            when ready; SIGTERM drains gracefully and exits 0)
+//
+// As an upstream behind the gateway: UPSTREAM_NAME is sent back in X-Upstream on every
+// response, KEEPALIVE_MS sets the keep-alive timeout (1500 by default), TLS_CERT and TLS_KEY
+// serve HTTPS (ALPN h2 and http/1.1) instead of cleartext.
 #include <fmt/format.h>
 
 #include <csignal>
@@ -96,10 +100,67 @@ int main(int argc, char** argv) {
   });
   router.get("/big",
              [](http::Request&) { return http::Response::text(std::string(1 << 20, 'b')); });
+  // For the gateway's tests: what arrived, bodies of any size, bodies cut short, any status,
+  // late answers and trailers.
+  router.get("/headers", [](http::Request& r) {
+    std::string out;
+    for (const http::Field& f : r.headers()) out += fmt::format("{}: {}\n", f.name, f.value);
+    return http::Response::text(out);
+  });
+  router.get("/bytes/{n}", [](http::Request& r) {
+    std::uint64_t n = std::stoull(std::string(r.param("n")));
+    http::Response response(200);
+    response.headers.add_view("Content-Type", "application/octet-stream");
+    if (r.query() != "chunked") response.stream_length = n;
+    response.stream = [n](http::BodyWriter& body) {
+      std::string piece(64 * 1024, 'x');
+      for (std::uint64_t sent = 0; sent < n; sent += piece.size()) {
+        if (!body.write(std::string_view(piece).substr(
+                0, std::min<std::uint64_t>(piece.size(), n - sent)))) {
+          return;
+        }
+      }
+    };
+    return response;
+  });
+  router.get("/cut", [](http::Request&) {
+    http::Response response(200);
+    response.stream_length = 100000;
+    response.stream = [](http::BodyWriter& body) {
+      (void)body.write(std::string(1000, 'c'));
+      (void)this_fiber::sleep_for(50ms);
+      throw std::runtime_error("cut on purpose");
+    };
+    return response;
+  });
+  router.get("/status/{code}", [](http::Request& r) {
+    return http::Response::text("status", std::stoi(std::string(r.param("code"))));
+  });
+  router.route("POST", "/status/{code}", [](http::Request& r) {
+    (void)r.body();
+    return http::Response::text("status", std::stoi(std::string(r.param("code"))));
+  });
+  router.get("/delay/{ms}", [](http::Request& r) {
+    (void)this_fiber::sleep_for(std::chrono::milliseconds(std::stoi(std::string(r.param("ms")))));
+    return http::Response::text("late");
+  });
+  router.route("POST", "/trailers", [](http::Request& r) {
+    std::string body = r.body();
+    http::Response response(200);
+    response.headers.add_view("Content-Type", "application/grpc");
+    response.stream = [body](http::BodyWriter& w) {
+      (void)w.write(body);
+      http::HeaderMap trailers{{"grpc-status", "0"}, {"grpc-message", "ok"}};
+      w.set_trailers(trailers);
+    };
+    return response;
+  });
   router.use(http::compression());
-  router.use([](http::Request& r, const http::Next& next) {
+  const char* name = std::getenv("UPSTREAM_NAME");
+  router.use([name](http::Request& r, const http::Next& next) {
     http::Response response = next(r);
     response.headers.add(std::string_view("X-Middleware"), "ran");
+    if (name != nullptr) response.headers.add(std::string_view("X-Upstream"), name);
     return response;
   });
 
@@ -107,7 +168,19 @@ int main(int argc, char** argv) {
   options.max_body = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 64 * 1024;
   options.http2 = true;  // h2c by prior knowledge or Upgrade, beside HTTP/1.1
   options.header_timeout = 1s;
-  options.keepalive_timeout = 1500ms;
+  const char* keepalive = std::getenv("KEEPALIVE_MS");
+  options.keepalive_timeout = std::chrono::milliseconds(keepalive ? std::atoi(keepalive) : 1500);
+  const char* cert = std::getenv("TLS_CERT");
+  const char* key = std::getenv("TLS_KEY");
+  if (cert != nullptr && key != nullptr) {
+    auto tls = TlsServerContext::create(
+        TlsServerOptions{.certificates = {{cert, key, {}}}, .alpn = {"h2", "http/1.1"}});
+    if (!tls) {
+      fmt::print(stderr, "http_test_server: {}\n", tls.error());
+      return 1;
+    }
+    options.tls = *tls;
+  }
   options.parser.max_request_line = 1024;
   options.parser.max_head = 4096;
   options.max_connections_per_worker = 100;

@@ -110,8 +110,13 @@ struct ServiceConfig {
   /// named "<service>.url").
   std::string upstream;
   UpstreamProtocol protocol = UpstreamProtocol::kHttp1;
-  /// TLS to the upstream (h2 always; http when the url is https://).
+  /// TLS to the upstream (h2 always; http when the url is https:// or `tls` is given).
   bool tls = false;
+  /// With tls: the CA bundle to verify against (empty: the system store), whether to verify
+  /// at all, and the name sent by SNI and verified (empty: the target's host).
+  std::string tls_ca_file;
+  bool tls_verify = true;
+  std::string tls_server_name;
   UpstreamTimeouts timeouts;
   RetryPolicy retries;
 };

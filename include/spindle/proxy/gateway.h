@@ -1,0 +1,170 @@
+#pragma once
+/// The gateway: a configuration compiled into an immutable snapshot (route tables, services,
+/// upstreams with their targets resolved, balancers), the per-worker state that goes with it,
+/// target health that outlives snapshots, and the proxy that forwards requests through them.
+///
+/// Workers hold a shared_ptr to the snapshot in force (Gateways::publish swaps it on each
+/// worker through post()); a request keeps the snapshot it started with until its response
+/// body is sent. Connections are pooled by endpoint (http::UpstreamConnections) and health is
+/// kept by target address (HealthRegistry), both beside the snapshots, so a new snapshot that
+/// keeps a target keeps its connections and its health.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "spindle/fiber/runtime.h"
+#include "spindle/fiber/spawn.h"
+#include "spindle/http/exchange.h"
+#include "spindle/http/router.h"
+#include "spindle/proxy/balancer.h"
+#include "spindle/proxy/config.h"
+#include "spindle/proxy/route_table.h"
+
+namespace spindle::proxy {
+
+/// One target's health, shared by every worker: passive ejection (max_fails failures within
+/// fail_timeout take it out for fail_timeout) and the active prober's verdict.
+class TargetHealth {
+ public:
+  /// True unless ejected now or found unhealthy by the prober.
+  bool healthy(Clock::time_point now) const;
+  /// A failed exchange (connect failure, reset, timeout, malformed response).
+  void record_failure(const PassiveHealthConfig& config, Clock::time_point now);
+  /// A successful exchange: the failure count starts again.
+  void record_success();
+  /// The prober's verdict.
+  void set_probe_healthy(bool healthy) { probe_healthy_.store(healthy, std::memory_order_relaxed); }
+  bool probe_healthy() const { return probe_healthy_.load(std::memory_order_relaxed); }
+
+ private:
+  static std::int64_t ticks(Clock::time_point t) { return t.time_since_epoch().count(); }
+  std::atomic<unsigned> fails_{0};
+  std::atomic<std::int64_t> first_fail_{0};
+  std::atomic<std::int64_t> ejected_until_{0};
+  std::atomic<bool> probe_healthy_{true};
+};
+
+/// Health by target, kept across snapshots.
+class HealthRegistry {
+ public:
+  /// The health of the target at `key` (an endpoint key), made on first use.
+  std::shared_ptr<TargetHealth> get(const std::string& key);
+
+ private:
+  std::mutex lock_;
+  std::unordered_map<std::string, std::shared_ptr<TargetHealth>> health_;
+};
+
+/// A compiled configuration. Built off the workers (it resolves target names), then
+/// read-only except for the per-worker state each worker alone touches.
+class Gateway {
+ public:
+  struct Target {
+    TargetConfig config;
+    http::Endpoint endpoint;
+    /// "host:port" as configured, for logs.
+    std::string label;
+    std::shared_ptr<TargetHealth> health;
+  };
+  struct Upstream {
+    const UpstreamConfig* config = nullptr;
+    std::vector<Target> targets;
+    http::PoolLimits limits;
+    std::size_t index = 0;
+  };
+  struct Service {
+    const ServiceConfig* config = nullptr;
+    Upstream* upstream = nullptr;
+    http::ExchangeTimeouts timeouts;
+    std::size_t index = 0;
+  };
+  struct Server {
+    const ServerConfig* config = nullptr;
+    RouteTable routes;
+  };
+
+  /// Compiles `config` for a runtime of `workers` workers. Throws ConfigError when a target's
+  /// name does not resolve or an upstream's TLS cannot be set up.
+  static std::shared_ptr<Gateway> build(Config config, std::size_t workers, HealthRegistry& health);
+  ~Gateway();
+
+  const Config& config() const { return config_; }
+  /// The server named `name` (by index when servers are unnamed), or nullptr.
+  const Server* server(std::size_t index) const;
+  const Service* service(std::string_view name) const;
+  const std::vector<Upstream>& upstreams() const { return upstreams_; }
+
+  /// What one worker keeps for this snapshot: balancers, requests in flight per target, and
+  /// the retry budget per service. Touched by that worker only.
+  struct WorkerState {
+    std::vector<std::unique_ptr<Balancer>> balancers;
+    std::vector<std::vector<std::size_t>> in_flight;
+    struct Budget {
+      /// Retries that may be spent now, in thousandths (each request adds budget x 1000).
+      std::int64_t milli = 0;
+    };
+    std::vector<Budget> budgets;
+  };
+  WorkerState& worker_state();
+
+  /// Starts one active prober per target with active health (one per process, spread over
+  /// the workers); they stop when stop_probes() is called or the gateway is destroyed.
+  void start_probes(Runtime& runtime, http::UpstreamConnections& connections);
+  void stop_probes();
+
+ private:
+  Gateway() = default;
+  Config config_;
+  std::vector<Server> servers_;
+  std::vector<Upstream> upstreams_;
+  std::vector<Service> services_;
+  std::vector<std::unique_ptr<WorkerState>> workers_;
+  std::vector<JoinHandle<void>> probes_;
+  std::shared_ptr<std::atomic<bool>> probes_stop_ = std::make_shared<std::atomic<bool>>(false);
+};
+
+/// The snapshot in force on each worker.
+class Gateways {
+ public:
+  explicit Gateways(Runtime& runtime) : runtime_(runtime), current_(runtime.size()) {}
+  /// Makes `gateway` the one in force on every worker (each switches between requests).
+  /// Call from outside the workers, once the runtime is started; returns when all have
+  /// switched.
+  void publish(std::shared_ptr<Gateway> gateway);
+  /// The snapshot in force on the calling worker.
+  const std::shared_ptr<Gateway>& current() const;
+
+ private:
+  Runtime& runtime_;
+  std::vector<std::shared_ptr<Gateway>> current_;
+};
+
+/// Forwards requests that match a route to the route's service. Used as the first middleware
+/// of a server's router: a request no route matches goes on to the server's own handlers.
+class Proxy {
+ public:
+  Proxy(Gateways& gateways, http::UpstreamConnections& connections)
+      : gateways_(gateways), connections_(connections) {}
+
+  /// The middleware for server number `server_index` of the configuration.
+  http::Middleware middleware(std::size_t server_index);
+
+  /// Forwards `request` along `route` of `gateway` (the proxy's whole job; public for tests).
+  http::Response forward(http::Request& request, const std::shared_ptr<Gateway>& gateway,
+                         const Gateway::Server& server, const RouteConfig& route);
+
+ private:
+  Gateways& gateways_;
+  http::UpstreamConnections& connections_;
+};
+
+}  // namespace spindle::proxy

@@ -1,0 +1,277 @@
+// The gateway snapshot: compiling a configuration (targets resolved, TLS set up, balancers
+// per worker), target health, active probes, and publishing a snapshot to the workers.
+#include "spindle/proxy/gateway.h"
+
+#include <fmt/format.h>
+#include <netdb.h>
+
+#include <algorithm>
+
+#include "spindle/base/log.h"
+#include "spindle/fiber/this_fiber.h"
+#include "spindle/fiber/worker.h"
+#include "spindle/sync/wait_group.h"
+
+namespace spindle::proxy {
+
+// ---- health -----------------------------------------------------------------------------------
+
+bool TargetHealth::healthy(Clock::time_point now) const {
+  return probe_healthy() && ejected_until_.load(std::memory_order_relaxed) <= ticks(now);
+}
+
+void TargetHealth::record_failure(const PassiveHealthConfig& config, Clock::time_point now) {
+  if (config.max_fails == 0) return;  // passive checks off
+  std::int64_t t = ticks(now);
+  std::int64_t window = std::chrono::duration_cast<Clock::duration>(config.fail_timeout).count();
+  // Failures count within one fail_timeout of the first: an older streak starts again.
+  if (t - first_fail_.load(std::memory_order_relaxed) > window) {
+    first_fail_.store(t, std::memory_order_relaxed);
+    fails_.store(0, std::memory_order_relaxed);
+  }
+  if (fails_.fetch_add(1, std::memory_order_relaxed) + 1 >= config.max_fails) {
+    ejected_until_.store(t + window, std::memory_order_relaxed);
+    fails_.store(0, std::memory_order_relaxed);
+  }
+}
+
+void TargetHealth::record_success() {
+  if (fails_.load(std::memory_order_relaxed) != 0) fails_.store(0, std::memory_order_relaxed);
+}
+
+std::shared_ptr<TargetHealth> HealthRegistry::get(const std::string& key) {
+  std::lock_guard guard(lock_);
+  auto& slot = health_[key];
+  if (!slot) slot = std::make_shared<TargetHealth>();
+  return slot;
+}
+
+// ---- building ---------------------------------------------------------------------------------
+
+namespace {
+
+// The address of a target: a numeric host as it is, a name through the system resolver (this
+// runs off the workers, when a configuration is built).
+Address resolve_target(const TargetConfig& target, const std::string& where) {
+  if (auto numeric = Address::from_host_port(target.host, target.port)) return *numeric;
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  int rc = ::getaddrinfo(target.host.c_str(), nullptr, &hints, &found);
+  if (rc != 0 || found == nullptr) {
+    throw ConfigError(fmt::format("{}: cannot resolve '{}': {}", where, target.host,
+                                  rc != 0 ? gai_strerror(rc) : "no address"));
+  }
+  auto address = Address::from_sockaddr(found->ai_addr, found->ai_addrlen);
+  ::freeaddrinfo(found);
+  if (!address) throw ConfigError(fmt::format("{}: '{}': unusable address", where, target.host));
+  return Address::from_host_port(address->to_string().substr(0, address->to_string().rfind(':')),
+                                 target.port)
+      .value_or(*address);
+}
+
+http::WireProtocol wire_protocol(UpstreamProtocol p) {
+  switch (p) {
+    case UpstreamProtocol::kH2:
+      return http::WireProtocol::kHttp2;
+    case UpstreamProtocol::kH2c:
+      return http::WireProtocol::kH2c;
+    case UpstreamProtocol::kHttp1:
+      break;
+  }
+  return http::WireProtocol::kHttp1;
+}
+
+}  // namespace
+
+std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers,
+                                        HealthRegistry& health) {
+  std::shared_ptr<Gateway> g(new Gateway());
+  g->config_ = std::move(config);
+  const Config& c = g->config_;
+  for (const ServerConfig& server : c.servers) {
+    g->servers_.push_back({&server, RouteTable(c, server.name)});
+  }
+  g->upstreams_.reserve(c.upstreams.size());
+  for (const UpstreamConfig& u : c.upstreams) {
+    Upstream upstream;
+    upstream.config = &u;
+    upstream.index = g->upstreams_.size();
+    upstream.limits.max_idle = u.keepalive.max_idle;
+    upstream.limits.idle_timeout = u.keepalive.idle_timeout;
+    g->upstreams_.push_back(std::move(upstream));
+  }
+  g->services_.reserve(c.services.size());
+  for (const ServiceConfig& s : c.services) {
+    Service service;
+    service.config = &s;
+    service.index = g->services_.size();
+    service.timeouts = http::ExchangeTimeouts{.connect = s.timeouts.connect,
+                                              .first_byte = s.timeouts.first_byte,
+                                              .read = s.timeouts.read,
+                                              .write = s.timeouts.write};
+    auto it = std::ranges::find_if(g->upstreams_,
+                                   [&](const Upstream& u) { return u.config->name == s.upstream; });
+    if (it == g->upstreams_.end()) {
+      throw ConfigError(fmt::format("services.{}: no upstream named '{}'", s.name, s.upstream));
+    }
+    service.upstream = &*it;
+    // The TLS settings a service asks for, shared by the connections to each of its targets.
+    std::shared_ptr<const TlsClientContext> tls;
+    if (s.tls) {
+      TlsClientOptions options;
+      options.ca_file = s.tls_ca_file;
+      options.insecure = !s.tls_verify;
+      options.alpn = s.protocol == UpstreamProtocol::kH2 ? std::vector<std::string>{"h2"}
+                                                         : std::vector<std::string>{"http/1.1"};
+      auto ctx = TlsClientContext::create(options);
+      if (!ctx) throw ConfigError(fmt::format("services.{}.tls: {}", s.name, ctx.error()));
+      tls = *ctx;
+    }
+    // Targets are made once per upstream, by the first service that uses it (an upstream
+    // serves one protocol: a second service must agree).
+    Upstream& u = *it;
+    if (u.targets.empty()) {
+      for (std::size_t i = 0; i < u.config->targets.size(); ++i) {
+        const TargetConfig& t = u.config->targets[i];
+        std::string where = fmt::format("upstreams.{}.targets[{}]", u.config->name, i);
+        Target target;
+        target.config = t;
+        target.label = t.host.find(':') != std::string::npos
+                           ? fmt::format("[{}]:{}", t.host, t.port)
+                           : fmt::format("{}:{}", t.host, t.port);
+        target.endpoint.address = resolve_target(t, where);
+        target.endpoint.protocol = wire_protocol(s.protocol);
+        target.endpoint.tls = tls;
+        target.endpoint.server_name = s.tls_server_name.empty() ? t.host : s.tls_server_name;
+        target.health = health.get(target.endpoint.key());
+        u.targets.push_back(std::move(target));
+      }
+    } else if (u.targets.front().endpoint.protocol != wire_protocol(s.protocol) ||
+               static_cast<bool>(u.targets.front().endpoint.tls) != s.tls) {
+      throw ConfigError(fmt::format(
+          "services.{}: upstream '{}' is already used by a service with another protocol or TLS "
+          "setting",
+          s.name, s.upstream));
+    }
+    g->services_.push_back(service);
+  }
+  for (std::size_t w = 0; w < workers; ++w) {
+    auto state = std::make_unique<WorkerState>();
+    for (const Upstream& u : g->upstreams_) {
+      state->balancers.push_back(Balancer::make(*u.config));
+      state->in_flight.emplace_back(u.targets.size(), 0);
+    }
+    // Each worker starts with room for a few retries, so that a quiet service can retry too.
+    state->budgets.resize(g->services_.size(), WorkerState::Budget{.milli = 10'000});
+    g->workers_.push_back(std::move(state));
+  }
+  return g;
+}
+
+Gateway::~Gateway() { stop_probes(); }
+
+const Gateway::Server* Gateway::server(std::size_t index) const {
+  return index < servers_.size() ? &servers_[index] : nullptr;
+}
+
+const Gateway::Service* Gateway::service(std::string_view name) const {
+  for (const Service& s : services_) {
+    if (s.config->name == name) return &s;
+  }
+  return nullptr;
+}
+
+Gateway::WorkerState& Gateway::worker_state() { return *workers_.at(Worker::current()->index()); }
+
+// ---- active health ----------------------------------------------------------------------------
+
+namespace {
+
+// Probes one target until told to stop: GET path every interval; `healthy` successes in a row
+// bring it back, `unhealthy` failures in a row take it out.
+void probe_loop(Gateway::Target target, ActiveHealthConfig config, std::string upstream,
+                http::UpstreamConnections& connections, std::shared_ptr<std::atomic<bool>> stop) {
+  unsigned good = 0, bad = 0;
+  while (!stop->load() && !this_fiber::stop_requested()) {
+    http::RequestHead head;
+    head.method = "GET";
+    head.target = config.path;
+    http::ExchangeTimeouts timeouts{.connect = config.timeout,
+                                    .first_byte = config.timeout,
+                                    .read = config.timeout,
+                                    .write = config.timeout};
+    bool ok = false;
+    auto exchange = connections.open(target.endpoint, head, target.label, timeouts);
+    if (exchange && (*exchange)->finish()) {
+      auto response = (*exchange)->read_head();
+      if (response && (*response)->status >= 200 && (*response)->status < 400) {
+        char sink[1024];
+        Result<std::size_t> n;
+        while ((n = (*exchange)->read(sink)) && *n > 0) {
+        }
+        ok = n.has_value();
+      }
+    }
+    bool was = target.health->probe_healthy();
+    if (ok) {
+      bad = 0;
+      if (++good >= config.healthy && !was) {
+        target.health->set_probe_healthy(true);
+        log_info("upstream {}: target {} is healthy again", upstream, target.label);
+      }
+    } else {
+      good = 0;
+      if (++bad >= config.unhealthy && was) {
+        target.health->set_probe_healthy(false);
+        log_warn("upstream {}: target {} failed {} health checks in a row: taken out", upstream,
+                 target.label, bad);
+      }
+    }
+    if (this_fiber::sleep_for(config.interval)) break;
+  }
+}
+
+}  // namespace
+
+void Gateway::start_probes(Runtime& runtime, http::UpstreamConnections& connections) {
+  std::size_t next = 0;
+  for (const Upstream& u : upstreams_) {
+    if (!u.config->active_health.enabled) continue;
+    for (const Target& t : u.targets) {
+      Worker& worker = runtime.worker(next++ % runtime.size());
+      probes_.push_back(spawn_on(
+          worker, [t, config = u.config->active_health, name = u.config->name, &connections,
+                   stop = probes_stop_] { probe_loop(t, config, name, connections, stop); }));
+    }
+  }
+}
+
+void Gateway::stop_probes() {
+  probes_stop_->store(true);
+  for (auto& probe : probes_) probe.request_stop();
+  for (auto& probe : probes_) {
+    if (probe.joinable()) probe.join();
+  }
+  probes_.clear();
+}
+
+// ---- publishing -------------------------------------------------------------------------------
+
+void Gateways::publish(std::shared_ptr<Gateway> gateway) {
+  WaitGroup switched;
+  for (std::size_t i = 0; i < current_.size(); ++i) {
+    switched.add();
+    runtime_.worker(i).post([this, i, gateway, &switched] {
+      current_[i] = gateway;  // the old one goes when its last request lets go of it
+      switched.done();
+    });
+  }
+  (void)switched.wait();
+}
+
+const std::shared_ptr<Gateway>& Gateways::current() const {
+  return current_.at(Worker::current()->index());
+}
+
+}  // namespace spindle::proxy

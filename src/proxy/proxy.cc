@@ -1,0 +1,367 @@
+// The proxy: forwards a request that matched a route to a target of its service, streaming
+// both bodies, retrying only when it is safe, and answering 502 / 503 / 504 itself when the
+// upstream cannot.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <random>
+
+#include "spindle/base/log.h"
+#include "spindle/fiber/buffer_pool.h"
+#include "spindle/fiber/worker.h"
+#include "spindle/http/rules.h"
+#include "spindle/proxy/gateway.h"
+
+namespace spindle::proxy {
+namespace {
+
+using http::ExchangeErrc;
+
+// Request bodies up to this size are read whole before they are sent, and kept for a retry.
+constexpr std::uint64_t kReplayLimit = 64 * 1024;
+// What one read or write of a streamed body moves.
+constexpr std::size_t kPiece = 64 * 1024;
+
+// A request id: 32 hex digits from a per-worker generator.
+std::string new_request_id() {
+  thread_local std::mt19937_64 random{std::random_device{}()};
+  return fmt::format("{:016x}{:016x}", random(), random());
+}
+
+// An incoming X-Request-Id worth keeping: short, and only characters safe in logs.
+bool good_request_id(std::string_view id) {
+  return !id.empty() && id.size() <= 128 && std::ranges::all_of(id, [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '-' ||
+           c == '_' || c == '.';
+  });
+}
+
+bool trusted(const ServerConfig& server, const http::RequestContext& context) {
+  if (context.peer == nullptr) return false;
+  return std::ranges::any_of(server.trusted_proxies,
+                             [&](const Cidr& cidr) { return cidr.contains(*context.peer); });
+}
+
+// The status the client gets when the exchange failed with `ec`.
+int status_for(std::error_code ec) {
+  if (ec == ExchangeErrc::kConnectTimeout || ec == ExchangeErrc::kFirstByteTimeout ||
+      ec == ExchangeErrc::kReadTimeout || ec == ExchangeErrc::kWriteTimeout) {
+    return 504;
+  }
+  if (ec == ExchangeErrc::kNoCapacity) return 503;
+  return 502;
+}
+
+// True if a failure says something about the target's health (not the client's doing, nor
+// our own limits).
+bool counts_against_target(std::error_code ec) {
+  return ec != ExchangeErrc::kNoCapacity && ec != ExchangeErrc::kCancelled &&
+         ec != std::errc::invalid_argument;
+}
+
+// Counts a request in flight to a target on this worker while it lives.
+class InFlight {
+ public:
+  explicit InFlight(std::size_t& count) : count_(count) { ++count_; }
+  ~InFlight() { --count_; }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  std::size_t& count_;
+};
+
+// The request as it goes to the upstream: the client's fields less the hop-by-hop ones, plus
+// the X-Forwarded-* family, Via and X-Request-Id.
+struct ForwardHead {
+  http::RequestHead head;
+  std::string authority;
+  std::string request_id;
+  // Owns the values built here (the head's views point into them).
+  std::string forwarded_for, forwarded_proto, forwarded_host, via;
+};
+
+void build_head(const http::Request& request, const ServerConfig& server, ForwardHead& out) {
+  const http::RequestContext& context = request.context();
+  const http::HeaderMap& in = request.headers();
+  bool from_proxy = trusted(server, context);
+  out.authority = std::string(in.get("host").value_or(""));
+  if (out.authority.empty() && context.local != nullptr) out.authority = context.local->to_string();
+
+  auto id = in.get("x-request-id");
+  out.request_id = id && good_request_id(*id) ? std::string(*id) : new_request_id();
+  // A proxy we trust may have said who its client was; anyone else's claim is dropped.
+  if (auto xff = in.get("x-forwarded-for"); xff && from_proxy) {
+    out.forwarded_for = fmt::format("{}, {}", *xff, context.remote);
+  } else {
+    out.forwarded_for = std::string(context.remote);
+  }
+  auto proto = in.get("x-forwarded-proto");
+  out.forwarded_proto = proto && from_proxy ? std::string(*proto) : context.tls ? "https" : "http";
+  auto host = in.get("x-forwarded-host");
+  out.forwarded_host = host && from_proxy ? std::string(*host) : out.authority;
+  std::string_view version = context.major_version == 2     ? "2"
+                             : request.minor_version() == 0 ? "1.0"
+                                                            : "1.1";
+  auto via = in.get("via");
+  out.via = via ? fmt::format("{}, {} spindle", *via, version) : fmt::format("{} spindle", version);
+
+  http::RequestHead& head = out.head;
+  head.method = request.method();
+  head.target = request.target();
+  head.content_length = request.head().content_length;
+  head.chunked = request.head().chunked;
+  for (const http::Field& f : in) {
+    if (http::is_hop_by_hop(f.name) || http::connection_nominates(in, f.name)) {
+      // An upgrade's own fields go on (the exchange writes Upgrade and Connection itself).
+      bool upgrade = http::iequals(f.name, "upgrade") || http::iequals(f.name, "connection");
+      bool te_trailers = http::iequals(f.name, "te") && http::list_has_token(f.value, "trailers");
+      if (!upgrade && !te_trailers) continue;
+    }
+    if (http::iequals(f.name, "x-forwarded-for") || http::iequals(f.name, "x-forwarded-proto") ||
+        http::iequals(f.name, "x-forwarded-host") || http::iequals(f.name, "via") ||
+        http::iequals(f.name, "x-request-id") || http::iequals(f.name, "expect")) {
+      continue;
+    }
+    head.headers.add_view(f.name, f.value);
+  }
+  head.headers.add_view("X-Forwarded-For", out.forwarded_for);
+  head.headers.add_view("X-Forwarded-Proto", out.forwarded_proto);
+  if (!out.forwarded_host.empty()) head.headers.add_view("X-Forwarded-Host", out.forwarded_host);
+  head.headers.add_view("Via", out.via);
+  head.headers.add_view("X-Request-Id", out.request_id);
+}
+
+// Writes a small body whole, or streams a large one from the client. `first` keeps the piece
+// read but not yet accepted by the upstream, so that an attempt that failed before it took
+// any byte can be made again with it.
+struct BodyState {
+  bool replayable = true;        // the whole body is in `kept`
+  std::string kept;              // the whole body (replayable) or the piece not yet sent
+  bool streamed_beyond = false;  // bytes beyond `kept` went to an upstream: no retry
+};
+
+Result<void> send_body(http::Request& request, http::ClientExchange& exchange, BodyState& body,
+                       bool has_body) {
+  if (!has_body) return exchange.finish();
+  if (body.replayable) {
+    if (auto w = exchange.write(body.kept); !w) return w;
+    return exchange.finish();
+  }
+  if (!body.kept.empty()) {
+    if (auto w = exchange.write(body.kept); !w) return w;
+  }
+  std::string piece(kPiece, '\0');
+  for (;;) {
+    std::size_t n = request.read(piece);  // throws HttpError: the client's body failed
+    if (n == 0) break;
+    body.streamed_beyond = true;
+    if (auto w = exchange.write(std::string_view(piece).substr(0, n)); !w) return w;
+  }
+  return exchange.finish();
+}
+
+}  // namespace
+
+http::Middleware Proxy::middleware(std::size_t server_index) {
+  return [this, server_index](http::Request& request, const http::Next& next) -> http::Response {
+    const std::shared_ptr<Gateway>& gateway = gateways_.current();
+    const Gateway::Server* server = gateway ? gateway->server(server_index) : nullptr;
+    if (server == nullptr || server->routes.size() == 0) return next(request);
+    const RouteConfig* route = server->routes.select(request.header("host"), request.target(),
+                                                     request.method(), request.headers());
+    if (route == nullptr) return next(request);
+    return forward(request, gateway, *server, *route);
+  };
+}
+
+http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gateway>& gateway,
+                              const Gateway::Server& server, const RouteConfig& route) {
+  const Gateway::Service* service = gateway->service(route.service);
+  if (service == nullptr) return http::Response::error(502, "no such service");
+  const Gateway::Upstream& upstream = *service->upstream;
+  const RetryPolicy& retries = service->config->retries;
+  Gateway::WorkerState& worker = gateway->worker_state();
+  auto& budget = worker.budgets[service->index];
+  budget.milli = std::min<std::int64_t>(
+      budget.milli + static_cast<std::int64_t>(retries.budget * 1000), 100'000);
+
+  auto forward_head = std::make_shared<ForwardHead>();
+  build_head(request, *server.config, *forward_head);
+  request.set_attribute("route", route.name);
+  request.set_attribute("request_id", forward_head->request_id);
+  const http::RequestHead& head = forward_head->head;
+
+  // Small bodies are read whole first: they can be sent again.
+  bool has_body = head.chunked || head.content_length.value_or(0) > 0;
+  BodyState body;
+  body.replayable = !has_body || head.content_length.value_or(UINT64_MAX) <= kReplayLimit;
+  if (has_body && body.replayable) body.kept = request.body();
+  bool idempotent = http::is_idempotent(head.method);
+
+  // The key consistent_hash hashes.
+  std::uint64_t key_hash = 0;
+  if (upstream.config->balancer == BalancerKind::kConsistentHash) {
+    const HashKey& key = upstream.config->hash;
+    std::string_view value = request.context().remote;
+    if (key.by == HashKey::By::kHeader) {
+      value = request.header(key.key);
+    } else if (key.by == HashKey::By::kCookie) {
+      value = {};
+      for (const http::Field& f : request.headers()) {
+        if (!http::iequals(f.name, "cookie")) continue;
+        for (std::string_view rest = f.value; !rest.empty();) {
+          std::string_view pair = rest.substr(0, rest.find(';'));
+          rest = pair.size() < rest.size() ? rest.substr(pair.size() + 1) : std::string_view{};
+          while (!pair.empty() && pair.front() == ' ') pair.remove_prefix(1);
+          if (pair.starts_with(key.key) && pair.size() > key.key.size() &&
+              pair[key.key.size()] == '=') {
+            value = pair.substr(key.key.size() + 1);
+          }
+        }
+      }
+    }
+    key_hash = hash_key(value);
+  }
+
+  std::vector<bool> tried(upstream.targets.size(), false);
+  std::vector<TargetView> views(upstream.targets.size());
+  std::error_code last_error;
+  std::string_view last_target;
+  bool last_reused = false;
+  for (unsigned attempt = 1;; ++attempt) {
+    auto now = Clock::now();
+    for (std::size_t i = 0; i < views.size(); ++i) {
+      views[i] = TargetView{.weight = upstream.targets[i].config.weight,
+                            .healthy = upstream.targets[i].health->healthy(now),
+                            .in_flight = worker.in_flight[upstream.index][i],
+                            .excluded = tried[i]};
+    }
+    auto pick = worker.balancers[upstream.index]->pick(views, key_hash);
+    if (!pick && attempt > 1 && last_reused && upstream.targets.size() == 1) {
+      // Every target tried: the last failure stands. But a single target may be tried again
+      // when the failure was a pooled connection it had closed: no fault of the target.
+      pick = 0;
+    }
+    if (!pick) {
+      if (attempt == 1) {
+        log_warn("route {}: upstream {} has no healthy target: answered 503", route.name,
+                 upstream.config->name);
+        return http::Response::error(503, "no healthy upstream");
+      }
+      break;
+    }
+    const Gateway::Target& target = upstream.targets[*pick];
+    tried[*pick] = true;
+    last_target = target.label;
+    auto in_flight = std::make_shared<InFlight>(worker.in_flight[upstream.index][*pick]);
+    auto started = Clock::now();
+    auto opened = connections_.open(target.endpoint, head, forward_head->authority,
+                                    service->timeouts, upstream.limits);
+    std::error_code failure;
+    std::shared_ptr<http::ClientExchange> exchange;
+    last_reused = false;
+    const http::ClientResponseHead* response_head = nullptr;
+    if (!opened) {
+      failure = opened.error();
+    } else {
+      exchange = std::move(*opened);
+      last_reused = exchange->reused();
+      // The client going away cancels the exchange (HTTP/2 RST_STREAM).
+      request.on_client_gone([weak = std::weak_ptr(exchange)] {
+        if (auto e = weak.lock()) e->cancel();
+      });
+      auto sent = send_body(request, *exchange, body, has_body);
+      // Even when the body could not all go out, the upstream may have answered (an early
+      // 413, say): its answer is what the client should see.
+      auto got = exchange->read_head();
+      if (got) {
+        response_head = *got;
+      } else {
+        failure = sent ? got.error() : sent.error();
+      }
+    }
+    if (response_head == nullptr) {
+      last_error = failure;
+      if (counts_against_target(failure)) {
+        target.health->record_failure(upstream.config->passive_health, Clock::now());
+      }
+      // Safe to send again: nothing reached the upstream (whatever the method, if the body is
+      // still whole or not yet begun), or an idempotent request whose body is kept and whose
+      // connection closed before any answer.
+      bool body_whole = body.replayable || !body.streamed_beyond;
+      bool safe = (http::nothing_reached_upstream(failure) && body_whole) ||
+                  (idempotent && body.replayable && failure == ExchangeErrc::kClosedBeforeResponse);
+      if (safe && attempt < retries.attempts && budget.milli >= 1000) {
+        budget.milli -= 1000;
+        log_info("route {}: {} {} to {} failed ({}): trying again", route.name, head.method,
+                 head.target, target.label, failure.message());
+        continue;
+      }
+      break;
+    }
+    int status = response_head->status;
+    if ((status == 502 || status == 503) && idempotent && body.replayable &&
+        attempt < retries.attempts && budget.milli >= 1000 && views.size() > 1) {
+      budget.milli -= 1000;
+      last_error = {};
+      continue;  // another target may do better
+    }
+    target.health->record_success();
+
+    // The response: the upstream's fields (the server drops hop-by-hop ones and sets the
+    // framing) and its body streamed to the client as it comes.
+    request.set_attribute("upstream", target.label);
+    auto first_byte = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+    request.set_attribute("upstream_connect_ms",
+                          fmt::format("{:.3f}", exchange->connect_time().count() / 1000.0));
+    request.set_attribute("upstream_first_byte_ms", std::to_string(first_byte.count()));
+    http::Response response(status);
+    for (const http::Field& f : response_head->headers) {
+      if (http::iequals(f.name, "via")) continue;
+      response.headers.add(f.name, f.value);
+    }
+    auto via = response_head->headers.get("via");
+    std::string our_via = fmt::format("{}{}{} spindle", via ? *via : "", via ? ", " : "",
+                                      response_head->version == 20   ? "2"
+                                      : response_head->version == 10 ? "1.0"
+                                                                     : "1.1");
+    response.headers.add("Via", our_via);
+    if (request.method() == "HEAD" || response_head->no_body) {
+      if (response_head->content_length) {
+        response.stream = [](http::BodyWriter&) {};
+        response.stream_length = response_head->content_length;
+      }
+      return response;
+    }
+    response.stream_length = response_head->content_length;
+    // The producer keeps the snapshot, the exchange and the in-flight count until the body
+    // is sent.
+    response.stream = [gateway, exchange, in_flight, forward_head, label = target.label,
+                       route = route.name](http::BodyWriter& writer) {
+      BufferPool::Buffer buffer = take_buffer();
+      for (;;) {
+        auto n = exchange->read(buffer.span());
+        if (!n) {
+          // Cut mid-body: the client's connection or stream is aborted, never ended short.
+          throw std::runtime_error(
+              fmt::format("route {}: upstream {}: {}", route, label, n.error().message()));
+        }
+        if (*n == 0) break;
+        if (!writer.write(std::string_view(buffer.span().data(), *n))) {
+          exchange->cancel();  // the client is gone
+          return;
+        }
+      }
+      if (!exchange->trailers().empty()) writer.set_trailers(exchange->trailers());
+    };
+    return response;
+  }
+  int status = status_for(last_error);
+  log_warn("route {}: {} {} to {}: {}: answered {}", route.name, head.method, head.target,
+           last_target, last_error.message(), status);
+  request.set_attribute("upstream", last_target);
+  return http::Response::error(status, last_error.message());
+}
+
+}  // namespace spindle::proxy

@@ -1,0 +1,478 @@
+"""spindle as a reverse proxy: routing, forwarded fields, bodies both ways, balancing, health,
+safe retries and the error statuses, against real upstreams started here (spindle's
+http_test_server, and small scripted upstreams where a behaviour must be forced)."""
+import collections
+import http.client
+import os
+import re
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import Server
+
+
+def upstream(build_dir, name, keepalive_ms=None, tls=None, max_body=64 << 20):
+    env = {"UPSTREAM_NAME": name}
+    if keepalive_ms is not None:
+        env["KEEPALIVE_MS"] = str(keepalive_ms)
+    if tls is not None:
+        env["TLS_CERT"], env["TLS_KEY"] = tls
+    return Server([os.path.join(build_dir, "bin", "http_test_server"), "0", str(max_body), "1"],
+                  env=env)
+
+
+def gateway(build_dir, tmp_path, body, threads=2):
+    config = tmp_path / "gateway.yaml"
+    config.write_text(body)
+    return Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(config),
+                   "--threads", str(threads)])
+
+
+def addr(server):
+    return f"{server.host}:{server.port}"
+
+
+def request(server, method, path, body=None, headers=None, timeout=10, chunked=False):
+    """One request on a new connection: status, fields (names without regard to case), body."""
+    conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {}, encode_chunked=chunked)
+        response = conn.getresponse()
+        return response.status, response.headers, response.read()
+    finally:
+        conn.close()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SERVER = """
+servers:
+  - name: public
+    listen: 127.0.0.1:0
+    http2: true
+    access_log: off
+    limits: {max_body: 2g}
+"""
+
+
+@pytest.fixture
+def two_upstreams(build_dir):
+    a, b = upstream(build_dir, "a"), upstream(build_dir, "b")
+    yield a, b
+    a.stop()
+    b.stop()
+
+
+def test_routes_choose_the_service_by_host_then_path(build_dir, tmp_path, two_upstreams):
+    a, b = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - name: api
+    match: {{hosts: [api.example.com, "*.example.com"], path_prefix: /}}
+    service: a
+  - name: exact
+    match: {{path: /plaintext}}
+    service: b
+  - name: rest
+    match: {{path_prefix: /}}
+    service: a
+services:
+  a: {{url: "http://{addr(a)}"}}
+  b: {{url: "http://{addr(b)}"}}
+""")
+    try:
+        assert request(gw, "GET", "/plaintext")[1]["X-Upstream"] == "b"
+        assert request(gw, "GET", "/headers")[1]["X-Upstream"] == "a"
+        # The host decides first: api.example.com's route takes even the exact path.
+        status, headers, _ = request(gw, "GET", "/plaintext", headers={"Host": "x.example.com"})
+        assert (status, headers["X-Upstream"]) == (200, "a")
+    finally:
+        assert gw.stop() == 0
+
+
+def test_forwarded_fields_are_added_and_hop_by_hop_ones_removed(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    try:
+        status, headers, body = request(gw, "GET", "/headers", headers={
+            "Host": "shop.test", "Connection": "x-secret", "X-Secret": "hop",
+            "Keep-Alive": "timeout=5", "X-Forwarded-For": "6.6.6.6", "X-Kept": "end-to-end"})
+        assert status == 200
+        seen = dict(line.split(": ", 1) for line in body.decode().splitlines())
+        lowered = {k.lower(): v for k, v in seen.items()}
+        assert lowered["host"] == "shop.test"
+        # An untrusted client's X-Forwarded-For is replaced by what we saw.
+        assert lowered["x-forwarded-for"] == "127.0.0.1"
+        assert lowered["x-forwarded-proto"] == "http"
+        assert lowered["x-forwarded-host"] == "shop.test"
+        assert lowered["via"] == "1.1 spindle"
+        assert re.fullmatch(r"[0-9a-f]{32}", lowered["x-request-id"])
+        assert lowered["x-kept"] == "end-to-end"
+        for gone in ("x-secret", "keep-alive", "connection"):
+            assert gone not in lowered, gone
+        assert headers["Via"] == "1.1 spindle"
+        # A request id that came with the request goes on as it is.
+        _, _, body = request(gw, "GET", "/headers", headers={"X-Request-Id": "abc-123"})
+        assert "X-Request-Id: abc-123" in body.decode()
+    finally:
+        gw.stop()
+
+
+def test_a_trusted_proxy_keeps_its_forwarded_for(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER.replace(
+        "    http2: true", "    http2: true\n    trusted_proxies: [127.0.0.0/8]") + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    try:
+        _, _, body = request(gw, "GET", "/headers", headers={
+            "X-Forwarded-For": "203.0.113.9", "X-Forwarded-Proto": "https"})
+        text = body.decode()
+        assert "X-Forwarded-For: 203.0.113.9, 127.0.0.1" in text
+        assert "X-Forwarded-Proto: https" in text
+    finally:
+        gw.stop()
+
+
+def fnv_digest(data):
+    h = 14695981039346656037
+    for b in data:
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_request_bodies_stream_to_the_upstream(build_dir, tmp_path, two_upstreams, framing):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    try:
+        data = os.urandom(3 << 20)
+        if framing == "length":
+            status, _, body = request(gw, "POST", "/digest", body=data)
+        else:
+            status, _, body = request(gw, "POST", "/digest",
+                                      body=iter([data[i:i + 100000] for i in range(0, len(data), 100000)]),
+                                      headers={"Transfer-Encoding": "chunked"}, chunked=True)
+        assert status == 200
+        size, _, digest = body.decode().split()
+        assert int(size) == len(data)
+        # The hash of the whole body, computed by the upstream, matches ours.
+        assert digest == f"{fnv_digest(data):016x}"
+    finally:
+        gw.stop()
+
+
+def test_response_bodies_stream_with_their_length_or_chunked(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    try:
+        status, headers, body = request(gw, "GET", "/bytes/5000000")
+        assert (status, len(body), headers.get("Content-Length")) == (200, 5000000, "5000000")
+        status, headers, body = request(gw, "GET", "/bytes/3000000?chunked")
+        assert (status, len(body)) == (200, 3000000)
+        assert headers.get("Transfer-Encoding") == "chunked"
+        # HEAD: the length the GET would have, no body.
+        status, headers, body = request(gw, "HEAD", "/bytes/1234")
+        assert (status, headers.get("Content-Length"), body) == (200, "1234", b"")
+    finally:
+        gw.stop()
+
+
+def curl(*args, timeout=20):
+    return subprocess.run(["curl", "-sS", *args], capture_output=True, timeout=timeout)
+
+
+def test_http2_clients_are_forwarded_to_http1_upstreams(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    try:
+        data = tmp_path / "up.bin"
+        data.write_bytes(os.urandom(2 << 20))
+        base = f"http://{addr(gw)}"
+        up = curl("--http2-prior-knowledge", "--data-binary", f"@{data}", f"{base}/digest")
+        assert up.returncode == 0, up.stderr
+        assert up.stdout.decode().split()[0] == str(2 << 20)
+        # No Content-Length (curl streams stdin): forwarded chunked.
+        up = subprocess.run(["curl", "-sS", "--http2-prior-knowledge", "-T", "-", "-X", "POST",
+                             f"{base}/digest"], input=data.read_bytes(), capture_output=True,
+                            timeout=20)
+        assert up.returncode == 0, up.stderr
+        assert up.stdout.decode().split()[0] == str(2 << 20)
+        down = curl("--http2-prior-knowledge", f"{base}/bytes/4000000", "-o", "-")
+        assert down.returncode == 0 and len(down.stdout) == 4000000
+    finally:
+        gw.stop()
+
+
+def test_a_response_cut_mid_body_aborts_the_client_side(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    try:
+        # HTTP/1.1: the announced length is never reached; the connection closes.
+        h1 = curl(f"http://{addr(gw)}/cut", "-o", "/dev/null")
+        assert h1.returncode == 18, h1  # CURLE_PARTIAL_FILE
+        # HTTP/2: the stream is reset rather than ended.
+        h2 = curl("--http2-prior-knowledge", f"http://{addr(gw)}/cut", "-o", "/dev/null")
+        assert h2.returncode in (16, 92, 18), h2  # HTTP/2 stream error, never success
+        # The gateway itself is fine.
+        assert request(gw, "GET", "/plaintext")[0] == 200
+    finally:
+        gw.stop()
+
+
+def test_timeouts_and_dead_upstreams_give_504_502_503(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    dead = free_port()
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: slow, match: {{path_prefix: /delay/}}, service: slow}}
+  - {{name: dead, match: {{path_prefix: /dead/}}, service: dead}}
+  - {{name: ejecting, match: {{path_prefix: /ejecting/}}, service: ejecting}}
+services:
+  slow: {{url: "http://{addr(a)}", timeouts: {{first_byte: 300ms}}}}
+  dead: {{url: "http://127.0.0.1:{dead}"}}
+  ejecting: {{upstream: ejecting}}
+upstreams:
+  ejecting:
+    targets: [{{address: "127.0.0.1:{dead}"}}]
+    health: {{passive: {{max_fails: 1, fail_timeout: 30s}}}}
+""")
+    try:
+        started = time.monotonic()
+        assert request(gw, "GET", "/delay/2000")[0] == 504
+        assert time.monotonic() - started < 1.5
+        assert request(gw, "GET", "/delay/10")[0] == 200
+        assert request(gw, "GET", "/dead/x")[0] == 502
+        # One failure ejects the only target: then there is nothing healthy to try.
+        assert request(gw, "GET", "/ejecting/x")[0] == 502
+        assert request(gw, "GET", "/ejecting/x")[0] == 503
+        assert any("no healthy target" in line for line in gw.errors)
+    finally:
+        gw.stop()
+
+
+def balanced(build_dir, tmp_path, ups, balancer, weights=None, extra=""):
+    targets = ", ".join(
+        f"{{address: \"{addr(u)}\"{', weight: ' + str(w) if w else ''}}}"
+        for u, w in zip(ups, weights or [None] * len(ups)))
+    return gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: pool}}
+services:
+  pool: {{upstream: pool}}
+upstreams:
+  pool:
+    balancer: {balancer}
+    targets: [{targets}]
+{extra}""", threads=1)
+
+
+def test_weighted_round_robin_follows_the_weights(build_dir, tmp_path, two_upstreams):
+    a, b = two_upstreams
+    gw = balanced(build_dir, tmp_path, [a, b], "weighted", [3, 1])
+    try:
+        seen = collections.Counter(request(gw, "GET", "/plaintext")[1]["X-Upstream"]
+                                   for _ in range(200))
+        assert seen == {"a": 150, "b": 50}
+    finally:
+        gw.stop()
+
+
+def test_consistent_hash_keeps_a_key_on_one_target(build_dir, tmp_path, two_upstreams):
+    a, b = two_upstreams
+    gw = balanced(build_dir, tmp_path, [a, b], "{consistent_hash: {by: header, key: x-user}}")
+    try:
+        by_user = {}
+        for round_ in range(3):
+            for user in range(40):
+                got = request(gw, "GET", "/plaintext", headers={"X-User": str(user)})[1]["X-Upstream"]
+                assert by_user.setdefault(user, got) == got
+        assert set(by_user.values()) == {"a", "b"}
+    finally:
+        gw.stop()
+
+
+def test_requests_go_around_a_dead_target_and_posts_are_retried_only_when_safe(
+        build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    dead = free_port()
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: pool}}
+services:
+  pool: {{upstream: pool, retries: {{attempts: 2, budget: 100%}}}}
+upstreams:
+  pool:
+    targets: [{{address: "127.0.0.1:{dead}"}}, {{address: "{addr(a)}"}}]
+    health: {{passive: {{max_fails: 1000, fail_timeout: 10s}}}}
+""", threads=1)
+    try:
+        # Connecting to the dead target fails: nothing reached it, so even a POST goes on.
+        for _ in range(20):
+            assert request(gw, "POST", "/echo", body=b"once")[:1] == (200,)
+            assert request(gw, "GET", "/plaintext")[0] == 200
+    finally:
+        gw.stop()
+
+
+class ClosingUpstream:
+    """Reads each request whole, counts it, and closes without answering: whatever was sent
+    may have been acted on."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.requests = collections.Counter()
+        self.running = True
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        self.sock.settimeout(0.2)
+        while self.running:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            data = b""
+            conn.settimeout(2)
+            try:
+                while b"\r\n\r\n" not in data:
+                    more = conn.recv(65536)
+                    if not more:
+                        break
+                    data += more
+            except OSError:
+                pass
+            if data:
+                self.requests[data.split(b" ", 1)[0].decode()] += 1
+            conn.close()
+
+    def stop(self):
+        self.running = False
+        self.sock.close()
+
+
+def test_a_post_whose_bytes_reached_the_upstream_is_never_replayed(build_dir, tmp_path):
+    one, two = ClosingUpstream(), ClosingUpstream()
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: c}}
+services:
+  c: {{upstream: closing, retries: {{attempts: 3, budget: 100%}}}}
+upstreams:
+  closing:
+    targets: [{{address: "127.0.0.1:{one.port}"}}, {{address: "127.0.0.1:{two.port}"}}]
+""", threads=1)
+    try:
+        assert request(gw, "POST", "/order", body=b"buy 1")[0] == 502
+        assert one.requests["POST"] + two.requests["POST"] == 1
+        # A GET may be sent again, to the other target (each target is tried once).
+        assert request(gw, "GET", "/list")[0] == 502
+        assert (one.requests["GET"], two.requests["GET"]) == (1, 1)
+    finally:
+        gw.stop()
+        one.stop()
+        two.stop()
+
+
+def test_no_502_when_the_upstream_closes_pooled_connections(build_dir, tmp_path):
+    """The upstream closes idle connections after 30 ms; requests come at about that pace, so
+    pooled connections are often closed just as they are reused."""
+    up = upstream(build_dir, "short", keepalive_ms=30)
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: s}}
+services:
+  s: {{url: "http://{addr(up)}"}}
+""", threads=1)
+    statuses = collections.Counter()
+
+    def client(n, delay):
+        conn = http.client.HTTPConnection(gw.host, gw.port, timeout=10)
+        for i in range(n):
+            conn.request("GET", "/plaintext")
+            r = conn.getresponse()
+            r.read()
+            statuses[r.status] += 1
+            time.sleep(delay + (i % 7) * 0.002)
+        conn.close()
+
+    try:
+        threads = [threading.Thread(target=client, args=(250, d)) for d in (0.024, 0.028, 0.031, 0.035)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert statuses == {200: 1000}
+    finally:
+        gw.stop()
+        up.stop()
+
+
+def test_h2c_and_tls_upstreams(build_dir, tmp_path, certs):
+    plain = upstream(build_dir, "plain")
+    secure = upstream(build_dir, "secure", tls=(f"{certs}/localhost.pem", f"{certs}/localhost.key"))
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: h2c, match: {{path_prefix: /h2c/}}, service: h2c}}
+  - {{name: h2, match: {{path_prefix: /h2/}}, service: h2}}
+  - {{name: https, match: {{path_prefix: /https/}}, service: https}}
+  - {{name: wrong, match: {{path_prefix: /wrong/}}, service: wrong}}
+services:
+  h2c: {{url: "http://{addr(plain)}", protocol: h2c}}
+  h2: {{url: "https://localhost:{secure.port}", protocol: h2, tls: {{ca: {certs}/ca.pem}}}}
+  https: {{url: "https://localhost:{secure.port}", tls: {{ca: {certs}/ca.pem}}}}
+  wrong: {{url: "https://localhost:{secure.port}", tls: {{ca: {certs}/ca.pem, server_name: wrong.test}}}}
+""")
+    try:
+        # Each route forwards the path as it is; the upstream names itself even in a 404.
+        for prefix, name in (("h2c", "plain"), ("h2", "secure"), ("https", "secure")):
+            status, headers, body = request(gw, "GET", f"/{prefix}/")
+            assert headers.get("X-Upstream") == name, (prefix, status, body)
+        # Verification on by default: a name the certificate does not hold fails.
+        status, _, _ = request(gw, "GET", "/wrong/")
+        assert status == 502
+        time.sleep(0.2)
+        assert any("route wrong" in line and "certificate" in line for line in gw.errors), gw.errors
+    finally:
+        gw.stop()
+        plain.stop()
+        secure.stop()
