@@ -12,6 +12,7 @@
 #include "spindle/fiber/worker.h"
 #include "spindle/http/server.h"
 #include "spindle/net/tcp_server.h"
+#include "spindle/sync/event.h"
 #include "spindle/testing.h"
 
 using namespace std::chrono_literals;
@@ -457,6 +458,33 @@ TEST_P(Exchange, TheRequestContextSaysWhoAndHow) {
                                                               : "127.0.0.1 1 false true");
   });
   server->drain(Deadline::after(5s));
+}
+
+TEST(ClientGone, AnHttp2ResetRunsTheHandlersCallback) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  Event gone;
+  Router router;
+  router.get("/wait", [&gone](Request& r) {
+    r.on_client_gone([&gone] { gone.set(); });
+    (void)gone.wait(Deadline::after(5s));
+    return Response::text("done");
+  });
+  auto server = HttpServer::start(runtime, Address::loopback_v4(0), std::move(router),
+                                  ServerOptions{.http2 = true});
+  ASSERT_TRUE(server.has_value());
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    auto ex = pools.open(endpoint_of((*server)->address(), WireProtocol::kH2c),
+                         head_for("GET", "/wait"), "u", {});
+    ASSERT_TRUE(ex.has_value());
+    ASSERT_TRUE((*ex)->finish().has_value());
+    (void)this_fiber::sleep_for(100ms);
+    auto started = Clock::now();
+    ex->reset();  // abandoned: RST_STREAM(CANCEL)
+    EXPECT_FALSE(gone.wait(Deadline::after(2s))) << "the callback never ran";
+    EXPECT_LT(Clock::now() - started, 1s);
+  });
+  (*server)->drain(Deadline::after(5s));
 }
 
 TEST(ExchangeTrailers, Http2TrailersReachTheClient) {
