@@ -131,7 +131,15 @@ void AccessLog::format(std::string& out, Format format, const AccessRecord& r,
     append_escaped(out, r.referer.empty() ? "-" : r.referer, false);
     out += "\" \"";
     append_escaped(out, r.user_agent.empty() ? "-" : r.user_agent, false);
-    out += "\"\n";
+    out += '"';
+    for (const auto& [name, value] : r.attributes) {
+      out += ' ';
+      append_escaped(out, name, false);
+      out += "=\"";
+      append_escaped(out, value, false);
+      out += '"';
+    }
+    out += '\n';
     return;
   }
   fmt::format_to(it, "{{\"time\":\"{:%Y-%m-%dT%H:%M:%S}Z\",\"remote\":\"", seconds);
@@ -145,7 +153,15 @@ void AccessLog::format(std::string& out, Format format, const AccessRecord& r,
   append_escaped(out, r.referer, true);
   out += "\",\"user_agent\":\"";
   append_escaped(out, r.user_agent, true);
-  fmt::format_to(it, "\",\"duration_us\":{}}}\n", r.duration.count());
+  out += '"';
+  for (const auto& [name, value] : r.attributes) {
+    out += ",\"";
+    append_escaped(out, name, true);
+    out += "\":\"";
+    append_escaped(out, value, true);
+    out += '"';
+  }
+  fmt::format_to(it, ",\"duration_us\":{}}}\n", r.duration.count());
 }
 
 }  // namespace spindle::http

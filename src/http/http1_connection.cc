@@ -120,7 +120,7 @@ class Connection final : public BodySource {
   /// (a known length, or HTTP/1.0).
   void stream_body(const BodyProducer& producer, std::optional<std::uint64_t> length);
   /// Records the request just answered in the access log.
-  void log_access(const Response& response, Clock::time_point handled_at);
+  void log_access(const Request& request, const Response& response, Clock::time_point handled_at);
   /// Records a request the parser rejected (method and target "-", as nginx logs them).
   void log_rejected(int status);
   /// The client's address as text, looked up once per connection.
@@ -584,8 +584,10 @@ void Connection::log_rejected(int status) {
       .remote = remote(), .method = "-", .target = "-", .minor_version = 1, .status = status});
 }
 
-void Connection::log_access(const Response& response, Clock::time_point handled_at) {
-  options_.access_log->record(detail::access_record(head_, response, remote(), 1, handled_at));
+void Connection::log_access(const Request& request, const Response& response,
+                            Clock::time_point handled_at) {
+  options_.access_log->record(
+      detail::access_record(head_, response, remote(), 1, handled_at, request.attributes()));
 }
 
 void Connection::queue_error(int status, std::string_view reason) {
@@ -641,7 +643,7 @@ Connection::Outcome Connection::serve() {
       request.set_context(context());
       Response response = respond(request);
       ++state_.requests;
-      if (options_.access_log) log_access(response, handled_at);
+      if (options_.access_log) log_access(request, response, handled_at);
       bool body_left = !finish_body();
       linger_ = linger_ || body_left;
       bool close = body_left || !head_.keep_alive ||

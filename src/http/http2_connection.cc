@@ -89,7 +89,8 @@ class Http2Connection {
   void stream_response(H2Stream& s, const BodyProducer& producer,
                        std::optional<std::uint64_t> length);
   /// Records the request in the access log.
-  void log_access(H2Stream& s, const Response& response, Clock::time_point started);
+  void log_access(H2Stream& s, const Response& response, Clock::time_point started,
+                  std::span<const std::pair<std::string, std::string>> attributes);
   /// Ends the reader (a stop request wakes it from its read).
   void stop_reader();
   /// The reader's loop: socket -> nghttp2 (the h2c upgrade's stream 1 and `preread` first).
@@ -552,13 +553,14 @@ void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
     bool head_only = s->method == "HEAD";
     if (s->early_status != 0) {
       response = Response::error(s->early_status);
+      if (shared_.options.access_log) log_access(*s, response, started, {});
     } else {
       Request request(s->head, *s);
       request.set_context(context());
       request.set_client_gone_slot(&s->on_gone);
       response = call_router(shared_.router, request);
+      if (shared_.options.access_log) log_access(*s, response, started, request.attributes());
     }
-    if (shared_.options.access_log) log_access(*s, response, started);
     if (!s->closed) submit_response(*s, response, head_only);
   } catch (...) {
     // Only the server's own code can get here (call_router catches the handler's exceptions):
@@ -663,9 +665,11 @@ void Http2Connection::stream_response(H2Stream& s, const BodyProducer& producer,
   wake_writer();
 }
 
-void Http2Connection::log_access(H2Stream& s, const Response& response, Clock::time_point started) {
+void Http2Connection::log_access(H2Stream& s, const Response& response, Clock::time_point started,
+                                 std::span<const std::pair<std::string, std::string>> attributes) {
   if (remote_.empty()) remote_ = client_address_text(stream_.peer_address());
-  shared_.options.access_log->record(access_record(s.head, response, remote_, 2, started));
+  shared_.options.access_log->record(
+      access_record(s.head, response, remote_, 2, started, attributes));
 }
 
 void Http2Connection::write_loop() {

@@ -16,7 +16,8 @@ std::string client_address_text(const Result<Address>& peer) {
 }
 
 AccessRecord access_record(const RequestHead& head, const Response& response,
-                           std::string_view remote, int major_version, Clock::time_point started) {
+                           std::string_view remote, int major_version, Clock::time_point started,
+                           std::span<const std::pair<std::string, std::string>> attributes) {
   bool no_body = head.method == "HEAD" || status_has_no_body(response.status);
   return AccessRecord{
       .remote = remote,
@@ -29,6 +30,7 @@ AccessRecord access_record(const RequestHead& head, const Response& response,
       .referer = head.headers.get("referer").value_or(""),
       .user_agent = head.headers.get("user-agent").value_or(""),
       .duration = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started),
+      .attributes = attributes,
   };
 }
 

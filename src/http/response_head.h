@@ -98,6 +98,7 @@ std::string client_address_text(const Result<Address>& peer);
 /// The access-log record of a request answered with `response`: `bytes` is what the body
 /// sends, `started` when its head was complete.
 AccessRecord access_record(const RequestHead& head, const Response& response,
-                           std::string_view remote, int major_version, Clock::time_point started);
+                           std::string_view remote, int major_version, Clock::time_point started,
+                           std::span<const std::pair<std::string, std::string>> attributes = {});
 
 }  // namespace spindle::http::detail

@@ -476,3 +476,25 @@ services:
         gw.stop()
         plain.stop()
         secure.stop()
+
+
+def test_the_access_log_names_the_route_upstream_and_timings(build_dir, tmp_path, two_upstreams):
+    import json
+    a, _ = two_upstreams
+    log = tmp_path / "access.log"
+    gw = gateway(build_dir, tmp_path, SERVER.replace("access_log: off", f"access_log: {{path: {log}, format: json}}") + f"""
+routes:
+  - {{name: api, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    try:
+        request(gw, "GET", "/plaintext", headers={"X-Request-Id": "req-1"})
+        curl("--http2-prior-knowledge", f"http://{addr(gw)}/plaintext", "-H", "X-Request-Id: req-2")
+    finally:
+        gw.stop()
+    records = {r["request_id"]: r for r in map(json.loads, log.read_text().splitlines())}
+    for rid, version in (("req-1", "HTTP/1.1"), ("req-2", "HTTP/2.0")):
+        r = records[rid]
+        assert (r["route"], r["upstream"], r["version"], r["status"]) == ("api", addr(a), version, 200)
+        assert float(r["upstream_connect_ms"]) >= 0 and int(r["upstream_first_byte_ms"]) >= 0

@@ -10,9 +10,11 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "spindle/base/error.h"
@@ -40,6 +42,9 @@ struct AccessRecord {
   std::string_view user_agent;
   /// Time from the complete head to the queued response.
   std::chrono::microseconds duration{0};
+  /// The request's attributes (Request::set_attribute: the route, the upstream, its timings),
+  /// logged as key="value" after the combined fields, or as JSON members.
+  std::span<const std::pair<std::string, std::string>> attributes;
 };
 
 /// An access log shared by the workers of one runtime.

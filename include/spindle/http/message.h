@@ -107,6 +107,8 @@ class Request {
   void set_attribute(std::string_view name, std::string_view value);
   /// An attribute's value, or "".
   std::string_view attribute(std::string_view name) const;
+  /// Every attribute, in the order first set.
+  std::span<const std::pair<std::string, std::string>> attributes() const { return attributes_; }
 
   /// The value of a route parameter ({name} or *name), or "".
   std::string_view param(std::string_view name) const;
