@@ -214,6 +214,9 @@ ServiceConfig read_service(const std::string& name, const ConfigReader& r, Confi
     if (service.protocol == UpstreamProtocol::kH2c) {
       r.fail_key("tls", "h2c is cleartext: use protocol h2 for HTTP/2 over TLS");
     }
+    if (r.has("url") && !service.tls) {
+      r.fail_key("tls", "the url is http://: give https:// for TLS");
+    }
     service.tls = true;
     if (tls.has("ca")) service.tls_ca_file = pem_file(tls, "ca", "a PEM CA bundle");
     service.tls_verify = tls.boolean("verify", true);

@@ -74,6 +74,10 @@ SAMPLES = {
     "services.NAME.timeouts.idle": "60s",
     "services.NAME.retries.attempts": "3",
     "services.NAME.retries.budget": "10%",
+    "services.NAME.tls": None,
+    "services.NAME.tls.ca": "/etc/ssl/certs/ca-certificates.crt",
+    "services.NAME.tls.verify": "false",
+    "services.NAME.tls.server_name": "api.internal",
     "upstreams.NAME.balancer": "{consistent_hash: {by: cookie, key: session}}",
     "upstreams.NAME.targets": "[{address: '[::1]:9', weight: 3}, {address: localhost:10}]",
     "upstreams.NAME.health": None,
@@ -126,6 +130,8 @@ def yaml_for(path, value):
         target[parts[-1]] = parsed
     if path == "services.NAME.upstream":
         del config["services"]["s"]["url"]  # one of the two
+    if path.startswith("services.NAME.tls"):
+        config["services"]["s"]["url"] = "https://127.0.0.1:9"  # TLS is for https://
     return yaml.safe_dump(config)
 
 
@@ -210,6 +216,8 @@ SVC = "services:\n  s: {url: 'http://127.0.0.1:9'}\n"
     (GW + "services:\n  s:\n    url: 'http://a:1'\n    retries: {budget: 120%}\n", 5,
      "services.s.retries.budget"),
     (GW + "services:\n  s: {url: 'https://a:1', protocol: h2c}\n", 3, "services.s.protocol"),
+    (GW + "services:\n  s: {url: 'http://a:1', tls: {verify: false}}\n", 3, "services.s.tls"),
+    (GW + "services:\n  s: {url: 'https://a:1', tls: {ca: /dev/null}}\n", 3, "services.s.tls.ca"),
 ])
 def test_a_malformed_file_is_an_error_with_file_line_and_key(build_dir, tmp_path, certs, text,
                                                              line, key):
