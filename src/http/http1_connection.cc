@@ -650,6 +650,23 @@ Connection::Outcome Connection::serve() {
                    shared_.draining.load(std::memory_order_acquire) ||
                    (options_.max_requests_per_connection != 0 &&
                     state_.requests >= options_.max_requests_per_connection);
+      if (response.status == 101 && response.takeover) {
+        // The connection becomes the handler's: the 101 head goes out, then the takeover
+        // gets the socket and whatever the client sent past its request.
+        queue(response, false, false);
+        if (!flush()) return Outcome::kClose;
+        std::string early(spill_.data() + spill_begin_, spill_.size() - spill_begin_);
+        early.append(buffer_.data() + begin_, end_ - begin_);
+        try {
+          response.takeover(stream_, early);
+        } catch (const std::exception& e) {
+          log_error("connection takeover after {} {} threw: {}", head_.method, head_.target,
+                    e.what());
+        } catch (...) {
+          log_error("connection takeover after {} {} threw", head_.method, head_.target);
+        }
+        return Outcome::kClose;
+      }
       queue(response, head_.method == "HEAD", close);
       if (broken_) return Outcome::kClose;
       if (close) {

@@ -81,6 +81,49 @@ struct ForwardHead {
   std::string forwarded_for, forwarded_proto, forwarded_host, via;
 };
 
+// True for an HTTP/1.1 request that asks to switch protocols (WebSocket): the connection may
+// become a tunnel to the upstream.
+bool wants_upgrade(const http::Request& request) {
+  return request.context().major_version == 1 && request.minor_version() == 1 &&
+         request.headers().contains("upgrade") &&
+         request.headers().has_token("connection", "upgrade");
+}
+
+// Moves bytes both ways between a client and an upstream until either side closes or no byte
+// has moved for `idle`. Each side's close is passed on as a half-close.
+void tunnel(Stream& client, Stream& upstream, std::string_view to_upstream,
+            std::string_view to_client, std::chrono::milliseconds idle) {
+  auto last = std::make_shared<Clock::time_point>(Clock::now());
+  if ((!to_upstream.empty() && !upstream.write_all(to_upstream, Deadline::after(idle))) ||
+      (!to_client.empty() && !client.write_all(to_client, Deadline::after(idle)))) {
+    return;
+  }
+  auto pump = [idle, last](Stream& from, Stream& to, Stream& other) {
+    BufferPool::Buffer buffer = take_buffer();
+    for (;;) {
+      auto n = from.read(buffer.span(), Deadline::after(idle));
+      if (!n && n.error() == std::errc::timed_out && Clock::now() - *last < idle) continue;
+      if (!n) {
+        // Idle too long, or broken: the whole tunnel ends.
+        (void)from.shutdown(TcpStream::Shutdown::kBoth);
+        (void)other.shutdown(TcpStream::Shutdown::kBoth);
+        return;
+      }
+      if (*n == 0) break;
+      *last = Clock::now();
+      if (!to.write_all(std::string_view(buffer.span().data(), *n), Deadline::after(idle))) {
+        (void)from.shutdown(TcpStream::Shutdown::kBoth);
+        (void)to.shutdown(TcpStream::Shutdown::kBoth);
+        return;
+      }
+    }
+    (void)to.shutdown(TcpStream::Shutdown::kWrite);  // this side is done sending
+  };
+  auto back = spawn([&] { pump(upstream, client, client); });
+  pump(client, upstream, upstream);
+  back.join();
+}
+
 void build_head(const http::Request& request, const ServerConfig& server, ForwardHead& out) {
   const http::RequestContext& context = request.context();
   const http::HeaderMap& in = request.headers();
@@ -114,7 +157,8 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   for (const http::Field& f : in) {
     if (http::is_hop_by_hop(f.name) || http::connection_nominates(in, f.name)) {
       // An upgrade's own fields go on (the exchange writes Upgrade and Connection itself).
-      bool upgrade = http::iequals(f.name, "upgrade") || http::iequals(f.name, "connection");
+      bool upgrade = wants_upgrade(request) &&
+                     (http::iequals(f.name, "upgrade") || http::iequals(f.name, "connection"));
       bool te_trailers = http::iequals(f.name, "te") && http::list_has_token(f.value, "trailers");
       if (!upgrade && !te_trailers) continue;
     }
@@ -301,6 +345,26 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       break;
     }
     int status = response_head->status;
+    if (status == 101) {
+      if (!wants_upgrade(request)) {
+        last_error = make_error_code(ExchangeErrc::kProtocolError);  // 101 to no upgrade
+        break;
+      }
+      target.health->record_success();
+      request.set_attribute("upstream", target.label);
+      auto early = std::make_shared<std::string>();
+      auto taken = exchange->take_connection(*early);
+      if (!taken) return http::Response::error(502, taken.error().message());
+      http::Response response(101);
+      for (const http::Field& f : response_head->headers) response.headers.add(f.name, f.value);
+      auto upstream_stream = std::make_shared<Stream>(std::move(*taken));
+      response.takeover = [upstream_stream, early, in_flight, gateway,
+                           idle = service->config->timeouts.idle](Stream& client,
+                                                                  std::string_view from_client) {
+        tunnel(client, *upstream_stream, from_client, *early, idle);
+      };
+      return response;
+    }
     if ((status == 502 || status == 503) && idempotent && body.replayable &&
         attempt < retries.attempts && budget.milli >= 1000 && views.size() > 1) {
       budget.milli -= 1000;

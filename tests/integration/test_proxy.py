@@ -498,3 +498,37 @@ services:
         r = records[rid]
         assert (r["route"], r["upstream"], r["version"], r["status"]) == ("api", addr(a), version, 200)
         assert float(r["upstream_connect_ms"]) >= 0 and int(r["upstream_first_byte_ms"]) >= 0
+
+
+def test_an_upgraded_connection_is_tunnelled_byte_for_byte(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: ws, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://{addr(a)}", timeouts: {{idle: 1s}}}}
+""")
+    try:
+        with socket.create_connection((gw.host, gw.port), timeout=5) as s:
+            s.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                      b"Sec-WebSocket-Version: 13\r\n\r\nearly bytes|")
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += s.recv(4096)
+            head, _, rest = head.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 101"), head
+            assert b"upgrade: websocket" in head.lower()
+            payload = bytes(range(256)) * 400  # 100 KiB, every byte value
+            s.sendall(payload)
+            echoed = rest
+            while len(echoed) < len(b"early bytes|") + len(payload):
+                more = s.recv(65536)
+                assert more, "tunnel closed early"
+                echoed += more
+            assert echoed == b"early bytes|" + payload
+            # Idle for longer than the service's idle timeout: the tunnel is closed.
+            started = time.monotonic()
+            assert s.recv(10) == b""
+            assert 0.5 < time.monotonic() - started < 5
+    finally:
+        gw.stop()

@@ -17,6 +17,7 @@
 #include "spindle/io/deadline.h"
 #include "spindle/io/unique_fd.h"
 #include "spindle/net/address.h"
+#include "spindle/net/stream.h"
 
 namespace spindle::http {
 
@@ -165,6 +166,10 @@ class BodyWriter {
 /// Produces a streamed body; runs on the connection's fiber after the head was sent.
 using BodyProducer = std::function<void(BodyWriter&)>;
 
+/// Takes over a connection after a 101 response (HTTP/1.1 only): gets the client's stream and
+/// the bytes the client sent after its request head; the connection closes when it returns.
+using ConnectionTakeover = std::function<void(Stream& client, std::string_view early)>;
+
 /// A response. The server adds Date, Server, Content-Length (or Transfer-Encoding) and
 /// Connection.
 struct Response {
@@ -184,6 +189,9 @@ struct Response {
   /// (or throws) ends the connection (HTTP/1.1) or resets the stream (HTTP/2), so the client
   /// never takes a short body for a whole one.
   std::optional<std::uint64_t> stream_length;
+  /// With status 101 on HTTP/1.1: what runs on the connection once the head is sent (a
+  /// WebSocket tunnel, say). Ignored otherwise.
+  ConnectionTakeover takeover;
 
   /// Bytes of body this response carries.
   std::uint64_t body_size() const { return file ? file->length : body.size(); }
