@@ -12,7 +12,7 @@ build_pkgs=(build-essential cmake ninja-build pkg-config
   googletest libgtest-dev libgmock-dev)
 test_pkgs=(python3 python3-pytest python3-h2 python3-brotli python3-yaml curl openssl nghttp2-client golang-go nginx-light h2o
   clang-format clang-19 libclang-rt-19-dev)
-bench_pkgs=(libbenchmark-dev python3-matplotlib nginx-light h2o wrk util-linux nghttp2-client
+bench_pkgs=(libbenchmark-dev python3-matplotlib nginx-light h2o haproxy wrk util-linux nghttp2-client
   valgrind)
 
 want=("${build_pkgs[@]}")

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <deque>
 #include <unordered_map>
 
 #include "exchange_internal.h"
@@ -421,8 +422,8 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
                                                            const ExchangeTimeouts& timeouts) {
   Impl& s = *impl_;
   if (!usable()) return fail(error(ExchangeErrc::kClosedBeforeWrite));
-  std::vector<std::string> storage;
-  storage.reserve(8 + head.headers.size() * 2);
+  // Names and values made here; a deque, as nghttp2_nv points into them (no reallocation).
+  std::deque<std::string> storage;
   std::vector<nghttp2_nv> nv;
   auto add = [&](std::string name, std::string_view value) {
     storage.push_back(std::move(name));
