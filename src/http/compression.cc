@@ -195,10 +195,12 @@ Middleware compression(CompressionOptions options) {
     if (streamed) {
       // Each piece is compressed as the producer writes it, on its fiber.
       response.stream_length.reset();  // the compressed length is known only at the end
-      response.stream = [producer = std::move(response.stream), coding, options](BodyWriter& body) {
+      response.stream = [producer = std::move(response.stream), first = std::move(response.body),
+                         coding, options](BodyWriter& body) {
         auto compressor = StreamCompressor::create(coding, options);
         if (!compressor) throw std::runtime_error("cannot start a compressor");
         CompressingWriter writer(body, *compressor);
+        if (!first.empty() && !writer.write(first)) return;
         producer(writer);
         (void)writer.finish();
       };

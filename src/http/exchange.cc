@@ -436,10 +436,13 @@ class Http1Exchange final : public ClientExchange {
       in_.erase(0, in_begin_);
       in_begin_ = 0;
     }
-    std::size_t at = in_.size();
-    in_.resize(at + kReadChunk);
-    auto n = stream_.read({in_.data() + at, kReadChunk}, deadline);
-    in_.resize(at + (n ? *n : 0));
+    // Reads straight onto the end of in_, without zeroing the room first.
+    Result<std::size_t> n = 0;
+    in_.resize_and_overwrite(in_.size() + kReadChunk, [&](char* data, std::size_t size) {
+      std::size_t at = size - kReadChunk;
+      n = stream_.read({data + at, kReadChunk}, deadline);
+      return at + (n ? *n : 0);
+    });
     if (!n) return fail(read_error(n.error(), for_head));
     if (*n == 0) {
       broken_ = true;

@@ -41,7 +41,7 @@ using detail::ConnectionState;
 
 // One activation of an HTTP/1 connection: read, parse, answer, in a loop, on a fiber, until
 // the connection closes or goes idle.
-class Connection final : public BodySource {
+class Connection final : public BodySource, public ContextSource {
  public:
   /// How an activation ended.
   enum class Outcome { kClose, kIdle, kHttp2 };
@@ -118,7 +118,8 @@ class Connection final : public BodySource {
   void queue(Response& response, bool head_only, bool close);
   /// Runs a streamed body's producer, writing chunks (HTTP/1.1, length unknown) or raw bytes
   /// (a known length, or HTTP/1.0).
-  void stream_body(const BodyProducer& producer, std::optional<std::uint64_t> length);
+  void stream_body(const BodyProducer& producer, std::optional<std::uint64_t> length,
+                   std::string_view first);
   /// Records the request just answered in the access log.
   void log_access(const Request& request, const Response& response, Clock::time_point handled_at);
   /// Records a request the parser rejected (method and target "-", as nginx logs them).
@@ -126,7 +127,7 @@ class Connection final : public BodySource {
   /// The client's address as text, looked up once per connection.
   const std::string& remote();
   /// The request context: the connection's facts (once per connection) and the time now.
-  const RequestContext& context();
+  const RequestContext& request_context() override;
   /// Queues a bare error response.
   void queue_error(int status, std::string_view reason);
   /// Writes everything queued; false if the connection failed.
@@ -174,9 +175,6 @@ class Connection final : public BodySource {
   std::optional<detail::Http2Upgrade> upgrade_;
   /// See should_linger().
   bool linger_ = false;
-  /// See context(); `local_` is what context_.local points to.
-  RequestContext context_;
-  std::optional<Address> peer_, local_;
 };
 
 constexpr std::string_view kHttp2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -443,7 +441,7 @@ void Connection::queue(Response& response, bool head_only, bool close) {
   bool streamed = plan.streamed;
   if (!plan.send_body) return;  // a HEAD response has no body, not even a chunked end
   if (streamed) {
-    stream_body(response.stream, plan.content_length);
+    stream_body(response.stream, plan.content_length, response.body);
     if (chunked && head_.minor_version == 0) broken_ = true;  // the close ends the body
     return;
   }
@@ -482,9 +480,10 @@ void Connection::queue(Response& response, bool head_only, bool close) {
 // raw, and then held to the announced length.
 class ChunkWriter final : public BodyWriter {
  public:
-  ChunkWriter(Stream& stream, bool chunked, std::optional<std::uint64_t> length,
-              std::chrono::milliseconds timeout)
-      : stream_(stream), chunked_(chunked), length_(length), timeout_(timeout) {}
+  /// `pending` (the response head, and any queued before it) goes out with the first piece.
+  ChunkWriter(Stream& stream, std::string& pending, bool chunked,
+              std::optional<std::uint64_t> length, std::chrono::milliseconds timeout)
+      : stream_(stream), pending_(pending), chunked_(chunked), length_(length), timeout_(timeout) {}
 
   bool write(std::string_view data) override {
     if (failed_) return false;
@@ -495,12 +494,14 @@ class ChunkWriter final : public BodyWriter {
     }
     char size[24];
     auto head = fmt::format_to_n(size, sizeof size, "{:x}\r\n", data.size());
-    iovec parts[3] = {{size, head.size},
-                      {const_cast<char*>(data.data()), data.size()},
-                      {const_cast<char*>("\r\n"), 2}};
-    std::span<const iovec> iov =
-        chunked_ ? std::span<const iovec>(parts, 3) : std::span<const iovec>(parts + 1, 1);
-    failed_ = !stream_.writev(iov, Deadline::after(timeout_));
+    iovec parts[4];
+    std::size_t n = 0;
+    if (!pending_.empty()) parts[n++] = {pending_.data(), pending_.size()};
+    if (chunked_) parts[n++] = {size, head.size};
+    parts[n++] = {const_cast<char*>(data.data()), data.size()};
+    if (chunked_) parts[n++] = {const_cast<char*>("\r\n"), 2};
+    failed_ = !stream_.writev({parts, n}, Deadline::after(timeout_));
+    pending_.clear();
     written_ += data.size();
     return !failed_;
   }
@@ -517,12 +518,14 @@ class ChunkWriter final : public BodyWriter {
       std::string last = "0\r\n" + trailers_ + "\r\n";
       failed_ = !stream_.write_all(std::string_view(last), Deadline::after(timeout_));
     }
+    pending_.clear();
     if (length_ && written_ != *length_) failed_ = true;
     return !failed_;
   }
 
  private:
   Stream& stream_;
+  std::string& pending_;
   bool chunked_;
   std::optional<std::uint64_t> length_;
   std::uint64_t written_ = 0;
@@ -531,13 +534,17 @@ class ChunkWriter final : public BodyWriter {
   bool failed_ = false;
 };
 
-void Connection::stream_body(const BodyProducer& producer, std::optional<std::uint64_t> length) {
-  if (!flush()) {
-    broken_ = true;
-    return;
-  }
-  ChunkWriter writer(stream_, head_.minor_version == 1 && !length, length, options_.write_timeout);
+void Connection::stream_body(const BodyProducer& producer, std::optional<std::uint64_t> length,
+                             std::string_view first) {
+  ChunkWriter writer(stream_, out_, head_.minor_version == 1 && !length, length,
+                     options_.write_timeout);
   try {
+    if (!first.empty()) {
+      (void)writer.write(first);  // with the head, in one write
+    } else if (!flush()) {
+      broken_ = true;  // the head goes first, so that a producer that waits has sent it
+      return;
+    }
     producer(writer);
   } catch (const std::exception& e) {
     // The head is gone: the only way to tell the client is to end the connection mid-body.
@@ -558,25 +565,31 @@ const std::string& Connection::remote() {
   return state_.remote;
 }
 
-const RequestContext& Connection::context() {
-  if (context_.remote == "-") {
-    context_.remote = remote();
-    if (auto peer = stream_.peer_address()) {
-      peer_ = *peer;
-      context_.peer = &*peer_;
+const RequestContext& Connection::request_context() {
+  if (!state_.facts) {
+    // Once per connection: it outlives this activation.
+    auto facts = std::make_unique<ConnectionState::Facts>();
+    RequestContext& context = facts->context;
+    auto peer = stream_.peer_address();
+    if (state_.remote.empty()) state_.remote = detail::client_address_text(peer);
+    context.remote = state_.remote;
+    if (peer) {
+      facts->peer = *peer;
+      context.peer = &*facts->peer;
     }
     if (auto local = stream_.local_address()) {
-      local_ = *local;
-      context_.local = &*local_;
+      facts->local = *local;
+      context.local = &*facts->local;
     }
     if (TlsStream* tls = stream_.tls()) {
-      context_.tls = true;
-      context_.server_name = tls->server_name();
-      context_.alpn = tls->alpn();
+      context.tls = true;
+      context.server_name = tls->server_name();
+      context.alpn = tls->alpn();
     }
+    state_.facts = std::move(facts);
   }
-  context_.started = coarse_now();
-  return context_;
+  state_.facts->context.started = coarse_now();
+  return state_.facts->context;
 }
 
 void Connection::log_rejected(int status) {
@@ -640,7 +653,7 @@ Connection::Outcome Connection::serve() {
       }
       auto handled_at = options_.access_log ? Clock::now() : Clock::time_point{};
       Request request(head_, *this);
-      request.set_context(context());
+      request.set_context_source(this);
       Response response = respond(request);
       ++state_.requests;
       if (options_.access_log) log_access(request, response, handled_at);

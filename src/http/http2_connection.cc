@@ -48,7 +48,7 @@ class H2Stream;
 
 }  // namespace
 
-class Http2Connection {
+class Http2Connection final : public ContextSource {
  public:
   Http2Connection(Stream& stream, HttpServer::Shared& shared, WorkerState& worker);
   ~Http2Connection();
@@ -133,7 +133,7 @@ class Http2Connection {
 
  public:
   /// The request context: the connection's facts (once) and the time now.
-  const RequestContext& context();
+  const RequestContext& request_context() override;
 };
 
 namespace {
@@ -215,7 +215,9 @@ std::size_t H2Stream::read(std::span<char> buffer) {
 // Writes a streamed response body into the stream's buffer for nghttp2 to send.
 class H2BodyWriter final : public BodyWriter {
  public:
-  H2BodyWriter(H2Stream& s, std::optional<std::uint64_t> length) : s_(s), length_(length) {}
+  /// `length`: of the whole body, whose first `already` bytes the response carried itself.
+  H2BodyWriter(H2Stream& s, std::optional<std::uint64_t> length, std::uint64_t already)
+      : s_(s), length_(length), written_(already) {}
   /// True if a sized body got all its bytes.
   bool complete() const { return !length_ || written_ == *length_; }
   bool write(std::string_view data) override {
@@ -247,7 +249,7 @@ class H2BodyWriter final : public BodyWriter {
  private:
   H2Stream& s_;
   std::optional<std::uint64_t> length_;
-  std::uint64_t written_ = 0;
+  std::uint64_t written_;
 };
 
 // nghttp2 pulls a response body from here (on the writer fiber, inside mem_send).
@@ -481,7 +483,7 @@ void Http2Connection::forget(H2Stream& s) {
   open_.pop_back();  // the last reference unless the handler still runs
 }
 
-const RequestContext& Http2Connection::context() {
+const RequestContext& Http2Connection::request_context() {
   if (context_.remote == "-") {
     if (remote_.empty()) remote_ = client_address_text(stream_.peer_address());
     context_.remote = remote_;
@@ -556,7 +558,7 @@ void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
       if (shared_.options.access_log) log_access(*s, response, started, {});
     } else {
       Request request(s->head, *s);
-      request.set_context(context());
+      request.set_context_source(this);
       request.set_client_gone_slot(&s->on_gone);
       response = call_router(shared_.router, request);
       if (shared_.options.access_log) log_access(*s, response, started, request.attributes());
@@ -645,7 +647,7 @@ void Http2Connection::submit_response(H2Stream& s, Response& response, bool head
 
 void Http2Connection::stream_response(H2Stream& s, const BodyProducer& producer,
                                       std::optional<std::uint64_t> length) {
-  H2BodyWriter writer(s, length);
+  H2BodyWriter writer(s, length, s.out_body.size());
   try {
     producer(writer);
     if (!writer.complete()) {

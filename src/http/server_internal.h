@@ -121,6 +121,14 @@ struct ConnectionState {
   std::size_t requests = 0;
   /// The client's address for the access log (looked up on first use).
   std::string remote;
+  /// The request context's facts about the connection, looked up once (on first use), as a
+  /// connection's activations come and go with its idle periods. On the heap: an idle
+  /// connection that never needs them pays 8 bytes.
+  struct Facts {
+    RequestContext context;
+    std::optional<Address> peer, local;
+  };
+  std::unique_ptr<Facts> facts;
   /// The keep-alive timer. It stays queued across requests (re-queued only when it fires
   /// early), so a request costs no timer-heap work.
   Timer idle_timer;

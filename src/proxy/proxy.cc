@@ -21,6 +21,8 @@ using http::ExchangeErrc;
 constexpr std::uint64_t kReplayLimit = 64 * 1024;
 // What one read or write of a streamed body moves.
 constexpr std::size_t kPiece = 64 * 1024;
+// The part of a response body read before its head is sent.
+constexpr std::size_t kFirstPiece = 16 * 1024;
 
 // A request id: 32 hex digits from a per-worker generator.
 std::string new_request_id() {
@@ -397,6 +399,34 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
         response.stream_length = response_head->content_length;
       }
       return response;
+    }
+    // The first piece is read here, before the head goes out: it then goes with the head in
+    // one write, a body that is all there needs no producer at all, and an upstream that cuts
+    // before its first byte still gets the client a 502.
+    std::string& first = response.body;
+    first.resize_and_overwrite(kFirstPiece, [&](char* data, std::size_t size) {
+      auto n = exchange->read({data, size});
+      if (!n) failure = n.error();
+      return n ? *n : 0;
+    });
+    if (failure) {
+      log_warn("route {}: {} {} to {}: {} before the body: answered 502", route.name, head.method,
+               head.target, target.label, failure.message());
+      return http::Response::error(502, failure.message());
+    }
+    bool whole = first.empty() ||
+                 (response_head->content_length && *response_head->content_length == first.size());
+    if (whole) {
+      char end;
+      auto n = exchange->read({&end, 1});  // the body's end: the connection goes back to the pool
+      if (n && *n == 0) {
+        if (exchange->trailers().empty()) return response;
+        // Trailers need a producer to carry them.
+        response.stream = [exchange](http::BodyWriter& writer) {
+          writer.set_trailers(exchange->trailers());
+        };
+        return response;
+      }
     }
     response.stream_length = response_head->content_length;
     // The producer keeps the snapshot, the exchange and the in-flight count until the body

@@ -52,6 +52,15 @@ struct RequestContext {
   Clock::time_point started{};
 };
 
+/// Who can say what a request arrived on: the protocol drivers, asked only when a handler
+/// wants to know (the lookups cost system calls a plain request does without).
+class ContextSource {
+ public:
+  virtual ~ContextSource() = default;
+  /// The facts of the connection, looked up on first use.
+  virtual const RequestContext& request_context() = 0;
+};
+
 /// One request as a handler sees it. The views stay valid until the handler returns.
 class Request {
  public:
@@ -88,10 +97,17 @@ class Request {
   /// server then answers with that status unless the handler catches it.
   std::size_t read(std::span<char> buffer);
 
-  /// The connection the request arrived on (defaults when the server did not say).
-  const RequestContext& context() const { return *context_; }
-  /// Sets the context (the server's drivers do; it must outlive the request).
-  void set_context(const RequestContext& context) { context_ = &context; }
+  /// The connection the request arrived on (defaults when the server cannot say).
+  const RequestContext& context() const {
+    if (context_ == nullptr)
+      context_ = source_of_context_ ? &source_of_context_->request_context() : &kNoContext;
+    return *context_;
+  }
+  /// Says who provides the context (the server's drivers do; it must outlive the request).
+  void set_context_source(ContextSource* source) {
+    source_of_context_ = source;
+    context_ = nullptr;
+  }
 
   /// Asks to be told when the client goes away before the response is complete (an HTTP/2
   /// RST_STREAM or a connection that closed): `callback` then runs on the request's worker,
@@ -133,7 +149,8 @@ class Request {
   /// Route parameters, in pattern order.
   std::vector<std::pair<std::string_view, std::string_view>> params_;
   /// The connection's facts.
-  const RequestContext* context_ = &kNoContext;
+  mutable const RequestContext* context_ = nullptr;
+  ContextSource* source_of_context_ = nullptr;
   static const RequestContext kNoContext;
   /// See on_client_gone.
   std::function<void()>* gone_ = nullptr;
@@ -181,8 +198,10 @@ struct Response {
   std::string body;
   /// If set, the body is this file range instead of `body`.
   std::optional<FileBody> file;
-  /// If set, the body is streamed by this producer instead (chunked on HTTP/1.1; on HTTP/1.0
-  /// the connection closes after it).
+  /// If set, the body is streamed by this producer (chunked on HTTP/1.1 unless stream_length
+  /// is known; on HTTP/1.0 the connection closes after it). Then `body`, if not empty, is the
+  /// beginning of the streamed body: it goes out with the head, in one write, and the
+  /// producer writes the rest.
   BodyProducer stream;
   /// With `stream`: the body's length, if known beforehand. It is announced (Content-Length,
   /// no chunks) and held to: a producer that writes more is stopped, and one that writes less

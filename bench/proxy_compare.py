@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""Reverse-proxy comparison: spindle against nginx, haproxy and h2o as gateways, one worker
+each, in the four set-ups of the Bifrost report, in front of one upstream shared by all:
+
+  h1->h1          wrk over HTTP/1.1 to the gateway, HTTP/1.1 to the upstream
+  https->h1       wrk over HTTPS/1.1, HTTP/1.1 to the upstream
+  h2tls->h1       h2load over HTTP/2 (TLS, ALPN h2), HTTP/1.1 to the upstream
+  h2tls->h2       h2load over HTTP/2 (TLS), HTTP/2 over TLS to the upstream
+
+at 100 and 500 client connections. The upstream is nginx (one worker) answering GET
+/plaintext with "Hello, World!" on a cleartext HTTP/1.1 port and an HTTP/2 TLS port. The
+gateway is pinned to CPU 0; the upstream and the load generator share CPU 1. For each run
+the gateway's CPU time (utime + stime, with its children) is divided by the requests served,
+and printed with the ratios to the peers. nginx cannot proxy to HTTP/2 upstreams and h2o 2.2
+does not either: those cells say n/a. Loopback only; every process started here is stopped by
+PID.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from http_compare import (ROOT, cpu_seconds, cpu_us_per_request, free_port,  # noqa: E402
+                          median_round, parse_wrk, pin, stop, wait_listening)
+from tls_compare import parse_h2load  # noqa: E402
+
+SETUPS = [  # name, client tool, client scheme, upstream protocol
+    ("h1->h1", "wrk", "http", "h1"),
+    ("https->h1", "wrk", "https", "h1"),
+    ("h2tls->h1", "h2load", "https", "h1"),
+    ("h2tls->h2", "h2load", "https", "h2"),
+]
+CONNECTIONS = [100, 500]
+
+
+def start_upstream(tmp, certs):
+    h1, h2 = free_port(), free_port()
+    conf = os.path.join(tmp, "upstream.conf")
+    with open(conf, "w") as f:
+        f.write(f"""daemon off; master_process on; worker_processes 1;
+pid {tmp}/upstream.pid; error_log {tmp}/upstream-error.log crit; worker_rlimit_nofile 20000;
+events {{ worker_connections 16384; }}
+http {{
+  access_log off; server_tokens off; keepalive_requests 1000000; http2_max_requests 1000000;
+  keepalive_timeout 300s;
+  client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
+  uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
+  ssl_certificate {certs}/localhost.pem; ssl_certificate_key {certs}/localhost.key;
+  server {{
+    listen 127.0.0.1:{h1} reuseport;
+    listen 127.0.0.1:{h2} ssl http2 reuseport;
+    location = /plaintext {{ default_type text/plain; return 200 "Hello, World!"; }}
+  }}
+}}
+""")
+    proc = subprocess.Popen(pin(1, 1) + ["nginx", "-c", conf, "-p", tmp],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_listening(h1, proc)
+    wait_listening(h2, proc)
+    return proc, h1, h2
+
+
+def start_spindle(binaries, tmp, certs, up_h1, up_h2, upstream_protocol):
+    plain, tls = free_port(), free_port()
+    service = (f"{{url: \"http://127.0.0.1:{up_h1}\"}}" if upstream_protocol == "h1" else
+               f"{{url: \"https://localhost:{up_h2}\", protocol: h2, tls: {{ca: {certs}/ca.pem}}}}")
+    config = os.path.join(tmp, "spindle.yaml")
+    with open(config, "w") as f:
+        f.write(f"""servers:
+  - listen: 127.0.0.1:{plain}
+    default_site: false
+    compression: false
+    access_log: off
+  - listen: 127.0.0.1:{tls}
+    default_site: false
+    compression: false
+    access_log: off
+    http2: true
+    tls: {{cert: {certs}/localhost.pem, key: {certs}/localhost.key}}
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: up}}
+services:
+  up: {service}
+""")
+    proc = subprocess.Popen(pin(0, 1) + [os.path.join(binaries, "spindle"), "serve", "--config",
+                                         config, "--threads", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, plain, tls
+
+
+def start_nginx(binaries, tmp, certs, up_h1, up_h2, upstream_protocol):
+    if upstream_protocol != "h1":
+        return None, 0, 0
+    plain, tls = free_port(), free_port()
+    conf = os.path.join(tmp, "nginx.conf")
+    with open(conf, "w") as f:
+        f.write(f"""daemon off; master_process on; worker_processes 1;
+pid {tmp}/nginx.pid; error_log {tmp}/nginx-error.log crit; worker_rlimit_nofile 20000;
+events {{ worker_connections 16384; }}
+http {{
+  access_log off; server_tokens off; keepalive_requests 1000000; http2_max_requests 1000000;
+  client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
+  uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
+  ssl_certificate {certs}/localhost.pem; ssl_certificate_key {certs}/localhost.key;
+  ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m;
+  upstream up {{ server 127.0.0.1:{up_h1}; keepalive 64; keepalive_requests 1000000; }}
+  server {{
+    listen 127.0.0.1:{plain} reuseport;
+    listen 127.0.0.1:{tls} ssl http2 reuseport;
+    location / {{
+      proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_buffering on;
+    }}
+  }}
+}}
+""")
+    proc = subprocess.Popen(pin(0, 1) + ["nginx", "-c", conf, "-p", tmp],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, plain, tls
+
+
+def start_haproxy(binaries, tmp, certs, up_h1, up_h2, upstream_protocol):
+    plain, tls = free_port(), free_port()
+    pem = os.path.join(tmp, "haproxy.pem")
+    with open(pem, "w") as out:
+        for part in ("localhost.pem", "localhost.key"):
+            with open(os.path.join(certs, part)) as f:
+                out.write(f.read())
+    server = (f"server s1 127.0.0.1:{up_h1}" if upstream_protocol == "h1" else
+              f"server s1 127.0.0.1:{up_h2} ssl verify none alpn h2")
+    conf = os.path.join(tmp, "haproxy.cfg")
+    with open(conf, "w") as f:
+        f.write(f"""global
+  nbthread 1
+  maxconn 8000
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+  http-reuse always
+frontend plain
+  bind 127.0.0.1:{plain}
+  bind 127.0.0.1:{tls} ssl crt {pem} alpn h2,http/1.1
+  default_backend up
+backend up
+  {server}
+""")
+    proc = subprocess.Popen(pin(0, 1) + ["haproxy", "-f", conf, "-db"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, plain, tls
+
+
+def start_h2o(binaries, tmp, certs, up_h1, up_h2, upstream_protocol):
+    if upstream_protocol != "h1":
+        return None, 0, 0
+    plain, tls = free_port(), free_port()
+    conf = os.path.join(tmp, "h2o.conf")
+    with open(conf, "w") as f:
+        f.write(f"""num-threads: 1
+listen:
+  host: 127.0.0.1
+  port: {plain}
+listen:
+  host: 127.0.0.1
+  port: {tls}
+  ssl:
+    certificate-file: {certs}/localhost.pem
+    key-file: {certs}/localhost.key
+proxy.timeout.keepalive: 60000
+hosts:
+  default:
+    paths:
+      /:
+        proxy.reverse.url: http://127.0.0.1:{up_h1}/
+""")
+    proc = subprocess.Popen(pin(0, 1) + ["h2o", "-c", conf],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, plain, tls
+
+
+GATEWAYS = {"spindle": start_spindle, "nginx": start_nginx, "haproxy": start_haproxy,
+            "h2o": start_h2o}
+
+
+def run(kind, binaries, setup, connections, seconds, tmp, certs, upstream):
+    name, tool, scheme, upstream_protocol = setup
+    _, up_h1, up_h2 = upstream
+    proc, plain, tls = GATEWAYS[kind](binaries, tmp, certs, up_h1, up_h2, upstream_protocol)
+    if proc is None:
+        return None
+    port = tls if scheme == "https" else plain
+    url = f"{scheme}://127.0.0.1:{port}/plaintext"
+    try:
+        wait_listening(plain, proc)
+        wait_listening(tls, proc)
+        # A short warm-up fills the gateway's upstream pool before the measured run.
+        subprocess.run(["curl", "-sk", "-o", "/dev/null", url], timeout=10)
+        before = cpu_seconds(proc.pid)
+        if tool == "h2load":
+            args = pin(1, 1) + ["h2load", f"-c{connections}", "-m10", "-t1", "-D", str(seconds),
+                                url]
+            out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
+            result = parse_h2load(out.stdout)
+        else:
+            args = pin(1, 1) + ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
+                                "--timeout", "5s", url]
+            out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
+            result = parse_wrk(out.stdout)
+        after = cpu_seconds(proc.pid)
+        result["cpu_us_per_request"] = cpu_us_per_request(before, after, result["requests"])
+        if out.returncode != 0:
+            result["errors"] += 1
+        return result
+    finally:
+        stop(proc)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--bin", default=os.path.join(ROOT, "build", "release", "bin"))
+    p.add_argument("--out", required=True)
+    p.add_argument("--seconds", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=1, help="keep the median round by CPU/request")
+    p.add_argument("--gateways", default="spindle,nginx,haproxy,h2o")
+    p.add_argument("--setups", default="", help="only these set-ups, by name (comma-separated)")
+    p.add_argument("--connections", default="100,500")
+    a = p.parse_args()
+    for tool in ("h2load", "wrk", "nginx", "haproxy", "h2o", "taskset", "openssl", "curl"):
+        if not shutil.which(tool):
+            sys.exit(f"proxy_compare: {tool} is not installed (make bench installs it)")
+    results = []
+    certs = tempfile.mkdtemp(prefix="spindle-bench-certs-")
+    upstream_tmp = tempfile.mkdtemp(prefix="spindle-bench-upstream-")
+    upstream = None
+    try:
+        os.chmod(certs, 0o755)
+        subprocess.run([os.path.join(ROOT, "tests", "tls", "make-certs.sh"), certs], check=True)
+        for f in os.listdir(certs):
+            os.chmod(os.path.join(certs, f), 0o644)
+        upstream = start_upstream(upstream_tmp, certs)
+        plan = [(s, c, g) for s in SETUPS for c in map(int, a.connections.split(","))
+                for g in a.gateways.split(",") if not a.setups or s[0] in a.setups.split(",")]
+        for i, (setup, connections, kind) in enumerate(plan, 1):
+            print(f"  [{i}/{len(plan)}] {kind}, {setup[0]}, {connections} connections", flush=True)
+            rounds = []
+            for _ in range(a.rounds):
+                with tempfile.TemporaryDirectory() as tmp:
+                    os.chmod(tmp, 0o755)
+                    r = run(kind, a.bin, setup, connections, a.seconds, tmp, certs, upstream)
+                    if r is not None:
+                        rounds.append(r)
+            if not rounds:
+                print("      n/a (this gateway cannot proxy to that upstream protocol)")
+                continue
+            r = median_round(rounds)
+            r.update({"server": kind, "setup": setup[0], "connections": connections})
+            print(f"      {r['rps']:>10,.0f} req/s  CPU {r['cpu_us_per_request'] or 0:.2f} us/req"
+                  f"  errors {r['errors']}", flush=True)
+            results.append(r)
+    finally:
+        if upstream:
+            stop(upstream[0])
+        shutil.rmtree(certs)
+        shutil.rmtree(upstream_tmp, ignore_errors=True)
+    by = {(r["server"], r["setup"], r["connections"]): r for r in results}
+    print("\n  gateway CPU per proxied request, spindle's ratio to each peer:")
+    for name, *_ in SETUPS:
+        for c in map(int, a.connections.split(",")):
+            s = by.get(("spindle", name, c))
+            if not s or not s["cpu_us_per_request"]:
+                continue
+            ratios = []
+            for peer in ("nginx", "haproxy", "h2o"):
+                q = by.get((peer, name, c))
+                if q and q["cpu_us_per_request"]:
+                    ratios.append(f"{s['cpu_us_per_request'] / q['cpu_us_per_request']:.2f}x {peer}")
+            print(f"    {name:<10} c{c:<4} {s['cpu_us_per_request']:7.2f} us/req  "
+                  + ", ".join(ratios))
+    with open(a.out, "w") as f:
+        json.dump({"seconds": a.seconds, "rounds": a.rounds, "results": results}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
