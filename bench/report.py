@@ -71,6 +71,8 @@ def main():
     p.add_argument("--tls")
     p.add_argument("--tls-chart")
     p.add_argument("--instructions", help="bench/instructions.sh's JSON (OUT=...)")
+    p.add_argument("--proxy", help="bench/proxy_compare.py's JSON")
+    p.add_argument("--proxy-chart")
     a = p.parse_args()
     micro = json.load(open(a.micro))
     echo = json.load(open(a.echo))
@@ -150,6 +152,8 @@ def main():
         md.extend(tls_section(json.load(open(a.tls)), a.tls_chart))
     if a.idle_rss:
         md.extend(idle_rss_section(json.load(open(a.idle_rss))))
+    if a.proxy:
+        md.extend(proxy_section(json.load(open(a.proxy)), a.proxy_chart))
     with open(a.markdown, "w") as f:
         f.write("\n".join(md))
 
@@ -248,7 +252,8 @@ def cpu_chart(results, title, path, log):
     """Bars of server CPU per request: one group per workload, one bar per server."""
     workloads = list(dict.fromkeys(r["workload"] for r in results))
     servers = list(dict.fromkeys(r["server"] for r in results))
-    colors = {"spindle": "#4472c4", "nginx": "#70ad47", "h2o": "#ed7d31", "ceiling": "#a5a5a5"}
+    colors = {"spindle": "#4472c4", "nginx": "#70ad47", "h2o": "#ed7d31", "ceiling": "#a5a5a5",
+              "haproxy": "#7030a0"}
     by = {(r["server"], r["workload"]): r for r in results}
     fig, ax = plt.subplots(figsize=(12, 4.8))
     width = 0.8 / len(servers)
@@ -277,6 +282,49 @@ TLS_GOALS = {  # workload -> (spindle CPU per request / peer, peer) goal, from t
     "https keep-alive c100": (0.9, "nginx"),
     "https close c100": (1.0, "nginx"),
 }
+
+
+PROXY_GOALS = {  # set-up at N connections: (goal, peer), from the gateway issue
+    "h1->h1 c100": (0.6, "nginx"), "h1->h1 c500": (0.6, "nginx"),
+    "h1->h1 c100 ": (0.8, "haproxy"), "h1->h1 c500 ": (0.8, "haproxy"),
+    "h2tls->h1 c100": (0.6, "nginx"), "h2tls->h1 c500": (0.6, "nginx"),
+}
+
+
+def proxy_section(data, chart):
+    """The gateway comparison: the four set-ups of the Bifrost report, gateway CPU per
+    proxied request, against nginx, haproxy and h2o."""
+    results = [dict(r, workload=f"{r['setup']} c{r['connections']}") for r in data["results"]]
+    md = ["## Reverse proxy: spindle vs nginx, haproxy and h2o\n",
+          f"`/usr/bin/python3 bench/proxy_compare.py --out bench/results/proxy.json --seconds "
+          f"{data['seconds']}` (step 7 of `make bench`). One worker per gateway, pinned to CPU 0; "
+          "one upstream for all (nginx, one worker, `return 200 \"Hello, World!\"` on an "
+          "HTTP/1.1 port and an HTTP/2 TLS port) sharing CPU 1 with the load generator (wrk "
+          "for HTTP/1.1 and HTTPS/1.1, h2load -m10 for HTTP/2). Upstream keep-alive on for "
+          "every gateway (nginx `keepalive 64`, haproxy `http-reuse always`). nginx and h2o 2.2 "
+          "cannot proxy to an HTTP/2 upstream: no figure.\n",
+          "| set-up | gateway | req/s | CPU µs/req | errors |", "|---|---|---:|---:|---:|"]
+    for r in results:
+        md.append(f"| {r['workload']} | {r['server']} | {r['rps']:,.0f} | "
+                  f"{r['cpu_us_per_request'] or 0:.2f} | {r['errors']} |")
+    md.append("")
+    cpu = {(r["server"], r["workload"]): r["cpu_us_per_request"] for r in results}
+    md.append("Goals (gateway CPU per request, same run):\n")
+    md.append("| set-up | goal | measured | |")
+    md.append("|---|---|---:|---|")
+    for key, (goal, peer) in PROXY_GOALS.items():
+        workload = key.strip()
+        ours, theirs = cpu.get(("spindle", workload)), cpu.get((peer, workload))
+        if ours and theirs:
+            ratio = ours / theirs
+            md.append(f"| {workload} | ≤ {goal}x {peer} | {ratio:.2f}x {peer} | "
+                      f"{'met' if ratio <= goal else 'not met'} |")
+    md.append("")
+    if chart:
+        md.append("![Reverse proxy benchmarks](benchmarks-proxy.png)\n")
+        cpu_chart(results, "Reverse proxy, one worker: gateway CPU per proxied request (same run)",
+                  chart, log=False)
+    return md
 
 
 def tls_section(data, chart):

@@ -218,6 +218,7 @@ class Http1Exchange final : public ClientExchange {
   ~Http1Exchange() override {
     --target_->connections;
     if (reusable()) target_->put_idle(std::move(stream_));
+    target_->released.set();  // a connection for whoever waits: this one, or room for a new one
   }
 
   Result<void> write(std::string_view data) override {
@@ -511,6 +512,8 @@ class Http1Exchange final : public ClientExchange {
 
 // ---- pools ------------------------------------------------------------------------------------
 
+std::size_t TargetState::open_count() const { return connections + idle.size() + (http2 ? 1 : 0); }
+
 void TargetState::put_idle(Stream stream) {
   auto now = Clock::now();
   drop_expired(now);
@@ -620,10 +623,27 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(const Endpoint
           target, std::move(*stream), true, head, authority, timeouts));
     }
   }
-  if (limits.max_connections != 0 &&
-      target->connections + target->idle.size() + (target->http2 ? 1 : 0) >=
-          limits.max_connections) {
-    return fail(error(ExchangeErrc::kNoCapacity));
+  if (limits.max_connections != 0 && target->open_count() >= limits.max_connections) {
+    // Wait for a connection to come back (or close), within the connect timeout and as one of
+    // at most max_pending.
+    if (target->pending >= limits.max_pending) return fail(error(ExchangeErrc::kNoCapacity));
+    Deadline deadline = Deadline::after(timeouts.connect);
+    ++target->pending;
+    struct Unpend {
+      TargetState& t;
+      ~Unpend() { --t.pending; }
+    } unpend{*target};
+    while (target->open_count() >= limits.max_connections && target->idle.empty()) {
+      target->released.reset();
+      if (target->released.wait(deadline)) return fail(error(ExchangeErrc::kNoCapacity));
+    }
+    if (auto stream = target->take_idle()) {
+      return std::unique_ptr<ClientExchange>(std::make_unique<Http1Exchange>(
+          target, std::move(*stream), true, head, authority, timeouts));
+    }
+    if (target->http2 && target->http2->usable()) {
+      return target->http2->open(head, authority, timeouts);
+    }
   }
   auto started = Clock::now();
   std::string_view alpn;

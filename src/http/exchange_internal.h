@@ -9,6 +9,7 @@
 
 #include "spindle/http/exchange.h"
 #include "spindle/io/deadline.h"
+#include "spindle/sync/event.h"
 
 namespace spindle::http::detail {
 
@@ -28,6 +29,13 @@ struct TargetState {
   std::shared_ptr<Http2Session> http2;
   /// The limits of the last open().
   PoolLimits limits;
+  /// Set when a connection is released (back to idle, or closed); open() calls waiting for
+  /// capacity wait for it.
+  Event released;
+  std::size_t pending = 0;
+
+  /// Connections open now (idle, busy, HTTP/2).
+  std::size_t open_count() const;
 
   /// Keeps a connection for reuse (or closes it, beyond max_idle).
   void put_idle(Stream stream);

@@ -99,6 +99,8 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers,
     upstream.index = g->upstreams_.size();
     upstream.limits.max_idle = u.keepalive.max_idle;
     upstream.limits.idle_timeout = u.keepalive.idle_timeout;
+    upstream.limits.max_connections = u.limits.max_connections;
+    upstream.limits.max_pending = u.limits.max_pending;
     g->upstreams_.push_back(std::move(upstream));
   }
   g->services_.reserve(c.services.size());

@@ -308,7 +308,7 @@ void read_health(const ConfigReader& r, UpstreamConfig& u) {
 }
 
 UpstreamConfig read_upstream(const std::string& name, const ConfigReader& r) {
-  r.only({"balancer", "targets", "health", "keepalive"});
+  r.only({"balancer", "targets", "health", "keepalive", "limits"});
   UpstreamConfig u;
   u.name = name;
   read_balancer(r, u);
@@ -334,6 +334,12 @@ UpstreamConfig read_upstream(const std::string& name, const ConfigReader& r) {
     k.only({"max_idle", "idle_timeout"});
     u.keepalive.max_idle = k.number("max_idle", u.keepalive.max_idle, 100'000);
     u.keepalive.idle_timeout = k.duration("idle_timeout", u.keepalive.idle_timeout);
+  }
+  if (r.has("limits")) {
+    ConfigReader l = r.nested("limits");
+    l.only({"max_connections", "max_pending"});
+    u.limits.max_connections = l.number("max_connections", 0, 1'000'000);
+    u.limits.max_pending = l.number("max_pending", u.limits.max_pending, 1'000'000);
   }
   return u;
 }

@@ -532,3 +532,33 @@ services:
             assert 0.5 < time.monotonic() - started < 5
     finally:
         gw.stop()
+
+
+def test_beyond_the_connection_limit_and_its_queue_requests_get_503(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: pool}}
+services:
+  pool: {{upstream: pool, retries: {{attempts: 1}}}}
+upstreams:
+  pool:
+    targets: [{{address: "{addr(a)}"}}]
+    limits: {{max_connections: 1, max_pending: 1}}
+""", threads=1)
+    try:
+        statuses = collections.Counter()
+
+        def one():
+            statuses[request(gw, "GET", "/delay/400")[0]] += 1
+
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join()
+        # One on the connection, one waiting for it (then served), one turned away.
+        assert statuses == {200: 2, 503: 1}
+    finally:
+        gw.stop()

@@ -162,6 +162,15 @@ struct KeepaliveConfig {
   std::chrono::milliseconds idle_timeout{std::chrono::seconds(30)};
 };
 
+/// `upstreams.NAME.limits`: how many connections each worker opens to one target, and how
+/// many requests may wait for one of them.
+struct UpstreamLimits {
+  /// 0: no limit.
+  std::size_t max_connections = 0;
+  /// Requests waiting for a connection beyond max_connections; more get 503.
+  std::size_t max_pending = 1024;
+};
+
 /// One `upstreams` entry.
 struct UpstreamConfig {
   std::string name;
@@ -171,6 +180,7 @@ struct UpstreamConfig {
   ActiveHealthConfig active_health;
   PassiveHealthConfig passive_health;
   KeepaliveConfig keepalive;
+  UpstreamLimits limits;
 };
 
 /// The whole configuration.

@@ -359,18 +359,43 @@ TEST(ExchangeErrors, AnHttp2StreamTheUpstreamRefusedReachedNothing) {
   upstream->drain(Deadline::after(5s));
 }
 
-TEST(ExchangeErrors, TheConnectionLimitIsHeld) {
+TEST(ExchangeErrors, AtTheConnectionLimitARequestWaitsForAConnectionThenGivesUp) {
   Runtime runtime(RuntimeOptions{.workers = 1});
   auto upstream = start_upstream(runtime);
   UpstreamConnections pools(runtime);
   runtime.block_on([&] {
-    PoolLimits limits{.max_connections = 1};
+    PoolLimits limits{.max_connections = 1, .max_pending = 1};
+    ExchangeTimeouts timeouts{.connect = 300ms};
     Endpoint endpoint = endpoint_of(upstream->address());
-    auto first = pools.open(endpoint, head_for("GET", "/hello"), "u", {}, limits);
+    auto first = pools.open(endpoint, head_for("GET", "/hello"), "u", timeouts, limits);
     ASSERT_TRUE(first.has_value());
-    auto second = pools.open(endpoint, head_for("GET", "/hello"), "u", {}, limits);
+    // Held past the connect timeout: the second gives up.
+    auto started = Clock::now();
+    auto second = pools.open(endpoint, head_for("GET", "/hello"), "u", timeouts, limits);
     ASSERT_FALSE(second.has_value());
     EXPECT_EQ(second.error(), ExchangeErrc::kNoCapacity);
+    EXPECT_GE(Clock::now() - started, 250ms) << "it waited for a connection first";
+    // Released meanwhile: the waiting request gets that very connection.
+    ClientExchange* held = first->get();
+    auto releaser = spawn([&] {
+      (void)this_fiber::sleep_for(50ms);
+      ASSERT_TRUE(held->finish().has_value());
+      ASSERT_TRUE(held->read_head().has_value());
+      EXPECT_EQ(body_of(*held), "hello");
+      first->reset();
+    });
+    // (A third request meanwhile finds the one waiting place taken: refused at once.)
+    auto waiting = spawn(
+        [&] { return pools.open(endpoint, head_for("GET", "/hello"), "u", timeouts, limits); });
+    (void)this_fiber::sleep_for(10ms);
+    auto third = pools.open(endpoint, head_for("GET", "/hello"), "u", timeouts, limits);
+    ASSERT_FALSE(third.has_value());
+    EXPECT_EQ(third.error(), ExchangeErrc::kNoCapacity);
+    auto got = waiting.join();
+    releaser.join();
+    ASSERT_TRUE(got.has_value()) << got.error().message();
+    EXPECT_TRUE((*got)->reused());
+    EXPECT_EQ(pools.open_connections(endpoint), 1u);
   });
   upstream->drain(Deadline::after(5s));
 }
