@@ -128,12 +128,20 @@ std::string Endpoint::key() const {
 
 namespace detail {
 
+namespace {
+// The reactor clears a slot's readable callback when it fires: that is the whole record.
+void noted_readable(IoSlot&) {}
+}  // namespace
+
+void watch_idle(Stream& stream) { stream.on_readable(&noted_readable, nullptr); }
+
 bool stream_looks_alive(Stream& stream) {
+  // An event since the connection went idle: the peer closed it, or sent something unasked
+  // (a timeout notice). Neither is reusable. No system call: the reactor saw it, or not.
+  bool quiet = stream.on_readable_armed();
+  stream.cancel_on_readable();
   if (TlsStream* tls = stream.tls(); tls != nullptr && tls->has_pending()) return false;
-  char byte;
-  ssize_t n = ::recv(stream.fd(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
-  // 0: the peer closed; data: an unasked-for answer (a timeout notice): neither is reusable.
-  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  return quiet;
 }
 
 Result<Stream> connect_endpoint(const Endpoint& endpoint, Deadline deadline,
@@ -518,6 +526,7 @@ void TargetState::put_idle(Stream stream) {
   auto now = Clock::now();
   drop_expired(now);
   if (idle.size() >= limits.max_idle) return;  // closed as it goes
+  detail::watch_idle(stream);
   idle.push_back({std::move(stream), now});
 }
 

@@ -45,8 +45,11 @@ struct TargetState {
   void drop_expired(Clock::time_point now);
 };
 
-/// True if nothing has arrived on an idle connection: the peer has not closed it, nor sent
-/// anything unasked (which would make the next response ambiguous).
+/// Watches an idle connection: anything that arrives on it (the peer's close, or bytes
+/// unasked) is noted by the reactor, at no cost while nothing does.
+void watch_idle(Stream& stream);
+/// True if nothing has arrived on a watched idle connection: the peer has not closed it, nor
+/// sent anything unasked (which would make the next response ambiguous). Stops watching.
 bool stream_looks_alive(Stream& stream);
 
 /// Connects (and for TLS, handshakes) to `endpoint` by `deadline`; the protocol ALPN chose goes

@@ -51,6 +51,8 @@ class Socket {
     slot_->on_readable = callback;
     slot_->owner = owner;
   }
+  /// True while a readable callback is set and has not fired (nothing has arrived since).
+  bool on_readable_armed() const { return slot_ && slot_->on_readable != nullptr; }
   /// Parks until the socket is ready in `direction` (after an operation reported EAGAIN).
   [[nodiscard]] std::error_code wait(IoDirection direction, Deadline deadline) {
     if (!slot_) return std::make_error_code(std::errc::bad_file_descriptor);

@@ -60,6 +60,9 @@ class Stream {
   void cancel_on_readable() {
     with([](auto& s) { s.cancel_on_readable(); });
   }
+  bool on_readable_armed() {
+    return with([](auto& s) { return s.on_readable_armed(); });
+  }
   int fd() {
     return with([](auto& s) { return s.fd(); });
   }

@@ -79,6 +79,8 @@ class TcpStream {
   }
   /// Cancels on_readable.
   void cancel_on_readable() { socket_.on_readable(nullptr, nullptr); }
+  /// True while on_readable is set and has not fired.
+  bool on_readable_armed() const { return socket_.on_readable_armed(); }
 
  private:
   /// The registered socket.

@@ -187,6 +187,7 @@ class TlsStream {
     tcp_.on_readable(callback, owner);
   }
   void cancel_on_readable() { tcp_.cancel_on_readable(); }
+  bool on_readable_armed() const { return tcp_.on_readable_armed(); }
 
  private:
   TlsStream(TcpStream stream, SSL* ssl) : tcp_(std::move(stream)), ssl_(ssl) {}
