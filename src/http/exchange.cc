@@ -180,6 +180,7 @@ bool client_managed(const HeaderMap& headers, std::string_view name) {
 
 }  // namespace detail
 
+using detail::Permit;
 using detail::TargetState;
 
 // ---- HTTP/1.1 ---------------------------------------------------------------------------------
@@ -192,8 +193,9 @@ class Http1Exchange final : public ClientExchange {
  public:
   Http1Exchange(std::shared_ptr<TargetState> target, Stream stream, bool reused,
                 const ClientRequestHead& head, std::string_view authority,
-                const ExchangeTimeouts& timeouts)
-      : target_(std::move(target)),
+                const ExchangeTimeouts& timeouts, Permit permit = {})
+      : permit_(std::move(permit)),
+        target_(std::move(target)),
         stream_(std::move(stream)),
         timeouts_(timeouts),
         head_request_(head.method == "HEAD"),
@@ -226,8 +228,7 @@ class Http1Exchange final : public ClientExchange {
   ~Http1Exchange() override {
     --target_->connections;
     if (reusable()) target_->put_idle(std::move(stream_));
-    target_->released.set();  // a connection for whoever waits: this one, or room for a new one
-  }
+  }  // then the permit goes to the next request waiting, if any
 
   Result<void> write(std::string_view data) override {
     if (cancelled_) return fail(error(ExchangeErrc::kCancelled));
@@ -486,6 +487,8 @@ class Http1Exchange final : public ClientExchange {
     return n;
   }
 
+  /// Released last (members go in reverse order): the connection is back in the pool first.
+  Permit permit_;
   std::shared_ptr<TargetState> target_;
   Stream stream_;
   ExchangeTimeouts timeouts_;
@@ -519,6 +522,10 @@ class Http1Exchange final : public ClientExchange {
 }  // namespace
 
 // ---- pools ------------------------------------------------------------------------------------
+
+void detail::Permit::reset() {
+  if (target_) std::exchange(target_, nullptr)->slots->release();
+}
 
 std::size_t TargetState::open_count() const { return connections + idle.size() + (http2 ? 1 : 0); }
 
@@ -626,32 +633,31 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(const Endpoint
   if (target->http2 && !target->http2->usable()) target->http2.reset();
   if (target->http2) return target->http2->open(head, authority, timeouts);
 
+  // An HTTP/1.1 exchange holds one of the target's max_connections permits from here to its
+  // end: beyond them a request waits its turn (first come, first served), within the connect
+  // timeout and as one of at most max_pending.
+  Permit permit;
+  if (limits.max_connections != 0) {
+    if (!target->slots) target->slots = std::make_unique<Semaphore>(limits.max_connections);
+    if (!target->slots->try_acquire()) {
+      if (limits.max_pending != 0 && target->pending >= limits.max_pending) {
+        return fail(error(ExchangeErrc::kNoCapacity));
+      }
+      ++target->pending;
+      std::error_code waited = target->slots->acquire(Deadline::after(timeouts.connect));
+      --target->pending;
+      if (waited) return fail(error(ExchangeErrc::kNoCapacity));
+      if (target->http2 && target->http2->usable()) {
+        target->slots->release();  // the endpoint turned out to speak HTTP/2 meanwhile
+        return target->http2->open(head, authority, timeouts);
+      }
+    }
+    permit = Permit(target);
+  }
   if (endpoint.protocol == WireProtocol::kHttp1) {
     if (auto stream = target->take_idle()) {
       return std::unique_ptr<ClientExchange>(std::make_unique<Http1Exchange>(
-          target, std::move(*stream), true, head, authority, timeouts));
-    }
-  }
-  if (limits.max_connections != 0 && target->open_count() >= limits.max_connections) {
-    // Wait for a connection to come back (or close), within the connect timeout and as one of
-    // at most max_pending.
-    if (target->pending >= limits.max_pending) return fail(error(ExchangeErrc::kNoCapacity));
-    Deadline deadline = Deadline::after(timeouts.connect);
-    ++target->pending;
-    struct Unpend {
-      TargetState& t;
-      ~Unpend() { --t.pending; }
-    } unpend{*target};
-    while (target->open_count() >= limits.max_connections && target->idle.empty()) {
-      target->released.reset();
-      if (target->released.wait(deadline)) return fail(error(ExchangeErrc::kNoCapacity));
-    }
-    if (auto stream = target->take_idle()) {
-      return std::unique_ptr<ClientExchange>(std::make_unique<Http1Exchange>(
-          target, std::move(*stream), true, head, authority, timeouts));
-    }
-    if (target->http2 && target->http2->usable()) {
-      return target->http2->open(head, authority, timeouts);
+          target, std::move(*stream), true, head, authority, timeouts, std::move(permit)));
     }
   }
   auto started = Clock::now();
@@ -668,13 +674,14 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(const Endpoint
     if (target->http2 && target->http2->usable()) {
       return target->http2->open(head, authority, timeouts);
     }
+    permit = {};  // streams on one connection: no HTTP/1.1 permit needed
     target->http2 = detail::Http2Session::start(std::move(*stream));
     auto exchange = target->http2->open(head, authority, timeouts);
     if (exchange) (*exchange)->set_connect_time(took);
     return exchange;
   }
-  auto exchange =
-      std::make_unique<Http1Exchange>(target, std::move(*stream), false, head, authority, timeouts);
+  auto exchange = std::make_unique<Http1Exchange>(target, std::move(*stream), false, head,
+                                                  authority, timeouts, std::move(permit));
   exchange->set_connect_time(took);
   return std::unique_ptr<ClientExchange>(std::move(exchange));
 }

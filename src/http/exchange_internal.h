@@ -9,7 +9,7 @@
 
 #include "spindle/http/exchange.h"
 #include "spindle/io/deadline.h"
-#include "spindle/sync/event.h"
+#include "spindle/sync/semaphore.h"
 
 namespace spindle::http::detail {
 
@@ -29,9 +29,9 @@ struct TargetState {
   std::shared_ptr<Http2Session> http2;
   /// The limits of the last open().
   PoolLimits limits;
-  /// Set when a connection is released (back to idle, or closed); open() calls waiting for
-  /// capacity wait for it.
-  Event released;
+  /// With max_connections: one permit per HTTP/1.1 exchange in flight; open() calls beyond
+  /// them wait here (pending of them), first come, first served.
+  std::unique_ptr<Semaphore> slots;
   std::size_t pending = 0;
 
   /// Connections open now (idle, busy, HTTP/2).
@@ -43,6 +43,24 @@ struct TargetState {
   std::optional<Stream> take_idle();
   /// Closes idle connections older than the idle timeout.
   void drop_expired(Clock::time_point now);
+};
+
+/// One of a target's max_connections permits, given back when it goes.
+class Permit {
+ public:
+  Permit() = default;
+  explicit Permit(std::shared_ptr<TargetState> target) : target_(std::move(target)) {}
+  Permit(Permit&&) noexcept = default;
+  Permit& operator=(Permit&& other) noexcept {
+    reset();
+    target_ = std::move(other.target_);
+    return *this;
+  }
+  ~Permit() { reset(); }
+
+ private:
+  void reset();
+  std::shared_ptr<TargetState> target_;
 };
 
 /// Watches an idle connection: anything that arrives on it (the peer's close, or bytes

@@ -338,7 +338,7 @@ UpstreamConfig read_upstream(const std::string& name, const ConfigReader& r) {
   if (r.has("limits")) {
     ConfigReader l = r.nested("limits");
     l.only({"max_connections", "max_pending"});
-    u.limits.max_connections = l.number("max_connections", 0, 1'000'000);
+    u.limits.max_connections = l.number("max_connections", u.limits.max_connections, 1'000'000);
     u.limits.max_pending = l.number("max_pending", u.limits.max_pending, 1'000'000);
   }
   return u;

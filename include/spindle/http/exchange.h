@@ -120,11 +120,11 @@ struct PoolLimits {
   std::size_t max_idle = 64;
   /// How long an idle connection is kept.
   std::chrono::milliseconds idle_timeout{30'000};
-  /// Most connections open at once (0: no limit). Beyond it open() waits for one to be
-  /// released, up to the connect timeout, then fails with kNoCapacity.
+  /// Most HTTP/1.1 exchanges in flight at once (0: no limit). Beyond it open() waits its turn
+  /// (first come, first served) up to the connect timeout, then fails with kNoCapacity.
   std::size_t max_connections = 0;
-  /// Most open() calls waiting at once; more fail with kNoCapacity at once.
-  std::size_t max_pending = 1024;
+  /// Most open() calls waiting their turn at once (0: no limit); more fail with kNoCapacity.
+  std::size_t max_pending = 0;
 };
 
 /// A response head received from an upstream. Its views stay valid as long as the exchange.

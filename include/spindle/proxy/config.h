@@ -158,17 +158,17 @@ struct PassiveHealthConfig {
 
 /// Idle upstream connections kept per worker and target.
 struct KeepaliveConfig {
-  std::size_t max_idle = 64;
+  std::size_t max_idle = 256;
   std::chrono::milliseconds idle_timeout{std::chrono::seconds(30)};
 };
 
 /// `upstreams.NAME.limits`: how many connections each worker opens to one target, and how
 /// many requests may wait for one of them.
 struct UpstreamLimits {
-  /// 0: no limit.
-  std::size_t max_connections = 0;
-  /// Requests waiting for a connection beyond max_connections; more get 503.
-  std::size_t max_pending = 1024;
+  /// HTTP/1.1 requests in flight per worker and target (0: no limit); more wait their turn.
+  std::size_t max_connections = 256;
+  /// Requests waiting their turn at once (0: no limit); more get 503.
+  std::size_t max_pending = 0;
 };
 
 /// One `upstreams` entry.
