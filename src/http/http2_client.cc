@@ -40,7 +40,6 @@ struct Call {
   bool out_end = false;
   bool deferred = false;
   HeaderMap out_trailers;
-  bool has_trailers = false;
   bool headers_sent = false;
   // The response.
   ClientResponseHead head;
@@ -108,17 +107,7 @@ ssize_t read_body(nghttp2_session* session, std::int32_t id, std::uint8_t* buf, 
     call->wake.set();  // room for the next piece
     if (call->out_end) {
       *flags |= NGHTTP2_DATA_FLAG_EOF;
-      if (call->has_trailers) {
-        std::vector<nghttp2_nv> nv;
-        for (const Field& f : call->out_trailers) {
-          nv.push_back({reinterpret_cast<std::uint8_t*>(const_cast<char*>(f.name.data())),
-                        reinterpret_cast<std::uint8_t*>(const_cast<char*>(f.value.data())),
-                        f.name.size(), f.value.size(), NGHTTP2_NV_FLAG_NONE});
-        }
-        if (nghttp2_submit_trailer(session, id, nv.data(), nv.size()) == 0) {
-          *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
-        }
-      }
+      submit_trailers(session, id, call->out_trailers, flags);
     } else if (n == 0) {
       call->deferred = true;
       return NGHTTP2_ERR_DEFERRED;
@@ -255,7 +244,6 @@ class Http2Exchange final : public ClientExchange {
       for (const Field& f : *trailers) {
         if (!is_hop_by_hop(f.name)) call_->out_trailers.add(ascii_lower(f.name), f.value);
       }
-      call_->has_trailers = !call_->out_trailers.empty();
     }
     call_->out_end = true;
     resume();

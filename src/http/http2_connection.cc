@@ -274,18 +274,8 @@ ssize_t read_data(nghttp2_session* session, std::int32_t /*id*/, std::uint8_t* b
   if (s->out_pos == s->out_body.size()) {
     if (!s->streaming || s->out_eof) {
       *flags |= NGHTTP2_DATA_FLAG_EOF;
-      if (!s->out_trailers.empty()) {
-        // The body ends here; the trailers' HEADERS frame ends the stream.
-        std::vector<nghttp2_nv> nv;
-        for (const Field& f : s->out_trailers) {
-          nv.push_back({reinterpret_cast<std::uint8_t*>(const_cast<char*>(f.name.data())),
-                        reinterpret_cast<std::uint8_t*>(const_cast<char*>(f.value.data())),
-                        f.name.size(), f.value.size(), NGHTTP2_NV_FLAG_NONE});
-        }
-        if (nghttp2_submit_trailer(session, s->id, nv.data(), nv.size()) == 0) {
-          *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
-        }
-      }
+      // The body ends here; the trailers' HEADERS frame, if any, ends the stream.
+      submit_trailers(session, s->id, s->out_trailers, flags);
     } else if (n == 0) {
       return NGHTTP2_ERR_DEFERRED;  // the producer resumes it
     }

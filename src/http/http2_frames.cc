@@ -1,6 +1,23 @@
 #include "http2_frames.h"
 
+#include <vector>
+
 namespace spindle::http::detail {
+
+void submit_trailers(nghttp2_session* session, std::int32_t id, const HeaderMap& trailers,
+                     std::uint32_t* flags) {
+  if (trailers.empty()) return;
+  std::vector<nghttp2_nv> nv;
+  nv.reserve(trailers.size());
+  for (const Field& f : trailers) {
+    nv.push_back({reinterpret_cast<std::uint8_t*>(const_cast<char*>(f.name.data())),
+                  reinterpret_cast<std::uint8_t*>(const_cast<char*>(f.value.data())), f.name.size(),
+                  f.value.size(), NGHTTP2_NV_FLAG_NONE});
+  }
+  if (nghttp2_submit_trailer(session, id, nv.data(), nv.size()) == 0) {
+    *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+  }
+}
 
 FramesSent send_frames(nghttp2_session* session, Stream& stream, std::string& out,
                        Deadline deadline) {

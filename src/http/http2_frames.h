@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "spindle/http/header_map.h"
 #include "spindle/io/deadline.h"
 #include "spindle/net/stream.h"
 #include "spindle/sync/event.h"
@@ -27,6 +28,12 @@ struct Guarded<Fn> {
     }
   }
 };
+
+/// Inside a data source's read callback at the body's end: submits `trailers` (names in lower
+/// case) to follow the last DATA frame, and marks that frame as not ending the stream (the
+/// trailers' HEADERS do). Nothing if there are none.
+void submit_trailers(nghttp2_session* session, std::int32_t id, const HeaderMap& trailers,
+                     std::uint32_t* flags);
 
 /// What send_frames did.
 enum class FramesSent {
