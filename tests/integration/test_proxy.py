@@ -562,3 +562,43 @@ upstreams:
         assert statuses == {200: 2, 503: 1}
     finally:
         gw.stop()
+
+
+def test_active_health_checks_take_a_target_out_and_bring_it_back(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    later = free_port()
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: pool}}
+services:
+  pool: {{upstream: pool, retries: {{attempts: 1}}}}
+upstreams:
+  pool:
+    targets: [{{address: "{addr(a)}"}}, {{address: "127.0.0.1:{later}"}}]
+    health:
+      active: {{path: /plaintext, interval: 100ms, timeout: 200ms, healthy: 2, unhealthy: 2}}
+      passive: {{max_fails: 0}}
+""", threads=1)
+    revived = None
+    try:
+        deadline = time.monotonic() + 5
+        while not any("taken out" in line for line in gw.errors):
+            assert time.monotonic() < deadline, gw.errors
+            time.sleep(0.05)
+        # Out: every request goes to the healthy one, none fails (no retries allowed).
+        assert collections.Counter(request(gw, "GET", "/plaintext")[1]["X-Upstream"]
+                                   for _ in range(20)) == {"a": 20}
+        # Back once it answers its probes.
+        revived = Server([os.path.join(build_dir, "bin", "http_test_server"), str(later), "65536", "1"],
+                         env={"UPSTREAM_NAME": "revived"})
+        deadline = time.monotonic() + 5
+        while not any("healthy again" in line for line in gw.errors):
+            assert time.monotonic() < deadline, gw.errors
+            time.sleep(0.05)
+        seen = collections.Counter(request(gw, "GET", "/plaintext")[1]["X-Upstream"]
+                                   for _ in range(20))
+        assert seen == {"a": 10, "revived": 10}
+    finally:
+        gw.stop()
+        if revived:
+            revived.stop()
