@@ -59,7 +59,7 @@ servers:
     listen: 127.0.0.1:0
     http2: true
     access_log: off
-    limits: {max_body: 2g}
+    limits: {max_body: 4g}
 """
 
 
@@ -602,3 +602,46 @@ upstreams:
         gw.stop()
         if revived:
             revived.stop()
+
+
+def peak_rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_a_gigabyte_streams_each_way_with_bounded_memory(build_dir, tmp_path):
+    """1 GiB up and 1 GiB down through the gateway (256 MiB under sanitizers, which slow the
+    upstream's hashing), then 64 MiB to a client reading at 32 MB/s: the gateway's peak RSS
+    grows by a bounded amount, not with the body."""
+    size = (256 << 20) if "asan" in build_dir or "tsan" in build_dir else (1 << 30)
+    up = upstream(build_dir, "big", max_body=4 << 30)
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: s}}
+services:
+  s: {{url: "http://{addr(up)}"}}
+""", threads=1)
+    try:
+        assert request(gw, "GET", "/plaintext")[0] == 200
+        before = peak_rss_kib(gw.proc.pid)
+        # Upload: streamed from a generator with its Content-Length, nothing of that size held.
+        piece = b"u" * (1 << 20)
+        status, _, body = request(gw, "POST", "/digest", body=(piece for _ in range(size >> 20)),
+                                  headers={"Content-Length": str(size)}, timeout=300)
+        assert status == 200 and body.decode().split()[0] == str(size), body
+        down = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{size_download}",
+                               f"http://{addr(gw)}/bytes/{size}"], capture_output=True, timeout=300)
+        assert down.returncode == 0 and down.stdout == str(size).encode(), down
+        slow = subprocess.run(["curl", "-sS", "-o", "/dev/null", "--limit-rate", "32M", "-w",
+                               "%{size_download}", f"http://{addr(gw)}/bytes/{64 << 20}"],
+                              capture_output=True, timeout=60)
+        assert slow.returncode == 0 and slow.stdout == str(64 << 20).encode(), slow
+        grown_mib = (peak_rss_kib(gw.proc.pid) - before) / 1024
+        print(f"gateway peak RSS grew by {grown_mib:.1f} MiB for {size >> 20} MiB each way")
+        assert grown_mib < 32, grown_mib
+    finally:
+        gw.stop()
+        up.stop()
