@@ -645,3 +645,52 @@ services:
     finally:
         gw.stop()
         up.stop()
+
+
+def test_grpc_style_trailers_pass_through_an_http2_gateway(build_dir, tmp_path, two_upstreams):
+    """A gRPC-shaped call (POST, application/grpc, TE: trailers) from an HTTP/2 client, through
+    the gateway, to an h2c upstream that answers with grpc-status in trailers."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: grpc, match: {{path_prefix: /}}, service: g}}
+services:
+  g: {{url: "http://{addr(a)}", protocol: h2c}}
+""")
+    try:
+        sock = socket.create_connection((gw.host, gw.port), timeout=5)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True,
+                                                                    header_encoding="utf-8"))
+        conn.initiate_connection()
+        message = b"\x00\x00\x00\x00\x05hello"  # one length-prefixed gRPC message
+        conn.send_headers(1, [(":method", "POST"), (":path", "/trailers"), (":scheme", "http"),
+                              (":authority", "grpc.test"), ("content-type", "application/grpc"),
+                              ("te", "trailers")])
+        conn.send_data(1, message, end_stream=True)
+        sock.sendall(conn.data_to_send())
+        headers, body, trailers, ended = None, b"", None, False
+        while not ended:
+            data = sock.recv(65536)
+            assert data, "the gateway closed the connection"
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    headers = dict(event.headers)
+                elif isinstance(event, h2.events.DataReceived):
+                    body += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, 1)
+                elif isinstance(event, h2.events.TrailersReceived):
+                    trailers = dict(event.headers)
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended = True
+                elif isinstance(event, h2.events.StreamReset):
+                    raise AssertionError(f"stream reset: {event.error_code}")
+            sock.sendall(conn.data_to_send())
+        sock.close()
+        assert headers[":status"] == "200" and headers["content-type"] == "application/grpc"
+        assert body == message
+        assert trailers == {"grpc-status": "0", "grpc-message": "ok"}
+    finally:
+        gw.stop()
