@@ -211,7 +211,9 @@ Result<void> send_body(http::Request& request, http::ClientExchange& exchange, B
 
 http::Middleware Proxy::middleware(std::size_t server_index) {
   return [this, server_index](http::Request& request, const http::Next& next) -> http::Response {
-    const std::shared_ptr<Gateway>& gateway = gateways_.current();
+    // A copy: the request keeps this snapshot (and the route it points into) even if a new
+    // one is published while it runs.
+    std::shared_ptr<Gateway> gateway = gateways_.current();
     const Gateway::Server* server = gateway ? gateway->server(server_index) : nullptr;
     if (server == nullptr || server->routes.size() == 0) return next(request);
     const RouteConfig* route = server->routes.select(request.header("host"), request.target(),
