@@ -93,8 +93,68 @@ RouteMatch read_match(const ConfigReader& r) {
   return m;
 }
 
+// The field names and values of a mapping ("{x-env: prod}"), checked.
+std::vector<std::pair<std::string, std::string>> read_fields(const ConfigReader& r) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  for (const auto& entry : r.node()) {
+    std::string name = entry.first.IsScalar() ? entry.first.Scalar() : "";
+    if (!http::is_field_name(name))
+      r.fail(entry.first, r.key_path(name), "not a header field name");
+    std::string value = scalar_text(r, entry.second, r.key_path(name));
+    if (!http::is_field_value(value))
+      r.fail(entry.second, r.key_path(name), "not a valid field value");
+    fields.emplace_back(std::move(name), std::move(value));
+  }
+  return fields;
+}
+
+HeaderEdits read_edits(const ConfigReader& r) {
+  r.only({"set", "add", "remove"});
+  HeaderEdits edits;
+  if (r.has("set")) edits.set = read_fields(r.nested("set"));
+  if (r.has("add")) edits.add = read_fields(r.nested("add"));
+  for (const std::string& name : r.strings("remove")) {
+    if (!http::is_field_name(name))
+      r.fail_key("remove", fmt::format("'{}' is not a field name", name));
+    edits.remove.push_back(name);
+  }
+  return edits;
+}
+
+MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& node,
+                                 const std::string& path) {
+  constexpr const char* kKnown = "headers, strip_prefix, add_prefix";
+  if (!node.IsMap() || node.size() != 1) {
+    list.fail(node, path,
+              fmt::format("expected one middleware as {{NAME: SETTINGS}} ({})", kKnown));
+  }
+  std::string kind = node.begin()->first.IsScalar() ? node.begin()->first.Scalar() : "";
+  ConfigReader entry(list.file(), node, path);
+  MiddlewareConfig m;
+  if (kind == "headers") {
+    ConfigReader h = entry.nested("headers");
+    h.only({"request", "response"});
+    m.kind = MiddlewareConfig::Kind::kHeaders;
+    if (h.has("request")) m.request = read_edits(h.nested("request"));
+    if (h.has("response")) m.response = read_edits(h.nested("response"));
+  } else if (kind == "strip_prefix" || kind == "add_prefix") {
+    m.kind = kind == "strip_prefix" ? MiddlewareConfig::Kind::kStripPrefix
+                                    : MiddlewareConfig::Kind::kAddPrefix;
+    m.prefix = entry.string(kind, "");
+    if (!m.prefix.starts_with('/') || m.prefix.size() < 2 || m.prefix.ends_with('/') ||
+        !http::is_request_target(m.prefix)) {
+      entry.fail_key(kind,
+                     "expected a path prefix such as /api (starting with /, not ending with /)");
+    }
+  } else {
+    entry.fail(node.begin()->first, entry.key_path(kind),
+               fmt::format("unknown middleware (expected one of: {})", kKnown));
+  }
+  return m;
+}
+
 RouteConfig read_route(const ConfigReader& r, const Config& config) {
-  r.only({"name", "servers", "match", "service"});
+  r.only({"name", "servers", "match", "middlewares", "service"});
   RouteConfig route;
   route.name = r.string("name", "");
   std::vector<std::string> server_names;
@@ -111,6 +171,11 @@ RouteConfig read_route(const ConfigReader& r, const Config& config) {
   if (!r.has("match"))
     r.fail(r.node(), r.key_path("match"), "required (match: {path_prefix: /} takes every request)");
   route.match = read_match(r.nested("match"));
+  YAML::Node middlewares = r.sequence("middlewares", "a list of middlewares");
+  for (std::size_t i = 0; i < middlewares.size(); ++i) {
+    route.middlewares.push_back(
+        read_middleware(r, middlewares[i], fmt::format("{}[{}]", r.key_path("middlewares"), i)));
+  }
   route.service = r.string("service", "");
   if (route.service.empty()) r.fail(r.node(), r.key_path("service"), "required");
   return route;

@@ -77,6 +77,8 @@ class InFlight {
 // the X-Forwarded-* family, Via and X-Request-Id.
 struct ForwardHead {
   http::RequestHead head;
+  /// The target, once a middleware has rewritten it (head.target points here then).
+  std::string target;
   std::string authority;
   std::string request_id;
   // Owns the values built here (the head's views point into them).
@@ -178,6 +180,38 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   head.headers.add_view("X-Request-Id", out.request_id);
 }
 
+void apply_edits(const HeaderEdits& edits, http::HeaderMap& headers) {
+  for (const std::string& name : edits.remove) headers.erase(name);
+  for (const auto& [name, value] : edits.set) headers.set(name, value);
+  for (const auto& [name, value] : edits.add) headers.add(name, value);
+}
+
+// The route's middlewares, in order, on the request as it will go upstream.
+void apply_request_middlewares(const RouteConfig& route, ForwardHead& out) {
+  for (const MiddlewareConfig& m : route.middlewares) {
+    switch (m.kind) {
+      case MiddlewareConfig::Kind::kHeaders:
+        apply_edits(m.request, out.head.headers);
+        break;
+      case MiddlewareConfig::Kind::kStripPrefix: {
+        // "/api/users?x" less "/api" is "/users?x"; "/api" alone becomes "/"; "/apix" stays.
+        std::string_view target = out.head.target;
+        if (!target.starts_with(m.prefix)) break;
+        std::string_view rest = target.substr(m.prefix.size());
+        if (!rest.empty() && rest.front() != '/' && rest.front() != '?') break;
+        out.target =
+            rest.empty() || rest.front() == '?' ? "/" + std::string(rest) : std::string(rest);
+        out.head.target = out.target;
+        break;
+      }
+      case MiddlewareConfig::Kind::kAddPrefix:
+        out.target = m.prefix + std::string(out.head.target);
+        out.head.target = out.target;
+        break;
+    }
+  }
+}
+
 // Writes a small body whole, or streams a large one from the client. `first` keeps the piece
 // read but not yet accepted by the upstream, so that an attempt that failed before it took
 // any byte can be made again with it.
@@ -219,7 +253,12 @@ http::Middleware Proxy::middleware(std::size_t server_index) {
     const RouteConfig* route = server->routes.select(request.header("host"), request.target(),
                                                      request.method(), request.headers());
     if (route == nullptr) return next(request);
-    return forward(request, gateway, *server, *route);
+    http::Response response = forward(request, gateway, *server, *route);
+    // The way back: the route's middlewares in reverse order.
+    for (auto m = route->middlewares.rbegin(); m != route->middlewares.rend(); ++m) {
+      if (m->kind == MiddlewareConfig::Kind::kHeaders) apply_edits(m->response, response.headers);
+    }
+    return response;
   };
 }
 
@@ -236,6 +275,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
 
   auto forward_head = std::make_shared<ForwardHead>();
   build_head(request, *server.config, *forward_head);
+  apply_request_middlewares(route, *forward_head);
   request.set_attribute("route", route.name);
   request.set_attribute("request_id", forward_head->request_id);
   const http::RequestHead& head = forward_head->head;

@@ -77,6 +77,10 @@ SAMPLES = {
     "upstreams.NAME.limits": None,
     "upstreams.NAME.limits.max_connections": "100",
     "upstreams.NAME.limits.max_pending": "10",
+    "routes[].middlewares": "[{strip_prefix: /api}]",
+    "routes[].middlewares.headers": "{request: {set: {x-env: prod}}, response: {remove: [server]}}",
+    "routes[].middlewares.strip_prefix": "/api",
+    "routes[].middlewares.add_prefix": "/v1",
     "services.NAME.tls": None,
     "services.NAME.tls.ca": "/etc/ssl/certs/ca-certificates.crt",
     "services.NAME.tls.verify": "false",
@@ -133,6 +137,9 @@ def yaml_for(path, value):
         target[parts[-1]] = parsed
     if path == "services.NAME.upstream":
         del config["services"]["s"]["url"]  # one of the two
+    if path.startswith("routes[].middlewares."):
+        config["routes"][0]["middlewares"] = [{parts[-1]: parsed}]  # a list of one
+        return yaml.safe_dump(config)
     if path.startswith("services.NAME.tls"):
         config["services"]["s"]["url"] = "https://127.0.0.1:9"  # TLS is for https://
     return yaml.safe_dump(config)

@@ -694,3 +694,61 @@ services:
         assert trailers == {"grpc-status": "0", "grpc-message": "ok"}
     finally:
         gw.stop()
+
+
+def test_route_middlewares_edit_fields_and_paths(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - name: api
+    match: {{path_prefix: /api/}}
+    middlewares:
+      - strip_prefix: /api
+      - headers:
+          request: {{set: {{x-env: prod}}, add: {{x-tag: two}}, remove: [x-secret]}}
+          response: {{set: {{x-served-by: gateway}}, remove: [x-middleware]}}
+    service: a
+  - name: people
+    match: {{path_prefix: /people/}}
+    middlewares: [{{strip_prefix: /people}}, {{add_prefix: /users}}]
+    service: a
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    try:
+        status, headers, body = request(gw, "GET", "/api/headers", headers={
+            "X-Env": "dev", "X-Tag": "one", "X-Secret": "s"})
+        assert status == 200
+        lines = body.decode().lower().splitlines()
+        assert "x-env: prod" in lines and "x-env: dev" not in lines
+        assert "x-tag: one" in lines and "x-tag: two" in lines
+        assert not any(line.startswith("x-secret") for line in lines)
+        assert headers["X-Served-By"] == "gateway" and headers.get("X-Middleware") is None
+        # /api alone and /api?query become / and /?query upstream; /apix is not the prefix.
+        assert request(gw, "GET", "/api/plaintext")[2] == b"Hello, World!"
+        assert request(gw, "GET", "/people/42")[2] == b"user 42"
+    finally:
+        gw.stop()
+
+
+@pytest.mark.parametrize("middlewares, where", [
+    ("[{rate_limiter: {}}]", "routes[0].middlewares[0].rate_limiter: unknown middleware"),
+    ("[{strip_prefix: api}]", "routes[0].middlewares[0].strip_prefix: expected a path prefix"),
+    ("[{headers: {request: {set: {'bad name': x}}}}]", "routes[0].middlewares[0].headers.request.set.bad name"),
+    ("[{headers: {}, strip_prefix: /a}]", "routes[0].middlewares[0]: expected one middleware"),
+])
+def test_a_bad_middleware_is_a_configuration_error(build_dir, tmp_path, middlewares, where):
+    config = tmp_path / "bad.yaml"
+    config.write_text(f"""servers:
+  - {{listen: 127.0.0.1:0}}
+routes:
+  - match: {{path_prefix: /}}
+    middlewares: {middlewares}
+    service: s
+services:
+  s: {{url: "http://127.0.0.1:9"}}
+""")
+    done = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(config)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1
+    assert f"bad.yaml:5: {where}" in done.stderr, done.stderr

@@ -74,11 +74,35 @@ struct RouteMatch {
 };
 
 /// One `routes` entry.
+/// Field edits of a `headers` middleware, for one direction.
+struct HeaderEdits {
+  /// Replace every field of that name with this one.
+  std::vector<std::pair<std::string, std::string>> set;
+  /// Add a field (beside any of the same name).
+  std::vector<std::pair<std::string, std::string>> add;
+  /// Remove every field of these names.
+  std::vector<std::string> remove;
+
+  bool empty() const { return set.empty() && add.empty() && remove.empty(); }
+};
+
+/// One entry of `routes[].middlewares`: what it is and its settings.
+struct MiddlewareConfig {
+  enum class Kind { kHeaders, kStripPrefix, kAddPrefix };
+  Kind kind = Kind::kHeaders;
+  /// headers: the edits to the request sent upstream and to the response sent back.
+  HeaderEdits request, response;
+  /// strip_prefix / add_prefix: the path prefix.
+  std::string prefix;
+};
+
 struct RouteConfig {
   std::string name;
   /// Names of the servers it applies to; empty: every server.
   std::vector<std::string> servers;
   RouteMatch match;
+  /// Run in order on the way to the service, in reverse order on the way back.
+  std::vector<MiddlewareConfig> middlewares;
   /// The service that answers.
   std::string service;
 };
