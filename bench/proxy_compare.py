@@ -24,9 +24,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from http_compare import (ROOT, cpu_seconds, cpu_us_per_request, free_port,  # noqa: E402
-                          median_round, parse_wrk, pin, stop, wait_listening)
-from tls_compare import parse_h2load  # noqa: E402
+from http_compare import ROOT, free_port, median_round, pin, stop, wait_listening  # noqa: E402
+from tls_compare import measure  # noqa: E402
 
 SETUPS = [  # name, client tool, client scheme, upstream protocol
     ("h1->h1", "wrk", "http", "h1"),
@@ -200,22 +199,7 @@ def run(kind, binaries, setup, connections, seconds, tmp, certs, upstream):
         wait_listening(tls, proc)
         # A short warm-up fills the gateway's upstream pool before the measured run.
         subprocess.run(["curl", "-sk", "-o", "/dev/null", url], timeout=10)
-        before = cpu_seconds(proc.pid)
-        if tool == "h2load":
-            args = pin(1, 1) + ["h2load", f"-c{connections}", "-m10", "-t1", "-D", str(seconds),
-                                url]
-            out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
-            result = parse_h2load(out.stdout)
-        else:
-            args = pin(1, 1) + ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
-                                "--timeout", "5s", url]
-            out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
-            result = parse_wrk(out.stdout)
-        after = cpu_seconds(proc.pid)
-        result["cpu_us_per_request"] = cpu_us_per_request(before, after, result["requests"])
-        if out.returncode != 0:
-            result["errors"] += 1
-        return result
+        return measure(proc.pid, tool, url, connections, seconds)
     finally:
         stop(proc)
 

@@ -121,6 +121,26 @@ def parse_h2load(text):
             "errors": errors}
 
 
+def measure(pid, tool, url, connections, seconds, extra=()):
+    """One load run against `url`, h2load (10 streams per connection) or wrk: its result, with
+    the CPU per request of process `pid` (and its children) over the run."""
+    before = cpu_seconds(pid)
+    if tool == "h2load":
+        args = pin(1, 1) + ["h2load", f"-c{connections}", "-m10", "-t1", "-D", str(seconds), url]
+        out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
+        result = parse_h2load(out.stdout)
+    else:
+        args = pin(1, 1) + ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
+                            "--timeout", "5s", *extra, url]
+        out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
+        result = parse_wrk(out.stdout)
+    after = cpu_seconds(pid)
+    result["cpu_us_per_request"] = cpu_us_per_request(before, after, result["requests"])
+    if out.returncode != 0:
+        result["errors"] += 1
+    return result
+
+
 def run(kind, binaries, workload, seconds, tmp, certs):
     name, tool, scheme, extra = workload
     proc, tls_port, plain_port = SERVERS[kind](binaries, tmp, certs)
@@ -129,21 +149,7 @@ def run(kind, binaries, workload, seconds, tmp, certs):
     try:
         wait_listening(tls_port, proc)
         wait_listening(plain_port, proc)
-        before = cpu_seconds(proc.pid)
-        if tool == "h2load":
-            args = pin(1, 1) + ["h2load", "-c100", "-m10", "-t1", "-D", str(seconds), url]
-            out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 60)
-            result = parse_h2load(out.stdout)
-        else:
-            args = pin(1, 1) + ["wrk", "-t1", "-c100", f"-d{seconds}s", "--latency",
-                                "--timeout", "5s"] + extra + [url]
-            out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 60)
-            result = parse_wrk(out.stdout)
-        after = cpu_seconds(proc.pid)
-        result["cpu_us_per_request"] = cpu_us_per_request(before, after, result["requests"])
-        if out.returncode != 0:
-            result["errors"] += 1
-        return result
+        return measure(proc.pid, tool, url, 100, seconds, extra)
     finally:
         stop(proc)
 

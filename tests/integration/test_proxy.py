@@ -36,6 +36,16 @@ def addr(server):
     return f"{server.host}:{server.port}"
 
 
+def all_to(target):
+    """Routes and services that send every request to `target`."""
+    return f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://{addr(target)}"}}
+"""
+
+
 def request(server, method, path, body=None, headers=None, timeout=10, chunked=False):
     """One request on a new connection: status, fields (names without regard to case), body."""
     conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
@@ -100,12 +110,7 @@ services:
 
 def test_forwarded_fields_are_added_and_hop_by_hop_ones_removed(build_dir, tmp_path, two_upstreams):
     a, _ = two_upstreams
-    gw = gateway(build_dir, tmp_path, SERVER + f"""
-routes:
-  - {{name: all, match: {{path_prefix: /}}, service: a}}
-services:
-  a: {{url: "http://{addr(a)}"}}
-""")
+    gw = gateway(build_dir, tmp_path, SERVER + all_to(a))
     try:
         status, headers, body = request(gw, "GET", "/headers", headers={
             "Host": "shop.test", "Connection": "x-secret", "X-Secret": "hop",
@@ -160,12 +165,7 @@ def fnv_digest(data):
 @pytest.mark.parametrize("framing", ["length", "chunked"])
 def test_request_bodies_stream_to_the_upstream(build_dir, tmp_path, two_upstreams, framing):
     a, _ = two_upstreams
-    gw = gateway(build_dir, tmp_path, SERVER + f"""
-routes:
-  - {{name: all, match: {{path_prefix: /}}, service: a}}
-services:
-  a: {{url: "http://{addr(a)}"}}
-""")
+    gw = gateway(build_dir, tmp_path, SERVER + all_to(a))
     try:
         data = os.urandom(3 << 20)
         if framing == "length":
@@ -185,12 +185,7 @@ services:
 
 def test_response_bodies_stream_with_their_length_or_chunked(build_dir, tmp_path, two_upstreams):
     a, _ = two_upstreams
-    gw = gateway(build_dir, tmp_path, SERVER + f"""
-routes:
-  - {{name: all, match: {{path_prefix: /}}, service: a}}
-services:
-  a: {{url: "http://{addr(a)}"}}
-""")
+    gw = gateway(build_dir, tmp_path, SERVER + all_to(a))
     try:
         status, headers, body = request(gw, "GET", "/bytes/5000000")
         assert (status, len(body), headers.get("Content-Length")) == (200, 5000000, "5000000")
@@ -210,12 +205,7 @@ def curl(*args, timeout=20):
 
 def test_http2_clients_are_forwarded_to_http1_upstreams(build_dir, tmp_path, two_upstreams):
     a, _ = two_upstreams
-    gw = gateway(build_dir, tmp_path, SERVER + f"""
-routes:
-  - {{name: all, match: {{path_prefix: /}}, service: a}}
-services:
-  a: {{url: "http://{addr(a)}"}}
-""")
+    gw = gateway(build_dir, tmp_path, SERVER + all_to(a))
     try:
         data = tmp_path / "up.bin"
         data.write_bytes(os.urandom(2 << 20))
@@ -237,12 +227,7 @@ services:
 
 def test_a_response_cut_mid_body_aborts_the_client_side(build_dir, tmp_path, two_upstreams):
     a, _ = two_upstreams
-    gw = gateway(build_dir, tmp_path, SERVER + f"""
-routes:
-  - {{name: all, match: {{path_prefix: /}}, service: a}}
-services:
-  a: {{url: "http://{addr(a)}"}}
-""")
+    gw = gateway(build_dir, tmp_path, SERVER + all_to(a))
     try:
         # HTTP/1.1: the announced length is never reached; the connection closes.
         h1 = curl(f"http://{addr(gw)}/cut", "-o", "/dev/null")

@@ -127,14 +127,22 @@ std::string read_head(TcpStream& stream) {
   return in;
 }
 
+// Runs `body(pools, server)` in a fiber of a one-worker runtime, with the server `start` makes
+// and a pool of upstream connections; drains the server after.
+template <typename Start, typename Body>
+void with_server(Start start, Body body) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server = start(runtime);
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] { body(pools, *server); });
+  server->drain(Deadline::after(5s));
+}
+
 class Exchange : public ::testing::TestWithParam<WireProtocol> {};
 
 TEST_P(Exchange, StreamsALargeBodyEachWayInPiecesAndReusesTheConnection) {
-  Runtime runtime(RuntimeOptions{.workers = 1});
-  auto upstream = start_upstream(runtime);
-  UpstreamConnections pools(runtime);
-  Endpoint endpoint = endpoint_of(upstream->address(), GetParam());
-  runtime.block_on([&] {
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
+    Endpoint endpoint = endpoint_of(upstream.address(), GetParam());
     // 8 MiB up, in 64 KiB pieces of unknown total length (chunked on HTTP/1.1).
     RequestHead up = head_for("POST", "/digest", std::nullopt, true);
     auto ex = pools.open(endpoint, up, "upstream.test", {});
@@ -164,15 +172,11 @@ TEST_P(Exchange, StreamsALargeBodyEachWayInPiecesAndReusesTheConnection) {
     EXPECT_EQ(got->second, fnv(std::string(8u << 20, 'b')));
     EXPECT_EQ(pools.open_connections(endpoint), 1u) << "one connection carried both";
   });
-  upstream->drain(Deadline::after(5s));
 }
 
 TEST_P(Exchange, ASizedBodyGoesOutWithItsLength) {
-  Runtime runtime(RuntimeOptions{.workers = 1});
-  auto upstream = start_upstream(runtime);
-  UpstreamConnections pools(runtime);
-  runtime.block_on([&] {
-    auto ex = pools.open(endpoint_of(upstream->address(), GetParam()),
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
+    auto ex = pools.open(endpoint_of(upstream.address(), GetParam()),
                          head_for("POST", "/digest", 5), "upstream.test", {});
     ASSERT_TRUE(ex.has_value());
     ASSERT_TRUE((*ex)->write("ab").has_value());
@@ -181,15 +185,11 @@ TEST_P(Exchange, ASizedBodyGoesOutWithItsLength) {
     ASSERT_TRUE((*ex)->read_head().has_value());
     EXPECT_EQ(body_of(**ex), "5 " + std::to_string(fnv("abcde")));
   });
-  upstream->drain(Deadline::after(5s));
 }
 
 TEST_P(Exchange, NoResponseWithinTheFirstByteTimeoutIsItsOwnError) {
-  Runtime runtime(RuntimeOptions{.workers = 1});
-  auto upstream = start_upstream(runtime);
-  UpstreamConnections pools(runtime);
-  runtime.block_on([&] {
-    auto ex = pools.open(endpoint_of(upstream->address(), GetParam()), head_for("GET", "/slow"),
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
+    auto ex = pools.open(endpoint_of(upstream.address(), GetParam()), head_for("GET", "/slow"),
                          "upstream.test", ExchangeTimeouts{.first_byte = 200ms});
     ASSERT_TRUE(ex.has_value());
     ASSERT_TRUE((*ex)->finish().has_value());
@@ -199,15 +199,11 @@ TEST_P(Exchange, NoResponseWithinTheFirstByteTimeoutIsItsOwnError) {
     EXPECT_EQ(head.error(), std::errc::timed_out) << "and it is a timeout for those who ask";
     EXPECT_FALSE(nothing_reached_upstream(head.error()));
   });
-  upstream->drain(Deadline::after(5s));
 }
 
 TEST_P(Exchange, CancelWakesTheFiberWaitingForTheResponse) {
-  Runtime runtime(RuntimeOptions{.workers = 1});
-  auto upstream = start_upstream(runtime);
-  UpstreamConnections pools(runtime);
-  runtime.block_on([&] {
-    auto ex = pools.open(endpoint_of(upstream->address(), GetParam()), head_for("GET", "/slow"),
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
+    auto ex = pools.open(endpoint_of(upstream.address(), GetParam()), head_for("GET", "/slow"),
                          "upstream.test", {});
     ASSERT_TRUE(ex.has_value());
     ASSERT_TRUE((*ex)->finish().has_value());
@@ -223,7 +219,6 @@ TEST_P(Exchange, CancelWakesTheFiberWaitingForTheResponse) {
     EXPECT_EQ(head.error(), ExchangeErrc::kCancelled);
     EXPECT_LT(Clock::now() - started, 800ms) << "woken by the cancel, not by the answer";
   });
-  upstream->drain(Deadline::after(5s));
 }
 
 INSTANTIATE_TEST_SUITE_P(Protocols, Exchange,
@@ -337,11 +332,8 @@ TEST(ExchangeErrors, AMalformedResponseIsAProtocolError) {
 }
 
 TEST(ExchangeErrors, AnHttp2StreamTheUpstreamRefusedReachedNothing) {
-  Runtime runtime(RuntimeOptions{.workers = 1});
-  auto upstream = start_upstream(runtime);
-  UpstreamConnections pools(runtime);
-  Endpoint endpoint = endpoint_of(upstream->address(), WireProtocol::kH2c);
-  runtime.block_on([&] {
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
+    Endpoint endpoint = endpoint_of(upstream.address(), WireProtocol::kH2c);
     // Opens the connection first, so that the upstream's next stream fails to spawn.
     auto first = pools.open(endpoint, head_for("GET", "/hello"), "u", {});
     ASSERT_TRUE(first.has_value());
@@ -356,17 +348,13 @@ TEST(ExchangeErrors, AnHttp2StreamTheUpstreamRefusedReachedNothing) {
     EXPECT_EQ(head.error(), ExchangeErrc::kRefusedStream);
     EXPECT_TRUE(nothing_reached_upstream(head.error()));
   });
-  upstream->drain(Deadline::after(5s));
 }
 
 TEST(ExchangeErrors, AtTheConnectionLimitARequestWaitsForAConnectionThenGivesUp) {
-  Runtime runtime(RuntimeOptions{.workers = 1});
-  auto upstream = start_upstream(runtime);
-  UpstreamConnections pools(runtime);
-  runtime.block_on([&] {
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
     PoolLimits limits{.max_connections = 1, .max_pending = 1};
     ExchangeTimeouts timeouts{.connect = 300ms};
-    Endpoint endpoint = endpoint_of(upstream->address());
+    Endpoint endpoint = endpoint_of(upstream.address());
     auto first = pools.open(endpoint, head_for("GET", "/hello"), "u", timeouts, limits);
     ASSERT_TRUE(first.has_value());
     // Held past the connect timeout: the second gives up.
@@ -397,7 +385,6 @@ TEST(ExchangeErrors, AtTheConnectionLimitARequestWaitsForAConnectionThenGivesUp)
     EXPECT_TRUE((*got)->reused());
     EXPECT_EQ(pools.open_connections(endpoint), 1u);
   });
-  upstream->drain(Deadline::after(5s));
 }
 
 }  // namespace
@@ -444,11 +431,8 @@ std::unique_ptr<HttpServer> start_streaming_server(Runtime& runtime) {
 }
 
 TEST_P(Exchange, AStreamedBodyOfKnownLengthIsAnnouncedAndHeldToIt) {
-  Runtime runtime(RuntimeOptions{.workers = 1});
-  auto server = start_streaming_server(runtime);
-  UpstreamConnections pools(runtime);
-  Endpoint endpoint = endpoint_of(server->address(), GetParam());
-  runtime.block_on([&] {
+  with_server(start_streaming_server, [&](UpstreamConnections& pools, HttpServer& server) {
+    Endpoint endpoint = endpoint_of(server.address(), GetParam());
     auto whole = pools.open(endpoint, head_for("GET", "/sized"), "u", {});
     ASSERT_TRUE(whole.has_value());
     auto head = (*whole)->read_head();
@@ -467,22 +451,17 @@ TEST_P(Exchange, AStreamedBodyOfKnownLengthIsAnnouncedAndHeldToIt) {
       EXPECT_EQ(got.error(), ExchangeErrc::kResponseCut);
     }
   });
-  server->drain(Deadline::after(5s));
 }
 
 TEST_P(Exchange, TheRequestContextSaysWhoAndHow) {
-  Runtime runtime(RuntimeOptions{.workers = 1});
-  auto server = start_streaming_server(runtime);
-  UpstreamConnections pools(runtime);
-  runtime.block_on([&] {
-    auto ex = pools.open(endpoint_of(server->address(), GetParam()), head_for("GET", "/context"),
-                         "u", {});
+  with_server(start_streaming_server, [&](UpstreamConnections& pools, HttpServer& server) {
+    auto ex =
+        pools.open(endpoint_of(server.address(), GetParam()), head_for("GET", "/context"), "u", {});
     ASSERT_TRUE(ex.has_value());
     ASSERT_TRUE((*ex)->read_head().has_value());
     EXPECT_EQ(body_of(**ex), GetParam() == WireProtocol::kH2c ? "127.0.0.1 2 false true"
                                                               : "127.0.0.1 1 false true");
   });
-  server->drain(Deadline::after(5s));
 }
 
 TEST(ClientGone, AnHttp2ResetRunsTheHandlersCallback) {
@@ -513,18 +492,14 @@ TEST(ClientGone, AnHttp2ResetRunsTheHandlersCallback) {
 }
 
 TEST(ExchangeTrailers, Http2TrailersReachTheClient) {
-  Runtime runtime(RuntimeOptions{.workers = 1});
-  auto server = start_streaming_server(runtime);
-  UpstreamConnections pools(runtime);
-  runtime.block_on([&] {
-    auto ex = pools.open(endpoint_of(server->address(), WireProtocol::kH2c),
+  with_server(start_streaming_server, [&](UpstreamConnections& pools, HttpServer& server) {
+    auto ex = pools.open(endpoint_of(server.address(), WireProtocol::kH2c),
                          head_for("GET", "/trailers"), "u", {});
     ASSERT_TRUE(ex.has_value());
     ASSERT_TRUE((*ex)->read_head().has_value());
     EXPECT_EQ(body_of(**ex), "body");
     EXPECT_EQ((*ex)->trailers().get("grpc-status"), "0");
   });
-  server->drain(Deadline::after(5s));
 }
 
 }  // namespace
