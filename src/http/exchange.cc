@@ -284,6 +284,7 @@ class Http1Exchange final : public ClientExchange {
     if (!head_sent_ && !broken_) {
       iovec part{out_.data(), out_.size()};
       if (auto sent = send({&part, 1}); !sent) return fail(sent.error());
+      request_done_ = mode_ == BodyMode::kNone;  // a request without a body is complete
     }
     Deadline deadline = Deadline::after(timeouts_.first_byte);
     ResponseParser parser;
@@ -530,7 +531,7 @@ void detail::Permit::reset() {
 std::size_t TargetState::open_count() const { return connections + idle.size() + (http2 ? 1 : 0); }
 
 void TargetState::put_idle(Stream stream) {
-  auto now = Clock::now();
+  auto now = coarse_now();
   drop_expired(now);
   if (idle.size() >= limits.max_idle) return;  // closed as it goes
   detail::watch_idle(stream);
@@ -538,7 +539,7 @@ void TargetState::put_idle(Stream stream) {
 }
 
 std::optional<Stream> TargetState::take_idle() {
-  auto now = Clock::now();
+  auto now = coarse_now();  // idle timeouts are seconds: the coarse clock is close enough
   drop_expired(now);
   while (!idle.empty()) {
     Stream stream = std::move(idle.back().stream);
@@ -549,11 +550,10 @@ std::optional<Stream> TargetState::take_idle() {
 }
 
 void TargetState::drop_expired(Clock::time_point now) {
-  std::size_t keep = 0;
-  for (auto& c : idle) {
-    if (now - c.since < limits.idle_timeout) idle[keep++] = std::move(c);
-  }
-  idle.resize(keep);
+  // Oldest first (connections are added at the back): only the expired ones are looked at.
+  std::size_t expired = 0;
+  while (expired < idle.size() && now - idle[expired].since >= limits.idle_timeout) ++expired;
+  if (expired != 0) idle.erase(idle.begin(), idle.begin() + static_cast<std::ptrdiff_t>(expired));
 }
 
 struct UpstreamConnections::Pool {

@@ -270,6 +270,25 @@ TEST(ExchangeErrors, APooledConnectionTheUpstreamClosedIsNotReused) {
   EXPECT_EQ(connections.load(), 3);
 }
 
+TEST(ExchangeErrors, AnIdleConnectionPastItsIdleTimeoutIsClosedNotReused) {
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
+    Endpoint endpoint = endpoint_of(upstream.address());
+    PoolLimits limits{.idle_timeout = 100ms};
+    for (int i = 0; i < 2; ++i) {
+      auto ex = pools.open(endpoint, head_for("GET", "/hello"), "u", {}, limits);
+      ASSERT_TRUE(ex.has_value());
+      EXPECT_EQ((*ex)->reused(), i == 1) << "the second request reuses the first connection";
+      ASSERT_TRUE((*ex)->read_head().has_value());
+      EXPECT_EQ(body_of(**ex), "hello");
+    }
+    EXPECT_EQ(pools.idle(endpoint), 1u);
+    (void)this_fiber::sleep_for(200ms);
+    auto late = pools.open(endpoint, head_for("GET", "/hello"), "u", {}, limits);
+    ASSERT_TRUE(late.has_value());
+    EXPECT_FALSE((*late)->reused()) << "kept past its idle timeout";
+  });
+}
+
 TEST(ExchangeErrors, ACloseAfterTheRequestWentOutMayHaveReachedTheUpstream) {
   Runtime runtime(RuntimeOptions{.workers = 1});
   auto upstream = scripted(runtime, [](TcpStream& s) { read_head(s); });  // reads, then closes
