@@ -46,6 +46,17 @@ services:
 """
 
 
+def logged(server, *words, seconds=5):
+    """Waits until a line of `server`'s log holds every one of `words` (its log is read by a
+    thread, a moment after it is written); False if none did in time."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if any(all(w in line for w in words) for line in list(server.errors)):
+            return True
+        time.sleep(0.02)
+    return False
+
+
 def request(server, method, path, body=None, headers=None, timeout=10, chunked=False):
     """One request on a new connection: status, fields (names without regard to case), body."""
     conn = http.client.HTTPConnection(server.host, server.port, timeout=timeout)
@@ -267,7 +278,7 @@ upstreams:
         # One failure ejects the only target: then there is nothing healthy to try.
         assert request(gw, "GET", "/ejecting/x")[0] == 502
         assert request(gw, "GET", "/ejecting/x")[0] == 503
-        assert any("no healthy target" in line for line in gw.errors)
+        assert logged(gw, "no healthy target"), gw.errors
     finally:
         gw.stop()
 
@@ -455,8 +466,7 @@ services:
         # Verification on by default: a name the certificate does not hold fails.
         status, _, _ = request(gw, "GET", "/wrong/")
         assert status == 502
-        time.sleep(0.2)
-        assert any("route wrong" in line and "certificate" in line for line in gw.errors), gw.errors
+        assert logged(gw, "route wrong", "certificate"), gw.errors
     finally:
         gw.stop()
         plain.stop()
@@ -566,20 +576,14 @@ upstreams:
 """, threads=1)
     revived = None
     try:
-        deadline = time.monotonic() + 5
-        while not any("taken out" in line for line in gw.errors):
-            assert time.monotonic() < deadline, gw.errors
-            time.sleep(0.05)
+        assert logged(gw, "taken out"), gw.errors
         # Out: every request goes to the healthy one, none fails (no retries allowed).
         assert collections.Counter(request(gw, "GET", "/plaintext")[1]["X-Upstream"]
                                    for _ in range(20)) == {"a": 20}
         # Back once it answers its probes.
         revived = Server([os.path.join(build_dir, "bin", "http_test_server"), str(later), "65536", "1"],
                          env={"UPSTREAM_NAME": "revived"})
-        deadline = time.monotonic() + 5
-        while not any("healthy again" in line for line in gw.errors):
-            assert time.monotonic() < deadline, gw.errors
-            time.sleep(0.05)
+        assert logged(gw, "healthy again"), gw.errors
         seen = collections.Counter(request(gw, "GET", "/plaintext")[1]["X-Upstream"]
                                    for _ in range(20))
         assert seen == {"a": 10, "revived": 10}
