@@ -150,13 +150,14 @@ def process_tree(pid):
     return pids
 
 
-def cpu_seconds(pid):
+def cpu_seconds(pid, user_only=False):
+    """CPU seconds of `pid` and its children so far: user + system, or user alone."""
     total = 0
     for p in process_tree(pid):
         try:
             stat = open(f"/proc/{p}/stat").read()
             fields = stat[stat.rfind(")") + 2:].split()
-            total += int(fields[11]) + int(fields[12])
+            total += int(fields[11]) + (0 if user_only else int(fields[12]))
         except (OSError, ValueError, IndexError):
             pass
     return total / os.sysconf("SC_CLK_TCK")

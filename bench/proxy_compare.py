@@ -244,7 +244,8 @@ def main():
             r = median_round(rounds)
             r.update({"server": kind, "setup": setup[0], "connections": connections})
             print(f"      {r['rps']:>10,.0f} req/s  CPU {r['cpu_us_per_request'] or 0:.2f} us/req"
-                  f"  errors {r['errors']}", flush=True)
+                  f" (user {r.get('user_us_per_request') or 0:.2f})  errors {r['errors']}",
+                  flush=True)
             results.append(r)
     finally:
         if upstream:

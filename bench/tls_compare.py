@@ -124,7 +124,7 @@ def parse_h2load(text):
 def measure(pid, tool, url, connections, seconds, extra=()):
     """One load run against `url`, h2load (10 streams per connection) or wrk: its result, with
     the CPU per request of process `pid` (and its children) over the run."""
-    before = cpu_seconds(pid)
+    before, user_before = cpu_seconds(pid), cpu_seconds(pid, user_only=True)
     if tool == "h2load":
         args = pin(1, 1) + ["h2load", f"-c{connections}", "-m10", "-t1", "-D", str(seconds), url]
         out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
@@ -134,8 +134,12 @@ def measure(pid, tool, url, connections, seconds, extra=()):
                             "--timeout", "5s", *extra, url]
         out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
         result = parse_wrk(out.stdout)
-    after = cpu_seconds(pid)
+    after, user_after = cpu_seconds(pid), cpu_seconds(pid, user_only=True)
     result["cpu_us_per_request"] = cpu_us_per_request(before, after, result["requests"])
+    # The part spent in user space: the rest is the kernel's (the same system calls cost every
+    # server about the same), so this is where servers differ by their own code.
+    result["user_us_per_request"] = cpu_us_per_request(user_before, user_after,
+                                                       result["requests"])
     if out.returncode != 0:
         result["errors"] += 1
     return result

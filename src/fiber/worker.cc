@@ -216,6 +216,8 @@ void Worker::poll(std::chrono::milliseconds timeout) {
   ++polls_;
   auto polled = reactor_.poll(timeout, [](IoSlot& slot, std::uint32_t events) {
     if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+      slot.drained = false;
+      if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) slot.hung_up = true;
       if (slot.reader) {
         wake_io(slot.reader);
       } else if (slot.on_readable) {

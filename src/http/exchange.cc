@@ -118,12 +118,15 @@ bool is_connect_failure(std::error_code ec) {
          ec == ExchangeErrc::kConnectFailed;
 }
 
-std::string Endpoint::key() const {
-  const char* proto = protocol == WireProtocol::kHttp1   ? "h1"
-                      : protocol == WireProtocol::kHttp2 ? "h2"
-                                                         : "h2c";
-  return fmt::format("{}|{}|{}|{}", address.to_string(), proto, server_name,
-                     static_cast<const void*>(tls.get()));
+const std::string& Endpoint::key() const {
+  if (key_.empty()) {
+    const char* proto = protocol == WireProtocol::kHttp1   ? "h1"
+                        : protocol == WireProtocol::kHttp2 ? "h2"
+                                                           : "h2c";
+    key_ = fmt::format("{}|{}|{}|{}", address.to_string(), proto, server_name,
+                       static_cast<const void*>(tls.get()));
+  }
+  return key_;
 }
 
 namespace detail {
@@ -286,7 +289,7 @@ class Http1Exchange final : public ClientExchange {
       if (auto sent = send({&part, 1}); !sent) return fail(sent.error());
       request_done_ = mode_ == BodyMode::kNone;  // a request without a body is complete
     }
-    Deadline deadline = Deadline::after(timeouts_.first_byte);
+    Deadline deadline = Deadline::after_coarse(timeouts_.first_byte);
     ResponseParser parser;
     ResponseHead head;
     for (;;) {
@@ -340,7 +343,7 @@ class Http1Exchange final : public ClientExchange {
     }
     if (cancelled_) return fail(error(ExchangeErrc::kCancelled));
     if (response_done_ || buffer.empty()) return 0;
-    Deadline deadline = Deadline::after(timeouts_.read);
+    Deadline deadline = Deadline::after_coarse(timeouts_.read);
     switch (framing_.kind) {
       case BodyFraming::Kind::kLength: {
         std::size_t want = std::min<std::uint64_t>(buffer.size(), body_left_in_);
@@ -422,7 +425,7 @@ class Http1Exchange final : public ClientExchange {
   }
 
   Result<void> send(std::span<const iovec> parts) {
-    auto sent = stream_.writev(parts, Deadline::after(timeouts_.write));
+    auto sent = stream_.writev(parts, Deadline::after_coarse(timeouts_.write));
     if (!sent) {
       broken_ = true;
       if (cancelled_) return fail(error(ExchangeErrc::kCancelled));

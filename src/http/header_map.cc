@@ -48,9 +48,8 @@ bool accepts_encoding(std::string_view header, std::string_view coding) {
   return false;
 }
 
-bool iequals(std::string_view a, std::string_view b) {
+bool detail::iequals_same_size(std::string_view a, std::string_view b) {
   std::size_t n = a.size();
-  if (n != b.size()) return false;
   auto same = [](std::uint64_t x, std::uint64_t y) { return x == y || lower8(x) == lower8(y); };
   if (n >= 8) {
     // Whole words, the last one overlapping its neighbour when n is not a multiple of 8.

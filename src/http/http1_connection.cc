@@ -160,8 +160,6 @@ class Connection final : public BodySource, public ContextSource {
   std::string big_body_;
   /// Set when a response could not be sent whole: nothing more can follow it.
   bool broken_ = false;
-  /// The worker's poll count when a read last came back short (the socket drained), or -1.
-  std::uint64_t drained_at_poll_ = UINT64_MAX;
   /// The current request's body: its state, bytes left (sized), decoder (chunked), payload
   /// decoded but not yet handed out, whether a 100 Continue is still owed, and why it failed.
   BodyState body_state_ = BodyState::kDone;
@@ -249,7 +247,6 @@ Connection::Read Connection::read_more(Deadline deadline) {
   if (!n) return n.error() == std::errc::timed_out ? Read::kTimedOut : Read::kFailed;
   if (*n == 0) return Read::kClosed;
   end_ += *n;
-  drained_at_poll_ = stream_.read_drained(*n, space) ? Worker::current()->polls() : UINT64_MAX;
   return Read::kData;
 }
 
@@ -707,10 +704,11 @@ Connection::Outcome Connection::serve() {
         return Outcome::kClose;
       }
       // Idle: the fiber ends and the connection waits in the reactor, holding no stack and no
-      // buffer. Edge-triggered readiness needs the socket drained first: a short read with no
-      // poll since proves it (as nginx does); otherwise one read attempt, without waiting.
+      // buffer. Edge-triggered readiness needs the socket drained first: the stream knows when
+      // its last read proved it (as nginx's `ready` flag); otherwise one read attempt, without
+      // waiting.
       if (!flush()) return Outcome::kClose;
-      if (drained_at_poll_ == Worker::current()->polls()) return Outcome::kIdle;
+      if (stream_.drained()) return Outcome::kIdle;
       switch (read_more(Deadline::at(Clock::time_point::min()))) {
         case Read::kData:
           head_started = {};

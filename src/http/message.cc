@@ -18,6 +18,7 @@ void Request::set_attribute(std::string_view name, std::string_view value) {
       return;
     }
   }
+  if (attributes_.empty()) attributes_.reserve(8);  // one allocation for a gateway's few
   attributes_.emplace_back(name, value);
 }
 

@@ -48,6 +48,8 @@ Result<IoSlot*> Reactor::add(int fd) {
   ++in_use_[slot->index / kSlotsPerBlock];
   slot->fd = fd;
   slot->watches_writable = false;
+  slot->drained = false;
+  slot->hung_up = false;
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
   ev.data.u64 = cookie_of(*slot);

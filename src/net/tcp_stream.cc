@@ -57,9 +57,17 @@ Result<TcpStream> TcpStream::connect(const Address& address, Deadline deadline) 
 }
 
 Result<std::size_t> TcpStream::read(std::span<char> buffer, Deadline deadline) {
+  // Drained by the last read and nothing arrived since: wait without a recv that would only
+  // say EAGAIN (as nginx keeps its `ready` flag). A proxy saves one such call per exchange on
+  // each side.
+  if (socket_.drained() && !buffer.empty()) {
+    if (auto ec = socket_.wait(IoDirection::kRead, deadline)) return fail(ec);
+  }
   auto n = socket_.retry(IoDirection::kRead, deadline,
                          [&] { return sys_recv(socket_.fd(), buffer.data(), buffer.size()); });
   if (!n) return fail(n.error());
+  // Short means the receive queue is empty now; anything arriving later raises a new edge.
+  if (*n > 0 && static_cast<std::size_t>(*n) < buffer.size()) socket_.note_drained();
   return static_cast<std::size_t>(*n);
 }
 

@@ -107,13 +107,13 @@ bool is_ip_literal(std::string_view host) {
   return ::inet_pton(AF_INET, h.c_str(), &a4) == 1 || ::inet_pton(AF_INET6, h.c_str(), &a6) == 1;
 }
 
-// The socket BIO's callback: notes whether each read of the socket proved it drained (it came
-// back shorter than asked, or would block), in the flag the callback argument points at.
+// The socket BIO's callback: a read of the socket that came back shorter than asked, or would
+// block, proved it drained; the TCP stream (the callback argument's) notes it.
 long note_socket_read(BIO* bio, int oper, const char* /*argp*/, std::size_t asked, int /*argi*/,
                       long /*argl*/, int ret, std::size_t* got) {
   if (oper == (BIO_CB_READ | BIO_CB_RETURN)) {
-    bool* drained = reinterpret_cast<bool*>(BIO_get_callback_arg(bio));
-    *drained = ret > 0 ? *got < asked : BIO_should_retry(bio) != 0;
+    bool drained = ret > 0 ? *got < asked : BIO_should_retry(bio) != 0;
+    if (drained) reinterpret_cast<TlsStream*>(BIO_get_callback_arg(bio))->tcp().note_drained();
   }
   return ret;
 }
@@ -314,8 +314,7 @@ TlsStream::TlsStream(TlsStream&& other) noexcept
     : tcp_(std::move(other.tcp_)),
       ssl_(std::exchange(other.ssl_, nullptr)),
       context_(std::move(other.context_)),
-      peer_name_(std::move(other.peer_name_)),
-      drained_(other.drained_) {
+      peer_name_(std::move(other.peer_name_)) {
   watch_reads();
 }
 
@@ -326,7 +325,6 @@ TlsStream& TlsStream::operator=(TlsStream&& other) noexcept {
     ssl_ = std::exchange(other.ssl_, nullptr);
     context_ = std::move(other.context_);
     peer_name_ = std::move(other.peer_name_);
-    drained_ = other.drained_;
     watch_reads();
   }
   return *this;
@@ -341,11 +339,11 @@ Result<void> TlsStream::attach() {
 
 void TlsStream::watch_reads() {
   if (ssl_ != nullptr && SSL_get_rbio(ssl_) != nullptr) {
-    BIO_set_callback_arg(SSL_get_rbio(ssl_), reinterpret_cast<char*>(&drained_));
+    BIO_set_callback_arg(SSL_get_rbio(ssl_), reinterpret_cast<char*>(this));
   }
 }
 
-bool TlsStream::drained() const { return drained_ && SSL_has_pending(ssl_) == 0; }
+bool TlsStream::drained() const { return tcp_.drained() && SSL_has_pending(ssl_) == 0; }
 
 TlsStream::~TlsStream() {
   if (ssl_ != nullptr && SSL_is_init_finished(ssl_)) {
@@ -441,6 +439,9 @@ Result<TlsStream> TlsStream::connect(TcpStream stream,
 
 Result<std::size_t> TlsStream::read(std::span<char> buffer, Deadline deadline) {
   if (buffer.empty()) return 0;
+  if (drained()) {  // OpenSSL would only meet EAGAIN
+    if (auto ec = tcp_.wait(IoDirection::kRead, deadline)) return fail(ec);
+  }
   int size = static_cast<int>(std::min<std::size_t>(buffer.size(), INT_MAX));
   auto n = drive(deadline, [&] {
     errno = 0;

@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
+#include <optional>
 #include <random>
 
 #include "spindle/base/log.h"
@@ -27,7 +29,39 @@ constexpr std::size_t kFirstPiece = 16 * 1024;
 // A request id: 32 hex digits from a per-worker generator.
 std::string new_request_id() {
   thread_local std::mt19937_64 random{std::random_device{}()};
-  return fmt::format("{:016x}{:016x}", random(), random());
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id(32, '0');
+  for (std::size_t half = 0; half < 2; ++half) {
+    std::uint64_t bits = random();
+    for (std::size_t i = 0; i < 16; ++i, bits >>= 4) id[half * 16 + 15 - i] = kHex[bits & 15];
+  }
+  return id;
+}
+
+// "1.1" for the HTTP version of a message (major * 10 + minor).
+std::string_view version_text(int version) {
+  return version == 20 ? "2" : version == 10 ? "1.0" : "1.1";
+}
+
+// Fields the proxy sets itself: the client's own are dropped (those of a trusted proxy are
+// folded into ours). Compared by length first: this runs for every forwarded field.
+bool replaced_by_proxy(std::string_view name) {
+  switch (name.size()) {
+    case 3:
+      return http::iequals(name, "via");
+    case 6:
+      return http::iequals(name, "expect");
+    case 12:
+      return http::iequals(name, "x-request-id");
+    case 15:
+      return http::iequals(name, "x-forwarded-for");
+    case 16:
+      return http::iequals(name, "x-forwarded-host");
+    case 17:
+      return http::iequals(name, "x-forwarded-proto");
+    default:
+      return false;
+  }
 }
 
 // An incoming X-Request-Id worth keeping: short, and only characters safe in logs.
@@ -74,8 +108,10 @@ class InFlight {
 };
 
 // The request as it goes to the upstream: the client's fields less the hop-by-hop ones, plus
-// the X-Forwarded-* family, Via and X-Request-Id.
+// the X-Forwarded-* family, Via and X-Request-Id. Shared with the response's producer (or a
+// tunnel), which also keeps the request counted in flight to its target until it ends.
 struct ForwardHead {
+  std::optional<InFlight> in_flight;
   http::RequestHead head;
   /// The target, once a middleware has rewritten it (head.target points here then).
   std::string target;
@@ -84,6 +120,38 @@ struct ForwardHead {
   // Owns the values built here (the head's views point into them).
   std::string forwarded_for, forwarded_proto, forwarded_host, via;
 };
+
+// Which targets a request has tried: a bit each for the first 64, a list beyond.
+class TriedTargets {
+ public:
+  bool contains(std::size_t i) const {
+    return i < 64 ? (low_ >> i) & 1 : std::ranges::find(high_, i) != high_.end();
+  }
+  void add(std::size_t i) {
+    if (i < 64) {
+      low_ |= std::uint64_t{1} << i;
+    } else {
+      high_.push_back(i);
+    }
+  }
+
+ private:
+  std::uint64_t low_ = 0;
+  std::vector<std::size_t> high_;
+};
+
+// "0.412" for 412 microseconds.
+std::string milliseconds_text(std::chrono::microseconds t) {
+  auto us = static_cast<std::uint64_t>(std::max<std::int64_t>(t.count(), 0));
+  char text[32];
+  auto end = std::to_chars(text, text + sizeof text, us / 1000).ptr;
+  *end++ = '.';
+  unsigned fraction = us % 1000;
+  *end++ = static_cast<char>('0' + fraction / 100);
+  *end++ = static_cast<char>('0' + fraction / 10 % 10);
+  *end++ = static_cast<char>('0' + fraction % 10);
+  return std::string(text, end);
+}
 
 // True for an HTTP/1.1 request that asks to switch protocols (WebSocket): the connection may
 // become a tunnel to the upstream.
@@ -147,30 +215,28 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   out.forwarded_proto = proto && from_proxy ? std::string(*proto) : context.tls ? "https" : "http";
   auto host = in.get("x-forwarded-host");
   out.forwarded_host = host && from_proxy ? std::string(*host) : out.authority;
-  std::string_view version = context.major_version == 2     ? "2"
-                             : request.minor_version() == 0 ? "1.0"
-                                                            : "1.1";
+  std::string_view version =
+      version_text(context.major_version == 2 ? 20 : 10 + request.minor_version());
   auto via = in.get("via");
-  out.via = via ? fmt::format("{}, {} spindle", *via, version) : fmt::format("{} spindle", version);
+  out.via = via ? std::string(*via) + ", " : std::string();
+  out.via.append(version).append(" spindle");
 
   http::RequestHead& head = out.head;
   head.method = request.method();
   head.target = request.target();
   head.content_length = request.head().content_length;
   head.chunked = request.head().chunked;
+  // Connection (or Proxy-Connection) may name more hop-by-hop fields; most requests have none.
+  bool nominating = in.contains("connection") || in.contains("proxy-connection");
   for (const http::Field& f : in) {
-    if (http::is_hop_by_hop(f.name) || http::connection_nominates(in, f.name)) {
+    if (http::is_hop_by_hop(f.name) || (nominating && http::connection_nominates(in, f.name))) {
       // An upgrade's own fields go on (the exchange writes Upgrade and Connection itself).
       bool upgrade = wants_upgrade(request) &&
                      (http::iequals(f.name, "upgrade") || http::iequals(f.name, "connection"));
       bool te_trailers = http::iequals(f.name, "te") && http::list_has_token(f.value, "trailers");
       if (!upgrade && !te_trailers) continue;
     }
-    if (http::iequals(f.name, "x-forwarded-for") || http::iequals(f.name, "x-forwarded-proto") ||
-        http::iequals(f.name, "x-forwarded-host") || http::iequals(f.name, "via") ||
-        http::iequals(f.name, "x-request-id") || http::iequals(f.name, "expect")) {
-      continue;
-    }
+    if (replaced_by_proxy(f.name)) continue;
     head.headers.add_view(f.name, f.value);
   }
   head.headers.add_view("X-Forwarded-For", out.forwarded_for);
@@ -312,18 +378,20 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     key_hash = hash_key(value);
   }
 
-  std::vector<bool> tried(upstream.targets.size(), false);
-  std::vector<TargetView> views(upstream.targets.size());
+  TriedTargets tried;
   std::error_code last_error;
   std::string_view last_target;
   bool last_reused = false;
   for (unsigned attempt = 1;; ++attempt) {
-    auto now = Clock::now();
+    // The worker's scratch list: nothing parks between filling it and the pick.
+    auto now = coarse_now();  // ejections last seconds
+    std::vector<TargetView>& views = worker.views;
+    views.resize(upstream.targets.size());
     for (std::size_t i = 0; i < views.size(); ++i) {
       views[i] = TargetView{.weight = upstream.targets[i].config.weight,
                             .healthy = upstream.targets[i].health->healthy(now),
                             .in_flight = worker.in_flight[upstream.index][i],
-                            .excluded = tried[i]};
+                            .excluded = tried.contains(i)};
     }
     auto pick = worker.balancers[upstream.index]->pick(views, key_hash);
     if (!pick && attempt > 1 && last_reused && upstream.targets.size() == 1) {
@@ -340,9 +408,10 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       break;
     }
     const Gateway::Target& target = upstream.targets[*pick];
-    tried[*pick] = true;
+    tried.add(*pick);
     last_target = target.label;
-    auto in_flight = std::make_shared<InFlight>(worker.in_flight[upstream.index][*pick]);
+    forward_head->in_flight.reset();
+    forward_head->in_flight.emplace(worker.in_flight[upstream.index][*pick]);
     auto started = Clock::now();
     auto opened = connections_.open(target.endpoint, head, forward_head->authority,
                                     service->timeouts, upstream.limits);
@@ -372,7 +441,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     if (response_head == nullptr) {
       last_error = failure;
       if (counts_against_target(failure)) {
-        target.health->record_failure(upstream.config->passive_health, Clock::now());
+        target.health->record_failure(upstream.config->passive_health, coarse_now());
       }
       // Safe to send again: nothing reached the upstream (whatever the method, if the body is
       // still whole or not yet begun), or an idempotent request whose body is kept and whose
@@ -402,7 +471,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       http::Response response(101);
       for (const http::Field& f : response_head->headers) response.headers.add(f.name, f.value);
       auto upstream_stream = std::make_shared<Stream>(std::move(*taken));
-      response.takeover = [upstream_stream, early, in_flight, gateway,
+      response.takeover = [upstream_stream, early, forward_head, gateway,
                            idle = service->config->timeouts.idle](Stream& client,
                                                                   std::string_view from_client) {
         tunnel(client, *upstream_stream, from_client, *early, idle);
@@ -421,19 +490,16 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     // framing) and its body streamed to the client as it comes.
     request.set_attribute("upstream", target.label);
     auto first_byte = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
-    request.set_attribute("upstream_connect_ms",
-                          fmt::format("{:.3f}", exchange->connect_time().count() / 1000.0));
+    request.set_attribute("upstream_connect_ms", milliseconds_text(exchange->connect_time()));
     request.set_attribute("upstream_first_byte_ms", std::to_string(first_byte.count()));
     http::Response response(status);
     for (const http::Field& f : response_head->headers) {
-      if (http::iequals(f.name, "via")) continue;
+      if (f.name.size() == 3 && http::iequals(f.name, "via")) continue;
       response.headers.add(f.name, f.value);
     }
     auto via = response_head->headers.get("via");
-    std::string our_via = fmt::format("{}{}{} spindle", via ? *via : "", via ? ", " : "",
-                                      response_head->version == 20   ? "2"
-                                      : response_head->version == 10 ? "1.0"
-                                                                     : "1.1");
+    std::string our_via = via ? std::string(*via) + ", " : std::string();
+    our_via.append(version_text(response_head->version)).append(" spindle");
     response.headers.add("Via", our_via);
     if (request.method() == "HEAD" || response_head->no_body) {
       if (response_head->content_length) {
@@ -446,11 +512,15 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     // one write, a body that is all there needs no producer at all, and an upstream that cuts
     // before its first byte still gets the client a 502.
     std::string& first = response.body;
-    first.resize_and_overwrite(kFirstPiece, [&](char* data, std::size_t size) {
-      auto n = exchange->read({data, size});
-      if (!n) failure = n.error();
-      return n ? *n : 0;
-    });
+    {
+      BufferPool::Buffer piece = take_buffer();  // pooled: no 16 KiB allocation per request
+      auto n = exchange->read(piece.span().first(std::min(kFirstPiece, piece.span().size())));
+      if (n) {
+        first.assign(piece.span().data(), *n);
+      } else {
+        failure = n.error();
+      }
+    }
     if (failure) {
       log_warn("route {}: {} {} to {}: {} before the body: answered 502", route.name, head.method,
                head.target, target.label, failure.message());
@@ -473,7 +543,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     response.stream_length = response_head->content_length;
     // The producer keeps the snapshot, the exchange and the in-flight count until the body
     // is sent.
-    response.stream = [gateway, exchange, in_flight, forward_head, label = target.label,
+    response.stream = [gateway, exchange, forward_head, label = target.label,
                        route = route.name](http::BodyWriter& writer) {
       BufferPool::Buffer buffer = take_buffer();
       for (;;) {

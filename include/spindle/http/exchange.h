@@ -98,8 +98,12 @@ struct Endpoint {
   /// The name sent as SNI and verified against the certificate.
   std::string server_name;
 
-  /// The pool key: connections are shared only between identical endpoints.
-  std::string key() const;
+  /// The pool key: connections are shared only between identical endpoints. Made on the
+  /// first call and kept (set the fields before): open() looks it up on every request.
+  const std::string& key() const;
+
+ private:
+  mutable std::string key_;
 };
 
 /// Time limits of one exchange.

@@ -14,8 +14,16 @@
 
 namespace spindle::http {
 
-/// True if `a` and `b` are equal ignoring ASCII case.
-bool iequals(std::string_view a, std::string_view b);
+namespace detail {
+/// iequals for two views of the same size.
+bool iequals_same_size(std::string_view a, std::string_view b);
+}  // namespace detail
+
+/// True if `a` and `b` are equal ignoring ASCII case. (The size check is inline: most
+/// comparisons of field names end there.)
+inline bool iequals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && detail::iequals_same_size(a, b);
+}
 
 /// `s` without leading and trailing spaces and tabs (RFC 9110 OWS).
 inline std::string_view trim_ows(std::string_view s) {

@@ -32,6 +32,13 @@ struct IoSlot {
   std::uint32_t index = 0;
   /// True once EPOLLOUT is in the registration (added on the first write that must wait).
   bool watches_writable = false;
+  /// True after a read found the socket empty (it would block, or came back shorter than
+  /// asked) until the reactor next reports the slot readable. While set, a read parks at once:
+  /// the system call could only say EAGAIN.
+  bool drained = false;
+  /// True once the reactor saw the peer hang up (EPOLLRDHUP, EPOLLHUP) or an error: no edge
+  /// follows that, so `drained` is never set again (the next read returns 0 or the error).
+  bool hung_up = false;
   /// Who is parked waiting for readability (owned by the fiber layer), or nullptr.
   Waiter* reader = nullptr;
   /// Who is parked waiting for writability, or nullptr.

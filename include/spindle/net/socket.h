@@ -51,6 +51,12 @@ class Socket {
     slot_->on_readable = callback;
     slot_->owner = owner;
   }
+  /// True if the last read found nothing more and nothing has arrived since (IoSlot::drained).
+  bool drained() const { return slot_ && slot_->drained; }
+  /// Notes that a read just found the socket empty.
+  void note_drained() {
+    if (slot_ && !slot_->hung_up) slot_->drained = true;
+  }
   /// True while a readable callback is set and has not fired (nothing has arrived since).
   bool on_readable_armed() const { return slot_ && slot_->on_readable != nullptr; }
   /// Parks until the socket is ready in `direction` (after an operation reported EAGAIN).
@@ -83,6 +89,7 @@ Result<ssize_t> Socket::retry(IoDirection direction, Deadline deadline, Op&& op)
     if (n >= 0) return n;
     if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return fail_errno();
+    if (direction == IoDirection::kRead) note_drained();
     if (auto ec = wait_ready(*slot_, direction, deadline)) return fail(ec);
   }
 }

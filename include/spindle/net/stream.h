@@ -88,12 +88,12 @@ class Stream {
     TlsStream* t = tls();
     return t != nullptr && t->has_pending();
   }
-  /// True if the read that just gave `got` of `asked` bytes proves the socket drained, so that
-  /// an edge-triggered wait may follow without another read: for TCP a short read; for TLS
-  /// (whose reads stop at record boundaries) what the socket read underneath says.
-  bool read_drained(std::size_t got, std::size_t asked) const {
+  /// True if the last read found the socket empty and nothing has arrived since (nor waits
+  /// in OpenSSL): an idle connection may be left to the edge-triggered reactor without
+  /// another read. See TcpStream::drained.
+  bool drained() const {
     if (const auto* t = std::get_if<TlsStream>(&s_)) return t->drained();
-    return got < asked;
+    return std::get<TcpStream>(s_).drained();
   }
 
  private:

@@ -79,6 +79,12 @@ class TcpStream {
   }
   /// Cancels on_readable.
   void cancel_on_readable() { socket_.on_readable(nullptr, nullptr); }
+  /// True if the last read found the socket empty and nothing has arrived since: a read would
+  /// park (read() then waits without the system call), and an idle connection may be left to
+  /// the reactor.
+  bool drained() const { return socket_.drained(); }
+  /// For a layer above that reads the socket itself (OpenSSL): its read found it empty.
+  void note_drained() { socket_.note_drained(); }
   /// True while on_readable is set and has not fired.
   bool on_readable_armed() const { return socket_.on_readable_armed(); }
 

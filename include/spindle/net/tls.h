@@ -162,8 +162,8 @@ class TlsStream {
   /// True if decrypted or undecrypted bytes wait in OpenSSL's buffers (a read would not block).
   bool has_pending() const;
   /// True if the last read of the socket came back shorter than asked or would have blocked,
-  /// and OpenSSL holds nothing: the socket was drained then, and an edge-triggered wait may
-  /// follow without another read (as TcpStream's short read).
+  /// nothing has arrived since, and OpenSSL holds nothing: a read would park (read() then
+  /// waits without calling OpenSSL), as TcpStream::drained().
   bool drained() const;
   /// The protocol ALPN chose ("" if none).
   std::string_view alpn() const;
@@ -209,8 +209,6 @@ class TlsStream {
   std::shared_ptr<const void> context_;
   /// Client side: the server's name, on the heap so that SSL app data can point at it.
   std::unique_ptr<std::string> peer_name_;
-  /// Written by the socket BIO's callback on each read; see drained().
-  bool drained_ = false;
 };
 
 }  // namespace spindle

@@ -113,6 +113,9 @@ class Gateway {
       std::int64_t milli = 0;
     };
     std::vector<Budget> budgets;
+    /// Scratch for the balancer's view of an upstream's targets (filled and read between
+    /// two parks, so one list serves every request of the worker).
+    std::vector<TargetView> views;
   };
   WorkerState& worker_state();
 
