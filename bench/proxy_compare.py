@@ -106,7 +106,7 @@ http {{
   uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
   ssl_certificate {certs}/localhost.pem; ssl_certificate_key {certs}/localhost.key;
   ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m;
-  upstream up {{ server 127.0.0.1:{up_h1}; keepalive 64; keepalive_requests 1000000; }}
+  upstream up {{ server 127.0.0.1:{up_h1}; keepalive 1024; keepalive_requests 1000000; }}
   server {{
     listen 127.0.0.1:{plain} reuseport;
     listen 127.0.0.1:{tls} ssl http2 reuseport;

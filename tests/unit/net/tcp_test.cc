@@ -70,6 +70,42 @@ FIBER_TEST(TcpStream, ReadExactReportsEndOfStreamWhenThePeerClosesEarly) {
   EXPECT_EQ(r.error(), make_error_code(Errc::kEndOfStream));
 }
 
+// A short read marks the stream drained, so the next read waits for the reactor instead of
+// asking the kernel; the peer's next bytes clear it.
+FIBER_TEST(TcpStream, AShortReadMarksTheStreamDrainedUntilMoreArrives) {
+  auto [client, server] = connect_pair();
+  ASSERT_TRUE(client.write_all(std::string_view("abc")).has_value());
+  char buffer[16];
+  auto n = server.read(buffer, Deadline::after(5s));
+  ASSERT_TRUE(n.has_value());
+  EXPECT_EQ(*n, 3u);
+  EXPECT_TRUE(server.drained());
+  ASSERT_TRUE(client.write_all(std::string_view("defg")).has_value());
+  n = server.read(buffer, Deadline::after(5s));  // parks, then the reactor wakes it
+  ASSERT_TRUE(n.has_value());
+  EXPECT_EQ(text_of({buffer, *n}), "defg");
+}
+
+// The bytes and the FIN arrive together and the reactor reports them (no fiber waiting) before
+// the read: no further edge will come, so the short read must not leave the stream waiting for
+// one. The next read sees the end at once.
+FIBER_TEST(TcpStream, BytesAndCloseSeenByTheReactorFirstStillEndTheStream) {
+  auto [client, server] = connect_pair();
+  ASSERT_TRUE(client.write_all(std::string_view("abc")).has_value());
+  client.close();
+  ASSERT_FALSE(this_fiber::sleep_for(50ms));  // the worker polls meanwhile
+  char buffer[16];
+  auto n = server.read(buffer, Deadline::after(5s));
+  ASSERT_TRUE(n.has_value());
+  EXPECT_EQ(*n, 3u);
+  EXPECT_FALSE(server.drained());
+  auto start = Clock::now();
+  n = server.read(buffer, Deadline::after(2s));
+  ASSERT_TRUE(n.has_value()) << n.error().message();
+  EXPECT_EQ(*n, 0u);
+  EXPECT_LT(Clock::now() - start, 1s);
+}
+
 FIBER_TEST(TcpStream, ReadTimesOutAtTheDeadline) {
   auto [client, server] = connect_pair();
   char buffer[16];
