@@ -205,6 +205,10 @@ class Http1Exchange final : public ClientExchange {
         connect_request_(head.method == "CONNECT") {
     reused_ = reused;
     ++target_->connections;
+    if (!target_->spare_reads.empty()) {
+      in_ = std::move(target_->spare_reads.back());
+      target_->spare_reads.pop_back();
+    }
     out_.reserve(256 + head.headers.size() * 32);
     out_.append(head.method).append(" ").append(head.target).append(" HTTP/1.1\r\nHost: ");
     out_.append(authority).append("\r\n");
@@ -231,6 +235,11 @@ class Http1Exchange final : public ClientExchange {
   ~Http1Exchange() override {
     --target_->connections;
     if (reusable()) target_->put_idle(std::move(stream_));
+    if (in_.capacity() <= 2 * kReadChunk &&
+        target_->spare_reads.size() < TargetState::kSpareReads) {
+      in_.clear();
+      target_->spare_reads.push_back(std::move(in_));
+    }
   }  // then the permit goes to the next request waiting, if any
 
   Result<void> write(std::string_view data) override {
@@ -282,6 +291,35 @@ class Http1Exchange final : public ClientExchange {
     return {};
   }
 
+  Result<bool> await_continue(std::chrono::milliseconds wait) override {
+    if (have_head_) return false;
+    if (!head_sent_ && !broken_) {
+      iovec part{out_.data(), out_.size()};
+      if (auto sent = send({&part, 1}); !sent) return fail(sent.error());
+    }
+    Deadline deadline = Deadline::after_coarse(std::min(wait, timeouts_.first_byte));
+    ResponseParser parser;
+    ResponseHead head;
+    for (;;) {
+      std::string_view have = std::string_view(in_).substr(in_begin_);
+      auto parsed = parser.parse(have, head);
+      if (parsed.state == ParseResult::State::kError) {
+        broken_ = true;
+        return fail(error(ExchangeErrc::kProtocolError));
+      }
+      if (parsed.state == ParseResult::State::kComplete) {
+        if (head.status >= 200 || head.status == 101) return false;  // read_head takes it
+        in_begin_ += parsed.consumed;
+        if (head.status == 100) return true;
+        pass_interim(head);
+        continue;
+      }
+      auto more = read_more(deadline, true, /*soft_timeout=*/true);
+      if (!more && more.error() == std::errc::timed_out) return true;  // silence: go on
+      if (!more) return fail(more.error());
+    }
+  }
+
   Result<const ClientResponseHead*> read_head() override {
     if (have_head_) return &response_;
     if (!head_sent_ && !broken_) {
@@ -301,6 +339,7 @@ class Http1Exchange final : public ClientExchange {
       }
       if (parsed.state == ParseResult::State::kComplete) {
         if (head.status < 200 && head.status != 101) {
+          pass_interim(head);
           in_begin_ += parsed.consumed;  // an interim answer: the final one follows
           continue;
         }
@@ -441,7 +480,9 @@ class Http1Exchange final : public ClientExchange {
 
   // Reads more response bytes onto in_. While waiting for the head, a close or reset before
   // any response byte says whether the request went out.
-  Result<void> read_more(Deadline deadline, bool for_head) {
+  // Reads more of the response onto in_. A timeout breaks the exchange unless `soft_timeout`
+  // (then it is plain std::errc::timed_out, and the exchange goes on).
+  Result<void> read_more(Deadline deadline, bool for_head, bool soft_timeout = false) {
     if (in_begin_ == in_.size()) {
       in_.clear();
       in_begin_ = 0;
@@ -457,6 +498,9 @@ class Http1Exchange final : public ClientExchange {
       n = stream_.read({data + at, kReadChunk}, deadline);
       return at + (n ? *n : 0);
     });
+    if (!n && soft_timeout && n.error() == std::errc::timed_out && !cancelled_) {
+      return fail(std::errc::timed_out);
+    }
     if (!n) return fail(read_error(n.error(), for_head));
     if (*n == 0) {
       broken_ = true;
@@ -477,6 +521,17 @@ class Http1Exchange final : public ClientExchange {
     }
     if (!got_response_byte_) return error(ExchangeErrc::kClosedBeforeResponse);
     return for_head ? error(ExchangeErrc::kProtocolError) : cut();
+  }
+
+  // An interim head read off the connection, to the on_informational callback.
+  void pass_interim(const ResponseHead& head) {
+    if (!informational_ || head.status == 100) return;
+    ClientResponseHead interim;
+    interim.status = head.status;
+    interim.version = head.minor_version == 0 ? 10 : 11;
+    for (const Field& f : head.headers) interim.headers.add_view(f.name, f.value);
+    interim.no_body = true;
+    informational(interim);
   }
 
   std::error_code cut() {

@@ -41,7 +41,7 @@ using detail::ConnectionState;
 
 // One activation of an HTTP/1 connection: read, parse, answer, in a loop, on a fiber, until
 // the connection closes or goes idle.
-class Connection final : public BodySource, public ContextSource {
+class Connection final : public BodySource, public ContextSource, public InterimSink {
  public:
   /// How an activation ended.
   enum class Outcome { kClose, kIdle, kHttp2 };
@@ -128,6 +128,13 @@ class Connection final : public BodySource, public ContextSource {
   const std::string& remote();
   /// The request context: the connection's facts (once per connection) and the time now.
   const RequestContext& request_context() override;
+  /// While a handler runs, nothing reads the socket: the reactor calls this when it turns
+  /// readable. A hang-up (FIN or reset) means the client has gone, as nginx takes it: the
+  /// request's on_client_gone callback runs, after this batch of events, so that the
+  /// handler's upstream wait ends. Bytes of a pipelined request only re-arm the watch.
+  static void watch_client(IoSlot& slot);
+  /// Writes an interim response now (queued responses before it), on HTTP/1.1 only.
+  bool send_interim(int status, const HeaderMap& fields) override;
   /// Queues a bare error response.
   void queue_error(int status, std::string_view reason);
   /// Writes everything queued; false if the connection failed.
@@ -158,6 +165,8 @@ class Connection final : public BodySource, public ContextSource {
   /// Response bytes waiting for the next write, and a large body to write after them.
   std::string out_;
   std::string big_body_;
+  /// The running request's on_client_gone callback (see watch_client).
+  std::function<void()> client_gone_;
   /// Set when a response could not be sent whole: nothing more can follow it.
   bool broken_ = false;
   /// The current request's body: its state, bytes left (sized), decoder (chunked), payload
@@ -388,6 +397,30 @@ bool Connection::finish_body() {
   while ((n = pull_body(sink.span())) > 0) {
   }
   return n == 0;
+}
+
+void Connection::watch_client(IoSlot& slot) {
+  auto* self = static_cast<Connection*>(slot.owner);
+  if (!slot.hung_up) {
+    slot.on_readable = &Connection::watch_client;  // the next request: watch on
+    return;
+  }
+  if (self->client_gone_) {
+    // Posted: this runs in the reactor's loop, where other sockets may not be closed.
+    Worker::current()->post([gone = std::move(self->client_gone_)] { gone(); });
+  }
+}
+
+bool Connection::send_interim(int status, const HeaderMap& fields) {
+  if (head_.minor_version == 0 || broken_) return false;  // HTTP/1.0 knows no 1xx
+  out_.append("HTTP/1.1 ").append(std::to_string(status)).append(" ");
+  out_.append(reason_phrase(status)).append("\r\n");
+  for (const Field& f : fields) {
+    if (detail::interim_field_sendable(f))
+      out_.append(f.name).append(": ").append(f.value) += "\r\n";
+  }
+  out_ += "\r\n";
+  return flush();
 }
 
 Response Connection::respond(Request& request) { return detail::call_router(router_, request); }
@@ -651,7 +684,12 @@ Connection::Outcome Connection::serve() {
       auto handled_at = options_.access_log ? Clock::now() : Clock::time_point{};
       Request request(head_, *this);
       request.set_context_source(this);
+      request.set_interim_sink(this);
+      request.set_client_gone_slot(&client_gone_);
+      stream_.on_readable(&Connection::watch_client, this);
       Response response = respond(request);
+      stream_.cancel_on_readable();
+      client_gone_ = nullptr;
       ++state_.requests;
       if (options_.access_log) log_access(request, response, handled_at);
       bool body_left = !finish_body();

@@ -44,6 +44,8 @@ struct Call {
   // The response.
   ClientResponseHead head;
   bool have_head = false;
+  // Interim (1xx) heads received and not yet passed to the exchange's callback.
+  std::deque<ClientResponseHead> interim;
   std::string in;
   std::size_t in_pos = 0;
   bool in_end = false;
@@ -132,8 +134,8 @@ int on_header(nghttp2_session*, const nghttp2_frame* frame, const std::uint8_t* 
     std::from_chars(v.data(), v.data() + v.size(), status);
     call->head.status = status;
     call->head.headers.clear();
-  } else if (!n.starts_with(':') && call->head.status >= 200) {
-    call->head.headers.add(n, v);
+  } else if (!n.starts_with(':')) {
+    call->head.headers.add(n, v);  // an interim head's fields too (on_frame_recv moves them)
   }
   return 0;
 }
@@ -147,6 +149,21 @@ int on_frame_recv(nghttp2_session*, const nghttp2_frame* frame, void* user) {
   }
   Call* call = s.find(frame->hd.stream_id);
   if (call == nullptr) return 0;
+  if (frame->hd.type == NGHTTP2_HEADERS && !call->have_head && call->head.status >= 100 &&
+      call->head.status < 200) {
+    // An interim head: the exchange passes it on from its own fiber (this is the reader's).
+    if (call->head.status != 100) {
+      ClientResponseHead& interim = call->interim.emplace_back();
+      interim.status = call->head.status;
+      interim.version = 20;
+      interim.no_body = true;
+      interim.headers = std::move(call->head.headers);
+      call->wake.set();
+    }
+    call->head.status = 0;
+    call->head.headers.clear();
+    return 0;
+  }
   if (frame->hd.type == NGHTTP2_HEADERS && !call->have_head && call->head.status >= 200) {
     call->have_head = true;
     call->head.version = 20;
@@ -252,7 +269,13 @@ class Http2Exchange final : public ClientExchange {
 
   Result<const ClientResponseHead*> read_head() override {
     Deadline deadline = Deadline::after(timeouts_.first_byte);
-    while (!call_->have_head) {
+    for (;;) {
+      while (!call_->interim.empty()) {
+        ClientResponseHead interim = std::move(call_->interim.front());
+        call_->interim.pop_front();
+        informational(interim);
+      }
+      if (call_->have_head) break;
       if (auto failed = check()) return fail(failed);
       call_->wake.reset();
       if (call_->wake.wait(deadline) == std::errc::timed_out) {

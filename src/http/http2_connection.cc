@@ -140,7 +140,7 @@ namespace {
 
 // One request/response exchange. Shared by the connection's map (until nghttp2 closes the
 // stream) and its handler fiber (until the handler is done).
-class H2Stream final : public BodySource {
+class H2Stream final : public BodySource, public InterimSink {
  public:
   H2Stream(Http2Connection& c, std::int32_t stream_id) : conn(c), id(stream_id) {}
 
@@ -183,7 +183,37 @@ class H2Stream final : public BodySource {
   std::size_t open_index = 0;
 
   std::size_t read(std::span<char> buffer) override;
+  /// A HEADERS frame without END_STREAM ahead of the response.
+  bool send_interim(int status, const HeaderMap& fields) override;
 };
+
+bool H2Stream::send_interim(int status, const HeaderMap& fields) {
+  if (closed) return false;
+  // nghttp2 copies the fields: these buffers need only last the call. Names go lower case.
+  std::size_t total = 0;
+  for (const Field& f : fields) total += f.name.size();
+  std::string names;
+  names.reserve(total);
+  std::vector<nghttp2_nv> nv;
+  nv.reserve(fields.size() + 1);
+  auto add = [&](std::string_view name, std::string_view value) {
+    nv.push_back({reinterpret_cast<std::uint8_t*>(const_cast<char*>(name.data())),
+                  reinterpret_cast<std::uint8_t*>(const_cast<char*>(value.data())), name.size(),
+                  value.size(), NGHTTP2_NV_FLAG_NONE});
+  };
+  std::string code = std::to_string(status);
+  add(":status", code);
+  for (const Field& f : fields) {
+    if (!detail::interim_field_sendable(f)) continue;
+    std::size_t at = names.size();
+    for (char ch : f.name) names += ch >= 'A' && ch <= 'Z' ? static_cast<char>(ch + 32) : ch;
+    add(std::string_view(names.data() + at, f.name.size()), f.value);
+  }
+  int rv = nghttp2_submit_headers(conn.session(), NGHTTP2_FLAG_NONE, id, nullptr, nv.data(),
+                                  nv.size(), nullptr);
+  conn.wake_writer();
+  return rv == 0;
+}
 
 std::size_t H2Stream::read(std::span<char> buffer) {
   const ServerOptions& options = conn.options();
@@ -550,6 +580,7 @@ void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
       Request request(s->head, *s);
       request.set_context_source(this);
       request.set_client_gone_slot(&s->on_gone);
+      request.set_interim_sink(s.get());
       response = call_router(shared_.router, request);
       if (shared_.options.access_log) log_access(*s, response, started, request.attributes());
     }

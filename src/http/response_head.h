@@ -20,6 +20,12 @@
 
 namespace spindle::http::detail {
 
+/// True if a field of an interim response (Request::send_interim) goes out: a valid name and
+/// value, and not hop-by-hop.
+inline bool interim_field_sendable(const Field& f) {
+  return is_field_name(f.name) && is_field_value(f.value) && !is_hop_by_hop(f.name);
+}
+
 /// What each_response_field saw of the handler's fields.
 struct HandlerFields {
   /// The handler set Date / Server itself (the server's own are then left out).

@@ -25,6 +25,9 @@ constexpr std::uint64_t kReplayLimit = 64 * 1024;
 constexpr std::size_t kPiece = 64 * 1024;
 // The part of a response body read before its head is sent.
 constexpr std::size_t kFirstPiece = 16 * 1024;
+// How long a request with `Expect: 100-continue` waits for the upstream's 100 before its body
+// goes anyway (curl waits as long).
+constexpr std::chrono::seconds kContinueWait{1};
 
 // A request id: 32 hex digits from a per-worker generator.
 std::string new_request_id() {
@@ -85,6 +88,7 @@ int status_for(std::error_code ec) {
     return 504;
   }
   if (ec == ExchangeErrc::kNoCapacity) return 503;
+  if (ec == ExchangeErrc::kCancelled) return 499;  // the client went away (nginx's code)
   return 502;
 }
 
@@ -111,6 +115,10 @@ class InFlight {
 // the X-Forwarded-* family, Via and X-Request-Id. Shared with the response's producer (or a
 // tunnel), which also keeps the request counted in flight to its target until it ends.
 struct ForwardHead {
+  // User-provided, so that make_shared does not zero the whole object (the head's inline
+  // field storage is 2 KiB) before constructing it.
+  ForwardHead() {}
+
   std::optional<InFlight> in_flight;
   http::RequestHead head;
   /// The target, once a middleware has rewritten it (head.target points here then).
@@ -244,6 +252,8 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   if (!out.forwarded_host.empty()) head.headers.add_view("X-Forwarded-Host", out.forwarded_host);
   head.headers.add_view("Via", out.via);
   head.headers.add_view("X-Request-Id", out.request_id);
+  // The upstream says whether the body is wanted (send_body waits for its word).
+  if (request.head().expect_continue) head.headers.add_view("Expect", "100-continue");
 }
 
 void apply_edits(const HeaderEdits& edits, http::HeaderMap& headers) {
@@ -282,6 +292,7 @@ void apply_request_middlewares(const RouteConfig& route, ForwardHead& out) {
 // read but not yet accepted by the upstream, so that an attempt that failed before it took
 // any byte can be made again with it.
 struct BodyState {
+  bool unread = false;           // the client waits for 100 Continue: its body is not read yet
   bool replayable = true;        // the whole body is in `kept`
   std::string kept;              // the whole body (replayable) or the piece not yet sent
   bool streamed_beyond = false;  // bytes beyond `kept` went to an upstream: no retry
@@ -290,6 +301,15 @@ struct BodyState {
 Result<void> send_body(http::Request& request, http::ClientExchange& exchange, BodyState& body,
                        bool has_body) {
   if (!has_body) return exchange.finish();
+  if (body.unread) {
+    // The client's body comes only after a 100 Continue, and that goes only if the upstream
+    // wants the body: a refusal (401, 413, 417) then costs no upload.
+    auto go = exchange.await_continue(kContinueWait);
+    if (!go) return fail(go.error());
+    if (!*go) return {};  // its final answer came first: read_head() has it
+    if (body.replayable) body.kept = request.body();  // the server's 100 goes out here
+    body.unread = false;
+  }
   if (body.replayable) {
     if (auto w = exchange.write(body.kept); !w) return w;
     return exchange.finish();
@@ -350,7 +370,8 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
   bool has_body = head.chunked || head.content_length.value_or(0) > 0;
   BodyState body;
   body.replayable = !has_body || head.content_length.value_or(UINT64_MAX) <= kReplayLimit;
-  if (has_body && body.replayable) body.kept = request.body();
+  body.unread = has_body && request.head().expect_continue;
+  if (has_body && body.replayable && !body.unread) body.kept = request.body();
   bool idempotent = http::is_idempotent(head.method);
 
   // The key consistent_hash hashes.
@@ -428,10 +449,15 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       request.on_client_gone([weak = std::weak_ptr(exchange)] {
         if (auto e = weak.lock()) e->cancel();
       });
+      // Interim answers (103 Early Hints) go on to the client as they come.
+      exchange->on_informational([&request](const http::ClientResponseHead& interim) {
+        (void)request.send_interim(interim.status, interim.headers);
+      });
       auto sent = send_body(request, *exchange, body, has_body);
       // Even when the body could not all go out, the upstream may have answered (an early
       // 413, say): its answer is what the client should see.
       auto got = exchange->read_head();
+      exchange->on_informational(nullptr);
       if (got) {
         response_head = *got;
       } else {
@@ -564,8 +590,13 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     return response;
   }
   int status = status_for(last_error);
-  log_warn("route {}: {} {} to {}: {}: answered {}", route.name, head.method, head.target,
-           last_target, last_error.message(), status);
+  if (status == 499) {
+    log_info("route {}: {} {} to {}: the client went away: upstream exchange abandoned", route.name,
+             head.method, head.target, last_target);
+  } else {
+    log_warn("route {}: {} {} to {}: {}: answered {}", route.name, head.method, head.target,
+             last_target, last_error.message(), status);
+  }
   request.set_attribute("upstream", last_target);
   return http::Response::error(status, last_error.message());
 }

@@ -140,6 +140,12 @@ int main(int argc, char** argv) {
     (void)r.body();
     return http::Response::text("status", std::stoi(std::string(r.param("code"))));
   });
+  // Sends 103 Early Hints, then the answer.
+  router.get("/hints", [](http::Request& r) {
+    http::HeaderMap hints{{"Link", "</style.css>; rel=preload"}};
+    (void)r.send_interim(103, hints);
+    return http::Response::text("hinted");
+  });
   router.get("/delay/{ms}", [](http::Request& r) {
     (void)this_fiber::sleep_for(std::chrono::milliseconds(std::stoi(std::string(r.param("ms")))));
     return http::Response::text("late");

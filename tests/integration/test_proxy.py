@@ -741,3 +741,69 @@ services:
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 1
     assert f"bad.yaml:5: {where}" in done.stderr, done.stderr
+
+
+def test_expect_100_continue_asks_the_upstream_before_the_body_moves(build_dir, tmp_path,
+                                                                     two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + all_to(a))
+    try:
+        data = os.urandom(3 << 20)
+        path = tmp_path / "up.bin"
+        path.write_bytes(data)
+        common = ["-H", "Expect: 100-continue", "--expect100-timeout", "10",
+                  "--data-binary", f"@{path}", "-w", "\n%{http_code} %{size_upload}"]
+        # The upstream reads the body: its 100 reaches the client, which then sends it all.
+        wanted = curl(*common, f"http://{addr(gw)}/digest")
+        assert wanted.returncode == 0, wanted.stderr
+        answer, outcome = wanted.stdout.decode().rsplit("\n", 1)
+        assert outcome == f"200 {len(data)}"
+        assert answer.split()[2] == f"{fnv_digest(data):016x}"
+        # The upstream answers without reading it: the client hears before uploading a byte.
+        unwanted = curl(*common, f"http://{addr(gw)}/ignore")
+        assert unwanted.returncode == 0, unwanted.stderr
+        assert unwanted.stdout.decode().rsplit("\n", 1) == ["ignored", "200 0"]
+    finally:
+        assert gw.stop() == 0
+
+
+@pytest.mark.parametrize("version", ["--http1.1", "--http2-prior-knowledge"])
+@pytest.mark.parametrize("protocol", ["http", "h2c"])
+def test_early_hints_pass_through_to_the_client(build_dir, tmp_path, two_upstreams, version,
+                                                protocol):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + all_to(a).replace(
+        '"}', f'", protocol: {protocol}}}'))
+    try:
+        got = curl(version, "-D", "-", f"http://{addr(gw)}/hints")
+        assert got.returncode == 0, got.stderr
+        text = got.stdout.decode()
+        # The 103 with its Link comes first, then the final answer.
+        hints = re.search(r"^HTTP/[12](\.1)? 103[^\n]*\r\n(.*?)\r\n\r\n", text, re.S | re.M)
+        assert hints, text
+        assert "link: </style.css>; rel=preload" in hints.group(2).lower()
+        assert re.search(r"^HTTP/[12](\.1)? 200", text, re.M) and text.endswith("hinted")
+        assert text.index(" 103") < text.index(" 200")
+    finally:
+        assert gw.stop() == 0
+
+
+def test_a_client_that_leaves_cancels_its_upstream_exchange(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    log = tmp_path / "access.log"
+    gw = gateway(build_dir, tmp_path, SERVER.replace(
+        "access_log: off", f"access_log: {{path: {log}, format: json}}") + all_to(a))
+    try:
+        # HTTP/1.1: the client closes its connection while the upstream takes 3 s to answer.
+        started = time.monotonic()
+        with socket.create_connection((gw.host, gw.port)) as s:
+            s.sendall(b"GET /delay/3000 HTTP/1.1\r\nHost: x\r\nX-Request-Id: gone-1\r\n\r\n")
+            time.sleep(0.3)
+        # The gateway gives up on the upstream at once: 499 in its log well before 3 s.
+        assert logged(gw, "the client went away", seconds=2.5), list(gw.errors)
+        assert time.monotonic() - started < 2.5
+    finally:
+        assert gw.stop() == 0
+    import json
+    records = {r["request_id"]: r for r in map(json.loads, log.read_text().splitlines())}
+    assert records["gone-1"]["status"] == 499

@@ -159,9 +159,23 @@ class ClientExchange {
   /// Ends the request (its head goes out now if no body did), with trailer fields if given
   /// (chunked HTTP/1.1 and HTTP/2 only; ignored otherwise).
   virtual Result<void> finish(const HeaderMap* trailers = nullptr) = 0;
-  /// Waits for the final response head (interim 1xx heads are skipped; 101 is final). Valid
-  /// until the exchange ends.
+  /// Waits for the final response head (101 is final; interim 1xx heads go to the
+  /// on_informational callback, if any, and are otherwise skipped). Valid until the exchange
+  /// ends.
   virtual Result<const ClientResponseHead*> read_head() = 0;
+  /// For a request whose head carries `Expect: 100-continue`: sends the head if it has not
+  /// gone, then waits up to `wait` for the upstream's word. True when it said 100 Continue or
+  /// kept silent for `wait` (RFC 9110 10.1.1: send the body then); false when its final answer
+  /// came instead (read_head() returns it: send no body). HTTP/2: true at once.
+  virtual Result<bool> await_continue(std::chrono::milliseconds wait) {
+    (void)wait;
+    return true;
+  }
+  /// Calls `callback` with each interim response (1xx but 100 and 101) as read_head() or
+  /// await_continue() meets it, on the calling fiber: 103 Early Hints, say.
+  void on_informational(std::function<void(const ClientResponseHead&)> callback) {
+    informational_ = std::move(callback);
+  }
   /// Reads response body bytes: a count, 0 at the end (the body was complete), or an error
   /// (kResponseCut if it ended early).
   virtual Result<std::size_t> read(std::span<char> buffer) = 0;
@@ -182,8 +196,14 @@ class ClientExchange {
   void set_connect_time(std::chrono::microseconds t) { connect_time_ = t; }
 
  protected:
+  /// Passes an interim response to the on_informational callback.
+  void informational(const ClientResponseHead& head) {
+    if (informational_) informational_(head);
+  }
+
   bool reused_ = false;
   std::chrono::microseconds connect_time_{0};
+  std::function<void(const ClientResponseHead&)> informational_;
 };
 
 /// Connections to endpoints, one pool per worker per endpoint: HTTP/1.1 connections kept alive

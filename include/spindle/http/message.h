@@ -32,6 +32,15 @@ class BodySource {
   virtual std::size_t read(std::span<char> buffer) = 0;
 };
 
+/// Where a handler's interim (1xx) responses go: the protocol driver of its request.
+class InterimSink {
+ public:
+  virtual ~InterimSink() = default;
+  /// Sends an interim response, `status` (102-199) with `fields`, now, ahead of the final
+  /// one. False if the client cannot take it (HTTP/1.0) or the connection failed.
+  virtual bool send_interim(int status, const HeaderMap& fields) = 0;
+};
+
 /// What a request arrived on, for handlers and middleware: filled by the server's protocol
 /// drivers. The views stay valid until the handler returns.
 struct RequestContext {
@@ -110,15 +119,26 @@ class Request {
   }
 
   /// Asks to be told when the client goes away before the response is complete (an HTTP/2
-  /// RST_STREAM or a connection that closed): `callback` then runs on the request's worker,
-  /// from another fiber, so that a wait on its behalf (an upstream exchange) can be cancelled.
-  /// One callback per request; the last one set counts. Not every driver can tell (HTTP/1.1
-  /// learns it only when it next writes): then the callback never runs.
+  /// RST_STREAM; on HTTP/1.1 a FIN or reset while the handler runs, as nginx takes it):
+  /// `callback` then runs on the request's worker, outside the handler's fiber, so that a wait
+  /// on its behalf (an upstream exchange) can be cancelled. One callback per request; the last
+  /// one set counts. Once the response is being sent, a gone client shows as a failed write.
   void on_client_gone(std::function<void()> callback) {
     if (gone_ != nullptr) *gone_ = std::move(callback);
   }
   /// Where on_client_gone keeps its callback (the driver's; nullptr: not supported).
   void set_client_gone_slot(std::function<void()>* slot) { gone_ = slot; }
+
+  /// Sends an interim response ahead of the final one: 103 Early Hints, say (100 Continue is
+  /// the server's, sent when the body is first read; 101 is a final response here). Fields
+  /// that may not be sent, and hop-by-hop ones, are left out. False if the client cannot take
+  /// one (HTTP/1.0, or no driver to send it) or the connection failed.
+  bool send_interim(int status, const HeaderMap& fields) {
+    return interim_ != nullptr && status > 101 && status < 200 &&
+           interim_->send_interim(status, fields);
+  }
+  /// Says where send_interim goes (the server's drivers do; it must outlive the request).
+  void set_interim_sink(InterimSink* sink) { interim_ = sink; }
 
   /// Per-request attributes, for middleware to pass facts along (a route name, a user id).
   void set_attribute(std::string_view name, std::string_view value);
@@ -154,6 +174,8 @@ class Request {
   static const RequestContext kNoContext;
   /// See on_client_gone.
   std::function<void()>* gone_ = nullptr;
+  /// See send_interim.
+  InterimSink* interim_ = nullptr;
   /// See set_attribute.
   std::vector<std::pair<std::string, std::string>> attributes_;
 };

@@ -523,3 +523,118 @@ TEST(ExchangeTrailers, Http2TrailersReachTheClient) {
 }
 
 }  // namespace
+
+// ---- 1xx: 100-continue and interim responses -------------------------------------------------
+
+// A request announcing a body with Expect: 100-continue, to a scripted upstream; what
+// await_continue said, and the final status (after the body went, if it did).
+struct ContinueOutcome {
+  bool go = false;
+  int status = 0;
+  std::string upstream_saw;
+};
+
+ContinueOutcome expect_continue(std::function<void(TcpStream&, std::string&)> script,
+                                std::chrono::milliseconds wait = 2s) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto saw = std::make_shared<std::string>();
+  auto upstream = scripted(runtime, [script, saw](TcpStream& s) { script(s, *saw); });
+  UpstreamConnections pools(runtime);
+  ContinueOutcome outcome;
+  runtime.block_on([&] {
+    RequestHead head = head_for("POST", "/upload", 5);
+    head.headers.add("Expect", "100-continue");
+    auto ex = pools.open(endpoint_of(upstream->address()), head, "u", {});
+    ASSERT_TRUE(ex.has_value());
+    auto go = (*ex)->await_continue(wait);
+    ASSERT_TRUE(go.has_value()) << go.error().message();
+    outcome.go = *go;
+    if (*go) {
+      ASSERT_TRUE((*ex)->write("hello").has_value());
+      ASSERT_TRUE((*ex)->finish().has_value());
+    }
+    auto final_head = (*ex)->read_head();
+    ASSERT_TRUE(final_head.has_value()) << final_head.error().message();
+    outcome.status = (*final_head)->status;
+  });
+  outcome.upstream_saw = *saw;
+  return outcome;
+}
+
+// Reads `n` bytes of body off `s` into `out`.
+void read_body(TcpStream& s, std::string& out, std::size_t n) {
+  std::string body(n, '\0');
+  if (s.read_exact(body, Deadline::after(5s))) out += body;
+}
+
+TEST(ExchangeContinue, TheBodyGoesAfterTheUpstreamSays100) {
+  auto outcome = expect_continue([](TcpStream& s, std::string& saw) {
+    saw = read_head(s);
+    (void)s.write_all(std::string_view("HTTP/1.1 100 Continue\r\n\r\n"), Deadline::after(5s));
+    read_body(s, saw, 5);
+    (void)s.write_all(std::string_view("HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n"),
+                      Deadline::after(5s));
+  });
+  EXPECT_TRUE(outcome.go);
+  EXPECT_EQ(outcome.status, 201);
+  EXPECT_NE(outcome.upstream_saw.find("Expect: 100-continue\r\n"), std::string::npos);
+  EXPECT_TRUE(outcome.upstream_saw.ends_with("\r\n\r\nhello"));
+}
+
+TEST(ExchangeContinue, AFinalAnswerInsteadOf100MeansNoBody) {
+  auto outcome = expect_continue([](TcpStream& s, std::string& saw) {
+    saw = read_head(s);
+    (void)s.write_all(
+        std::string_view("HTTP/1.1 417 Expectation Failed\r\nContent-Length: 0\r\n\r\n"),
+        Deadline::after(5s));
+    (void)this_fiber::sleep_for(300ms);
+  });
+  EXPECT_FALSE(outcome.go);
+  EXPECT_EQ(outcome.status, 417);
+}
+
+TEST(ExchangeContinue, ASilentUpstreamGetsTheBodyAfterTheWait) {
+  auto started = Clock::now();
+  auto outcome = expect_continue(
+      [](TcpStream& s, std::string& saw) {
+        saw = read_head(s);
+        read_body(s, saw, 5);  // no 100: the body comes anyway, after the wait
+        (void)s.write_all(std::string_view("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"),
+                          Deadline::after(5s));
+      },
+      200ms);
+  EXPECT_TRUE(outcome.go);
+  EXPECT_EQ(outcome.status, 200);
+  EXPECT_TRUE(outcome.upstream_saw.ends_with("hello"));
+  EXPECT_GE(Clock::now() - started, 150ms);
+}
+
+TEST(ExchangeInterim, EarlyHintsReachTheCallbackBeforeTheFinalHead) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto upstream = scripted(runtime, [](TcpStream& s) {
+    read_head(s);
+    (void)s.write_all(std::string_view("HTTP/1.1 103 Early Hints\r\nLink: </a.css>; "
+                                       "rel=preload\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n"
+                                       "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+                      Deadline::after(5s));
+    (void)this_fiber::sleep_for(300ms);
+  });
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    auto ex = pools.open(endpoint_of(upstream->address()), head_for("GET", "/"), "u", {});
+    ASSERT_TRUE(ex.has_value());
+    std::vector<std::pair<int, std::string>> interim;
+    (*ex)->on_informational([&](const ClientResponseHead& h) {
+      interim.emplace_back(h.status, std::string(h.headers.get("link").value_or("")));
+    });
+    ASSERT_TRUE((*ex)->finish().has_value());
+    auto head = (*ex)->read_head();
+    ASSERT_TRUE(head.has_value());
+    EXPECT_EQ((*head)->status, 200);
+    EXPECT_EQ(body_of(**ex), "ok");
+    // The 100 is the exchange's own business; the 103 is passed on, with its fields.
+    ASSERT_EQ(interim.size(), 1u);
+    EXPECT_EQ(interim[0].first, 103);
+    EXPECT_EQ(interim[0].second, "</a.css>; rel=preload");
+  });
+}
