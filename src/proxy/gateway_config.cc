@@ -182,13 +182,14 @@ RouteConfig read_route(const ConfigReader& r, const Config& config) {
 }
 
 UpstreamTimeouts read_timeouts(const ConfigReader& r) {
-  r.only({"connect", "first_byte", "read", "write", "idle"});
+  r.only({"connect", "first_byte", "read", "write", "idle", "tunnel"});
   UpstreamTimeouts t;
   t.connect = r.duration("connect", t.connect);
   t.first_byte = r.duration("first_byte", t.first_byte);
   t.read = r.duration("read", t.read);
   t.write = r.duration("write", t.write);
   t.idle = r.duration("idle", t.idle);
+  t.tunnel = r.duration("tunnel", t.tunnel);  // 0 allowed: no limit
   for (auto [key, value] : {std::pair{"connect", t.connect},
                             {"first_byte", t.first_byte},
                             {"read", t.read},

@@ -169,20 +169,26 @@ bool wants_upgrade(const http::Request& request) {
          request.headers().has_token("connection", "upgrade");
 }
 
-// Moves bytes both ways between a client and an upstream until either side closes or no byte
-// has moved for `idle`. Each side's close is passed on as a half-close.
+// Moves bytes both ways between a client and an upstream until either side closes, no byte
+// has moved for `idle`, or `lifetime` has passed (0: no limit). Each side's close is passed on
+// as a half-close.
 void tunnel(Stream& client, Stream& upstream, std::string_view to_upstream,
-            std::string_view to_client, std::chrono::milliseconds idle) {
+            std::string_view to_client, std::chrono::milliseconds idle,
+            std::chrono::milliseconds lifetime) {
   auto last = std::make_shared<Clock::time_point>(Clock::now());
+  Deadline end = lifetime.count() > 0 ? Deadline::after(lifetime) : Deadline::never();
   if ((!to_upstream.empty() && !upstream.write_all(to_upstream, Deadline::after(idle))) ||
       (!to_client.empty() && !client.write_all(to_client, Deadline::after(idle)))) {
     return;
   }
-  auto pump = [idle, last](Stream& from, Stream& to, Stream& other) {
+  auto pump = [idle, last, end](Stream& from, Stream& to, Stream& other) {
     BufferPool::Buffer buffer = take_buffer();
     for (;;) {
-      auto n = from.read(buffer.span(), Deadline::after(idle));
-      if (!n && n.error() == std::errc::timed_out && Clock::now() - *last < idle) continue;
+      auto n = from.read(buffer.span(), earliest(Deadline::after(idle), end));
+      if (!n && n.error() == std::errc::timed_out && Clock::now() - *last < idle &&
+          !end.expired()) {
+        continue;
+      }
       if (!n) {
         // Idle too long, or broken: the whole tunnel ends.
         (void)from.shutdown(TcpStream::Shutdown::kBoth);
@@ -498,9 +504,9 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       for (const http::Field& f : response_head->headers) response.headers.add(f.name, f.value);
       auto upstream_stream = std::make_shared<Stream>(std::move(*taken));
       response.takeover = [upstream_stream, early, forward_head, gateway,
-                           idle = service->config->timeouts.idle](Stream& client,
-                                                                  std::string_view from_client) {
-        tunnel(client, *upstream_stream, from_client, *early, idle);
+                           timeouts = service->config->timeouts](Stream& client,
+                                                                 std::string_view from_client) {
+        tunnel(client, *upstream_stream, from_client, *early, timeouts.idle, timeouts.tunnel);
       };
       return response;
     }

@@ -72,6 +72,7 @@ SAMPLES = {
     "services.NAME.timeouts.read": "30s",
     "services.NAME.timeouts.write": "30s",
     "services.NAME.timeouts.idle": "60s",
+    "services.NAME.timeouts.tunnel": "1h",
     "services.NAME.retries.attempts": "3",
     "services.NAME.retries.budget": "10%",
     "upstreams.NAME.limits": None,

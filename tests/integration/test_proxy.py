@@ -529,6 +529,39 @@ services:
         gw.stop()
 
 
+def test_a_busy_tunnel_still_ends_at_its_lifetime(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: ws, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://{addr(a)}", timeouts: {{idle: 10s, tunnel: 1500ms}}}}
+""")
+    try:
+        with socket.create_connection((gw.host, gw.port), timeout=5) as s:
+            started = time.monotonic()
+            s.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                      b"Upgrade: websocket\r\n\r\n")
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += s.recv(4096)
+            assert head.startswith(b"HTTP/1.1 101"), head
+            # Never idle (a message every 100 ms, each echoed), yet closed at 1.5 s.
+            closed = False
+            while time.monotonic() - started < 6 and not closed:
+                try:
+                    s.sendall(b"ping")
+                    data = s.recv(64)
+                except (BrokenPipeError, ConnectionResetError):
+                    data = b""
+                closed = data == b""
+                time.sleep(0.1)
+            elapsed = time.monotonic() - started
+            assert closed and 1.2 < elapsed < 4, elapsed
+    finally:
+        assert gw.stop() == 0
+
+
 def test_beyond_the_connection_limit_and_its_queue_requests_get_503(build_dir, tmp_path, two_upstreams):
     a, _ = two_upstreams
     gw = gateway(build_dir, tmp_path, SERVER + f"""

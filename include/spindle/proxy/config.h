@@ -117,6 +117,8 @@ struct UpstreamTimeouts {
   std::chrono::milliseconds read{std::chrono::seconds(60)};
   std::chrono::milliseconds write{std::chrono::seconds(60)};
   std::chrono::milliseconds idle{std::chrono::seconds(60)};
+  /// The longest an upgraded connection (WebSocket) lives, busy or not; 0: no limit.
+  std::chrono::milliseconds tunnel{0};
 };
 
 /// When a failed attempt is tried again on another target.
