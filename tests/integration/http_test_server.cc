@@ -183,7 +183,11 @@ int main(int argc, char** argv) {
   });
   router.use(http::compression());
   const char* name = std::getenv("UPSTREAM_NAME");
-  router.use([name](http::Request& r, const http::Next& next) {
+  // DELAY_MS: every answer waits this long first (a slow upstream, for the balancers).
+  const char* delay = std::getenv("DELAY_MS");
+  std::chrono::milliseconds slow(delay ? std::atoi(delay) : 0);
+  router.use([name, slow](http::Request& r, const http::Next& next) {
+    if (slow.count() > 0) (void)this_fiber::sleep_for(slow);
     http::Response response = next(r);
     response.headers.add(std::string_view("X-Middleware"), "ran");
     if (name != nullptr) response.headers.add(std::string_view("X-Upstream"), name);

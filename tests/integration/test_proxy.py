@@ -15,8 +15,10 @@ import pytest
 from conftest import Server
 
 
-def upstream(build_dir, name, keepalive_ms=None, tls=None, max_body=64 << 20):
+def upstream(build_dir, name, keepalive_ms=None, tls=None, max_body=64 << 20, delay_ms=None):
     env = {"UPSTREAM_NAME": name}
+    if delay_ms is not None:
+        env["DELAY_MS"] = str(delay_ms)
     if keepalive_ms is not None:
         env["KEEPALIVE_MS"] = str(keepalive_ms)
     if tls is not None:
@@ -308,6 +310,60 @@ def test_weighted_round_robin_follows_the_weights(build_dir, tmp_path, two_upstr
         assert seen == {"a": 150, "b": 50}
     finally:
         gw.stop()
+
+
+@pytest.mark.parametrize("balancer", ["least_connections", "random_two"])
+def test_load_aware_balancers_favour_the_target_that_answers_sooner(build_dir, tmp_path, balancer):
+    fast, slow = upstream(build_dir, "fast"), upstream(build_dir, "slow", delay_ms=400)
+    gw = balanced(build_dir, tmp_path, [fast, slow], balancer)
+    try:
+        # Eight clients at once for about two seconds: the slow target keeps its requests in
+        # flight longer, so new ones go to the fast one (round robin would split them evenly).
+        seen = collections.Counter()
+        lock = threading.Lock()
+
+        def client():
+            end = time.monotonic() + 2
+            while time.monotonic() < end:
+                got = request(gw, "GET", "/plaintext")[1]["X-Upstream"]
+                with lock:
+                    seen[got] += 1
+
+        threads = [threading.Thread(target=client) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert seen["slow"] >= 1, seen  # still used: it is healthy
+        assert seen["fast"] > 4 * seen["slow"], seen
+    finally:
+        gw.stop()
+        fast.stop()
+        slow.stop()
+
+
+def test_consistent_hash_moves_only_the_keys_of_a_target_that_leaves(build_dir, tmp_path):
+    ups = [upstream(build_dir, name) for name in ("a", "b", "c")]
+    gw = balanced(build_dir, tmp_path, ups, "{consistent_hash: {by: header, key: x-user}}")
+    try:
+        def where(user):
+            status, headers, _ = request(gw, "GET", "/plaintext", headers={"X-User": str(user)})
+            assert status == 200
+            return headers["X-Upstream"]
+
+        before = {user: where(user) for user in range(90)}
+        assert set(before.values()) == {"a", "b", "c"}
+        ups[2].stop()  # c goes away: its keys fail over, everyone else's stay put
+        after = {user: where(user) for user in range(90)}
+        for user, was in before.items():
+            if was == "c":
+                assert after[user] in ("a", "b")
+            else:
+                assert after[user] == was, (user, was, after[user])
+    finally:
+        gw.stop()
+        for u in ups:
+            u.stop()
 
 
 def test_consistent_hash_keeps_a_key_on_one_target(build_dir, tmp_path, two_upstreams):
