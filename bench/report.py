@@ -297,16 +297,22 @@ def proxy_section(data, chart):
     results = [dict(r, workload=f"{r['setup']} c{r['connections']}") for r in data["results"]]
     md = ["## Reverse proxy: spindle vs nginx, haproxy and h2o\n",
           f"`/usr/bin/python3 bench/proxy_compare.py --out bench/results/proxy.json --seconds "
-          f"{data['seconds']}` (step 7 of `make bench`). One worker per gateway, pinned to CPU 0; "
+          f"{data['seconds']} --rounds {data.get('rounds', 1)}` (step 7 of `make bench`; the "
+          "median round by CPU per request). One worker per gateway, pinned to CPU 0; "
           "one upstream for all (nginx, one worker, `return 200 \"Hello, World!\"` on an "
           "HTTP/1.1 port and an HTTP/2 TLS port) sharing CPU 1 with the load generator (wrk "
           "for HTTP/1.1 and HTTPS/1.1, h2load -m10 for HTTP/2). Upstream keep-alive on for "
-          "every gateway (nginx `keepalive 64`, haproxy `http-reuse always`). nginx and h2o 2.2 "
-          "cannot proxy to an HTTP/2 upstream: no figure.\n",
-          "| set-up | gateway | req/s | CPU µs/req | errors |", "|---|---|---:|---:|---:|"]
+          "every gateway (nginx `keepalive 1024`, so that it does not reconnect at 500 clients; "
+          "haproxy `http-reuse always`). nginx and h2o 2.2 cannot proxy to an HTTP/2 upstream: "
+          "no figure. *user* is the part of the CPU time spent outside the kernel: every "
+          "gateway makes the same four system calls per HTTP/1.1 request, so that is where they "
+          "differ by their own code.\n",
+          "| set-up | gateway | req/s | CPU µs/req | of it user | errors |",
+          "|---|---|---:|---:|---:|---:|"]
     for r in results:
         md.append(f"| {r['workload']} | {r['server']} | {r['rps']:,.0f} | "
-                  f"{r['cpu_us_per_request'] or 0:.2f} | {r['errors']} |")
+                  f"{r['cpu_us_per_request'] or 0:.2f} | {r.get('user_us_per_request') or 0:.2f} | "
+                  f"{r['errors']} |")
     md.append("")
     cpu = {(r["server"], r["workload"]): r["cpu_us_per_request"] for r in results}
     md.append("Goals (gateway CPU per request, same run):\n")
@@ -320,6 +326,8 @@ def proxy_section(data, chart):
             md.append(f"| {workload} | ≤ {goal}x {peer} | {ratio:.2f}x {peer} | "
                       f"{'met' if ratio <= goal else 'not met'} |")
     md.append("")
+    md.append("Why the goals are out of reach as set, and what each part costs: docs/gateway.md, "
+              "*What a proxied request costs*.\n")
     if chart:
         md.append("![Reverse proxy benchmarks](benchmarks-proxy.png)\n")
         cpu_chart(results, "Reverse proxy, one worker: gateway CPU per proxied request (same run)",

@@ -698,9 +698,11 @@ Connection::Outcome Connection::serve() {
                    shared_.draining.load(std::memory_order_acquire) ||
                    (options_.max_requests_per_connection != 0 &&
                     state_.requests >= options_.max_requests_per_connection);
-      if (response.status == 101 && response.takeover) {
-        // The connection becomes the handler's: the 101 head goes out, then the takeover
-        // gets the socket and whatever the client sent past its request.
+      bool tunnel = response.status == 101 ||
+                    (head_.method == "CONNECT" && response.status >= 200 && response.status < 300);
+      if (tunnel && response.takeover) {
+        // The connection becomes the handler's: the 101 (or CONNECT's 2xx) head goes out,
+        // then the takeover gets the socket and whatever the client sent past its request.
         queue(response, false, false);
         if (!flush()) return Outcome::kClose;
         std::string early(spill_.data() + spill_begin_, spill_.size() - spill_begin_);

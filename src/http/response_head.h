@@ -89,7 +89,10 @@ struct ResponseBodyPlan {
 /// Decides how `response` (to a HEAD request if `head_request`) carries its body.
 inline ResponseBodyPlan plan_response_body(const Response& response, bool head_request) {
   ResponseBodyPlan plan;
-  bool no_body = status_has_no_body(response.status);
+  // A 2xx with a takeover answers CONNECT: the tunnel follows the head, which carries no body
+  // framing (RFC 9110 9.3.6).
+  bool no_body = status_has_no_body(response.status) ||
+                 (response.takeover && response.status >= 200 && response.status < 300);
   plan.streamed = response.stream && !no_body;
   plan.send_body = !no_body && !head_request;
   if (!no_body && !plan.streamed) plan.content_length = response.body_size();

@@ -214,7 +214,9 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   const http::RequestContext& context = request.context();
   const http::HeaderMap& in = request.headers();
   bool from_proxy = trusted(server, context);
-  out.authority = std::string(in.get("host").value_or(""));
+  // CONNECT names its authority as the target; otherwise Host does.
+  out.authority = request.method() == "CONNECT" ? std::string(request.target())
+                                                : std::string(in.get("host").value_or(""));
   if (out.authority.empty() && context.local != nullptr) out.authority = context.local->to_string();
 
   auto id = in.get("x-request-id");
@@ -365,6 +367,12 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
   budget.milli = std::min<std::int64_t>(
       budget.milli + static_cast<std::int64_t>(retries.budget * 1000), 100'000);
 
+  // CONNECT becomes a tunnel through the upstream (an HTTP proxy) once it answers 2xx; only an
+  // HTTP/1.1 connection can be taken over for it.
+  bool connect = request.method() == "CONNECT";
+  if (connect && request.context().major_version != 1) {
+    return http::Response::error(501, "CONNECT is forwarded from HTTP/1.1 clients only");
+  }
   auto forward_head = std::make_shared<ForwardHead>();
   build_head(request, *server.config, *forward_head);
   apply_request_middlewares(route, *forward_head);
@@ -490,8 +498,9 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       break;
     }
     int status = response_head->status;
-    if (status == 101) {
-      if (!wants_upgrade(request)) {
+    bool connected = connect && status >= 200 && status < 300;  // CONNECT's tunnel is open
+    if (status == 101 || connected) {
+      if (status == 101 && !wants_upgrade(request)) {
         last_error = make_error_code(ExchangeErrc::kProtocolError);  // 101 to no upgrade
         break;
       }
@@ -500,7 +509,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       auto early = std::make_shared<std::string>();
       auto taken = exchange->take_connection(*early);
       if (!taken) return http::Response::error(502, taken.error().message());
-      http::Response response(101);
+      http::Response response(status);
       for (const http::Field& f : response_head->headers) response.headers.add(f.name, f.value);
       auto upstream_stream = std::make_shared<Stream>(std::move(*taken));
       response.takeover = [upstream_stream, early, forward_head, gateway,

@@ -161,24 +161,31 @@ int main(int argc, char** argv) {
     };
     return response;
   });
-  // Switches to a byte echo on request (a stand-in for a WebSocket server: the gateway must
-  // move the bytes, whatever they are).
-  router.get("/ws", [](http::Request& r) {
+  // A byte echo on a taken-over connection (a stand-in for a WebSocket server, or for what a
+  // CONNECT reaches: the gateway must move the bytes, whatever they are).
+  auto echo = [](Stream& client, std::string_view early) {
+    if (!early.empty() && !client.write_all(early, Deadline::after(5s))) return;
+    std::string buffer(16384, '\0');
+    for (;;) {
+      auto n = client.read(buffer, Deadline::after(30s));
+      if (!n || *n == 0) return;
+      if (!client.write_all(std::string_view(buffer).substr(0, *n), Deadline::after(5s))) return;
+    }
+  };
+  // CONNECT host:port: 200, then the echo (as if the tunnel reached an echo server).
+  router.route("CONNECT", "/", [echo](http::Request&) {
+    http::Response response(200);
+    response.takeover = echo;
+    return response;
+  });
+  router.get("/ws", [echo](http::Request& r) {
     if (!r.headers().has_token("connection", "upgrade") || !r.headers().contains("upgrade")) {
       return http::Response::text("upgrade required", 426);
     }
     http::Response response(101);
     response.headers.add_view("Upgrade", "websocket");
     response.headers.add_view("Connection", "Upgrade");
-    response.takeover = [](Stream& client, std::string_view early) {
-      if (!early.empty() && !client.write_all(early, Deadline::after(5s))) return;
-      std::string buffer(16384, '\0');
-      for (;;) {
-        auto n = client.read(buffer, Deadline::after(30s));
-        if (!n || *n == 0) return;
-        if (!client.write_all(std::string_view(buffer).substr(0, *n), Deadline::after(5s))) return;
-      }
-    };
+    response.takeover = echo;
     return response;
   });
   router.use(http::compression());

@@ -585,6 +585,39 @@ services:
         gw.stop()
 
 
+def test_connect_is_tunnelled_through_an_upstream_proxy(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: egress, match: {{methods: [CONNECT]}}, service: a}}
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    try:
+        with socket.create_connection((gw.host, gw.port), timeout=5) as s:
+            s.sendall(b"CONNECT backend.test:443 HTTP/1.1\r\nHost: backend.test:443\r\n\r\n")
+            head = b""
+            while b"\r\n\r\n" not in head:
+                more = s.recv(4096)
+                assert more, head
+                head += more
+            head, _, rest = head.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200"), head
+            # A 2xx to CONNECT announces no body: the tunnel starts right after the head.
+            assert b"content-length" not in head.lower()
+            assert b"transfer-encoding" not in head.lower()
+            payload = os.urandom(200_000)
+            s.sendall(payload)
+            echoed = rest
+            while len(echoed) < len(payload):
+                more = s.recv(65536)
+                assert more, "tunnel closed early"
+                echoed += more
+            assert echoed == payload
+    finally:
+        assert gw.stop() == 0
+
+
 def test_a_busy_tunnel_still_ends_at_its_lifetime(build_dir, tmp_path, two_upstreams):
     a, _ = two_upstreams
     gw = gateway(build_dir, tmp_path, SERVER + f"""

@@ -230,8 +230,8 @@ struct Response {
   /// (or throws) ends the connection (HTTP/1.1) or resets the stream (HTTP/2), so the client
   /// never takes a short body for a whole one.
   std::optional<std::uint64_t> stream_length;
-  /// With status 101 on HTTP/1.1: what runs on the connection once the head is sent (a
-  /// WebSocket tunnel, say). Ignored otherwise.
+  /// With status 101, or a 2xx answering CONNECT, on HTTP/1.1: what runs on the connection
+  /// once the head is sent (a WebSocket tunnel, a CONNECT tunnel). Ignored otherwise.
   ConnectionTakeover takeover;
 
   /// Bytes of body this response carries.
