@@ -293,23 +293,16 @@ class Http1Exchange final : public ClientExchange {
 
   Result<bool> await_continue(std::chrono::milliseconds wait) override {
     if (have_head_) return false;
-    if (!head_sent_ && !broken_) {
-      iovec part{out_.data(), out_.size()};
-      if (auto sent = send({&part, 1}); !sent) return fail(sent.error());
-    }
+    if (auto sent = send_head(); !sent) return fail(sent.error());
     Deadline deadline = Deadline::after_coarse(std::min(wait, timeouts_.first_byte));
     ResponseParser parser;
     ResponseHead head;
     for (;;) {
-      std::string_view have = std::string_view(in_).substr(in_begin_);
-      auto parsed = parser.parse(have, head);
-      if (parsed.state == ParseResult::State::kError) {
-        broken_ = true;
-        return fail(error(ExchangeErrc::kProtocolError));
-      }
-      if (parsed.state == ParseResult::State::kComplete) {
+      auto consumed = buffered_head(parser, head);
+      if (!consumed) return fail(consumed.error());
+      if (*consumed != 0) {
         if (head.status >= 200 || head.status == 101) return false;  // read_head takes it
-        in_begin_ += parsed.consumed;
+        in_begin_ += *consumed;
         if (head.status == 100) return true;
         pass_interim(head);
         continue;
@@ -323,28 +316,23 @@ class Http1Exchange final : public ClientExchange {
   Result<const ClientResponseHead*> read_head() override {
     if (have_head_) return &response_;
     if (!head_sent_ && !broken_) {
-      iovec part{out_.data(), out_.size()};
-      if (auto sent = send({&part, 1}); !sent) return fail(sent.error());
+      if (auto sent = send_head(); !sent) return fail(sent.error());
       request_done_ = mode_ == BodyMode::kNone;  // a request without a body is complete
     }
     Deadline deadline = Deadline::after_coarse(timeouts_.first_byte);
     ResponseParser parser;
     ResponseHead head;
     for (;;) {
-      std::string_view have = std::string_view(in_).substr(in_begin_);
-      auto parsed = parser.parse(have, head);
-      if (parsed.state == ParseResult::State::kError) {
-        broken_ = true;
-        return fail(error(ExchangeErrc::kProtocolError));
-      }
-      if (parsed.state == ParseResult::State::kComplete) {
+      auto consumed = buffered_head(parser, head);
+      if (!consumed) return fail(consumed.error());
+      if (*consumed != 0) {
         if (head.status < 200 && head.status != 101) {
           pass_interim(head);
-          in_begin_ += parsed.consumed;  // an interim answer: the final one follows
+          in_begin_ += *consumed;  // an interim answer: the final one follows
           continue;
         }
-        head_bytes_.assign(have.substr(0, parsed.consumed));
-        in_begin_ += parsed.consumed;
+        head_bytes_.assign(std::string_view(in_).substr(in_begin_, *consumed));
+        in_begin_ += *consumed;
         break;
       }
       if (auto more = read_more(deadline, true); !more) return fail(more.error());
@@ -521,6 +509,24 @@ class Http1Exchange final : public ClientExchange {
     }
     if (!got_response_byte_) return error(ExchangeErrc::kClosedBeforeResponse);
     return for_head ? error(ExchangeErrc::kProtocolError) : cut();
+  }
+
+  // Sends the request head alone, unless it (or anything) went already.
+  Result<void> send_head() {
+    if (head_sent_ || broken_) return {};
+    iovec part{out_.data(), out_.size()};
+    return send({&part, 1});
+  }
+
+  // Parses a response head from the bytes buffered: how many it took (0: not whole yet), or
+  // kProtocolError (the exchange is then broken).
+  Result<std::size_t> buffered_head(ResponseParser& parser, ResponseHead& head) {
+    auto parsed = parser.parse(std::string_view(in_).substr(in_begin_), head);
+    if (parsed.state == ParseResult::State::kError) {
+      broken_ = true;
+      return fail(error(ExchangeErrc::kProtocolError));
+    }
+    return parsed.state == ParseResult::State::kComplete ? parsed.consumed : 0;
   }
 
   // An interim head read off the connection, to the on_informational callback.

@@ -70,6 +70,17 @@ def request(server, method, path, body=None, headers=None, timeout=10, chunked=F
         conn.close()
 
 
+def response_head(s):
+    """Reads a response head off socket `s`: the head, and the bytes that came after it."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        more = s.recv(4096)
+        assert more, data
+        data += more
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -563,10 +574,7 @@ services:
         with socket.create_connection((gw.host, gw.port), timeout=5) as s:
             s.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
                       b"Sec-WebSocket-Version: 13\r\n\r\nearly bytes|")
-            head = b""
-            while b"\r\n\r\n" not in head:
-                head += s.recv(4096)
-            head, _, rest = head.partition(b"\r\n\r\n")
+            head, rest = response_head(s)
             assert head.startswith(b"HTTP/1.1 101"), head
             assert b"upgrade: websocket" in head.lower()
             payload = bytes(range(256)) * 400  # 100 KiB, every byte value
@@ -596,12 +604,7 @@ services:
     try:
         with socket.create_connection((gw.host, gw.port), timeout=5) as s:
             s.sendall(b"CONNECT backend.test:443 HTTP/1.1\r\nHost: backend.test:443\r\n\r\n")
-            head = b""
-            while b"\r\n\r\n" not in head:
-                more = s.recv(4096)
-                assert more, head
-                head += more
-            head, _, rest = head.partition(b"\r\n\r\n")
+            head, rest = response_head(s)
             assert head.startswith(b"HTTP/1.1 200"), head
             # A 2xx to CONNECT announces no body: the tunnel starts right after the head.
             assert b"content-length" not in head.lower()
@@ -631,9 +634,7 @@ services:
             started = time.monotonic()
             s.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
                       b"Upgrade: websocket\r\n\r\n")
-            head = b""
-            while b"\r\n\r\n" not in head:
-                head += s.recv(4096)
+            head, _ = response_head(s)
             assert head.startswith(b"HTTP/1.1 101"), head
             # Never idle (a message every 100 ms, each echoed), yet closed at 1.5 s.
             closed = False
