@@ -6,6 +6,7 @@
 #include "server_internal.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/spawn.h"
+#include "spindle/sync/wait_group.h"
 
 namespace spindle::http {
 namespace {
@@ -204,9 +205,12 @@ Response detail::call_router(const Router& router, Request& request) {
   return Response::error(500);
 }
 
-Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Address& address,
-                                                      Router router, ServerOptions options) {
-  auto shared = std::make_shared<Shared>();
+namespace {
+
+// What every connection of one configuration of the server reads.
+std::shared_ptr<HttpServer::Shared> make_shared_state(Runtime& runtime, Router router,
+                                                      ServerOptions options) {
+  auto shared = std::make_shared<HttpServer::Shared>();
   shared->router = std::move(router);
   shared->options = std::move(options);
   if (!shared->options.server_name.empty()) {
@@ -217,43 +221,91 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Ad
   // The first read of a connection then finds its request: no empty read, no idle round trip.
   auto defer = std::chrono::ceil<std::chrono::seconds>(shared->options.header_timeout).count();
   shared->options.tcp.listen.defer_accept_seconds = static_cast<int>(std::max<long>(1, defer));
+  return shared;
+}
+
+// Serves one accepted connection with the configuration in force on the calling worker.
+void serve_accepted(const std::shared_ptr<HttpServer::Shared>& shared, TcpStream tcp) {
+  WorkerState& worker = shared->workers[Worker::current()->index()];
+  const ServerOptions& options = shared->options;
+  if (worker.open >= options.max_connections_per_worker) {
+    // A TLS client would not understand a plain answer: it is just closed.
+    if (!options.tls) (void)tcp.write_all(kOverloaded, Deadline::after(std::chrono::seconds(1)));
+    return;
+  }
+  Stream stream;
+  bool h2 = false;
+  if (options.tls) {
+    auto tls =
+        TlsStream::accept(std::move(tcp), options.tls, Deadline::after(options.handshake_timeout));
+    if (!tls) return;  // a bad or stalled handshake: closed, nothing to answer
+    h2 = options.http2 && tls->alpn() == "h2";
+    stream = Stream(std::move(*tls));
+  } else {
+    stream = Stream(std::move(tcp));
+  }
+  auto state = std::make_unique<ConnectionState>(std::move(stream), shared, worker);
+  if (!h2) return run_connection(std::move(state));
+  try {
+    detail::serve_http2(state->stream, *shared, worker, {}, nullptr);
+  } catch (...) {
+    log_error("HTTP/2 connection from {} failed",
+              detail::client_address_text(state->stream.peer_address()));
+  }
+}
+
+// Tells the connections of `shared` to end: idle ones close now (each on its own worker),
+// HTTP/1 ones answer their current request with Connection: close, HTTP/2 ones get GOAWAY.
+void start_draining(const std::shared_ptr<HttpServer::Shared>& shared) {
+  shared->draining.store(true, std::memory_order_release);
+  for (std::size_t i = 0; i < shared->runtime->size(); ++i) {
+    shared->runtime->worker(i).post([shared, i] {
+      close_idle_connections(shared->workers[i]);
+      detail::shut_down_http2(shared->workers[i]);
+    });
+  }
+}
+
+}  // namespace
+
+Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Address& address,
+                                                      Router router, ServerOptions options) {
+  auto shared = make_shared_state(runtime, std::move(router), std::move(options));
+  auto in_force = std::make_shared<InForce>();
+  in_force->per_worker.assign(runtime.size(), shared);
   auto tcp = TcpServer::start(
       runtime, address,
-      [shared](TcpStream tcp) {
-        WorkerState& worker = shared->workers[Worker::current()->index()];
-        const ServerOptions& options = shared->options;
-        if (worker.open >= options.max_connections_per_worker) {
-          // A TLS client would not understand a plain answer: it is just closed.
-          if (!options.tls)
-            (void)tcp.write_all(kOverloaded, Deadline::after(std::chrono::seconds(1)));
-          return;
-        }
-        Stream stream;
-        bool h2 = false;
-        if (options.tls) {
-          auto tls = TlsStream::accept(std::move(tcp), options.tls,
-                                       Deadline::after(options.handshake_timeout));
-          if (!tls) return;  // a bad or stalled handshake: closed, nothing to answer
-          h2 = options.http2 && tls->alpn() == "h2";
-          stream = Stream(std::move(*tls));
-        } else {
-          stream = Stream(std::move(tcp));
-        }
-        auto state = std::make_unique<ConnectionState>(std::move(stream), shared, worker);
-        if (!h2) return run_connection(std::move(state));
-        try {
-          detail::serve_http2(state->stream, *shared, worker, {}, nullptr);
-        } catch (...) {
-          log_error("HTTP/2 connection from {} failed",
-                    detail::client_address_text(state->stream.peer_address()));
-        }
+      [in_force](TcpStream tcp) {
+        serve_accepted(in_force->per_worker[Worker::current()->index()], std::move(tcp));
       },
       shared->options.tcp);
   if (!tcp) return fail(tcp.error());
   std::unique_ptr<HttpServer> server(new HttpServer());
   server->shared_ = std::move(shared);
+  server->in_force_ = std::move(in_force);
   server->tcp_ = std::move(*tcp);
   return server;
+}
+
+void HttpServer::reconfigure(Router router, ServerOptions options) {
+  Runtime& runtime = *shared_->runtime;
+  // The listening socket's own settings stay those it was opened with.
+  options.tcp = shared_->options.tcp;
+  auto shared = make_shared_state(runtime, std::move(router), std::move(options));
+  WaitGroup switched;
+  for (std::size_t i = 0; i < runtime.size(); ++i) {
+    switched.add();
+    runtime.worker(i).post([in_force = in_force_, shared, i, &switched] {
+      in_force->per_worker[i] = shared;
+      switched.done();
+    });
+  }
+  (void)switched.wait();
+  // Configurations whose connections have all ended are forgotten.
+  std::erase_if(retired_, [](const auto& old) { return old->active.count() == 0; });
+  start_draining(shared_);
+  retired_.push_back(std::move(shared_));
+  shared_ = std::move(shared);
 }
 
 void HttpServer::stop() {
@@ -262,18 +314,17 @@ void HttpServer::stop() {
 
 bool HttpServer::drain(Deadline deadline) {
   stop();
-  shared_->draining.store(true, std::memory_order_release);
-  // Idle connections wait in a read: wake them (on their own workers) so they close now.
-  for (std::size_t i = 0; i < shared_->runtime->size(); ++i) {
-    shared_->runtime->worker(i).post([shared = shared_, i] {
-      close_idle_connections(shared->workers[i]);
-      detail::shut_down_http2(shared->workers[i]);
-    });
-  }
-  return !shared_->active.wait(deadline);
+  start_draining(shared_);
+  bool clean = !shared_->active.wait(deadline);
+  for (auto& old : retired_) clean = !old->active.wait(deadline) && clean;
+  return clean;
 }
 
-std::size_t HttpServer::connections() const { return shared_->active.count(); }
+std::size_t HttpServer::connections() const {
+  std::size_t n = shared_->active.count();
+  for (const auto& old : retired_) n += old->active.count();
+  return n;
+}
 
 HttpServer::~HttpServer() { stop(); }
 

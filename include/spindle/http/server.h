@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "spindle/base/error.h"
 #include "spindle/fiber/runtime.h"
@@ -70,11 +71,17 @@ class HttpServer {
                                                                  ServerOptions options = {});
   /// Stops accepting new connections (idempotent). Open connections go on.
   void stop();
+  /// Serves `router` with `options` from now on, on the same listening socket: connections
+  /// accepted from here on get them, while those open now keep the old ones and end as in a
+  /// drain (idle ones close, busy ones after their current request, HTTP/2 ones after GOAWAY).
+  /// The listening socket's own settings (options.tcp) stay as they were. Call from outside
+  /// the runtime's workers; returns once every worker accepts with the new configuration.
+  void reconfigure(Router router, ServerOptions options);
   /// Graceful shutdown: stops accepting, closes idle keep-alive connections at once, lets
   /// each busy one finish its current request and close, and waits for them until `deadline`.
   /// Returns true if every connection ended in time. Call from outside the runtime's workers.
   bool drain(Deadline deadline);
-  /// Connections open now.
+  /// Connections open now (with every configuration, including earlier ones still ending).
   std::size_t connections() const;
   ~HttpServer();
 
@@ -91,6 +98,14 @@ class HttpServer {
  private:
   /// What every connection reads: router, options, per-worker Date caches.
   std::shared_ptr<Shared> shared_;
+  /// The configuration each worker gives the connections it accepts (shared_, once every
+  /// worker has switched to it), read by the acceptors.
+  struct InForce {
+    std::vector<std::shared_ptr<Shared>> per_worker;
+  };
+  std::shared_ptr<InForce> in_force_;
+  /// Earlier configurations whose connections may still be open (reconfigure).
+  std::vector<std::shared_ptr<Shared>> retired_;
   /// The TCP layer.
   std::unique_ptr<TcpServer> tcp_;
 };
