@@ -1,21 +1,25 @@
 #include "serve.h"
 
 #include <fmt/format.h>
+#include <poll.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
-#include <memory>
+#include <optional>
+#include <sstream>
 #include <string>
-#include <vector>
 
-#include "site.h"
+#include "config_watch.h"
+#include "instance.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/runtime.h"
-#include "spindle/http/server.h"
 #include "spindle/net/signal_set.h"
 #include "spindle/proxy/config.h"
-#include "spindle/proxy/gateway.h"
 
 namespace spindle::app {
 namespace {
@@ -34,18 +38,6 @@ servers:
     default_site: true
     access_log: {path: "-", format: combined}
 )";
-
-constexpr auto kGracePeriod = std::chrono::seconds(10);
-
-// Whether the kernel offers kTLS (its "tls" upper-layer protocol is loaded).
-bool kernel_offers_ktls() {
-  std::ifstream in("/proc/sys/net/ipv4/tcp_available_ulp");
-  std::string ulp;
-  while (in >> ulp) {
-    if (ulp == "tls") return true;
-  }
-  return false;
-}
 
 Config effective_config(const ServeFlags& flags) {
   Config config = flags.config.empty() ? parse_config(kDefaultConfig, "(built-in configuration)")
@@ -82,6 +74,56 @@ int check_config(const std::string& file) {
   }
 }
 
+namespace {
+
+// The whole text of `file` ("" if it cannot be read).
+std::string read_text(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// Loads the configuration again and puts it in force, or logs why not (the one in force
+// stays). `why`: what asked for it, for the log.
+void reload(Instance& instance, const ServeFlags& flags, std::string_view why) {
+  Config config;
+  try {
+    config = effective_config(flags);
+  } catch (const ConfigError& e) {
+    instance.reloads().failed.fetch_add(1, std::memory_order_relaxed);
+    log_error("reload ({}) rejected: {}; the configuration in force stays", why, e.what());
+    return;
+  }
+  std::size_t routes = config.routes.size();
+  if (auto applied = instance.apply(std::move(config)); !applied) {
+    instance.reloads().failed.fetch_add(1, std::memory_order_relaxed);
+    log_error("reload ({}) rejected: {}; the configuration in force stays", why, applied.error());
+    return;
+  }
+  instance.reloads().succeeded.fetch_add(1, std::memory_order_relaxed);
+  log_info("reload ({}): configuration from {} in force ({} routes)", why,
+           flags.config.empty() ? "(built-in configuration)" : flags.config, routes);
+}
+
+// Waits until `fd` is readable or `timeout_ms` passes (-1: for ever); true if readable.
+bool readable(int fd, int timeout_ms) {
+  pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+  int n;
+  while ((n = ::poll(&p, 1, timeout_ms)) < 0 && errno == EINTR) {
+  }
+  return n > 0;
+}
+
+// After a change in the configuration's folder, waits until it has been quiet for 50 ms (an
+// editor or a ConfigMap update is several events), at most a second.
+void settle(ConfigWatch& watch) {
+  auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (std::chrono::steady_clock::now() < until && readable(watch.fd(), 50)) watch.consume();
+}
+
+}  // namespace
+
 int serve(const ServeFlags& flags) {
   Config config;
   try {
@@ -91,74 +133,63 @@ int serve(const ServeFlags& flags) {
     return 1;
   }
   // Before the runtime, so that its threads inherit the blocked mask.
-  SignalSet signals{SIGINT, SIGTERM};
+  SignalSet signals{SIGINT, SIGTERM, SIGQUIT, SIGHUP};
+  auto signal_fd = signals.open_fd();
+  if (!signal_fd) {
+    fmt::print(stderr, "spindle: signalfd: {}\n", signal_fd.error().message());
+    return 1;
+  }
   Runtime runtime(RuntimeOptions{.workers = config.threads});
   runtime.start();
-
-  // The gateway: routes, services and upstreams compiled into the snapshot the workers use.
-  proxy::HealthRegistry health;
-  http::UpstreamConnections connections(runtime);
-  proxy::Gateways gateways(runtime);
-  proxy::Proxy forwarder(gateways, connections);
-  std::shared_ptr<proxy::Gateway> gateway;
-  if (!config.routes.empty()) {
-    try {
-      gateway = proxy::Gateway::build(config, runtime.size(), health);
-    } catch (const ConfigError& e) {
-      fmt::print(stderr, "spindle: {}\n", e.what());
-      return 1;
-    }
-    gateways.publish(gateway);
-    gateway->start_probes(runtime, connections);
+  Instance instance(runtime);
+  if (auto started = instance.apply(std::move(config)); !started) {
+    fmt::print(stderr, "spindle: {}\n", started.error());
+    return 1;
   }
 
-  std::vector<std::unique_ptr<http::HttpServer>> servers;
-  for (std::size_t index = 0; index < config.servers.size(); ++index) {
-    const ServerConfig& server = config.servers[index];
-    auto router = build_site(server, gateway ? forwarder.middleware(index) : http::Middleware{});
-    if (!router) {
-      fmt::print(stderr, "spindle: {}\n", router.error());
-      return 1;
+  // The file is watched too: a change reloads it as SIGHUP does (once its contents differ).
+  std::optional<ConfigWatch> watch;
+  std::string loaded;
+  if (!flags.config.empty()) {
+    auto opened = ConfigWatch::open(flags.config);
+    if (opened) {
+      watch = std::move(*opened);
+      loaded = read_text(flags.config);
+    } else {
+      log_warn("{}: cannot watch for changes ({}): reload with SIGHUP", flags.config,
+               opened.error().message());
     }
-    http::ServerOptions options = server.http;
-    if (server.access_log.enabled) {
-      auto format = server.access_log.format == "json" ? http::AccessLog::Format::kJson
-                                                       : http::AccessLog::Format::kCombined;
-      auto log = http::AccessLog::open(runtime, server.access_log.path, format);
-      if (!log) {
-        fmt::print(stderr, "spindle: access log {}: {}\n", server.access_log.path,
-                   log.error().message());
-        return 1;
+  }
+
+  // The main thread waits for signals and file changes; the workers serve.
+  int signo = 0;
+  while (signo == 0) {
+    pollfd fds[2] = {{.fd = signal_fd->get(), .events = POLLIN, .revents = 0},
+                     {.fd = watch ? watch->fd() : -1, .events = POLLIN, .revents = 0}};
+    if (::poll(fds, 2, -1) < 0) continue;  // EINTR
+    if (fds[1].revents != 0) {
+      watch->consume();
+      settle(*watch);
+      std::string text = read_text(flags.config);
+      if (text != loaded) {
+        loaded = std::move(text);
+        reload(instance, flags, "file changed");
       }
-      options.access_log = std::move(*log);
     }
-    auto started = http::HttpServer::start(runtime, server.listen, std::move(*router), options);
-    if (!started) {
-      fmt::print(stderr, "spindle: cannot listen on {}: {}\n", server.listen.to_string(),
-                 started.error().message());
-      return 1;
+    if (fds[0].revents != 0) {
+      signalfd_siginfo info{};
+      if (::read(signal_fd->get(), &info, sizeof info) != sizeof info) continue;
+      if (info.ssi_signo == SIGHUP) {
+        if (watch) loaded = read_text(flags.config);
+        reload(instance, flags, "SIGHUP");
+      } else {
+        signo = static_cast<int>(info.ssi_signo);
+      }
     }
-    // "ktls_available": the kernel offers kTLS, so OpenSSL may hand a connection's records
-    // to it after that connection's handshake (cipher and kernel permitting). Whether it did
-    // is known per connection only (TlsStream::ktls_send()), never at start.
-    fmt::print(
-        "{{\"event\":\"listening\",\"address\":\"{}\",\"tls\":{},\"ktls_available\":{},"
-        "\"http2\":{},\"workers\":{},\"version\":\"{}\"}}\n",
-        (*started)->address().to_string(), options.tls != nullptr,
-        options.tls != nullptr && kernel_offers_ktls(), options.http2, runtime.size(), kVersion);
-    servers.push_back(std::move(*started));
   }
-  std::fflush(stdout);
-
-  auto signal = runtime.block_on([&] { return signals.wait(); });
-  int signo = signal ? *signal : 0;
-  log_info("{}: stopping; in-flight requests have {} s to finish",
-           signo ? strsignal(signo) : "stop", kGracePeriod.count());
-  auto deadline = Deadline::after(kGracePeriod);
-  bool clean = true;
-  for (auto& server : servers) clean = server->drain(deadline) && clean;
-  if (!clean) log_warn("grace period over: closing the remaining connections");
-  if (gateway) gateway->stop_probes();
+  log_info("{}: stopping; requests in flight have {} ms to finish", strsignal(signo),
+           instance.config().drain_timeout.count());
+  if (!instance.shutdown()) log_warn("drain time over: closing the remaining connections");
   return 0;
 }
 

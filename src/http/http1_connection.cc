@@ -739,22 +739,23 @@ Connection::Outcome Connection::serve() {
     }
     // Nothing complete left: write the batch, then look for more.
     if (begin_ == end_) {
-      if (shared_.draining.load(std::memory_order_acquire)) {
-        (void)flush();
-        return Outcome::kClose;
-      }
       // Idle: the fiber ends and the connection waits in the reactor, holding no stack and no
       // buffer. Edge-triggered readiness needs the socket drained first: the stream knows when
       // its last read proved it (as nginx's `ready` flag); otherwise one read attempt, without
-      // waiting.
+      // waiting. A server shutting down closes instead of waiting, but still answers (with
+      // Connection: close) a request that has arrived: its client may have sent it before
+      // it could know. (A reconfigured one does not close: the last response may not have
+      // said Connection: close, and the client may be sending its next request right now.)
+      const Outcome idle =
+          shared_.closing_idle.load(std::memory_order_acquire) ? Outcome::kClose : Outcome::kIdle;
       if (!flush()) return Outcome::kClose;
-      if (stream_.drained()) return Outcome::kIdle;
+      if (stream_.drained()) return idle;
       switch (read_more(Deadline::at(Clock::time_point::min()))) {
         case Read::kData:
           head_started = {};
           continue;
         case Read::kTimedOut:
-          return Outcome::kIdle;
+          return idle;
         case Read::kClosed:
         case Read::kFailed:
           return Outcome::kClose;

@@ -43,6 +43,10 @@ constexpr std::uint32_t kMaxConcurrentStreams = 100;
 constexpr std::size_t kStreamedHighWater = 64 * 1024;
 // CONTINUATION frames accepted for one header block (a flood of tiny ones is an attack).
 constexpr int kMaxContinuations = 32;
+// How long a draining connection waits for the answer to its shutdown PING before the final
+// GOAWAY, and that PING's payload.
+constexpr auto kShutdownNoticeTime = std::chrono::seconds(1);
+constexpr std::uint8_t kShutdownPing[8] = {'s', 'h', 'u', 't', 'd', 'o', 'w', 'n'};
 
 class H2Stream;
 
@@ -56,8 +60,11 @@ class Http2Connection final : public ContextSource {
   /// Serves the connection until it ends (never throws past the point where fibers point at
   /// it: they are all gone when it returns or throws).
   void run(std::string_view preread, const Http2Upgrade* upgrade);
-  /// Draining: GOAWAY now; the connection ends once its streams are done.
-  void shut_down();
+  /// Draining: the client is told the connection ends (a GOAWAY that refuses nothing yet,
+  /// and a PING); once the PING comes back, every stream it opened before it knew has
+  /// arrived, and the final GOAWAY names the last one. The connection ends once its streams
+  /// are done. `at_once`: the final GOAWAY now (an idle connection's timeout).
+  void shut_down(bool at_once = false);
 
   // Used by the streams and the nghttp2 callbacks.
   nghttp2_session* session() { return session_; }
@@ -120,6 +127,10 @@ class Http2Connection final : public ContextSource {
   bool stopping_ = false;
   /// Set once GOAWAY went out (draining or idle): the reader ends when no stream is open.
   bool goaway_sent_ = false;
+  /// Set once the shutdown notice went out (draining); the final GOAWAY follows at the PING's
+  /// answer or at the deadline.
+  bool notice_sent_ = false;
+  Deadline notice_deadline_;
   int continuations_ = 0;
   /// The highest stream id the client has opened, and the streams closed while the client was
   /// still sending on them (it may yet send their trailers: those HEADERS are not an error).
@@ -385,6 +396,11 @@ struct Callbacks {
   static int on_frame_recv(nghttp2_session* /*session*/, const nghttp2_frame* frame, void* user) {
     Http2Connection& c = conn(user);
     bool end_stream = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+    if (frame->hd.type == NGHTTP2_PING && (frame->hd.flags & NGHTTP2_FLAG_ACK) != 0 &&
+        c.notice_sent_ && std::memcmp(frame->ping.opaque_data, kShutdownPing, 8) == 0) {
+      c.shut_down(true);  // the client has heard the notice: the final GOAWAY
+      return 0;
+    }
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
     H2Stream* s = c.find(frame->hd.stream_id);
     if (s == nullptr) return 0;
@@ -714,6 +730,12 @@ void Http2Connection::write_loop() {
     }
     // The reader is done: what could be sent is sent (no WINDOW_UPDATE can come any more).
     if (stopping_ || this_fiber::stop_requested()) break;
+    if (notice_sent_ && !goaway_sent_) {
+      // A client that does not answer the shutdown PING in time gets the final GOAWAY anyway.
+      writer_wake_.reset();
+      if (writer_wake_.wait(notice_deadline_) == std::errc::timed_out) shut_down(true);
+      continue;
+    }
     wait_for_frames(writer_wake_);
   }
   if (writer_failed_) stop_reader();
@@ -723,8 +745,18 @@ void Http2Connection::stop_reader() {
   if (reader_ != nullptr) reader_->request_stop();
 }
 
-void Http2Connection::shut_down() {
+void Http2Connection::shut_down(bool at_once) {
   if (goaway_sent_) return;
+  if (!at_once) {
+    if (notice_sent_) return;  // the final GOAWAY comes with the PING's answer
+    // RFC 9113 6.8: announce first, and learn by a PING when the client has heard it.
+    notice_sent_ = true;
+    notice_deadline_ = Deadline::after(kShutdownNoticeTime);
+    nghttp2_submit_shutdown_notice(session_);
+    nghttp2_submit_ping(session_, NGHTTP2_FLAG_NONE, kShutdownPing);
+    wake_writer();
+    return;
+  }
   goaway_sent_ = true;
   nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
                         nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
@@ -786,13 +818,15 @@ void Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
     if (!nghttp2_session_want_read(session_)) break;
     if (shared_.draining.load(std::memory_order_acquire)) shut_down();
     if (goaway_sent_ && open_.empty()) break;
-    // Idle (no stream open): the keep-alive timeout applies, then GOAWAY.
-    Deadline deadline =
-        open_.empty() ? Deadline::after(shared_.options.keepalive_timeout) : Deadline::never();
+    // Idle (no stream open): the keep-alive timeout applies, then GOAWAY. (Not while a
+    // shutdown notice waits for its PING: the writer ends that wait.)
+    Deadline deadline = open_.empty() && !notice_sent_
+                            ? Deadline::after(shared_.options.keepalive_timeout)
+                            : Deadline::never();
     auto n = stream_.read(buffer, deadline);
     if (!n) {
       // Idle too long: GOAWAY (which, with no stream open, also stops the reader).
-      if (n.error() == std::errc::timed_out && open_.empty()) shut_down();
+      if (n.error() == std::errc::timed_out && open_.empty()) shut_down(true);
       break;  // stopped (canceled), timed out idle, or the connection failed
     }
     if (*n == 0) break;

@@ -254,13 +254,16 @@ void serve_accepted(const std::shared_ptr<HttpServer::Shared>& shared, TcpStream
   }
 }
 
-// Tells the connections of `shared` to end: idle ones close now (each on its own worker),
-// HTTP/1 ones answer their current request with Connection: close, HTTP/2 ones get GOAWAY.
-void start_draining(const std::shared_ptr<HttpServer::Shared>& shared) {
+// Tells the connections of `shared` to end: HTTP/1 ones answer their next (or current)
+// request with Connection: close, HTTP/2 ones get GOAWAY. With `close_idle`, HTTP/1 ones idle
+// now are closed at once (each on its own worker), which a client that is sending a request
+// on one at that instant sees as an error: only a shutdown does that.
+void start_draining(const std::shared_ptr<HttpServer::Shared>& shared, bool close_idle) {
+  if (close_idle) shared->closing_idle.store(true, std::memory_order_release);
   shared->draining.store(true, std::memory_order_release);
   for (std::size_t i = 0; i < shared->runtime->size(); ++i) {
-    shared->runtime->worker(i).post([shared, i] {
-      close_idle_connections(shared->workers[i]);
+    shared->runtime->worker(i).post([shared, i, close_idle] {
+      if (close_idle) close_idle_connections(shared->workers[i]);
       detail::shut_down_http2(shared->workers[i]);
     });
   }
@@ -303,7 +306,7 @@ void HttpServer::reconfigure(Router router, ServerOptions options) {
   (void)switched.wait();
   // Configurations whose connections have all ended are forgotten.
   std::erase_if(retired_, [](const auto& old) { return old->active.count() == 0; });
-  start_draining(shared_);
+  start_draining(shared_, /*close_idle=*/false);
   retired_.push_back(std::move(shared_));
   shared_ = std::move(shared);
 }
@@ -314,7 +317,8 @@ void HttpServer::stop() {
 
 bool HttpServer::drain(Deadline deadline) {
   stop();
-  start_draining(shared_);
+  start_draining(shared_, /*close_idle=*/true);
+  for (auto& old : retired_) start_draining(old, /*close_idle=*/true);
   bool clean = !shared_->active.wait(deadline);
   for (auto& old : retired_) clean = !old->active.wait(deadline) && clean;
   return clean;

@@ -93,7 +93,12 @@ struct HttpServer::Shared {
   Runtime* runtime = nullptr;
   std::vector<detail::WorkerState> workers;  // one per worker, touched only by that worker
   WaitGroup active;                          // open connections
+  /// Set when its connections are to end: each HTTP/1 response says Connection: close, each
+  /// HTTP/2 connection gets GOAWAY.
   std::atomic<bool> draining{false};
+  /// Set by a shutdown (not by a reconfigure): an HTTP/1 connection closes as soon as it has
+  /// nothing to do, even if its last response did not say so.
+  std::atomic<bool> closing_idle{false};
 };
 
 namespace detail {

@@ -26,4 +26,10 @@ Result<int> SignalSet::wait(Deadline deadline) {
   return static_cast<int>(info.ssi_signo);
 }
 
+Result<UniqueFd> SignalSet::open_fd() const {
+  UniqueFd fd(::signalfd(-1, &set_, SFD_CLOEXEC));
+  if (!fd) return fail_errno();
+  return fd;
+}
+
 }  // namespace spindle

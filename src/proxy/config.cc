@@ -68,6 +68,14 @@ void read_access_log(const ConfigReader& server, AccessLogConfig& log) {
   }
 }
 
+// A hash of a file's contents (0 if it cannot be read: loading it fails later, and says why).
+std::size_t file_hash(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return std::hash<std::string>{}(text.str());
+}
+
 // One certificate: cert and key files, and optional SNI names.
 TlsCertificate read_certificate(const ConfigReader& r, bool allow_sni) {
   if (allow_sni) {
@@ -84,7 +92,7 @@ TlsCertificate read_certificate(const ConfigReader& r, bool allow_sni) {
 
 // tls: {cert, key, names, sni: [{cert, key, names}, ...]}: the TLS context, loaded now so that
 // check-config finds unreadable or mismatched files too.
-void read_tls(const ConfigReader& server, http::ServerOptions& http) {
+void read_tls(const ConfigReader& server, http::ServerOptions& http, std::string& fingerprint) {
   if (!server.has("tls")) return;
   ConfigReader r = server.nested("tls");
   TlsServerOptions options;
@@ -95,6 +103,11 @@ void read_tls(const ConfigReader& server, http::ServerOptions& http) {
   for (std::size_t i = 0; i < sni.size(); ++i) {
     ConfigReader entry(r.file(), sni[i], fmt::format("{}[{}]", r.key_path("sni"), i));
     options.certificates.push_back(read_certificate(entry, false));
+  }
+  // A reload reloads the certificates when their files changed, even under the same names.
+  for (const TlsCertificate& cert : options.certificates) {
+    fingerprint +=
+        fmt::format("\ncert {:x} key {:x}", file_hash(cert.cert_file), file_hash(cert.key_file));
   }
   auto context = TlsServerContext::create(std::move(options));
   if (!context) server.fail_key("tls", context.error());
@@ -114,6 +127,20 @@ void read_http2(const ConfigReader& r, http::ServerOptions& http) {
   }
 }
 
+// listen: an address (required).
+Address read_listen(const ConfigReader& r) {
+  std::string listen = r.string("listen", "");
+  auto address = Address::parse(listen);
+  if (!address) {
+    r.fail(r.has("listen") ? r.get("listen") : r.node(), r.key_path("listen"),
+           listen.empty() ? "required (IPv4:PORT, [IPv6]:PORT or unix:PATH)"
+                          : fmt::format("bad address '{}': expected IPv4:PORT, [IPv6]:PORT or "
+                                        "unix:PATH",
+                                        listen));
+  }
+  return *address;
+}
+
 ServerConfig read_server(const ConfigReader& r) {
   r.only({"name", "listen", "default_site", "root", "server_name", "compression", "limits",
           "timeouts", "access_log", "tls", "http2", "trusted_proxies"});
@@ -127,16 +154,7 @@ ServerConfig read_server(const ConfigReader& r) {
     }
     server.trusted_proxies.push_back(*cidr);
   }
-  std::string listen = r.string("listen", "");
-  auto address = Address::parse(listen);
-  if (!address) {
-    r.fail(r.has("listen") ? r.get("listen") : r.node(), r.key_path("listen"),
-           listen.empty() ? "required (IPv4:PORT, [IPv6]:PORT or unix:PATH)"
-                          : fmt::format("bad address '{}': expected IPv4:PORT, [IPv6]:PORT or "
-                                        "unix:PATH",
-                                        listen));
-  }
-  server.listen = *address;
+  server.listen = read_listen(r);
   server.root = r.string("root", "");
   server.default_site = r.boolean("default_site", server.root.empty());
   server.compression = r.boolean("compression", server.compression);
@@ -148,8 +166,17 @@ ServerConfig read_server(const ConfigReader& r) {
   read_timeouts(r, server.http);
   read_access_log(r, server.access_log);
   read_http2(r, server.http);
-  read_tls(r, server.http);
+  server.fingerprint = YAML::Dump(r.node());
+  read_tls(r, server.http, server.fingerprint);
   return server;
+}
+
+// admin: {listen}: the admin listener (off unless given).
+void read_admin(const ConfigReader& top, Config& config) {
+  if (!top.has("admin")) return;
+  ConfigReader r = top.nested("admin");
+  r.only({"listen"});
+  config.admin_listen = read_listen(r);
 }
 
 Config read_config(const YAML::Node& root, const std::string& file) {
@@ -158,9 +185,11 @@ Config read_config(const YAML::Node& root, const std::string& file) {
         fmt::format("{}:1: servers: the file is empty (expected a list of servers)", file));
   }
   ConfigReader top(file, root, "");
-  top.only({"threads", "servers", "routes", "services", "upstreams"});
+  top.only({"threads", "drain_timeout", "admin", "servers", "routes", "services", "upstreams"});
   Config config;
   config.threads = top.number("threads", 0, 1024);
+  config.drain_timeout = top.duration("drain_timeout", config.drain_timeout);
+  read_admin(top, config);
   YAML::Node servers = top.get("servers");
   if (!servers || !servers.IsSequence() || servers.size() == 0) {
     top.fail(servers ? servers : root, "servers", "expected a list with at least one server");
@@ -180,6 +209,8 @@ Config read_config(const YAML::Node& root, const std::string& file) {
 }
 
 }  // namespace
+
+std::string ServerConfig::key() const { return name.empty() ? listen.to_string() : name; }
 
 const ServiceConfig* Config::service(std::string_view name) const {
   for (const auto& s : services) {

@@ -90,7 +90,7 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers,
   g->config_ = std::move(config);
   const Config& c = g->config_;
   for (const ServerConfig& server : c.servers) {
-    g->servers_.push_back({&server, RouteTable(c, server.name)});
+    g->servers_.push_back({&server, server.key(), RouteTable(c, server.name)});
   }
   g->upstreams_.reserve(c.upstreams.size());
   for (const UpstreamConfig& u : c.upstreams) {
@@ -173,8 +173,11 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers,
 
 Gateway::~Gateway() { stop_probes(); }
 
-const Gateway::Server* Gateway::server(std::size_t index) const {
-  return index < servers_.size() ? &servers_[index] : nullptr;
+const Gateway::Server* Gateway::server(std::string_view key) const {
+  for (const Server& s : servers_) {
+    if (s.key == key) return &s;
+  }
+  return nullptr;
 }
 
 const Gateway::Service* Gateway::service(std::string_view name) const {

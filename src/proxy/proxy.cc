@@ -337,12 +337,13 @@ Result<void> send_body(http::Request& request, http::ClientExchange& exchange, B
 
 }  // namespace
 
-http::Middleware Proxy::middleware(std::size_t server_index) {
-  return [this, server_index](http::Request& request, const http::Next& next) -> http::Response {
+http::Middleware Proxy::middleware(std::string server_key) {
+  return [this, server_key = std::move(server_key)](http::Request& request,
+                                                    const http::Next& next) -> http::Response {
     // A copy: the request keeps this snapshot (and the route it points into) even if a new
     // one is published while it runs.
     std::shared_ptr<Gateway> gateway = gateways_.current();
-    const Gateway::Server* server = gateway ? gateway->server(server_index) : nullptr;
+    const Gateway::Server* server = gateway ? gateway->server(server_key) : nullptr;
     if (server == nullptr || server->routes.size() == 0) return next(request);
     const RouteConfig* route = server->routes.select(request.header("host"), request.target(),
                                                      request.method(), request.headers());
@@ -561,6 +562,11 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       } else {
         failure = n.error();
       }
+    }
+    if (failure == ExchangeErrc::kCancelled) {
+      log_info("route {}: {} {} to {}: the client went away: upstream exchange abandoned",
+               route.name, head.method, head.target, target.label);
+      return http::Response::error(499, failure.message());
     }
     if (failure) {
       log_warn("route {}: {} {} to {}: {} before the body: answered 502", route.name, head.method,

@@ -23,6 +23,7 @@ DOC = os.path.join(ROOT, "docs", "configuration.md")
 # documentation lists without a value here fails the test below: add one.
 SAMPLES = {
     "threads": "2",
+    "drain_timeout": "3s",
     "servers": None,  # the list itself
     "servers[].listen": "127.0.0.1:0",
     "servers[].default_site": "true",

@@ -229,26 +229,52 @@ def frames_of(data):
     return frames
 
 
-def test_graceful_shutdown_sends_goaway_and_finishes_streams(build_dir):
+def goaway_last_id(frame):
+    return int.from_bytes(frame[3][:4], "big") & 0x7FFFFFFF
+
+
+@pytest.mark.parametrize("answer_ping", [False, True])
+def test_graceful_shutdown_sends_goaway_and_finishes_streams(build_dir, answer_ping):
     server = Server([os.path.join(build_dir, "bin", "http_test_server"), "0"])
     sock, conn = h2_client_socket(server)
     try:
         conn.send_headers(1, request_headers("/slow"), end_stream=True)
         sock.sendall(conn.data_to_send())
         time.sleep(0.2)
+        signalled = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         # Raw frames: h2 (the client library) drops everything after a GOAWAY.
         received = b""
+        final_at = None
+        pinged = False
         sock.settimeout(10)
         while chunk := sock.recv(65536):
             received += chunk
+            frames = frames_of(received)
+            pings = [f for f in frames if f[0] == 0x6 and not f[1] & 0x1]
+            if answer_ping and pings and not pinged:
+                sock.sendall(b"\x00\x00\x08\x06\x01\x00\x00\x00\x00" + pings[0][3])
+                pinged = True
+            goaways = [f for f in frames if f[0] == 0x7]
+            if final_at is None and goaways and goaway_last_id(goaways[-1]) != 0x7FFFFFFF:
+                final_at = time.monotonic()
         frames = frames_of(received)
         kinds = [f[0] for f in frames]
-        goaway = kinds.index(0x7)
+        goaways = [f for f in frames if f[0] == 0x7]
         data = [f for f in frames if f[0] == 0x0 and f[2] == 1]
-        # GOAWAY first (last stream 1: it will be answered), then the response, then close.
-        assert int.from_bytes(frames[goaway][3][:4], "big") == 1
-        assert data and data[0][3] == b"finally" and kinds.index(0x0) > goaway
+        # First a PING and a GOAWAY that refuses nothing yet; then the final GOAWAY (last
+        # stream 1: it will be answered), at the PING's answer or a second later; the response
+        # goes on after the first, then the connection closes.
+        assert len(goaways) == 2, kinds
+        assert goaway_last_id(goaways[0]) == 0x7FFFFFFF
+        assert goaway_last_id(goaways[1]) == 1
+        assert any(f[0] == 0x6 and f[3] == b"shutdown" for f in frames), kinds
+        assert data and data[0][3] == b"finally" and kinds.index(0x0) > kinds.index(0x7)
+        if answer_ping:
+            assert pinged
+            assert final_at - signalled < 0.7, final_at - signalled  # the answer ended the wait
+        else:
+            assert final_at - signalled > 0.9
         assert server.proc.wait(timeout=10) == 0
     finally:
         sock.close()

@@ -72,8 +72,9 @@ class HttpServer {
   /// Stops accepting new connections (idempotent). Open connections go on.
   void stop();
   /// Serves `router` with `options` from now on, on the same listening socket: connections
-  /// accepted from here on get them, while those open now keep the old ones and end as in a
-  /// drain (idle ones close, busy ones after their current request, HTTP/2 ones after GOAWAY).
+  /// accepted from here on get them, while those open now keep the old ones and end: an
+  /// HTTP/1 connection after its current or next response (which says Connection: close; one
+  /// that stays idle until its keep-alive timeout closes then), an HTTP/2 one after GOAWAY.
   /// The listening socket's own settings (options.tcp) stay as they were. Call from outside
   /// the runtime's workers; returns once every worker accepts with the new configuration.
   void reconfigure(Router router, ServerOptions options);

@@ -7,6 +7,7 @@
 
 #include "spindle/base/error.h"
 #include "spindle/io/deadline.h"
+#include "spindle/io/unique_fd.h"
 
 namespace spindle {
 
@@ -22,6 +23,10 @@ class SignalSet {
   /// Waits for one of the signals (in a fiber: parks it) and returns its number. Fails with
   /// std::errc::timed_out or std::errc::operation_canceled.
   [[nodiscard]] Result<int> wait(Deadline deadline = Deadline::never());
+
+  /// A blocking signalfd for the set, for a thread outside the runtime that polls it beside
+  /// other descriptors; each read(2) of it gives one signalfd_siginfo.
+  [[nodiscard]] Result<UniqueFd> open_fd() const;
 
  private:
   /// The signals.

@@ -53,6 +53,11 @@ struct ServerConfig {
   http::ServerOptions http;
   /// The access log.
   AccessLogConfig access_log;
+  /// Its settings as written (and its certificates' contents): a reload restarts the server's
+  /// configuration only when this changed.
+  std::string fingerprint;
+  /// How routes and reloads know it: its name, or its listen address when unnamed.
+  std::string key() const;
 };
 
 // ---- the gateway: routes → services → upstreams ---------------------------------------------
@@ -213,6 +218,11 @@ struct UpstreamConfig {
 struct Config {
   /// Worker threads; 0 means one per core.
   std::size_t threads = 0;
+  /// How long a shutdown waits for requests in flight before it closes their connections.
+  std::chrono::milliseconds drain_timeout{std::chrono::seconds(10)};
+  /// Where the admin listener (metrics, health, readiness, configuration) listens; none if
+  /// not given.
+  std::optional<Address> admin_listen;
   /// The servers.
   std::vector<ServerConfig> servers;
   /// The gateway, in declared order.

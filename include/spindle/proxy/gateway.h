@@ -89,6 +89,8 @@ class Gateway {
   };
   struct Server {
     const ServerConfig* config = nullptr;
+    /// ServerConfig::key().
+    std::string key;
     RouteTable routes;
   };
 
@@ -98,8 +100,8 @@ class Gateway {
   ~Gateway();
 
   const Config& config() const { return config_; }
-  /// The server named `name` (by index when servers are unnamed), or nullptr.
-  const Server* server(std::size_t index) const;
+  /// The server whose key (ServerConfig::key()) is `key`, or nullptr.
+  const Server* server(std::string_view key) const;
   const Service* service(std::string_view name) const;
   const std::vector<Upstream>& upstreams() const { return upstreams_; }
 
@@ -158,8 +160,9 @@ class Proxy {
   Proxy(Gateways& gateways, http::UpstreamConnections& connections)
       : gateways_(gateways), connections_(connections) {}
 
-  /// The middleware for server number `server_index` of the configuration.
-  http::Middleware middleware(std::size_t server_index);
+  /// The middleware for the server whose key (ServerConfig::key()) is `server_key`: it forwards
+  /// along the routes that server has in the snapshot in force, whichever that is by then.
+  http::Middleware middleware(std::string server_key);
 
   /// Forwards `request` along `route` of `gateway` (the proxy's whole job; public for tests).
   http::Response forward(http::Request& request, const std::shared_ptr<Gateway>& gateway,

@@ -57,7 +57,7 @@ TEST(Gateways, ARequestKeepsTheSnapshotItStartedWithWhileNewOnesTakeTheNext) {
   gateways.publish(std::move(first));
 
   http::Router router;
-  router.use(proxy.middleware(0));
+  router.use(proxy.middleware("public"));
   auto gateway = http::HttpServer::start(runtime, Address::loopback_v4(0), std::move(router));
   ASSERT_TRUE(gateway.has_value());
   http::HttpClient client(runtime);

@@ -1,0 +1,185 @@
+#include "instance.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+
+#include "serve.h"
+#include "site.h"
+#include "spindle/base/log.h"
+
+namespace spindle::app {
+namespace {
+
+// Whether the kernel offers kTLS (its "tls" upper-layer protocol is loaded).
+bool kernel_offers_ktls() {
+  std::ifstream in("/proc/sys/net/ipv4/tcp_available_ulp");
+  std::string ulp;
+  while (in >> ulp) {
+    if (ulp == "tls") return true;
+  }
+  return false;
+}
+
+// The line on standard output that says an address is served (tests and scripts wait for it).
+// "ktls_available": the kernel offers kTLS, so OpenSSL may hand a connection's records to it
+// after that connection's handshake (cipher and kernel permitting). Whether it did is known
+// per connection only (TlsStream::ktls_send()), never at start.
+void print_listening(const http::HttpServer& server, const http::ServerOptions& options,
+                     std::size_t workers) {
+  fmt::print(
+      "{{\"event\":\"listening\",\"address\":\"{}\",\"tls\":{},\"ktls_available\":{},"
+      "\"http2\":{},\"workers\":{},\"version\":\"{}\"}}\n",
+      server.address().to_string(), options.tls != nullptr,
+      options.tls != nullptr && kernel_offers_ktls(), options.http2, workers, kVersion);
+  std::fflush(stdout);
+}
+
+// How reloads recognise a server's listener: its address, or for an ephemeral port (":0", a
+// new one at every bind) its place in the list.
+std::string listener_identity(const proxy::ServerConfig& server, std::size_t index) {
+  std::string address = server.listen.to_string();
+  if (server.listen.unix_path().empty() && server.listen.port() == 0) {
+    return fmt::format("{} (servers[{}])", address, index);
+  }
+  return address;
+}
+
+}  // namespace
+
+Instance::Instance(Runtime& runtime)
+    : runtime_(runtime),
+      connections_(runtime),
+      gateways_(runtime),
+      forwarder_(gateways_, connections_) {}
+
+Instance::~Instance() {
+  for (auto& [address, listener] : listeners_) listener.server->stop();
+  for (auto& thread : retiring_) thread.join();
+  if (gateway_) gateway_->stop_probes();
+}
+
+std::expected<Instance::Prepared, std::string> Instance::prepare(
+    const proxy::ServerConfig& server) {
+  // The proxy is always there, even for a server no route names now: a reload may give it
+  // routes, and without any it hands every request on at the cost of one pointer test.
+  auto router = build_site(server, forwarder_.middleware(server.key()));
+  if (!router) return std::unexpected(router.error());
+  http::ServerOptions options = server.http;
+  if (server.access_log.enabled) {
+    auto format = server.access_log.format == "json" ? http::AccessLog::Format::kJson
+                                                     : http::AccessLog::Format::kCombined;
+    auto log = http::AccessLog::open(runtime_, server.access_log.path, format);
+    if (!log) {
+      return std::unexpected(
+          fmt::format("access log {}: {}", server.access_log.path, log.error().message()));
+    }
+    options.access_log = std::move(*log);
+  }
+  return Prepared{&server, std::move(*router), std::move(options), {}};
+}
+
+std::expected<void, std::string> Instance::apply(proxy::Config config) {
+  if (started_ && config.threads != config_.threads) {
+    log_warn("threads: a change takes effect on restart; {} workers go on", runtime_.size());
+  }
+  // 1. Everything that can fail, while the configuration in force serves on untouched.
+  std::shared_ptr<proxy::Gateway> gateway;
+  if (!config.routes.empty()) {
+    try {
+      gateway = proxy::Gateway::build(config, runtime_.size(), health_);
+    } catch (const proxy::ConfigError& e) {
+      return std::unexpected(e.what());
+    }
+  }
+  // The gateway keeps its own copy of the configuration: the servers are read from it.
+  const proxy::Config& compiled = gateway ? gateway->config() : config;
+  std::vector<Prepared> prepared;
+  std::set<std::string> addresses;
+  for (std::size_t i = 0; i < compiled.servers.size(); ++i) {
+    const proxy::ServerConfig& server = compiled.servers[i];
+    auto p = prepare(server);
+    if (!p) return std::unexpected(p.error());
+    p->identity = listener_identity(server, i);
+    if (!addresses.insert(p->identity).second) {
+      return std::unexpected(fmt::format("servers[{}]: {} is listed twice", i, p->identity));
+    }
+    prepared.push_back(std::move(*p));
+  }
+  // New addresses are bound now; if one cannot be, those bound so far are closed again.
+  std::map<std::string, std::unique_ptr<http::HttpServer>> opened;
+  for (Prepared& p : prepared) {
+    const std::string& address = p.identity;
+    if (listeners_.contains(address)) continue;
+    auto started =
+        http::HttpServer::start(runtime_, p.config->listen, std::move(p.router), p.options);
+    if (!started) {
+      for (auto& [_, server] : opened) server->stop();
+      return std::unexpected(fmt::format("cannot listen on {}: {}", p.config->listen.to_string(),
+                                         started.error().message()));
+    }
+    opened.emplace(address, std::move(*started));
+  }
+
+  // 2. The switch. Nothing below fails.
+  gateways_.publish(gateway);
+  for (Prepared& p : prepared) {
+    const std::string& address = p.identity;
+    if (auto it = opened.find(address); it != opened.end()) {
+      print_listening(*it->second, p.options, runtime_.size());
+      listeners_[address] = Listener{p.config->fingerprint, std::move(it->second)};
+      continue;
+    }
+    Listener& listener = listeners_.at(address);
+    if (listener.fingerprint == p.config->fingerprint) continue;
+    log_info("server {}: settings changed: new connections get them, open ones finish first",
+             p.config->key());
+    listener.server->reconfigure(std::move(p.router), std::move(p.options));
+    listener.fingerprint = p.config->fingerprint;
+  }
+  for (auto it = listeners_.begin(); it != listeners_.end();) {
+    if (addresses.contains(it->first)) {
+      ++it;
+      continue;
+    }
+    log_info("{}: no server listens there any more: it stops accepting and drains", it->first);
+    retire(std::move(it->second.server));
+    it = listeners_.erase(it);
+  }
+  if (gateway) gateway->start_probes(runtime_, connections_);
+  if (gateway_) gateway_->stop_probes();
+  gateway_ = std::move(gateway);
+  config_ = std::move(config);
+  started_ = true;
+  return {};
+}
+
+void Instance::retire(std::unique_ptr<http::HttpServer> server) {
+  server->stop();
+  auto timeout = config_.drain_timeout;
+  retiring_.emplace_back([server = std::move(server), timeout]() mutable {
+    if (!server->drain(Deadline::after(timeout))) {
+      log_warn("{}: drain time over: closing its remaining connections",
+               server->address().to_string());
+    }
+    server.reset();
+  });
+}
+
+bool Instance::shutdown() {
+  draining_.store(true, std::memory_order_relaxed);
+  auto deadline = Deadline::after(config_.drain_timeout);
+  for (auto& [address, listener] : listeners_) listener.server->stop();
+  bool clean = true;
+  for (auto& [address, listener] : listeners_) {
+    clean = listener.server->drain(deadline) && clean;
+  }
+  for (auto& thread : retiring_) thread.join();
+  retiring_.clear();
+  if (gateway_) gateway_->stop_probes();
+  return clean;
+}
+
+}  // namespace spindle::app

@@ -1,0 +1,95 @@
+#pragma once
+// One running spindle: its listeners and gateway for the configuration in force, and the
+// reload that replaces that configuration while serving.
+
+#include <atomic>
+#include <cstdint>
+#include <expected>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "spindle/fiber/runtime.h"
+#include "spindle/http/exchange.h"
+#include "spindle/http/server.h"
+#include "spindle/proxy/config.h"
+#include "spindle/proxy/gateway.h"
+
+namespace spindle::app {
+
+/// The servers and the gateway of a configuration, on a started runtime. Every method is
+/// called from the main thread (outside the workers), one at a time.
+class Instance {
+ public:
+  explicit Instance(Runtime& runtime);
+  ~Instance();
+  Instance(const Instance&) = delete;
+  Instance& operator=(const Instance&) = delete;
+
+  /// Puts `config` in force: the first one, or a replacement (a reload). Everything that can
+  /// fail (target names, TLS, files, binding new addresses) is done before anything changes,
+  /// so that on failure the configuration in force stays whole; the message says why.
+  ///
+  /// On success: the new gateway is published (each request keeps the one it started with);
+  /// a server whose settings did not change keeps its listening socket and its connections; a
+  /// changed one gets the new settings on the same socket while its open connections finish
+  /// on the old ones; a new address is bound; a server no longer configured stops accepting
+  /// and drains in the background. Upstream connections and target health are kept by target
+  /// across configurations.
+  std::expected<void, std::string> apply(proxy::Config config);
+
+  /// Graceful shutdown: not ready any more, stop accepting, let requests in flight finish
+  /// (HTTP/1.1 responses say Connection: close, HTTP/2 connections get GOAWAY) until the
+  /// configuration's drain_timeout, then close what is left. True if everything finished.
+  bool shutdown();
+
+  /// The configuration in force.
+  const proxy::Config& config() const { return config_; }
+  /// False once shutdown began.
+  bool ready() const { return !draining_.load(std::memory_order_relaxed); }
+
+  /// Reloads tried, and how they ended (for the admin listener).
+  struct ReloadCounts {
+    std::atomic<std::uint64_t> succeeded{0};
+    std::atomic<std::uint64_t> failed{0};
+  };
+  ReloadCounts& reloads() { return reloads_; }
+
+ private:
+  /// A listening address and what serves it.
+  struct Listener {
+    /// ServerConfig::fingerprint of the settings it serves.
+    std::string fingerprint;
+    std::unique_ptr<http::HttpServer> server;
+  };
+  /// A server's router and options, built before anything changes.
+  struct Prepared {
+    const proxy::ServerConfig* config = nullptr;
+    http::Router router;
+    http::ServerOptions options;
+    /// The key of listeners_ it goes with.
+    std::string identity;
+  };
+  std::expected<Prepared, std::string> prepare(const proxy::ServerConfig& server);
+  /// Stops `server` accepting now and drains it on a thread of its own.
+  void retire(std::unique_ptr<http::HttpServer> server);
+
+  Runtime& runtime_;
+  proxy::HealthRegistry health_;
+  http::UpstreamConnections connections_;
+  proxy::Gateways gateways_;
+  proxy::Proxy forwarder_;
+  proxy::Config config_;
+  std::shared_ptr<proxy::Gateway> gateway_;
+  /// By listen address (for an ephemeral port, its place in the list as well).
+  std::map<std::string, Listener> listeners_;
+  /// Servers draining after a reload removed them.
+  std::vector<std::thread> retiring_;
+  std::atomic<bool> draining_{false};
+  ReloadCounts reloads_;
+  bool started_ = false;
+};
+
+}  // namespace spindle::app
