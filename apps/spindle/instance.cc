@@ -9,6 +9,7 @@
 #include "serve.h"
 #include "site.h"
 #include "spindle/base/log.h"
+#include "spindle/proxy/admin.h"
 
 namespace spindle::app {
 namespace {
@@ -28,7 +29,13 @@ bool kernel_offers_ktls() {
 // after that connection's handshake (cipher and kernel permitting). Whether it did is known
 // per connection only (TlsStream::ktls_send()), never at start.
 void print_listening(const http::HttpServer& server, const http::ServerOptions& options,
-                     std::size_t workers) {
+                     std::size_t workers, bool admin) {
+  if (admin) {
+    fmt::print("{{\"event\":\"admin_listening\",\"address\":\"{}\"}}\n",
+               server.address().to_string());
+    std::fflush(stdout);
+    return;
+  }
   fmt::print(
       "{{\"event\":\"listening\",\"address\":\"{}\",\"tls\":{},\"ktls_available\":{},"
       "\"http2\":{},\"workers\":{},\"version\":\"{}\"}}\n",
@@ -53,7 +60,8 @@ Instance::Instance(Runtime& runtime)
     : runtime_(runtime),
       connections_(runtime),
       gateways_(runtime),
-      forwarder_(gateways_, connections_) {}
+      metrics_(runtime),
+      forwarder_(gateways_, connections_, &metrics_) {}
 
 Instance::~Instance() {
   for (auto& [address, listener] : listeners_) listener.server->stop();
@@ -78,7 +86,9 @@ std::expected<Instance::Prepared, std::string> Instance::prepare(
     }
     options.access_log = std::move(*log);
   }
-  return Prepared{&server, std::move(*router), std::move(options), {}};
+  return Prepared{
+      server.listen, server.fingerprint, server.key(), std::move(*router), std::move(options), {},
+      false};
 }
 
 std::expected<void, std::string> Instance::apply(proxy::Config config) {
@@ -89,7 +99,7 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   std::shared_ptr<proxy::Gateway> gateway;
   if (!config.routes.empty()) {
     try {
-      gateway = proxy::Gateway::build(config, runtime_.size(), health_);
+      gateway = proxy::Gateway::build(config, runtime_.size(), health_, &metrics_);
     } catch (const proxy::ConfigError& e) {
       return std::unexpected(e.what());
     }
@@ -108,17 +118,24 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
     }
     prepared.push_back(std::move(*p));
   }
+  if (compiled.admin_listen) {
+    // Its routes read what they show when asked: it never needs reconfiguring.
+    Prepared admin{*compiled.admin_listen, "admin", "admin", admin_router(), {}, {}, true};
+    admin.options.access_log = nullptr;
+    admin.identity = "admin " + compiled.admin_listen->to_string();
+    addresses.insert(admin.identity);
+    prepared.push_back(std::move(admin));
+  }
   // New addresses are bound now; if one cannot be, those bound so far are closed again.
   std::map<std::string, std::unique_ptr<http::HttpServer>> opened;
   for (Prepared& p : prepared) {
     const std::string& address = p.identity;
     if (listeners_.contains(address)) continue;
-    auto started =
-        http::HttpServer::start(runtime_, p.config->listen, std::move(p.router), p.options);
+    auto started = http::HttpServer::start(runtime_, p.listen, std::move(p.router), p.options);
     if (!started) {
       for (auto& [_, server] : opened) server->stop();
-      return std::unexpected(fmt::format("cannot listen on {}: {}", p.config->listen.to_string(),
-                                         started.error().message()));
+      return std::unexpected(
+          fmt::format("cannot listen on {}: {}", p.listen.to_string(), started.error().message()));
     }
     opened.emplace(address, std::move(*started));
   }
@@ -128,16 +145,16 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   for (Prepared& p : prepared) {
     const std::string& address = p.identity;
     if (auto it = opened.find(address); it != opened.end()) {
-      print_listening(*it->second, p.options, runtime_.size());
-      listeners_[address] = Listener{p.config->fingerprint, std::move(it->second)};
+      print_listening(*it->second, p.options, runtime_.size(), p.admin);
+      listeners_[address] = Listener{p.fingerprint, std::move(it->second)};
       continue;
     }
     Listener& listener = listeners_.at(address);
-    if (listener.fingerprint == p.config->fingerprint) continue;
+    if (listener.fingerprint == p.fingerprint) continue;
     log_info("server {}: settings changed: new connections get them, open ones finish first",
-             p.config->key());
+             p.name);
     listener.server->reconfigure(std::move(p.router), std::move(p.options));
-    listener.fingerprint = p.config->fingerprint;
+    listener.fingerprint = p.fingerprint;
   }
   for (auto it = listeners_.begin(); it != listeners_.end();) {
     if (addresses.contains(it->first)) {
@@ -153,7 +170,66 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   gateway_ = std::move(gateway);
   config_ = std::move(config);
   started_ = true;
+  last_reload_unix_.store(std::chrono::duration_cast<std::chrono::seconds>(
+                              std::chrono::system_clock::now().time_since_epoch())
+                              .count(),
+                          std::memory_order_relaxed);
+  {
+    std::string text = proxy::redacted_source(config_);
+    std::lock_guard guard(shown_lock_);
+    shown_config_ = std::move(text);
+  }
+  refresh();
   return {};
+}
+
+void Instance::refresh() {
+  std::vector<std::pair<std::string, std::size_t>> counts;
+  for (const auto& [identity, listener] : listeners_) {
+    counts.emplace_back(identity, listener.server->connections());
+  }
+  std::lock_guard guard(shown_lock_);
+  shown_connections_ = std::move(counts);
+}
+
+http::Router Instance::admin_router() {
+  return proxy::admin_router(
+      proxy::AdminSources{.metrics = &metrics_,
+                          .gateways = &gateways_,
+                          .connections = &connections_,
+                          .ready = [this] { return ready(); },
+                          .config_text =
+                              [this] {
+                                std::lock_guard guard(shown_lock_);
+                                return shown_config_;
+                              },
+                          .more_metrics = [this] { return process_metrics(); }});
+}
+
+std::string Instance::process_metrics() {
+  using namespace proxy::prometheus;
+  std::string out;
+  family(out, "spindle_connections_active", "gauge",
+         "Client connections open, by listener (updated every second).");
+  {
+    std::lock_guard guard(shown_lock_);
+    for (const auto& [identity, count] : shown_connections_) {
+      sample(out, "spindle_connections_active", fmt::format("listener=\"{}\"", escape(identity)),
+             static_cast<double>(count));
+    }
+  }
+  family(out, "spindle_reloads_total", "counter", "Configuration reloads, by outcome.");
+  sample(out, "spindle_reloads_total", "outcome=\"success\"",
+         static_cast<double>(reloads_.succeeded.load(std::memory_order_relaxed)));
+  sample(out, "spindle_reloads_total", "outcome=\"failure\"",
+         static_cast<double>(reloads_.failed.load(std::memory_order_relaxed)));
+  family(out, "spindle_config_last_success_timestamp_seconds", "gauge",
+         "When the configuration in force was put in force (Unix time).");
+  sample(out, "spindle_config_last_success_timestamp_seconds", "",
+         static_cast<double>(last_reload_unix_.load(std::memory_order_relaxed)));
+  family(out, "spindle_ready", "gauge", "1 while serving, 0 once draining.");
+  sample(out, "spindle_ready", "", ready() ? 1 : 0);
+  return out;
 }
 
 void Instance::retire(std::unique_ptr<http::HttpServer> server) {
@@ -171,10 +247,18 @@ void Instance::retire(std::unique_ptr<http::HttpServer> server) {
 bool Instance::shutdown() {
   draining_.store(true, std::memory_order_relaxed);
   auto deadline = Deadline::after(config_.drain_timeout);
-  for (auto& [address, listener] : listeners_) listener.server->stop();
+  // The admin listener goes last: /ready says 503 (not "connection refused") while the others
+  // drain.
+  auto is_admin = [](const std::string& identity) { return identity.starts_with("admin "); };
+  for (auto& [identity, listener] : listeners_) {
+    if (!is_admin(identity)) listener.server->stop();
+  }
   bool clean = true;
-  for (auto& [address, listener] : listeners_) {
-    clean = listener.server->drain(deadline) && clean;
+  for (auto& [identity, listener] : listeners_) {
+    if (!is_admin(identity)) clean = listener.server->drain(deadline) && clean;
+  }
+  for (auto& [identity, listener] : listeners_) {
+    if (is_admin(identity)) (void)listener.server->drain(Deadline::after(std::chrono::seconds(1)));
   }
   for (auto& thread : retiring_) thread.join();
   retiring_.clear();

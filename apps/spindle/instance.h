@@ -7,6 +7,7 @@
 #include <expected>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "spindle/http/server.h"
 #include "spindle/proxy/config.h"
 #include "spindle/proxy/gateway.h"
+#include "spindle/proxy/metrics.h"
 
 namespace spindle::app {
 
@@ -49,6 +51,9 @@ class Instance {
   const proxy::Config& config() const { return config_; }
   /// False once shutdown began.
   bool ready() const { return !draining_.load(std::memory_order_relaxed); }
+  /// Brings what the admin listener shows of the listeners up to date (connections open on
+  /// each); the main thread calls it every second.
+  void refresh();
 
   /// Reloads tried, and how they ended (for the admin listener).
   struct ReloadCounts {
@@ -66,20 +71,30 @@ class Instance {
   };
   /// A server's router and options, built before anything changes.
   struct Prepared {
-    const proxy::ServerConfig* config = nullptr;
+    Address listen;
+    /// ServerConfig::fingerprint ("admin" for the admin listener).
+    std::string fingerprint;
+    /// For the log: ServerConfig::key(), or "admin".
+    std::string name;
     http::Router router;
     http::ServerOptions options;
     /// The key of listeners_ it goes with.
     std::string identity;
+    bool admin = false;
   };
   std::expected<Prepared, std::string> prepare(const proxy::ServerConfig& server);
   /// Stops `server` accepting now and drains it on a thread of its own.
   void retire(std::unique_ptr<http::HttpServer> server);
+  /// The admin listener's routes.
+  http::Router admin_router();
+  /// The process's own part of /metrics.
+  std::string process_metrics();
 
   Runtime& runtime_;
   proxy::HealthRegistry health_;
   http::UpstreamConnections connections_;
   proxy::Gateways gateways_;
+  proxy::Metrics metrics_;
   proxy::Proxy forwarder_;
   proxy::Config config_;
   std::shared_ptr<proxy::Gateway> gateway_;
@@ -89,6 +104,12 @@ class Instance {
   std::vector<std::thread> retiring_;
   std::atomic<bool> draining_{false};
   ReloadCounts reloads_;
+  /// What the admin listener shows of the configuration in force and of the listeners,
+  /// written by the main thread (refresh()), read by the admin's handlers on the workers.
+  mutable std::mutex shown_lock_;
+  std::string shown_config_;
+  std::vector<std::pair<std::string, std::size_t>> shown_connections_;
+  std::atomic<std::int64_t> last_reload_unix_{0};
   bool started_ = false;
 };
 

@@ -166,7 +166,10 @@ int serve(const ServeFlags& flags) {
   while (signo == 0) {
     pollfd fds[2] = {{.fd = signal_fd->get(), .events = POLLIN, .revents = 0},
                      {.fd = watch ? watch->fd() : -1, .events = POLLIN, .revents = 0}};
-    if (::poll(fds, 2, -1) < 0) continue;  // EINTR
+    // Every second at least, the admin listener's view of the listeners is brought up to date.
+    int ready = ::poll(fds, 2, 1000);
+    instance.refresh();
+    if (ready <= 0) continue;  // the second passed, or EINTR
     if (fds[1].revents != 0) {
       watch->consume();
       settle(*watch);

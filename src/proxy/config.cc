@@ -234,7 +234,9 @@ Config parse_config(const std::string& text, const std::string& file) {
     throw ConfigError(fmt::format("{}:{}: invalid YAML: {}", file, e.mark.line + 1, e.msg));
   }
   try {
-    return read_config(root, file);
+    Config config = read_config(root, file);
+    config.source = text;
+    return config;
   } catch (const ConfigError&) {
     throw;
   } catch (const YAML::Exception& e) {
@@ -243,6 +245,49 @@ Config parse_config(const std::string& text, const std::string& file) {
     throw ConfigError(fmt::format("{}:{}: invalid value: {}", file, e.mark.line + 1, e.msg));
   } catch (const std::exception& e) {
     throw ConfigError(fmt::format("{}:1: cannot be loaded: {}", file, e.what()));
+  }
+}
+
+namespace {
+
+// Keys whose values are secrets: shown as "<redacted>" by redacted_source().
+bool secret_key(std::string_view key) {
+  static constexpr std::string_view kSecrets[] = {"password", "secret",        "token",
+                                                  "api_key",  "authorization", "credentials"};
+  for (std::string_view s : kSecrets) {
+    if (key == s ||
+        (key.size() > s.size() && key.ends_with(s) && key[key.size() - s.size() - 1] == '_')) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void redact(YAML::Node node) {
+  if (node.IsMap()) {
+    for (auto entry : node) {
+      if (entry.first.IsScalar() && secret_key(entry.first.Scalar()) && !entry.second.IsNull()) {
+        entry.second = "<redacted>";
+      } else {
+        redact(entry.second);
+      }
+    }
+  } else if (node.IsSequence()) {
+    for (auto item : node) redact(item);
+  }
+}
+
+}  // namespace
+
+std::string redacted_source(const Config& config) {
+  try {
+    YAML::Node root = YAML::Load(config.source);
+    redact(root);
+    YAML::Emitter out;
+    out << root;
+    return std::string(out.c_str()) + "\n";
+  } catch (const YAML::Exception&) {
+    return "";  // cannot happen: the text was loaded once already
   }
 }
 

@@ -84,13 +84,19 @@ http::WireProtocol wire_protocol(UpstreamProtocol p) {
 
 }  // namespace
 
-std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers,
-                                        HealthRegistry& health) {
+std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, HealthRegistry& health,
+                                        Metrics* metrics) {
   std::shared_ptr<Gateway> g(new Gateway());
   g->config_ = std::move(config);
   const Config& c = g->config_;
   for (const ServerConfig& server : c.servers) {
-    g->servers_.push_back({&server, server.key(), RouteTable(c, server.name)});
+    Server built{&server, server.key(), RouteTable(c, server.name), {}};
+    if (metrics != nullptr) {
+      for (const RouteConfig& route : c.routes) {
+        built.route_series.push_back(metrics->request_series(built.key, route.name));
+      }
+    }
+    g->servers_.push_back(std::move(built));
   }
   g->upstreams_.reserve(c.upstreams.size());
   for (const UpstreamConfig& u : c.upstreams) {
@@ -108,6 +114,7 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers,
     Service service;
     service.config = &s;
     service.index = g->services_.size();
+    if (metrics != nullptr) service.series = metrics->upstream_series(s.name);
     service.timeouts = http::ExchangeTimeouts{.connect = s.timeouts.connect,
                                               .first_byte = s.timeouts.first_byte,
                                               .read = s.timeouts.read,

@@ -338,20 +338,34 @@ Result<void> send_body(http::Request& request, http::ClientExchange& exchange, B
 }  // namespace
 
 http::Middleware Proxy::middleware(std::string server_key) {
-  return [this, server_key = std::move(server_key)](http::Request& request,
-                                                    const http::Next& next) -> http::Response {
+  std::uint32_t unrouted = metrics_ ? metrics_->request_series(server_key, "") : 0;
+  return [this, server_key = std::move(server_key), unrouted](
+             http::Request& request, const http::Next& next) -> http::Response {
+    auto began = metrics_ ? Clock::now() : Clock::time_point{};
     // A copy: the request keeps this snapshot (and the route it points into) even if a new
     // one is published while it runs.
     std::shared_ptr<Gateway> gateway = gateways_.current();
     const Gateway::Server* server = gateway ? gateway->server(server_key) : nullptr;
-    if (server == nullptr || server->routes.size() == 0) return next(request);
-    const RouteConfig* route = server->routes.select(request.header("host"), request.target(),
-                                                     request.method(), request.headers());
-    if (route == nullptr) return next(request);
-    http::Response response = forward(request, gateway, *server, *route);
-    // The way back: the route's middlewares in reverse order.
-    for (auto m = route->middlewares.rbegin(); m != route->middlewares.rend(); ++m) {
-      if (m->kind == MiddlewareConfig::Kind::kHeaders) apply_edits(m->response, response.headers);
+    const RouteConfig* route = nullptr;
+    if (server != nullptr && server->routes.size() != 0) {
+      route = server->routes.select(request.header("host"), request.target(), request.method(),
+                                    request.headers());
+    }
+    http::Response response = route ? forward(request, gateway, *server, *route) : next(request);
+    if (route) {
+      // The way back: the route's middlewares in reverse order.
+      for (auto m = route->middlewares.rbegin(); m != route->middlewares.rend(); ++m) {
+        if (m->kind == MiddlewareConfig::Kind::kHeaders) apply_edits(m->response, response.headers);
+      }
+    }
+    if (metrics_) {
+      std::uint32_t series = unrouted;
+      if (route && !server->route_series.empty()) {
+        series =
+            server->route_series[static_cast<std::size_t>(route - gateway->config().routes.data())];
+      }
+      metrics_->record_request(series, response.status,
+                               std::chrono::duration<double>(Clock::now() - began).count());
     }
     return response;
   };
@@ -492,6 +506,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
                   (idempotent && body.replayable && failure == ExchangeErrc::kClosedBeforeResponse);
       if (safe && attempt < retries.attempts && budget.milli >= 1000) {
         budget.milli -= 1000;
+        if (metrics_) metrics_->record_retry(service->series);
         log_info("route {}: {} {} to {} failed ({}): trying again", route.name, head.method,
                  head.target, target.label, failure.message());
         continue;
@@ -523,6 +538,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     if ((status == 502 || status == 503) && idempotent && body.replayable &&
         attempt < retries.attempts && budget.milli >= 1000 && views.size() > 1) {
       budget.milli -= 1000;
+      if (metrics_) metrics_->record_retry(service->series);
       last_error = {};
       continue;  // another target may do better
     }
@@ -531,7 +547,13 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     // The response: the upstream's fields (the server drops hop-by-hop ones and sets the
     // framing) and its body streamed to the client as it comes.
     request.set_attribute("upstream", target.label);
-    auto first_byte = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
+    auto first_byte_time = Clock::now() - started;
+    if (metrics_) {
+      metrics_->record_upstream(service->series,
+                                std::chrono::duration<double>(exchange->connect_time()).count(),
+                                std::chrono::duration<double>(first_byte_time).count());
+    }
+    auto first_byte = std::chrono::duration_cast<std::chrono::milliseconds>(first_byte_time);
     request.set_attribute("upstream_connect_ms", milliseconds_text(exchange->connect_time()));
     request.set_attribute("upstream_first_byte_ms", std::to_string(first_byte.count()));
     http::Response response(status);

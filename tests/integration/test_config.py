@@ -24,6 +24,7 @@ DOC = os.path.join(ROOT, "docs", "configuration.md")
 SAMPLES = {
     "threads": "2",
     "drain_timeout": "3s",
+    "admin": "{listen: 127.0.0.1:0}",
     "servers": None,  # the list itself
     "servers[].listen": "127.0.0.1:0",
     "servers[].default_site": "true",

@@ -402,7 +402,7 @@ def run_load(tool, url, seconds):
 @pytest.mark.parametrize("tool", ["wrk", "h2load"])
 def test_reloads_every_100ms_under_load_fail_no_request(build_dir, tmp_path, tool):
     if shutil.which(tool) is None:
-        pytest.skip(f"{tool} is not installed")
+        pytest.fail(f"{tool} is not installed (scripts/install-deps.sh test installs it)")
     a, b = upstream(build_dir, "a"), upstream(build_dir, "b")
     port = free_port()
 

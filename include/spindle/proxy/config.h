@@ -223,6 +223,8 @@ struct Config {
   /// Where the admin listener (metrics, health, readiness, configuration) listens; none if
   /// not given.
   std::optional<Address> admin_listen;
+  /// The text it was read from.
+  std::string source;
   /// The servers.
   std::vector<ServerConfig> servers;
   /// The gateway, in declared order.
@@ -238,6 +240,11 @@ struct Config {
 /// Parses YAML `text` read from `file` (used in error messages; relative paths in it are
 /// relative to the file's folder). Throws ConfigError for anything wrong, and only that.
 Config parse_config(const std::string& text, const std::string& file);
+
+/// The text `config` was read from, comments dropped and the values of secret keys
+/// (password, secret, token, api_key, authorization, credentials, and NAME_password and the
+/// like) shown as "<redacted>".
+std::string redacted_source(const Config& config);
 
 /// Reads and parses `file`. Throws ConfigError (also when it cannot be read).
 Config load_config(const std::string& file);

@@ -27,6 +27,7 @@
 #include "spindle/http/router.h"
 #include "spindle/proxy/balancer.h"
 #include "spindle/proxy/config.h"
+#include "spindle/proxy/metrics.h"
 #include "spindle/proxy/route_table.h"
 
 namespace spindle::proxy {
@@ -86,17 +87,24 @@ class Gateway {
     Upstream* upstream = nullptr;
     http::ExchangeTimeouts timeouts;
     std::size_t index = 0;
+    /// Its upstream series in Metrics (when built with metrics).
+    std::uint32_t series = 0;
   };
   struct Server {
     const ServerConfig* config = nullptr;
     /// ServerConfig::key().
     std::string key;
     RouteTable routes;
+    /// Its request series in Metrics for each route of the configuration, by the route's
+    /// place in Config::routes (empty when built without metrics).
+    std::vector<std::uint32_t> route_series;
   };
 
-  /// Compiles `config` for a runtime of `workers` workers. Throws ConfigError when a target's
-  /// name does not resolve or an upstream's TLS cannot be set up.
-  static std::shared_ptr<Gateway> build(Config config, std::size_t workers, HealthRegistry& health);
+  /// Compiles `config` for a runtime of `workers` workers (numbering its series in `metrics`,
+  /// if given). Throws ConfigError when a target's name does not resolve or an upstream's TLS
+  /// cannot be set up.
+  static std::shared_ptr<Gateway> build(Config config, std::size_t workers, HealthRegistry& health,
+                                        Metrics* metrics = nullptr);
   ~Gateway();
 
   const Config& config() const { return config_; }
@@ -147,6 +155,8 @@ class Gateways {
   void publish(std::shared_ptr<Gateway> gateway);
   /// The snapshot in force on the calling worker.
   const std::shared_ptr<Gateway>& current() const;
+  /// The runtime whose workers it publishes to.
+  Runtime& runtime() const { return runtime_; }
 
  private:
   Runtime& runtime_;
@@ -157,8 +167,10 @@ class Gateways {
 /// of a server's router: a request no route matches goes on to the server's own handlers.
 class Proxy {
  public:
-  Proxy(Gateways& gateways, http::UpstreamConnections& connections)
-      : gateways_(gateways), connections_(connections) {}
+  /// With `metrics`, every request through its middlewares is counted there (with the
+  /// numbers of the gateways' series, which must have been built with the same metrics).
+  Proxy(Gateways& gateways, http::UpstreamConnections& connections, Metrics* metrics = nullptr)
+      : gateways_(gateways), connections_(connections), metrics_(metrics) {}
 
   /// The middleware for the server whose key (ServerConfig::key()) is `server_key`: it forwards
   /// along the routes that server has in the snapshot in force, whichever that is by then.
@@ -171,6 +183,7 @@ class Proxy {
  private:
   Gateways& gateways_;
   http::UpstreamConnections& connections_;
+  Metrics* metrics_;
 };
 
 }  // namespace spindle::proxy

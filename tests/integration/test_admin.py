@@ -1,0 +1,189 @@
+"""The admin listener: /metrics read with a real Prometheus text parser (python3-prometheus-
+client), /healthz, /ready turning 503 while draining, /config showing the configuration in
+force."""
+import http.client
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import Server
+from proxy_support import addr, free_port, request, upstream
+
+
+def start(build_dir, tmp_path, text):
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text)
+    server = Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(path),
+                     "--threads", "2"])
+    return server, path
+
+
+def admin_get(port, path):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, response.headers, response.read().decode()
+    finally:
+        conn.close()
+
+
+def samples(text):
+    """Every sample of a /metrics text: {(name, frozenset(labels)): value}."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(metrics, name, **labels):
+    return metrics.get((name, frozenset(labels.items())))
+
+
+def config(admin_port, port, target, dead_port):
+    return f"""
+admin: {{listen: 127.0.0.1:{admin_port}}}
+servers:
+  - name: public
+    listen: 127.0.0.1:{port}
+    access_log: off
+routes:
+  - {{name: api, match: {{path_prefix: /api/}}, middlewares: [{{strip_prefix: /api}}], service: api}}
+  - {{name: gone, match: {{path_prefix: /gone/}}, service: gone}}
+  - {{name: half, match: {{path_prefix: /half/}}, middlewares: [{{strip_prefix: /half}}],
+     service: half}}
+services:
+  api: {{url: "http://{addr(target)}"}}
+  gone: {{upstream: dead, retries: {{attempts: 1}}}}
+  half: {{upstream: half, retries: {{attempts: 2, budget: 100%}}}}
+upstreams:
+  half:
+    targets: [{{address: 127.0.0.1:{dead_port}}}, {{address: "{addr(target)}"}}]
+    health: {{passive: {{max_fails: 0}}}}
+  dead:
+    targets: [{{address: 127.0.0.1:{dead_port}}}]
+    health: {{passive: {{max_fails: 2, fail_timeout: 30s}}}}
+"""
+
+
+def test_metrics_count_requests_and_targets_in_the_prometheus_format(build_dir, tmp_path):
+    a = upstream(build_dir, "a")
+    admin_port, port, dead_port = free_port(), free_port(), free_port()
+    gw, path = start(build_dir, tmp_path, config(admin_port, port, a, dead_port))
+    try:
+        for _ in range(5):
+            assert request(gw, "GET", "/api/headers")[0] == 200
+        assert request(gw, "GET", "/api/status/404")[0] == 404
+        # Round robin over a dead and a live target: every other request is refused by the
+        # dead one and retried on the live one. (Before /gone/ takes the dead one out: health
+        # is kept by target address.)
+        for _ in range(4):
+            assert request(gw, "GET", "/half/plaintext")[0] == 200
+        for _ in range(2):
+            assert request(gw, "GET", "/gone/x")[0] == 502
+        assert request(gw, "GET", "/plaintext")[0] == 200  # no route: the built-in site
+
+        status, headers, text = admin_get(admin_port, "/metrics")
+        assert status == 200
+        assert headers["content-type"].startswith("text/plain; version=0.0.4")
+        m = samples(text)  # the parser rejects what is not the text format
+        assert value(m, "spindle_requests_total", server="public", route="api", code="2xx") == 5
+        assert value(m, "spindle_requests_total", server="public", route="api", code="4xx") == 1
+        assert value(m, "spindle_requests_total", server="public", route="gone", code="5xx") == 2
+        assert value(m, "spindle_requests_total", server="public", route="", code="2xx") == 1
+        assert value(m, "spindle_request_duration_seconds_count", server="public",
+                     route="api") == 6
+        assert value(m, "spindle_request_duration_seconds_bucket", server="public", route="api",
+                     le="+Inf") == 6
+        assert value(m, "spindle_upstream_first_byte_seconds_count", service="api") == 6
+        assert value(m, "spindle_upstream_connect_seconds_count", service="api") == 6
+        assert value(m, "spindle_upstream_retries_total", service="half") >= 1
+        assert value(m, "spindle_upstream_retries_total", service="api") == 0
+        # The dead target failed max_fails times: taken out. The live one is healthy.
+        assert value(m, "spindle_upstream_target_healthy", upstream="dead",
+                     target=f"127.0.0.1:{dead_port}") == 0
+        assert value(m, "spindle_upstream_target_healthy", upstream="api.url",
+                     target=addr(a)) == 1
+        pooled = value(m, "spindle_upstream_connections", upstream="api.url", target=addr(a),
+                       state="idle")
+        assert pooled is not None and pooled >= 1
+        assert value(m, "spindle_ready") == 1
+        assert value(m, "spindle_reloads_total", outcome="success") == 0
+
+        # A reload, then a broken one: counted, and the counters of the routes go on.
+        gw.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            m = samples(admin_get(admin_port, "/metrics")[2])
+            if value(m, "spindle_reloads_total", outcome="success") == 1:
+                break
+            time.sleep(0.05)
+        assert value(m, "spindle_reloads_total", outcome="success") == 1
+        path.write_text("servers: []\n")
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            m = samples(admin_get(admin_port, "/metrics")[2])
+            if value(m, "spindle_reloads_total", outcome="failure") == 1:
+                break
+            time.sleep(0.05)
+        assert value(m, "spindle_reloads_total", outcome="failure") == 1
+        assert request(gw, "GET", "/api/headers")[0] == 200
+        m = samples(admin_get(admin_port, "/metrics")[2])
+        assert value(m, "spindle_requests_total", server="public", route="api", code="2xx") == 6
+    finally:
+        gw.stop()
+        a.stop()
+
+
+def test_healthz_config_and_ready_while_draining(build_dir, tmp_path):
+    a = upstream(build_dir, "a")
+    admin_port, port, dead_port = free_port(), free_port(), free_port()
+    gw, _ = start(build_dir, tmp_path, config(admin_port, port, a, dead_port))
+    try:
+        assert admin_get(admin_port, "/healthz")[:1] == (200,)
+        assert admin_get(admin_port, "/ready")[0] == 200
+        status, headers, text = admin_get(admin_port, "/config")
+        assert status == 200 and headers["content-type"] == "application/yaml"
+        assert f"listen: 127.0.0.1:{port}" in text and "name: api" in text
+        # The admin listener serves only its own routes.
+        assert admin_get(admin_port, "/api/headers")[0] == 404
+
+        # While a request drains, /ready says 503 and /healthz still 200.
+        done = {}
+
+        def slow():
+            done["status"] = request(gw, "GET", "/api/delay/1500")[0]
+
+        thread = threading.Thread(target=slow)
+        thread.start()
+        time.sleep(0.3)
+        gw.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 1
+        seen = None
+        while time.monotonic() < deadline and seen != 503:
+            seen = admin_get(admin_port, "/ready")[0]
+            time.sleep(0.05)
+        assert seen == 503
+        assert admin_get(admin_port, "/healthz")[0] == 200
+        thread.join()
+        assert done["status"] == 200
+        assert gw.proc.wait(timeout=10) == 0
+    finally:
+        gw.stop()
+        a.stop()
+
+
+def test_there_is_no_admin_listener_unless_configured(build_dir, tmp_path):
+    port = free_port()
+    gw, _ = start(build_dir, tmp_path, f"servers:\n  - listen: 127.0.0.1:{port}\n")
+    try:
+        time.sleep(0.3)
+        assert all("admin_listening" not in line for line in gw.output)
+    finally:
+        gw.stop()
