@@ -54,6 +54,8 @@ bool replaced_by_proxy(std::string_view name) {
       return http::iequals(name, "via");
     case 6:
       return http::iequals(name, "expect");
+    case 11:
+      return http::iequals(name, "traceparent");
     case 12:
       return http::iequals(name, "x-request-id");
     case 15:
@@ -65,6 +67,29 @@ bool replaced_by_proxy(std::string_view name) {
     default:
       return false;
   }
+}
+
+// Lower-case hex digits only.
+bool lower_hex(std::string_view text) {
+  return std::ranges::all_of(
+      text, [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// The W3C traceparent to send upstream (https://www.w3.org/TR/trace-context/): the incoming
+// trace id and flags with our own span id as the parent, or a new trace when the client sent
+// none or one that does not parse. `restarted` says which.
+std::string next_traceparent(std::optional<std::string_view> in, bool& restarted) {
+  std::string span = new_request_id().substr(0, 16);
+  // VERSION-TRACEID-PARENTID-FLAGS, 2-32-16-2 hex digits; a later version may append fields.
+  bool valid = in && in->size() >= 55 && (in->size() == 55 || (*in)[55] == '-') &&
+               (*in)[2] == '-' && (*in)[35] == '-' && (*in)[52] == '-' &&
+               lower_hex(in->substr(0, 2)) && in->substr(0, 2) != "ff" &&
+               lower_hex(in->substr(3, 32)) && in->substr(3, 32) != std::string(32, '0') &&
+               lower_hex(in->substr(36, 16)) && in->substr(36, 16) != std::string(16, '0') &&
+               lower_hex(in->substr(53, 2)) && (in->substr(0, 2) != "00" || in->size() == 55);
+  restarted = !valid;
+  if (!valid) return "00-" + new_request_id() + "-" + span + "-00";
+  return fmt::format("00-{}-{}-{}", in->substr(3, 32), span, in->substr(53, 2));
 }
 
 // An incoming X-Request-Id worth keeping: short, and only characters safe in logs.
@@ -125,6 +150,8 @@ struct ForwardHead {
   std::string target;
   std::string authority;
   std::string request_id;
+  /// The W3C traceparent sent upstream.
+  std::string traceparent;
   // Owns the values built here (the head's views point into them).
   std::string forwarded_for, forwarded_proto, forwarded_host, via;
 };
@@ -221,6 +248,8 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
 
   auto id = in.get("x-request-id");
   out.request_id = id && good_request_id(*id) ? std::string(*id) : new_request_id();
+  bool trace_restarted = false;
+  out.traceparent = next_traceparent(in.get("traceparent"), trace_restarted);
   // A proxy we trust may have said who its client was; anyone else's claim is dropped.
   if (auto xff = in.get("x-forwarded-for"); xff && from_proxy) {
     out.forwarded_for = fmt::format("{}, {}", *xff, context.remote);
@@ -253,6 +282,8 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
       if (!upgrade && !te_trailers) continue;
     }
     if (replaced_by_proxy(f.name)) continue;
+    // A trace started again here drops the old trace's vendor state.
+    if (trace_restarted && f.name.size() == 10 && http::iequals(f.name, "tracestate")) continue;
     head.headers.add_view(f.name, f.value);
   }
   head.headers.add_view("X-Forwarded-For", out.forwarded_for);
@@ -260,6 +291,7 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   if (!out.forwarded_host.empty()) head.headers.add_view("X-Forwarded-Host", out.forwarded_host);
   head.headers.add_view("Via", out.via);
   head.headers.add_view("X-Request-Id", out.request_id);
+  head.headers.add_view("traceparent", out.traceparent);
   // The upstream says whether the body is wanted (send_body waits for its word).
   if (request.head().expect_continue) head.headers.add_view("Expect", "100-continue");
 }
@@ -393,6 +425,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
   apply_request_middlewares(route, *forward_head);
   request.set_attribute("route", route.name);
   request.set_attribute("request_id", forward_head->request_id);
+  request.set_attribute("trace_id", std::string_view(forward_head->traceparent).substr(3, 32));
   const http::RequestHead& head = forward_head->head;
 
   // Small bodies are read whole first: they can be sent again.

@@ -850,3 +850,46 @@ def test_a_client_that_leaves_cancels_its_upstream_exchange(build_dir, tmp_path,
     import json
     records = {r["request_id"]: r for r in map(json.loads, log.read_text().splitlines())}
     assert records["gone-1"]["status"] == 499
+
+
+def test_traceparent_is_propagated_or_started_and_logged(build_dir, tmp_path, two_upstreams):
+    import json
+    a, _ = two_upstreams
+    log = tmp_path / "access.log"
+    gw = gateway(build_dir, tmp_path, SERVER.replace("access_log: off", f"access_log: {{path: {log}, format: json}}") + f"""
+routes:
+  - {{name: api, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    shape = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
+
+    def sent_upstream(headers):
+        _, _, body = request(gw, "GET", "/headers", headers=headers)
+        fields = dict(line.split(": ", 1) for line in body.decode().splitlines())
+        return fields.get("traceparent"), fields.get("tracestate")
+
+    incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    try:
+        # Propagated: the same trace and flags, our own span as the parent.
+        got, state = sent_upstream({"traceparent": incoming, "tracestate": "v=1", "X-Request-Id": "t1"})
+        m = shape.match(got)
+        assert m and m.group(1) == "4bf92f3577b34da6a3ce929d0e0e4736" and m.group(3) == "01", got
+        assert m.group(2) != "00f067aa0ba902b7"
+        assert state == "v=1"
+        # None, or one that does not parse: a new trace (and the old vendor state dropped).
+        for headers in ({"X-Request-Id": "t2"},
+                        {"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01",
+                         "tracestate": "v=1", "X-Request-Id": "t3"},
+                        {"traceparent": "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+                         "X-Request-Id": "t4"}):
+            got, state = sent_upstream(headers)
+            m = shape.match(got or "")
+            assert m and m.group(1) != "4bf92f3577b34da6a3ce929d0e0e4736", (headers, got)
+            assert m.group(1) != "0" * 32 and m.group(3) == "00"
+            assert state is None
+    finally:
+        gw.stop()
+    records = {r["request_id"]: r for r in map(json.loads, log.read_text().splitlines())}
+    assert records["t1"]["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
+    assert re.fullmatch(r"[0-9a-f]{32}", records["t2"]["trace_id"])
