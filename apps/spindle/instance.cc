@@ -131,7 +131,13 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   for (Prepared& p : prepared) {
     const std::string& address = p.identity;
     if (listeners_.contains(address)) continue;
-    auto started = http::HttpServer::start(runtime_, p.listen, std::move(p.router), p.options);
+    std::vector<UniqueFd> inherited;
+    if (auto it = inherited_.find(address); it != inherited_.end()) {
+      inherited = std::move(it->second);
+      inherited_.erase(it);
+    }
+    auto started = http::HttpServer::start(runtime_, p.listen, std::move(p.router), p.options,
+                                           std::move(inherited));
     if (!started) {
       for (auto& [_, server] : opened) server->stop();
       return std::unexpected(
@@ -139,6 +145,9 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
     }
     opened.emplace(address, std::move(*started));
   }
+
+  // Sockets handed over for a listener this configuration does not have are not needed.
+  inherited_.clear();
 
   // 2. The switch. Nothing below fails.
   gateways_.publish(gateway);
@@ -181,6 +190,14 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   }
   refresh();
   return {};
+}
+
+std::map<std::string, std::vector<int>> Instance::listener_fds() const {
+  std::map<std::string, std::vector<int>> fds;
+  for (const auto& [identity, listener] : listeners_) {
+    fds[identity] = listener.server->listener_fds();
+  }
+  return fds;
 }
 
 void Instance::refresh() {
@@ -244,7 +261,7 @@ void Instance::retire(std::unique_ptr<http::HttpServer> server) {
   });
 }
 
-bool Instance::shutdown() {
+bool Instance::shutdown(std::chrono::milliseconds gentle) {
   draining_.store(true, std::memory_order_relaxed);
   auto deadline = Deadline::after(config_.drain_timeout);
   // The admin listener goes last: /ready says 503 (not "connection refused") while the others
@@ -255,7 +272,14 @@ bool Instance::shutdown() {
   }
   bool clean = true;
   for (auto& [identity, listener] : listeners_) {
-    if (!is_admin(identity)) clean = listener.server->drain(deadline) && clean;
+    if (!is_admin(identity)) clean = listener.server->drain(deadline, gentle) && clean;
+  }
+  if (!clean) {
+    // Drain time is over: the requests still running are cancelled (their connections close)
+    // while what they use (gateway, pools, metrics) is still there.
+    runtime_.cancel_fibers();
+    auto grace = Deadline::after(std::chrono::seconds(2));
+    for (auto& [identity, listener] : listeners_) (void)listener.server->drain(grace);
   }
   for (auto& [identity, listener] : listeners_) {
     if (is_admin(identity)) (void)listener.server->drain(Deadline::after(std::chrono::seconds(1)));

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "handover.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/http/exchange.h"
 #include "spindle/http/server.h"
@@ -45,7 +46,15 @@ class Instance {
   /// Graceful shutdown: not ready any more, stop accepting, let requests in flight finish
   /// (HTTP/1.1 responses say Connection: close, HTTP/2 connections get GOAWAY) until the
   /// configuration's drain_timeout, then close what is left. True if everything finished.
-  bool shutdown();
+  /// `gentle`: how long idle HTTP/1.1 connections are left to close after one more response
+  /// before they are closed (after a handover, where their clients may be sending).
+  bool shutdown(std::chrono::milliseconds gentle = {});
+
+  /// Listening sockets handed over by the process this one replaces: apply() accepts from
+  /// them instead of binding (those it does not use are closed after it).
+  void inherit(InheritedListeners listeners) { inherited_ = std::move(listeners); }
+  /// Every listening socket, by listener identity, to hand over to a replacing process.
+  std::map<std::string, std::vector<int>> listener_fds() const;
 
   /// The configuration in force.
   const proxy::Config& config() const { return config_; }
@@ -103,6 +112,7 @@ class Instance {
   /// Servers draining after a reload removed them.
   std::vector<std::thread> retiring_;
   std::atomic<bool> draining_{false};
+  InheritedListeners inherited_;
   ReloadCounts reloads_;
   /// What the admin listener shows of the configuration in force and of the listeners,
   /// written by the main thread (refresh()), read by the admin's handlers on the workers.

@@ -1,5 +1,6 @@
 // The spindle binary: `spindle serve` runs the HTTP server (embedded default site unless a
-// config says otherwise); `spindle check-config FILE`; `spindle --version`; `spindle --help`.
+// config says otherwise); `spindle check-config FILE`; `spindle upgrade --handover PATH`;
+// `spindle --version`; `spindle --help`.
 #include <fmt/format.h>
 
 #include <CLI/CLI.hpp>
@@ -23,6 +24,15 @@ int main(int argc, char** argv) {
   serve->add_option("--root", flags.root, "serve static files from this directory")
       ->check(CLI::ExistingDirectory);
 
+  serve->add_option("--handover", flags.handover,
+                    "Unix socket for zero-downtime upgrades: take the listening sockets of the "
+                    "spindle serving there, then serve there for the next one");
+
+  std::string upgrade_socket;
+  auto* upgrade = app.add_subcommand(
+      "upgrade", "start a new spindle that takes over from the one serving with --handover");
+  upgrade->add_option("--handover", upgrade_socket, "its --handover socket")->required();
+
   std::string check_file;
   auto* check = app.add_subcommand("check-config", "validate a configuration file and exit");
   check->add_option("file", check_file, "YAML configuration file")->required();
@@ -33,5 +43,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   if (*check) return spindle::app::check_config(check_file);
+  if (*upgrade) return spindle::app::upgrade(upgrade_socket);
+  flags.argv.assign(argv, argv + argc);
   return spindle::app::serve(flags);
 }

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 #include <poll.h>
+#include <spawn.h>
 #include <sys/signalfd.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +17,7 @@
 #include <string>
 
 #include "config_watch.h"
+#include "handover.h"
 #include "instance.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/runtime.h"
@@ -124,6 +127,51 @@ void settle(ConfigWatch& watch) {
 
 }  // namespace
 
+namespace {
+
+// Starts the binary at `exe` with `argv` (the same command line): with --handover it takes
+// this process's listening sockets over. Returns its PID, or why not.
+std::expected<pid_t, std::string> start_replacement(const std::string& exe,
+                                                    const std::vector<std::string>& argv) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);  // ours blocks the signals it reads
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = 0;
+  int rc = ::posix_spawn(&pid, exe.c_str(), nullptr, &attributes, args.data(), environ);
+  posix_spawnattr_destroy(&attributes);
+  if (rc != 0) return std::unexpected(fmt::format("cannot start {}: {}", exe, std::strerror(rc)));
+  return pid;
+}
+
+}  // namespace
+
+int upgrade(const std::string& handover) {
+  auto connection = connect_handover(handover);
+  if (!connection) {
+    fmt::print(stderr, "spindle: {}: no spindle listens there (serve --handover {})\n", handover,
+               handover);
+    return 1;
+  }
+  if (!send_message(connection->get(), "upgrade")) {
+    fmt::print(stderr, "spindle: {}: {}\n", handover, std::strerror(errno));
+    return 1;
+  }
+  std::string answer = receive_message(connection->get(), 5000);
+  if (!answer.starts_with("started ")) {
+    fmt::print(stderr, "spindle: upgrade failed: {}\n", answer.empty() ? "no answer" : answer);
+    return 1;
+  }
+  fmt::print("{}: the new process ({}) takes over; the old one drains, then exits\n", handover,
+             answer.substr(8));
+  return 0;
+}
+
 int serve(const ServeFlags& flags) {
   Config config;
   try {
@@ -132,8 +180,15 @@ int serve(const ServeFlags& flags) {
     fmt::print(stderr, "spindle: {}\n", e.what());
     return 1;
   }
+  // The binary as it is now, so that an upgrade starts whatever has replaced it since.
+  std::string exe = flags.argv.empty() ? std::string() : flags.argv[0];
+  char path[4096];
+  if (ssize_t n = ::readlink("/proc/self/exe", path, sizeof path); n > 0) {
+    exe.assign(path, static_cast<std::size_t>(n));
+    if (exe.ends_with(" (deleted)")) exe.resize(exe.size() - 10);
+  }
   // Before the runtime, so that its threads inherit the blocked mask.
-  SignalSet signals{SIGINT, SIGTERM, SIGQUIT, SIGHUP};
+  SignalSet signals{SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGUSR2};
   auto signal_fd = signals.open_fd();
   if (!signal_fd) {
     fmt::print(stderr, "spindle: signalfd: {}\n", signal_fd.error().message());
@@ -142,9 +197,37 @@ int serve(const ServeFlags& flags) {
   Runtime runtime(RuntimeOptions{.workers = config.threads});
   runtime.start();
   Instance instance(runtime);
+
+  // A spindle serving at the handover point hands its listening sockets over.
+  std::optional<UniqueFd> predecessor;
+  if (!flags.handover.empty()) predecessor = connect_handover(flags.handover);
+  if (predecessor) {
+    auto inherited = take_listeners(predecessor->get());
+    if (!inherited) {
+      fmt::print(stderr, "spindle: taking over from {}: {}\n", flags.handover,
+                 inherited.error().message());
+      return 1;
+    }
+    log_info("taking over {} listener(s) from the spindle at {}", inherited->size(),
+             flags.handover);
+    instance.inherit(std::move(*inherited));
+  }
   if (auto started = instance.apply(std::move(config)); !started) {
     fmt::print(stderr, "spindle: {}\n", started.error());
-    return 1;
+    return 1;  // the predecessor sees the connection close, and serves on
+  }
+  if (predecessor) {
+    (void)send_message(predecessor->get(), "ready");
+    predecessor.reset();
+  }
+  std::optional<HandoverPoint> point;
+  if (!flags.handover.empty()) {
+    auto listening = HandoverPoint::listen(flags.handover);
+    if (!listening) {
+      log_warn("{}: cannot listen for upgrades: {}", flags.handover, listening.error().message());
+    } else {
+      point = std::move(*listening);
+    }
   }
 
   // The file is watched too: a change reloads it as SIGHUP does (once its contents differ).
@@ -161,14 +244,41 @@ int serve(const ServeFlags& flags) {
     }
   }
 
-  // The main thread waits for signals and file changes; the workers serve.
+  // An upgrade: the replacement process started, and its handover connection once it asked.
+  pid_t successor = 0;
+  std::optional<UniqueFd> handing_over;
+  auto upgrade_now = [&]() -> std::string {
+    if (!point) return "error serve was started without --handover PATH";
+    if (successor != 0) return "error an upgrade is under way already";
+    auto pid = start_replacement(exe, flags.argv);
+    if (!pid) return "error " + pid.error();
+    successor = *pid;
+    log_info("upgrade: started {} (PID {}); it takes the listening sockets over", exe, *pid);
+    return fmt::format("started {}", *pid);
+  };
+
+  // The main thread waits for signals, file changes and upgrades; the workers serve.
   int signo = 0;
-  while (signo == 0) {
-    pollfd fds[2] = {{.fd = signal_fd->get(), .events = POLLIN, .revents = 0},
-                     {.fd = watch ? watch->fd() : -1, .events = POLLIN, .revents = 0}};
+  bool handed_over = false;
+  while (signo == 0 && !handed_over) {
+    pollfd fds[4] = {
+        {.fd = signal_fd->get(), .events = POLLIN, .revents = 0},
+        {.fd = watch ? watch->fd() : -1, .events = POLLIN, .revents = 0},
+        {.fd = point ? point->fd() : -1, .events = POLLIN, .revents = 0},
+        {.fd = handing_over ? handing_over->get() : -1, .events = POLLIN, .revents = 0}};
     // Every second at least, the admin listener's view of the listeners is brought up to date.
-    int ready = ::poll(fds, 2, 1000);
+    int ready = ::poll(fds, 4, 1000);
     instance.refresh();
+    if (successor != 0) {
+      int status = 0;
+      if (::waitpid(successor, &status, WNOHANG) == successor) {
+        log_error("upgrade: the new process exited ({}) before taking over; this one serves on",
+                  WIFEXITED(status) ? fmt::format("code {}", WEXITSTATUS(status))
+                                    : fmt::format("signal {}", WTERMSIG(status)));
+        successor = 0;
+        handing_over.reset();
+      }
+    }
     if (ready <= 0) continue;  // the second passed, or EINTR
     if (fds[1].revents != 0) {
       watch->consume();
@@ -179,20 +289,52 @@ int serve(const ServeFlags& flags) {
         reload(instance, flags, "file changed");
       }
     }
+    if (fds[2].revents != 0) {
+      if (auto connection = point->accept()) {
+        std::string asked = receive_message(connection->get(), 1000);
+        if (asked == "upgrade") {
+          (void)send_message(connection->get(), upgrade_now());
+        } else if (asked == "listeners" && !handing_over) {
+          if (send_listeners(connection->get(), instance.listener_fds())) {
+            handing_over = std::move(*connection);
+          }
+        }
+      }
+    }
+    if (fds[3].revents != 0) {
+      if (receive_message(handing_over->get(), 0) == "ready") {
+        handed_over = true;
+      } else {
+        log_error("upgrade: the new process went away before serving; this one serves on");
+        handing_over.reset();
+      }
+    }
     if (fds[0].revents != 0) {
       signalfd_siginfo info{};
       if (::read(signal_fd->get(), &info, sizeof info) != sizeof info) continue;
       if (info.ssi_signo == SIGHUP) {
         if (watch) loaded = read_text(flags.config);
         reload(instance, flags, "SIGHUP");
+      } else if (info.ssi_signo == SIGUSR2) {
+        std::string outcome = upgrade_now();
+        if (outcome.starts_with("error ")) log_error("upgrade (SIGUSR2): {}", outcome.substr(6));
       } else {
         signo = static_cast<int>(info.ssi_signo);
       }
     }
   }
-  log_info("{}: stopping; requests in flight have {} ms to finish", strsignal(signo),
-           instance.config().drain_timeout.count());
-  if (!instance.shutdown()) log_warn("drain time over: closing the remaining connections");
+  point.reset();  // the next process listens there now, or nobody will
+  if (handed_over) {
+    log_info("upgrade: the new process serves; this one drains (up to {} ms) and exits",
+             instance.config().drain_timeout.count());
+  } else {
+    log_info("{}: stopping; requests in flight have {} ms to finish", strsignal(signo),
+             instance.config().drain_timeout.count());
+  }
+  // After a handover, clients of idle connections may be sending right now: they get two
+  // seconds to, and their next response says Connection: close.
+  auto gentle = handed_over ? std::chrono::milliseconds(2000) : std::chrono::milliseconds(0);
+  if (!instance.shutdown(gentle)) log_warn("drain time over: closing the remaining connections");
   return 0;
 }
 

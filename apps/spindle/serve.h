@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace spindle::app {
 
@@ -20,10 +21,19 @@ struct ServeFlags {
   std::optional<std::size_t> threads;
   /// --root DIR.
   std::optional<std::string> root;
+  /// --handover PATH: the Unix socket where a running spindle hands its listening sockets
+  /// to the one replacing it ("" for none).
+  std::string handover;
+  /// The whole command line (an upgrade starts the binary again with it).
+  std::vector<std::string> argv;
 };
 
 /// Runs the server until SIGTERM/SIGINT; returns the process exit code.
 int serve(const ServeFlags& flags);
+
+/// Asks the spindle serving with --handover `handover` to start its replacement; returns the
+/// exit code.
+int upgrade(const std::string& handover);
 
 /// Validates a configuration file, printing the first error; returns the exit code.
 int check_config(const std::string& file);

@@ -41,6 +41,13 @@ void Runtime::stop() {
   for (auto& worker : workers_) worker->request_stop();
 }
 
+void Runtime::cancel_fibers() {
+  for (auto& worker : workers_) {
+    Worker* w = worker.get();
+    w->post([w] { w->cancel_all(); });
+  }
+}
+
 void Runtime::join() {
   assert(Worker::current() == nullptr && "Runtime::join from a worker thread");
   if (!started_ || joined_) return;

@@ -272,7 +272,8 @@ void start_draining(const std::shared_ptr<HttpServer::Shared>& shared, bool clos
 }  // namespace
 
 Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Address& address,
-                                                      Router router, ServerOptions options) {
+                                                      Router router, ServerOptions options,
+                                                      std::vector<UniqueFd> inherited) {
   auto shared = make_shared_state(runtime, std::move(router), std::move(options));
   auto in_force = std::make_shared<InForce>();
   in_force->per_worker.assign(runtime.size(), shared);
@@ -281,7 +282,7 @@ Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Ad
       [in_force](TcpStream tcp) {
         serve_accepted(in_force->per_worker[Worker::current()->index()], std::move(tcp));
       },
-      shared->options.tcp);
+      shared->options.tcp, std::move(inherited));
   if (!tcp) return fail(tcp.error());
   std::unique_ptr<HttpServer> server(new HttpServer());
   server->shared_ = std::move(shared);
@@ -315,8 +316,18 @@ void HttpServer::stop() {
   if (tcp_) tcp_->stop();
 }
 
-bool HttpServer::drain(Deadline deadline) {
+bool HttpServer::drain(Deadline deadline, std::chrono::milliseconds gentle) {
   stop();
+  if (gentle.count() > 0) {
+    // First without closing idle connections under their clients: each closes after its next
+    // response (which says so), or when the gentle time is over.
+    start_draining(shared_, /*close_idle=*/false);
+    for (auto& old : retired_) start_draining(old, /*close_idle=*/false);
+    Deadline gentle_end = earliest(deadline, Deadline::after(gentle));
+    bool done = !shared_->active.wait(gentle_end);
+    for (auto& old : retired_) done = !old->active.wait(gentle_end) && done;
+    if (done) return true;
+  }
   start_draining(shared_, /*close_idle=*/true);
   for (auto& old : retired_) start_draining(old, /*close_idle=*/true);
   bool clean = !shared_->active.wait(deadline);

@@ -31,6 +31,12 @@ Result<TcpListener> TcpListener::bind(const Address& address, ListenOptions opti
   return TcpListener(std::move(*socket));
 }
 
+Result<TcpListener> TcpListener::adopt(UniqueFd fd) {
+  auto socket = Socket::adopt(std::move(fd));
+  if (!socket) return fail(socket.error());
+  return TcpListener(std::move(*socket));
+}
+
 Result<UniqueFd> TcpListener::accept_fd(Deadline deadline) {
   auto fd = socket_.retry(IoDirection::kRead, deadline, [&] {
     return static_cast<ssize_t>(

@@ -1,5 +1,7 @@
 #include "spindle/net/tcp_server.h"
 
+#include <algorithm>
+
 #include "spindle/base/log.h"
 #include "spindle/fiber/this_fiber.h"
 
@@ -62,7 +64,8 @@ void accept_loop(TcpListener listener, std::shared_ptr<const TcpServer::Handler>
 }  // namespace
 
 Result<std::unique_ptr<TcpServer>> TcpServer::start(Runtime& runtime, const Address& address,
-                                                    Handler handler, TcpServerOptions options) {
+                                                    Handler handler, TcpServerOptions options,
+                                                    std::vector<UniqueFd> inherited) {
   if (Worker::current() == nullptr) runtime.start();
   options.listen.nodelay = options.listen.nodelay || options.nodelay;
   Address bound = address;
@@ -71,11 +74,14 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(Runtime& runtime, const Addr
   const bool per_worker = options.listen.reuse_port;
   std::vector<Worker*> all_workers;
   for (std::size_t i = 0; i < runtime.size(); ++i) all_workers.push_back(&runtime.worker(i));
-  const std::size_t listeners = per_worker ? runtime.size() : 1;
+  const std::size_t listeners = std::max(per_worker ? runtime.size() : 1, inherited.size());
   for (std::size_t i = 0; i < listeners; ++i) {
-    // Each worker binds its own socket, so it is registered with that worker's reactor.
-    auto listener = spawn_on(runtime.worker(i), [&]() -> Result<TcpListener> {
-                      auto l = TcpListener::bind(bound, options.listen);
+    Worker& worker = runtime.worker(i % runtime.size());
+    // Each worker binds (or adopts) its own socket, so it is registered with that worker's
+    // reactor.
+    auto listener = spawn_on(worker, [&]() -> Result<TcpListener> {
+                      auto l = i < inherited.size() ? TcpListener::adopt(std::move(inherited[i]))
+                                                    : TcpListener::bind(bound, options.listen);
                       if (!l) return l;
                       // Port 0 resolved here: the other workers bind the same port.
                       auto local = l->local_address();
@@ -84,16 +90,23 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(Runtime& runtime, const Addr
                       return l;
                     }).join();
     if (!listener) {
+      // An inherited socket without SO_REUSEPORT leaves no room for more: the inherited ones
+      // accept for every worker they reach.
+      if (!inherited.empty() && i >= inherited.size()) {
+        log_warn("{}: only the {} inherited listener(s) accept ({})", bound.to_string(),
+                 inherited.size(), listener.error().message());
+        break;
+      }
       if (server) server->stop();
       return fail(listener.error());
     }
     if (i == 0) server.reset(new TcpServer(bound));
+    server->listener_fds_.push_back(listener->fd());
     // Per-worker copy: connection fibers share it without cross-core reference counting.
     auto worker_handler = std::make_shared<const Handler>(handler);
-    std::vector<Worker*> targets =
-        per_worker ? std::vector<Worker*>{&runtime.worker(i)} : all_workers;
-    server->acceptors_.push_back(spawn_on(
-        runtime.worker(i), [l = std::move(*listener), worker_handler, options, targets]() mutable {
+    std::vector<Worker*> targets = per_worker ? std::vector<Worker*>{&worker} : all_workers;
+    server->acceptors_.push_back(
+        spawn_on(worker, [l = std::move(*listener), worker_handler, options, targets]() mutable {
           accept_loop(std::move(l), std::move(worker_handler), options, std::move(targets));
         }));
   }
@@ -104,6 +117,7 @@ void TcpServer::stop() {
   for (auto& acceptor : acceptors_) acceptor.request_stop();
   for (auto& acceptor : acceptors_) acceptor.join();
   acceptors_.clear();
+  listener_fds_.clear();
 }
 
 }  // namespace spindle

@@ -47,6 +47,10 @@ class Runtime {
   void stop();
   /// Waits for the worker threads to exit. Must not be called from a worker thread.
   void join();
+  /// Cancels every fiber alive now on every worker (each sees stop_requested() and its waits
+  /// fail with operation_canceled), but keeps the workers running: what is left of a drain can
+  /// be ended while the objects its fibers use still exist. Returns at once.
+  void cancel_fibers();
 
   /// Number of workers.
   std::size_t size() const { return workers_.size(); }

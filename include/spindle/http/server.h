@@ -65,10 +65,11 @@ struct ServerOptions {
 class HttpServer {
  public:
   /// Binds `address` and starts serving `router` (moved in, then read-only).
-  [[nodiscard]] static Result<std::unique_ptr<HttpServer>> start(Runtime& runtime,
-                                                                 const Address& address,
-                                                                 Router router,
-                                                                 ServerOptions options = {});
+  /// `inherited`: sockets already listening on `address` to accept from instead of binding
+  /// (see TcpServer::start).
+  [[nodiscard]] static Result<std::unique_ptr<HttpServer>> start(
+      Runtime& runtime, const Address& address, Router router, ServerOptions options = {},
+      std::vector<UniqueFd> inherited = {});
   /// Stops accepting new connections (idempotent). Open connections go on.
   void stop();
   /// Serves `router` with `options` from now on, on the same listening socket: connections
@@ -80,14 +81,19 @@ class HttpServer {
   void reconfigure(Router router, ServerOptions options);
   /// Graceful shutdown: stops accepting, closes idle keep-alive connections at once, lets
   /// each busy one finish its current request and close, and waits for them until `deadline`.
+  /// With `gentle`, idle connections are left alone for that long first (each closes after
+  /// its next response, which says Connection: close): a client sending on one at the moment
+  /// it would have been closed loses nothing (a process handing over to its replacement).
   /// Returns true if every connection ended in time. Call from outside the runtime's workers.
-  bool drain(Deadline deadline);
+  bool drain(Deadline deadline, std::chrono::milliseconds gentle = {});
   /// Connections open now (with every configuration, including earlier ones still ending).
   std::size_t connections() const;
   ~HttpServer();
 
   /// The bound address (with the real port).
   const Address& address() const { return tcp_->address(); }
+  /// The listening sockets, to hand over to a process that replaces this one (until stop()).
+  const std::vector<int>& listener_fds() const { return tcp_->listener_fds(); }
 
  private:
   HttpServer() = default;

@@ -33,6 +33,9 @@ class TcpListener {
   /// Binds and listens on `address` (port 0: the kernel picks one; see local_address()).
   /// Errors: std::errc::address_in_use, std::errc::permission_denied, ...
   [[nodiscard]] static Result<TcpListener> bind(const Address& address, ListenOptions options = {});
+  /// A socket that is listening already (handed over by another process), registered with the
+  /// calling worker.
+  [[nodiscard]] static Result<TcpListener> adopt(UniqueFd fd);
 
   /// Waits for and returns the next connection (non-blocking, close-on-exec).
   /// Fails with std::errc::timed_out, std::errc::operation_canceled, or the kernel's error

@@ -37,10 +37,13 @@ class TcpServer {
   /// Binds `address` on every worker of `runtime` (started if needed) and starts accepting.
   /// With port 0 the first worker's port is reused by the others. Call from outside the
   /// runtime's workers or from one of its fibers. Fails with the first bind error.
-  [[nodiscard]] static Result<std::unique_ptr<TcpServer>> start(Runtime& runtime,
-                                                                const Address& address,
-                                                                Handler handler,
-                                                                TcpServerOptions options = {});
+  ///
+  /// `inherited`: sockets listening on `address` already (handed over by the process this one
+  /// replaces, with the connections waiting in their queues): worker i accepts from the i-th
+  /// instead of binding one; more of them than workers are spread over the workers.
+  [[nodiscard]] static Result<std::unique_ptr<TcpServer>> start(
+      Runtime& runtime, const Address& address, Handler handler, TcpServerOptions options = {},
+      std::vector<UniqueFd> inherited = {});
 
   /// Stops accepting (waits for the acceptor fibers to end). Connections already accepted run
   /// on. Idempotent.
@@ -50,6 +53,9 @@ class TcpServer {
 
   /// The bound address, with the real port.
   const Address& address() const { return address_; }
+  /// The listening sockets (one per worker), to hand over to a process that replaces this
+  /// one. Valid until stop().
+  const std::vector<int>& listener_fds() const { return listener_fds_; }
 
  private:
   explicit TcpServer(Address address) : address_(std::move(address)) {}
@@ -58,6 +64,7 @@ class TcpServer {
   Address address_;
   /// One acceptor per worker.
   std::vector<JoinHandle<void>> acceptors_;
+  std::vector<int> listener_fds_;
 };
 
 }  // namespace spindle

@@ -232,6 +232,26 @@ TEST(Runtime, StopCancelsParkedFibersAndJoinReturns) {
   EXPECT_EQ(cancelled.load(), 20);
 }
 
+TEST(Runtime, CancelFibersEndsTheLiveOnesAndTheWorkersGoOn) {
+  Runtime runtime(RuntimeOptions{.workers = 2});
+  runtime.start();
+  std::vector<spindle::JoinHandle<bool>> sleepers;
+  for (std::size_t w = 0; w < runtime.size(); ++w) {
+    sleepers.push_back(spawn_on(runtime.worker(w), [] {
+      return this_fiber::sleep_for(1h) == std::errc::operation_canceled;
+    }));
+  }
+  std::this_thread::sleep_for(20ms);
+  runtime.cancel_fibers();
+  for (auto& s : sleepers) EXPECT_TRUE(s.join());
+  // The workers still run fibers started afterwards, which are not cancelled.
+  for (std::size_t w = 0; w < runtime.size(); ++w) {
+    EXPECT_FALSE(spawn_on(runtime.worker(w), [] {
+                   return static_cast<bool>(this_fiber::sleep_for(5ms));
+                 }).join());
+  }
+}
+
 TEST(Runtime, JoinFromAPlainThreadWaitsForTheFiber) {
   Runtime runtime(RuntimeOptions{.workers = 1});
   runtime.start();

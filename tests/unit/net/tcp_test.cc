@@ -400,6 +400,49 @@ TEST(TcpServer, WithoutReusePortOneListenerFeedsEveryWorker) {
   EXPECT_EQ(served_by[1].load(), 10);
 }
 
+TEST(TcpServer, InheritedListenersServeTheConnectionsWaitingInTheirQueues) {
+  // A listening socket made elsewhere (as by the process being replaced), with a client
+  // already connected and its request sent before any server accepts.
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  int on = 1;
+  ASSERT_EQ(::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &on, sizeof on), 0);  // as ours have
+  Address loopback = Address::loopback_v4(0);
+  ASSERT_EQ(::bind(fd, loopback.data(), loopback.size()), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  sockaddr_storage local{};
+  socklen_t length = sizeof local;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length), 0);
+  Address address = *Address::from_sockaddr(reinterpret_cast<sockaddr*>(&local), length);
+  int early = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(::connect(early, address.data(), address.size()), 0);
+  ASSERT_EQ(::write(early, "x", 1), 1);
+
+  Runtime runtime(RuntimeOptions{.workers = 2});
+  std::vector<UniqueFd> inherited;
+  inherited.emplace_back(fd);
+  auto server = TcpServer::start(
+      runtime, address,
+      [](TcpStream stream) {
+        char c = 0;
+        if (stream.read_exact({&c, 1}, Deadline::after(5s))) {
+          (void)stream.write_all(std::string_view(&c, 1));
+        }
+      },
+      TcpServerOptions{}, std::move(inherited));
+  ASSERT_TRUE(server.has_value()) << server.error().message();
+  EXPECT_EQ((*server)->address().port(), address.port());
+  EXPECT_EQ((*server)->listener_fds().size(), 2u);  // the inherited one, and one bound
+  EXPECT_EQ((*server)->listener_fds()[0], fd);
+  // The connection that waited in the inherited queue is served.
+  char c = 0;
+  timeval timeout{.tv_sec = 5, .tv_usec = 0};
+  ::setsockopt(early, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  EXPECT_EQ(::read(early, &c, 1), 1);
+  EXPECT_EQ(c, 'x');
+  ::close(early);
+}
+
 FIBER_TEST(TcpStream, ClosingAStreamWakesAFiberParkedOnIt) {
   auto pair = connect_pair();
   auto reader = spawn([&] {

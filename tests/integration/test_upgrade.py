@@ -1,0 +1,147 @@
+"""Zero-downtime binary upgrade: a new spindle takes the listening sockets over from the
+running one (--handover, `spindle upgrade` or SIGUSR2), which drains and exits 0."""
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import Server
+from proxy_support import addr, free_port, logged, request, upstream
+
+
+def config_text(port, target):
+    return f"""
+servers:
+  - name: public
+    listen: 127.0.0.1:{port}
+    access_log: off
+routes:
+  - {{name: r, match: {{path_prefix: /}}, service: s}}
+services:
+  s: {{url: "http://{addr(target)}"}}
+"""
+
+
+def start(build_dir, tmp_path, text):
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text)
+    sock = str(tmp_path / "handover.sock")
+    server = Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(path),
+                     "--threads", "2", "--handover", sock])
+    return server, path, sock
+
+
+def gone(pid, seconds):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def stop_pid(pid):
+    """Ends the process `pid` (the new spindle, which an upgrade started) and waits for it."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    if not gone(pid, 15):
+        os.kill(pid, signal.SIGKILL)
+
+
+def upgrade(build_dir, sock):
+    out = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "upgrade", "--handover", sock],
+                         capture_output=True, text=True, timeout=20)
+    return out.returncode, out.stdout + out.stderr
+
+
+def test_an_upgrade_under_load_fails_no_request(build_dir, tmp_path):
+    a = upstream(build_dir, "a")
+    port = free_port()
+    old, _, sock = start(build_dir, tmp_path, config_text(port, a))
+    new_pid = None
+    try:
+        result = {}
+
+        def load():
+            result["out"] = subprocess.run(
+                ["wrk", "-t2", "-c32", "-d6s", f"http://127.0.0.1:{port}/plaintext"],
+                capture_output=True, text=True, timeout=60).stdout
+
+        thread = threading.Thread(target=load)
+        thread.start()
+        time.sleep(2)
+        code, said = upgrade(build_dir, sock)
+        assert code == 0, said
+        new_pid = int(re.search(r"new process \((\d+)\)", said).group(1))
+        # The old process drains and exits 0; the new one serves on the same address.
+        assert old.proc.wait(timeout=20) == 0
+        thread.join()
+        out = result["out"]
+        done = int(re.search(r"(\d+) requests in", out).group(1))
+        assert done > 1000, out
+        assert "Socket errors" not in out and "Non-2xx" not in out, out
+        status, headers, _ = request(old, "GET", "/headers")  # old.host/port: the same address
+        assert status == 200 and headers["x-upstream"] == "a"
+        assert not gone(new_pid, 0.1)
+        assert logged(old, "taking over 1 listener(s)")
+        assert logged(old, "upgrade: the new process serves; this one drains")
+    finally:
+        if new_pid:
+            stop_pid(new_pid)
+        old.stop()
+        a.stop()
+
+
+def test_sigusr2_upgrades_and_the_new_process_can_be_upgraded_again(build_dir, tmp_path):
+    a = upstream(build_dir, "a")
+    port = free_port()
+    old, _, sock = start(build_dir, tmp_path, config_text(port, a))
+    pids = []
+    try:
+        old.proc.send_signal(signal.SIGUSR2)
+        assert old.proc.wait(timeout=20) == 0
+        assert logged(old, "upgrade: started")
+        first = int(re.search(r"PID (\d+)", next(l for l in old.errors if "upgrade: started" in l)).group(1))
+        pids.append(first)
+        assert request(old, "GET", "/headers")[0] == 200
+        # The new process listens at the handover point in its turn.
+        code, said = upgrade(build_dir, sock)
+        assert code == 0, said
+        second = int(re.search(r"new process \((\d+)\)", said).group(1))
+        pids.append(second)
+        assert gone(first, 20)
+        assert request(old, "GET", "/headers")[0] == 200
+    finally:
+        for pid in pids:
+            stop_pid(pid)
+        old.stop()
+        a.stop()
+
+
+def test_a_new_process_that_cannot_start_leaves_the_old_one_serving(build_dir, tmp_path):
+    a = upstream(build_dir, "a")
+    port = free_port()
+    old, path, sock = start(build_dir, tmp_path, config_text(port, a))
+    try:
+        # The file is broken by the time the new process reads it (the old one rejects it too,
+        # and serves on).
+        path.write_text("servers: [\n")
+        code, said = upgrade(build_dir, sock)
+        assert code == 0, said
+        assert logged(old, "the new process exited (code 1) before taking over", seconds=10)
+        assert old.proc.poll() is None
+        assert request(old, "GET", "/headers")[0] == 200
+        # Without --handover there is nothing to upgrade through.
+        code, said = upgrade(build_dir, str(tmp_path / "nobody.sock"))
+        assert code == 1 and "no spindle listens there" in said
+    finally:
+        old.stop()
+        a.stop()
