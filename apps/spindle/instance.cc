@@ -99,7 +99,7 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   std::shared_ptr<proxy::Gateway> gateway;
   if (!config.routes.empty()) {
     try {
-      gateway = proxy::Gateway::build(config, runtime_.size(), health_, &metrics_);
+      gateway = proxy::Gateway::build(config, runtime_.size(), health_, &metrics_, &limits_);
     } catch (const proxy::ConfigError& e) {
       return std::unexpected(e.what());
     }

@@ -104,6 +104,7 @@ class Instance {
   http::UpstreamConnections connections_;
   proxy::Gateways gateways_;
   proxy::Metrics metrics_;
+  proxy::RateLimitRegistry limits_;
   proxy::Proxy forwarder_;
   proxy::Config config_;
   std::shared_ptr<proxy::Gateway> gateway_;

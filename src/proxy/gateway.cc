@@ -85,10 +85,23 @@ http::WireProtocol wire_protocol(UpstreamProtocol p) {
 }  // namespace
 
 std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, HealthRegistry& health,
-                                        Metrics* metrics) {
+                                        Metrics* metrics, RateLimitRegistry* limits) {
   std::shared_ptr<Gateway> g(new Gateway());
   g->config_ = std::move(config);
   const Config& c = g->config_;
+  for (const RouteConfig& route : c.routes) {
+    auto& tables = g->rate_limits_.emplace_back();
+    for (std::size_t i = 0; i < route.middlewares.size(); ++i) {
+      const MiddlewareConfig& m = route.middlewares[i];
+      if (m.kind != MiddlewareConfig::Kind::kRateLimit) {
+        tables.emplace_back();
+      } else if (limits != nullptr) {
+        tables.push_back(limits->table(route.name, i, m.rate_limit.rate, m.rate_limit.burst));
+      } else {
+        tables.push_back(std::make_shared<RateLimitTable>(m.rate_limit.rate, m.rate_limit.burst));
+      }
+    }
+  }
   for (const ServerConfig& server : c.servers) {
     Server built{&server, server.key(), RouteTable(c, server.name), {}};
     if (metrics != nullptr) {

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <set>
 
 #include "spindle/base/ascii.h"
@@ -121,9 +123,56 @@ HeaderEdits read_edits(const ConfigReader& r) {
   return edits;
 }
 
+// rate_limit: {key, rate: N/s|N/m|N/h, burst, store, failure_mode}.
+RateLimitConfig read_rate_limit(const ConfigReader& r) {
+  r.only({"key", "rate", "burst", "store", "failure_mode"});
+  RateLimitConfig limit;
+  std::string key = r.string("key", "client_ip");
+  if (key == "client_ip") {
+    limit.key = RateLimitConfig::Key::kClientIp;
+  } else if (key == "route") {
+    limit.key = RateLimitConfig::Key::kRoute;
+  } else if (key.starts_with("header:") && http::is_field_name(key.substr(7))) {
+    limit.key = RateLimitConfig::Key::kHeader;
+    limit.header = key.substr(7);
+    std::ranges::transform(limit.header, limit.header.begin(),
+                           [](char c) { return static_cast<char>(std::tolower(c)); });
+  } else {
+    r.fail_key("key", "expected client_ip, route or header:NAME");
+  }
+  limit.rate_text = r.string("rate", "");
+  auto slash = limit.rate_text.find('/');
+  double count = 0;
+  std::string_view unit;
+  if (slash != std::string::npos) {
+    std::string number = limit.rate_text.substr(0, slash);
+    char* end = nullptr;
+    count = std::strtod(number.c_str(), &end);
+    if (number.empty() || end != number.c_str() + number.size()) count = 0;
+    unit = std::string_view(limit.rate_text).substr(slash + 1);
+  }
+  double per = unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : 0;
+  if (!(count > 0) || per == 0 || count / per > 1e9) {
+    r.fail_key("rate", "expected requests per second, minute or hour: 100/s, 30/m, 1000/h");
+  }
+  limit.rate = count / per;
+  limit.burst =
+      static_cast<unsigned>(r.number("burst", std::max(1.0, std::ceil(count)), 1'000'000'000));
+  if (limit.burst == 0) r.fail_key("burst", "must be at least 1");
+  if (r.string("store", "local") != "local") {
+    r.fail_key("store",
+               "only local is built so far (a shared Redis store is not: each instance limits "
+               "on its own)");
+  }
+  std::string failure = r.string("failure_mode", "open");
+  if (failure != "open" && failure != "closed")
+    r.fail_key("failure_mode", "expected open or closed");
+  return limit;
+}
+
 MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& node,
                                  const std::string& path) {
-  constexpr const char* kKnown = "headers, strip_prefix, add_prefix";
+  constexpr const char* kKnown = "headers, strip_prefix, add_prefix, rate_limit";
   if (!node.IsMap() || node.size() != 1) {
     list.fail(node, path,
               fmt::format("expected one middleware as {{NAME: SETTINGS}} ({})", kKnown));
@@ -146,6 +195,9 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
       entry.fail_key(kind,
                      "expected a path prefix such as /api (starting with /, not ending with /)");
     }
+  } else if (kind == "rate_limit") {
+    m.kind = MiddlewareConfig::Kind::kRateLimit;
+    m.rate_limit = read_rate_limit(entry.nested("rate_limit"));
   } else {
     entry.fail(node.begin()->first, entry.key_path(kind),
                fmt::format("unknown middleware (expected one of: {})", kKnown));

@@ -106,6 +106,55 @@ bool trusted(const ServerConfig& server, const http::RequestContext& context) {
                              [&](const Cidr& cidr) { return cidr.contains(*context.peer); });
 }
 
+// The client's address for a rate limit: the peer, or, when the peer is a trusted proxy, the
+// right-most X-Forwarded-For entry that is not one of the trusted proxies.
+std::string client_address(const http::Request& request, const ServerConfig& server) {
+  const http::RequestContext& context = request.context();
+  auto xff = request.headers().get("x-forwarded-for");
+  if (!xff || !trusted(server, context)) return std::string(context.remote);
+  std::string_view list = *xff;
+  std::string_view chosen;
+  while (!list.empty()) {
+    auto comma = list.rfind(',');
+    std::string_view entry = comma == std::string_view::npos ? list : list.substr(comma + 1);
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(0, comma);
+    while (!entry.empty() && (entry.front() == ' ' || entry.front() == '\t'))
+      entry.remove_prefix(1);
+    while (!entry.empty() && (entry.back() == ' ' || entry.back() == '\t')) entry.remove_suffix(1);
+    chosen = entry;
+    auto address = Address::parse(fmt::format("{}:0", entry));
+    if (!address) address = Address::parse(fmt::format("[{}]:0", entry));
+    bool proxy = address && std::ranges::any_of(server.trusted_proxies, [&](const Cidr& cidr) {
+                   return cidr.contains(*address);
+                 });
+    if (!proxy) break;
+  }
+  return chosen.empty() ? std::string(context.remote) : std::string(chosen);
+}
+
+// What a rate limit counts `request` by.
+std::string rate_limit_key(const http::Request& request, const ServerConfig& server,
+                           const RateLimitConfig& limit) {
+  switch (limit.key) {
+    case RateLimitConfig::Key::kRoute:
+      return "route";
+    case RateLimitConfig::Key::kHeader:
+      return "h:" + std::string(request.headers().get(limit.header).value_or(""));
+    case RateLimitConfig::Key::kClientIp:
+      break;
+  }
+  return "ip:" + client_address(request, server);
+}
+
+// The RateLimit-* fields (draft-ietf-httpapi-ratelimit-headers) of `decision`.
+void rate_limit_fields(http::HeaderMap& headers, unsigned burst,
+                       const RateLimitTable::Decision& decision) {
+  headers.set("RateLimit-Limit", std::to_string(burst));
+  headers.set("RateLimit-Remaining", std::to_string(decision.remaining));
+  headers.set("RateLimit-Reset",
+              std::to_string(static_cast<std::uint64_t>(std::ceil(decision.reset))));
+}
+
 // The status the client gets when the exchange failed with `ec`.
 int status_for(std::error_code ec) {
   if (ec == ExchangeErrc::kConnectTimeout || ec == ExchangeErrc::kFirstByteTimeout ||
@@ -179,7 +228,7 @@ class TriedTargets {
 std::string milliseconds_text(std::chrono::microseconds t) {
   auto us = static_cast<std::uint64_t>(std::max<std::int64_t>(t.count(), 0));
   char text[32];
-  auto end = std::to_chars(text, text + sizeof text, us / 1000).ptr;
+  auto end = std::to_chars(text, text + 24, us / 1000).ptr;  // 20 digits at most; 4 follow
   *end++ = '.';
   unsigned fraction = us % 1000;
   *end++ = static_cast<char>('0' + fraction / 100);
@@ -324,6 +373,8 @@ void apply_request_middlewares(const RouteConfig& route, ForwardHead& out) {
         out.target = m.prefix + std::string(out.head.target);
         out.head.target = out.target;
         break;
+      case MiddlewareConfig::Kind::kRateLimit:
+        break;  // applied before the request is forwarded (Proxy::middleware)
     }
   }
 }
@@ -383,7 +434,39 @@ http::Middleware Proxy::middleware(std::string server_key) {
       route = server->routes.select(request.header("host"), request.target(), request.method(),
                                     request.headers());
     }
-    http::Response response = route ? forward(request, gateway, *server, *route) : next(request);
+    http::Response response;
+    if (route) {
+      // The route's rate limits first: the first that refuses answers 429; the fields of the
+      // one with the fewest requests left go on the response.
+      const auto& limits =
+          gateway->rate_limits(static_cast<std::size_t>(route - gateway->config().routes.data()));
+      const RateLimitTable* tightest = nullptr;
+      RateLimitTable::Decision shown;
+      bool refused = false;
+      for (std::size_t i = 0; i < limits.size() && !refused; ++i) {
+        if (!limits[i]) continue;
+        auto decision =
+            limits[i]->take(rate_limit_hash(rate_limit_key(request, *server->config,
+                                                           route->middlewares[i].rate_limit)),
+                            Clock::now());
+        refused = !decision.allowed;
+        if (tightest == nullptr || refused || decision.remaining < shown.remaining) {
+          tightest = limits[i].get();
+          shown = decision;
+        }
+      }
+      if (refused) {
+        response = http::Response::error(429, "rate limit exceeded");
+        response.headers.set("Retry-After",
+                             std::to_string(std::max<std::uint64_t>(
+                                 1, static_cast<std::uint64_t>(std::ceil(shown.retry_after)))));
+      } else {
+        response = forward(request, gateway, *server, *route);
+      }
+      if (tightest != nullptr) rate_limit_fields(response.headers, tightest->burst(), shown);
+    } else {
+      response = next(request);
+    }
     if (route) {
       // The way back: the route's middlewares in reverse order.
       for (auto m = route->middlewares.rbegin(); m != route->middlewares.rend(); ++m) {

@@ -84,6 +84,7 @@ SAMPLES = {
     "routes[].middlewares.headers": "{request: {set: {x-env: prod}}, response: {remove: [server]}}",
     "routes[].middlewares.strip_prefix": "/api",
     "routes[].middlewares.add_prefix": "/v1",
+    "routes[].middlewares.rate_limit": "{key: client_ip, rate: 100/s, burst: 100}",
     "services.NAME.tls": None,
     "services.NAME.tls.ca": "/etc/ssl/certs/ca-certificates.crt",
     "services.NAME.tls.verify": "false",

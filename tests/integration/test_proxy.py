@@ -5,6 +5,7 @@ import collections
 import http.client
 import os
 import re
+import signal
 import socket
 import subprocess
 import threading
@@ -893,3 +894,88 @@ services:
     records = {r["request_id"]: r for r in map(json.loads, log.read_text().splitlines())}
     assert records["t1"]["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert re.fullmatch(r"[0-9a-f]{32}", records["t2"]["trace_id"])
+
+
+def test_rate_limits_answer_429_with_retry_after_and_ratelimit_fields(build_dir, tmp_path,
+                                                                       two_upstreams):
+    a, _ = two_upstreams
+    config = tmp_path / "gateway.yaml"
+
+    def text(rate):
+        return SERVER.replace("name: public", "name: public\n    trusted_proxies: [127.0.0.1]") + f"""
+routes:
+  - name: api
+    match: {{path_prefix: /}}
+    middlewares:
+      - rate_limit: {{key: client_ip, rate: {rate}, burst: 3}}
+      - rate_limit: {{key: "header:x-user", rate: 1/h, burst: 5}}
+    service: a
+services:
+  a: {{url: "http://{addr(a)}"}}
+"""
+    config.write_text(text("1/m"))
+    gw = Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(config),
+                 "--threads", "2"])
+    try:
+        def get(client, user="u1"):
+            return request(gw, "GET", "/plaintext",
+                           headers={"X-Forwarded-For": client, "X-User": user})
+
+        # Three at once per client address (the one a trusted proxy names), then 429.
+        got = [get("192.0.2.1") for _ in range(4)]
+        assert [s for s, _, _ in got] == [200, 200, 200, 429]
+        assert [h["ratelimit-remaining"] for _, h, _ in got[:3]] == ["2", "1", "0"]
+        assert all(h["ratelimit-limit"] == "3" for _, h, _ in got[:3])
+        status, headers, _ = got[3]
+        assert int(headers["retry-after"]) >= 59  # one request a minute
+        assert headers["ratelimit-remaining"] == "0"
+        # Another client address has its own; the second limit (by X-User) counts them all.
+        assert get("192.0.2.2")[0] == 200
+        assert get("192.0.2.3")[0] == 200
+        status, headers, _ = get("192.0.2.4")  # the sixth request of u1 over five addresses
+        assert status == 429, headers
+        assert get("192.0.2.4", user="u2")[0] == 200
+        # A reload that keeps the limit keeps its counts; one that changes it starts again.
+        gw.proc.send_signal(signal.SIGHUP)
+        assert logged(gw, "reload (SIGHUP)", "in force")
+        assert get("192.0.2.1", user="u3")[0] == 429
+        config.write_text(text("2/m"))
+        gw.proc.send_signal(signal.SIGHUP)
+        assert logged(gw, "reload (SIGHUP)", "in force") and wait_until(
+            lambda: get("192.0.2.1", user="u4")[0] == 200)
+    finally:
+        gw.stop()
+
+
+def wait_until(check, seconds=5):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("setting,why", [
+    ("{rate: 10}", "rate: expected requests per second"),
+    ("{rate: 10/s, store: redis}", "store: only local is built so far"),
+    ("{rate: 10/s, key: cookie}", "key: expected client_ip, route or header:NAME"),
+    ("{rate: 10/s, burst: 0}", "burst: must be at least 1"),
+    ("{rate: 10/s, failure_mode: maybe}", "failure_mode: expected open or closed"),
+])
+def test_a_bad_rate_limit_is_a_configuration_error(build_dir, tmp_path, setting, why):
+    config = tmp_path / "bad.yaml"
+    config.write_text(SERVER + f"""
+routes:
+  - name: api
+    match: {{path_prefix: /}}
+    middlewares:
+      - rate_limit: {setting}
+    service: a
+services:
+  a: {{url: "http://127.0.0.1:1"}}
+""")
+    out = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(config)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1
+    assert why in out.stderr and "routes[0].middlewares[0].rate_limit." in out.stderr, out.stderr

@@ -91,10 +91,27 @@ struct HeaderEdits {
   bool empty() const { return set.empty() && add.empty() && remove.empty(); }
 };
 
+/// `rate_limit`: requests allowed per key (GCRA: a steady rate, and bursts up to `burst`).
+struct RateLimitConfig {
+  /// What a request is counted by: the client's address, a request field's value, or the
+  /// route as a whole.
+  enum class Key { kClientIp, kHeader, kRoute } key = Key::kClientIp;
+  /// The field, for kHeader (lower case).
+  std::string header;
+  /// Requests per second, on average.
+  double rate = 1;
+  /// Requests allowed at once, after a quiet time.
+  unsigned burst = 1;
+  /// "rate" as written, for logs and headers ("100/s").
+  std::string rate_text;
+};
+
 /// One entry of `routes[].middlewares`: what it is and its settings.
 struct MiddlewareConfig {
-  enum class Kind { kHeaders, kStripPrefix, kAddPrefix };
+  enum class Kind { kHeaders, kStripPrefix, kAddPrefix, kRateLimit };
   Kind kind = Kind::kHeaders;
+  /// rate_limit: its settings.
+  RateLimitConfig rate_limit;
   /// headers: the edits to the request sent upstream and to the response sent back.
   HeaderEdits request, response;
   /// strip_prefix / add_prefix: the path prefix.

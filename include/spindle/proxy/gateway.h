@@ -28,6 +28,7 @@
 #include "spindle/proxy/balancer.h"
 #include "spindle/proxy/config.h"
 #include "spindle/proxy/metrics.h"
+#include "spindle/proxy/rate_limit.h"
 #include "spindle/proxy/route_table.h"
 
 namespace spindle::proxy {
@@ -103,8 +104,15 @@ class Gateway {
   /// Compiles `config` for a runtime of `workers` workers (numbering its series in `metrics`,
   /// if given). Throws ConfigError when a target's name does not resolve or an upstream's TLS
   /// cannot be set up.
+  /// Rate limits' tables come from `limits` (kept across configurations) when given.
   static std::shared_ptr<Gateway> build(Config config, std::size_t workers, HealthRegistry& health,
-                                        Metrics* metrics = nullptr);
+                                        Metrics* metrics = nullptr,
+                                        RateLimitRegistry* limits = nullptr);
+  /// The rate-limit tables of route number `route` of the configuration, by middleware
+  /// (nullptr for a middleware that is not a rate_limit).
+  const std::vector<std::shared_ptr<RateLimitTable>>& rate_limits(std::size_t route) const {
+    return rate_limits_[route];
+  }
   ~Gateway();
 
   const Config& config() const { return config_; }
@@ -140,6 +148,7 @@ class Gateway {
   std::vector<Server> servers_;
   std::vector<Upstream> upstreams_;
   std::vector<Service> services_;
+  std::vector<std::vector<std::shared_ptr<RateLimitTable>>> rate_limits_;
   std::vector<std::unique_ptr<WorkerState>> workers_;
   std::vector<JoinHandle<void>> probes_;
   std::shared_ptr<std::atomic<bool>> probes_stop_ = std::make_shared<std::atomic<bool>>(false);
