@@ -172,7 +172,9 @@ RateLimitConfig read_rate_limit(const ConfigReader& r) {
 
 MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& node,
                                  const std::string& path) {
-  constexpr const char* kKnown = "headers, strip_prefix, add_prefix, rate_limit";
+  constexpr const char* kKnown =
+      "headers, strip_prefix, add_prefix, replace_path, replace_path_regex, rate_limit, "
+      "ip_allow, ip_deny, max_body, redirect, respond";
   if (!node.IsMap() || node.size() != 1) {
     list.fail(node, path,
               fmt::format("expected one middleware as {{NAME: SETTINGS}} ({})", kKnown));
@@ -198,6 +200,73 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
   } else if (kind == "rate_limit") {
     m.kind = MiddlewareConfig::Kind::kRateLimit;
     m.rate_limit = read_rate_limit(entry.nested("rate_limit"));
+  } else if (kind == "replace_path") {
+    m.kind = MiddlewareConfig::Kind::kReplacePath;
+    m.replacement = entry.string(kind, "");
+    if (!m.replacement.starts_with('/') || !http::is_request_target(m.replacement) ||
+        m.replacement.find('?') != std::string::npos) {
+      entry.fail_key(kind, "expected a path starting with / (the query is kept)");
+    }
+  } else if (kind == "replace_path_regex") {
+    ConfigReader r = entry.nested(kind);
+    r.only({"regex", "replacement"});
+    m.kind = MiddlewareConfig::Kind::kReplacePathRegex;
+    auto regex = std::make_shared<RE2>(r.string("regex", ""), RE2::Quiet);
+    if (!r.has("regex") || !regex->ok()) {
+      r.fail_key("regex", r.has("regex")
+                              ? fmt::format("invalid regular expression: {}", regex->error())
+                              : std::string("required (an RE2 pattern searched in the path)"));
+    }
+    m.replacement = r.string("replacement", "");
+    std::string why;
+    if (!regex->CheckRewriteString(m.replacement, &why)) {
+      r.fail_key("replacement", fmt::format("{} (groups are \\1 to \\9)", why));
+    }
+    m.regex = std::move(regex);
+  } else if (kind == "ip_allow" || kind == "ip_deny") {
+    m.kind =
+        kind == "ip_allow" ? MiddlewareConfig::Kind::kIpAllow : MiddlewareConfig::Kind::kIpDeny;
+    for (const std::string& text : entry.strings(kind)) {
+      auto cidr = Cidr::parse(text);
+      if (!cidr) {
+        entry.fail_key(
+            kind, fmt::format("'{}' is not an address or network (10.0.0.0/8, fd00::/8)", text));
+      }
+      m.networks.push_back(*cidr);
+    }
+    if (m.networks.empty()) entry.fail_key(kind, "expected a list of networks");
+  } else if (kind == "max_body") {
+    m.kind = MiddlewareConfig::Kind::kMaxBody;
+    m.max_body = entry.size(kind, 0);
+  } else if (kind == "redirect") {
+    ConfigReader r = entry.nested(kind);
+    r.only({"scheme", "host", "port", "path", "status"});
+    m.kind = MiddlewareConfig::Kind::kRedirect;
+    m.scheme = r.string("scheme", "");
+    if (!m.scheme.empty() && m.scheme != "http" && m.scheme != "https") {
+      r.fail_key("scheme", "expected http or https");
+    }
+    m.host = r.string("host", "");
+    if (!m.host.empty() && !http::is_field_value(m.host)) r.fail_key("host", "not a host name");
+    m.port = static_cast<std::uint16_t>(r.number("port", 0, 65535));
+    m.path = r.string("path", "");
+    if (!m.path.empty() && (!m.path.starts_with('/') || !http::is_request_target(m.path))) {
+      r.fail_key("path", "expected a path starting with /");
+    }
+    m.status = static_cast<int>(r.number("status", 302, 999));
+    if (m.status != 301 && m.status != 302 && m.status != 303 && m.status != 307 &&
+        m.status != 308) {
+      r.fail_key("status", "expected 301, 302, 303, 307 or 308");
+    }
+  } else if (kind == "respond") {
+    ConfigReader r = entry.nested(kind);
+    r.only({"status", "body", "content_type"});
+    m.kind = MiddlewareConfig::Kind::kRespond;
+    m.status = static_cast<int>(r.number("status", 200, 999));
+    if (m.status < 200 || m.status > 599) r.fail_key("status", "expected 200 to 599");
+    m.body = r.string("body", "");
+    m.content_type = r.string("content_type", "text/plain; charset=utf-8");
+    if (!http::is_field_value(m.content_type)) r.fail_key("content_type", "not a field value");
   } else {
     entry.fail(node.begin()->first, entry.key_path(kind),
                fmt::format("unknown middleware (expected one of: {})", kKnown));

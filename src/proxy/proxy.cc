@@ -2,6 +2,7 @@
 // both bodies, retrying only when it is safe, and answering 502 / 503 / 504 itself when the
 // upstream cannot.
 #include <fmt/format.h>
+#include <re2/re2.h>
 
 #include <algorithm>
 #include <charconv>
@@ -146,13 +147,102 @@ std::string rate_limit_key(const http::Request& request, const ServerConfig& ser
   return "ip:" + client_address(request, server);
 }
 
-// The RateLimit-* fields (draft-ietf-httpapi-ratelimit-headers) of `decision`.
-void rate_limit_fields(http::HeaderMap& headers, unsigned burst,
-                       const RateLimitTable::Decision& decision) {
-  headers.set("RateLimit-Limit", std::to_string(burst));
-  headers.set("RateLimit-Remaining", std::to_string(decision.remaining));
-  headers.set("RateLimit-Reset",
-              std::to_string(static_cast<std::uint64_t>(std::ceil(decision.reset))));
+// A request attribute name under which the tightest rate limit's decision waits for the
+// response (RateLimit-* fields).
+constexpr std::string_view kRateLimitShown = "ratelimit";
+
+// The middlewares of `route` that may answer in the gateway's place, in order: rate limits
+// (429), ip_allow / ip_deny (403), max_body (413 for a declared length), redirect, respond. The
+// first that answers ends the request; nullopt lets it go on to the service.
+std::optional<http::Response> answer_first(
+    http::Request& request, const ServerConfig& server, const RouteConfig& route,
+    const std::vector<std::shared_ptr<RateLimitTable>>& limits) {
+  const RateLimitTable* tightest = nullptr;
+  RateLimitTable::Decision shown;
+  std::optional<http::Response> answer;
+  for (std::size_t i = 0; i < route.middlewares.size() && !answer; ++i) {
+    const MiddlewareConfig& m = route.middlewares[i];
+    switch (m.kind) {
+      case MiddlewareConfig::Kind::kRateLimit: {
+        auto decision = limits[i]->take(
+            rate_limit_hash(rate_limit_key(request, server, m.rate_limit)), Clock::now());
+        if (tightest == nullptr || !decision.allowed || decision.remaining < shown.remaining) {
+          tightest = limits[i].get();
+          shown = decision;
+        }
+        if (!decision.allowed) {
+          answer = http::Response::error(429, "rate limit exceeded");
+          answer->headers.set("Retry-After",
+                              std::to_string(std::max<std::uint64_t>(
+                                  1, static_cast<std::uint64_t>(std::ceil(decision.retry_after)))));
+        }
+        break;
+      }
+      case MiddlewareConfig::Kind::kIpAllow:
+      case MiddlewareConfig::Kind::kIpDeny: {
+        std::string client = client_address(request, server);
+        auto address = Address::parse(fmt::format("{}:0", client));
+        if (!address) address = Address::parse(fmt::format("[{}]:0", client));
+        bool listed = address && std::ranges::any_of(m.networks, [&](const Cidr& cidr) {
+                        return cidr.contains(*address);
+                      });
+        if (listed == (m.kind == MiddlewareConfig::Kind::kIpDeny)) {
+          answer = http::Response::error(403, "client address not allowed");
+        }
+        break;
+      }
+      case MiddlewareConfig::Kind::kMaxBody:
+        if (request.head().content_length && *request.head().content_length > m.max_body) {
+          answer = http::Response::error(413, "request body larger than the route allows");
+        }
+        break;
+      case MiddlewareConfig::Kind::kRedirect: {
+        const http::RequestContext& context = request.context();
+        std::string_view authority = request.header("host");
+        std::string_view host = authority;
+        std::string_view port;
+        if (auto colon = authority.rfind(':');
+            colon != std::string_view::npos &&
+            authority.find(']', colon) == std::string_view::npos) {
+          host = authority.substr(0, colon);
+          port = authority.substr(colon + 1);
+        }
+        std::string scheme = m.scheme.empty() ? (context.tls ? "https" : "http") : m.scheme;
+        std::string location = scheme + "://" + (m.host.empty() ? std::string(host) : m.host);
+        if (m.port != 0) {
+          location += ":" + std::to_string(m.port);
+        } else if (!port.empty() && m.scheme.empty() && m.host.empty()) {
+          location += ":" + std::string(port);  // same scheme and host: same port
+        }
+        location += m.path.empty() ? std::string(request.target()) : m.path;
+        answer = http::Response(m.status);
+        answer->headers.set("Location", location);
+        break;
+      }
+      case MiddlewareConfig::Kind::kRespond:
+        answer = http::Response(m.status, m.body, m.content_type);
+        break;
+      default:
+        break;
+    }
+  }
+  if (tightest != nullptr) {
+    request.set_attribute(kRateLimitShown,
+                          fmt::format("{} {} {}", tightest->burst(), shown.remaining,
+                                      static_cast<std::uint64_t>(std::ceil(shown.reset))));
+  }
+  return answer;
+}
+
+// The RateLimit-* fields (draft-ietf-httpapi-ratelimit-headers) of the route's tightest limit.
+void add_rate_limit_fields(const http::Request& request, http::Response& response) {
+  std::string_view text = request.attribute(kRateLimitShown);
+  if (text.empty()) return;
+  auto first = text.find(' ');
+  auto second = text.find(' ', first + 1);
+  response.headers.set("RateLimit-Limit", text.substr(0, first));
+  response.headers.set("RateLimit-Remaining", text.substr(first + 1, second - first - 1));
+  response.headers.set("RateLimit-Reset", text.substr(second + 1));
 }
 
 // The status the client gets when the exchange failed with `ec`.
@@ -373,8 +463,26 @@ void apply_request_middlewares(const RouteConfig& route, ForwardHead& out) {
         out.target = m.prefix + std::string(out.head.target);
         out.head.target = out.target;
         break;
-      case MiddlewareConfig::Kind::kRateLimit:
-        break;  // applied before the request is forwarded (Proxy::middleware)
+      case MiddlewareConfig::Kind::kReplacePath:
+      case MiddlewareConfig::Kind::kReplacePathRegex: {
+        // The path changes; the query stays.
+        std::string_view target = out.head.target;
+        auto question = target.find('?');
+        std::string path(target.substr(0, question));
+        std::string_view query =
+            question == std::string_view::npos ? std::string_view() : target.substr(question);
+        if (m.kind == MiddlewareConfig::Kind::kReplacePath) {
+          path = m.replacement;
+        } else if (!RE2::Replace(&path, *m.regex, m.replacement)) {
+          break;  // no match: the target stays
+        }
+        if (!path.starts_with('/')) path.insert(0, "/");
+        out.target = path + std::string(query);
+        out.head.target = out.target;
+        break;
+      }
+      default:
+        break;  // the others answer before the request is forwarded (answer_first)
     }
   }
 }
@@ -390,7 +498,8 @@ struct BodyState {
 };
 
 Result<void> send_body(http::Request& request, http::ClientExchange& exchange, BodyState& body,
-                       bool has_body) {
+                       bool has_body, std::optional<std::uint64_t> max_body) {
+  auto too_large = [&] { throw http::HttpError(413, "request body larger than the route allows"); };
   if (!has_body) return exchange.finish();
   if (body.unread) {
     // The client's body comes only after a 100 Continue, and that goes only if the upstream
@@ -401,6 +510,7 @@ Result<void> send_body(http::Request& request, http::ClientExchange& exchange, B
     if (body.replayable) body.kept = request.body();  // the server's 100 goes out here
     body.unread = false;
   }
+  if (max_body && body.kept.size() > *max_body) too_large();
   if (body.replayable) {
     if (auto w = exchange.write(body.kept); !w) return w;
     return exchange.finish();
@@ -409,9 +519,12 @@ Result<void> send_body(http::Request& request, http::ClientExchange& exchange, B
     if (auto w = exchange.write(body.kept); !w) return w;
   }
   std::string piece(kPiece, '\0');
+  std::uint64_t total = body.kept.size();
   for (;;) {
     std::size_t n = request.read(piece);  // throws HttpError: the client's body failed
     if (n == 0) break;
+    total += n;
+    if (max_body && total > *max_body) too_large();  // a chunked body, past the limit
     body.streamed_beyond = true;
     if (auto w = exchange.write(std::string_view(piece).substr(0, n)); !w) return w;
   }
@@ -436,34 +549,11 @@ http::Middleware Proxy::middleware(std::string server_key) {
     }
     http::Response response;
     if (route) {
-      // The route's rate limits first: the first that refuses answers 429; the fields of the
-      // one with the fewest requests left go on the response.
-      const auto& limits =
-          gateway->rate_limits(static_cast<std::size_t>(route - gateway->config().routes.data()));
-      const RateLimitTable* tightest = nullptr;
-      RateLimitTable::Decision shown;
-      bool refused = false;
-      for (std::size_t i = 0; i < limits.size() && !refused; ++i) {
-        if (!limits[i]) continue;
-        auto decision =
-            limits[i]->take(rate_limit_hash(rate_limit_key(request, *server->config,
-                                                           route->middlewares[i].rate_limit)),
-                            Clock::now());
-        refused = !decision.allowed;
-        if (tightest == nullptr || refused || decision.remaining < shown.remaining) {
-          tightest = limits[i].get();
-          shown = decision;
-        }
-      }
-      if (refused) {
-        response = http::Response::error(429, "rate limit exceeded");
-        response.headers.set("Retry-After",
-                             std::to_string(std::max<std::uint64_t>(
-                                 1, static_cast<std::uint64_t>(std::ceil(shown.retry_after)))));
-      } else {
-        response = forward(request, gateway, *server, *route);
-      }
-      if (tightest != nullptr) rate_limit_fields(response.headers, tightest->burst(), shown);
+      std::optional<http::Response> answered = answer_first(
+          request, *server->config, *route,
+          gateway->rate_limits(static_cast<std::size_t>(route - gateway->config().routes.data())));
+      response = answered ? std::move(*answered) : forward(request, gateway, *server, *route);
+      if (!route->middlewares.empty()) add_rate_limit_fields(request, response);
     } else {
       response = next(request);
     }
@@ -502,6 +592,13 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
   bool connect = request.method() == "CONNECT";
   if (connect && request.context().major_version != 1) {
     return http::Response::error(501, "CONNECT is forwarded from HTTP/1.1 clients only");
+  }
+  // The smallest max_body of the route's middlewares, for a body without a length.
+  std::optional<std::uint64_t> route_max_body;
+  for (const MiddlewareConfig& m : route.middlewares) {
+    if (m.kind == MiddlewareConfig::Kind::kMaxBody) {
+      route_max_body = std::min(route_max_body.value_or(m.max_body), m.max_body);
+    }
   }
   auto forward_head = std::make_shared<ForwardHead>();
   build_head(request, *server.config, *forward_head);
@@ -598,7 +695,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       exchange->on_informational([&request](const http::ClientResponseHead& interim) {
         (void)request.send_interim(interim.status, interim.headers);
       });
-      auto sent = send_body(request, *exchange, body, has_body);
+      auto sent = send_body(request, *exchange, body, has_body, route_max_body);
       // Even when the body could not all go out, the upstream may have answered (an early
       // 413, say): its answer is what the client should see.
       auto got = exchange->read_head();

@@ -979,3 +979,77 @@ services:
                          capture_output=True, text=True)
     assert out.returncode == 1
     assert why in out.stderr and "routes[0].middlewares[0].rate_limit." in out.stderr, out.stderr
+
+
+def test_answering_and_path_middlewares(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER.replace("name: public", "name: public\n    trusted_proxies: [127.0.0.1]") + f"""
+routes:
+  - {{name: moved, match: {{path_prefix: /old/}}, service: a,
+     middlewares: [{{redirect: {{scheme: https, host: new.example, status: 308}}}}]}}
+  - {{name: same, match: {{path_prefix: /same/}}, service: a,
+     middlewares: [{{redirect: {{path: /elsewhere}}}}]}}
+  - {{name: fixed, match: {{path: /teapot-here}}, service: a,
+     middlewares: [{{respond: {{status: 418, body: "short and stout", content_type: text/plain}}}}]}}
+  - {{name: inside, match: {{path_prefix: /inside/}}, service: a,
+     middlewares: [{{ip_allow: [10.0.0.0/8]}}, {{strip_prefix: /inside}}]}}
+  - {{name: outside, match: {{path_prefix: /outside/}}, service: a,
+     middlewares: [{{ip_deny: [10.0.0.0/8, "2001:db8::/32"]}}, {{strip_prefix: /outside}}]}}
+  - {{name: small, match: {{path_prefix: /small/}}, service: a,
+     middlewares: [{{max_body: 1k}}, {{replace_path: /echo}}]}}
+  - {{name: regex, match: {{path_prefix: /users-v2/}}, service: a,
+     middlewares: [{{replace_path_regex: {{regex: "^/users-v2/([0-9]+)$", replacement: "/users/\\\\1"}}}}]}}
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    try:
+        status, headers, _ = request(gw, "GET", "/old/page?x=1", headers={"Host": "site.test:8080"})
+        assert status == 308 and headers["location"] == "https://new.example/old/page?x=1"
+        status, headers, _ = request(gw, "GET", "/same/x", headers={"Host": "site.test:8080"})
+        assert status == 302 and headers["location"] == "http://site.test:8080/elsewhere"
+        status, headers, body = request(gw, "GET", "/teapot-here")
+        assert (status, body, headers["content-type"]) == (418, b"short and stout", "text/plain")
+        # The client address: the peer, or what a trusted proxy (127.0.0.1 here) says.
+        assert request(gw, "GET", "/inside/plaintext")[0] == 403
+        assert request(gw, "GET", "/inside/plaintext", headers={"X-Forwarded-For": "10.1.2.3"})[0] == 200
+        assert request(gw, "GET", "/outside/plaintext", headers={"X-Forwarded-For": "10.1.2.3"})[0] == 403
+        assert request(gw, "GET", "/outside/plaintext", headers={"X-Forwarded-For": "2001:db8::1"})[0] == 403
+        assert request(gw, "GET", "/outside/plaintext", headers={"X-Forwarded-For": "192.0.2.9"})[0] == 200
+        # max_body: a declared length over it, or a chunked body growing past it, gets 413.
+        status, _, body = request(gw, "POST", "/small/x", body=b"k" * 1024)
+        assert (status, body) == (200, b"k" * 1024)
+        assert request(gw, "POST", "/small/x", body=b"k" * 1025)[0] == 413
+        assert request(gw, "POST", "/small/x", body=iter([b"k" * 1000, b"k" * 1000]),
+                       chunked=True)[0] == 413
+        # replace_path_regex: groups in the replacement; no match leaves the path as it is.
+        status, _, body = request(gw, "GET", "/users-v2/42")
+        assert status == 200 and b"42" in body
+        assert request(gw, "GET", "/users-v2/abc")[0] == 404
+    finally:
+        gw.stop()
+
+
+@pytest.mark.parametrize("middleware,why", [
+    ("{redirect: {status: 200}}", "redirect.status: expected 301, 302, 303, 307 or 308"),
+    ("{redirect: {scheme: ftp}}", "redirect.scheme: expected http or https"),
+    ("{ip_allow: [10.0.0.300/8]}", "ip_allow: '10.0.0.300/8' is not an address or network"),
+    ("{replace_path_regex: {regex: '(['}}", "replace_path_regex.regex: invalid regular expression"),
+    ("{replace_path_regex: {regex: '^/a$', replacement: '/\\2'}}", "replace_path_regex.replacement:"),
+    ("{respond: {status: 99}}", "respond.status: expected 200 to 599"),
+    ("{max_body: lots}", "max_body:"),
+])
+def test_a_bad_answering_middleware_is_a_configuration_error(build_dir, tmp_path, middleware, why):
+    config = tmp_path / "bad.yaml"
+    config.write_text(SERVER + f"""
+routes:
+  - name: api
+    match: {{path_prefix: /}}
+    middlewares: [{middleware}]
+    service: a
+services:
+  a: {{url: "http://127.0.0.1:1"}}
+""")
+    out = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(config)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1
+    assert why in out.stderr and "routes[0].middlewares[0]" in out.stderr, out.stderr

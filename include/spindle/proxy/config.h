@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -15,6 +16,10 @@
 #include "spindle/http/server.h"
 #include "spindle/net/address.h"
 #include "spindle/net/cidr.h"
+
+namespace re2 {
+class RE2;
+}
 
 namespace spindle::proxy {
 
@@ -108,10 +113,36 @@ struct RateLimitConfig {
 
 /// One entry of `routes[].middlewares`: what it is and its settings.
 struct MiddlewareConfig {
-  enum class Kind { kHeaders, kStripPrefix, kAddPrefix, kRateLimit };
+  enum class Kind {
+    kHeaders,
+    kStripPrefix,
+    kAddPrefix,
+    kReplacePath,
+    kReplacePathRegex,
+    kRateLimit,
+    kIpAllow,
+    kIpDeny,
+    kMaxBody,
+    kRedirect,
+    kRespond,
+  };
   Kind kind = Kind::kHeaders;
   /// rate_limit: its settings.
   RateLimitConfig rate_limit;
+  /// replace_path: the new path; replace_path_regex: the replacement (\1 for a group).
+  std::string replacement;
+  /// replace_path_regex: the pattern (RE2), searched in the path.
+  std::shared_ptr<const re2::RE2> regex;
+  /// ip_allow / ip_deny: the networks.
+  std::vector<Cidr> networks;
+  /// max_body: the largest request body, in bytes.
+  std::uint64_t max_body = 0;
+  /// redirect: what changes ("" / 0: as in the request), and the status; respond: the status,
+  /// body and type of the answer.
+  std::string scheme, host, path;
+  std::uint16_t port = 0;
+  int status = 0;
+  std::string body, content_type;
   /// headers: the edits to the request sent upstream and to the response sent back.
   HeaderEdits request, response;
   /// strip_prefix / add_prefix: the path prefix.
