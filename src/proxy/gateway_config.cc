@@ -174,7 +174,7 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
                                  const std::string& path) {
   constexpr const char* kKnown =
       "headers, strip_prefix, add_prefix, replace_path, replace_path_regex, rate_limit, "
-      "ip_allow, ip_deny, max_body, redirect, respond";
+      "ip_allow, ip_deny, max_body, redirect, respond, cors";
   if (!node.IsMap() || node.size() != 1) {
     list.fail(node, path,
               fmt::format("expected one middleware as {{NAME: SETTINGS}} ({})", kKnown));
@@ -258,6 +258,52 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
         m.status != 308) {
       r.fail_key("status", "expected 301, 302, 303, 307 or 308");
     }
+  } else if (kind == "cors") {
+    ConfigReader r = entry.nested(kind);
+    r.only({"origins", "methods", "headers", "expose", "credentials", "max_age"});
+    m.kind = MiddlewareConfig::Kind::kCors;
+    CorsConfig& cors = m.cors;
+    for (const std::string& origin : r.strings("origins")) {
+      if (origin == "*") {
+        cors.any_origin = true;
+      } else if ((origin.starts_with("http://") || origin.starts_with("https://")) &&
+                 http::is_field_value(origin) && !origin.ends_with('/')) {
+        cors.origins.push_back(origin);
+      } else {
+        r.fail_key("origins",
+                   fmt::format("'{}' is not an origin (scheme://host[:port], or *)", origin));
+      }
+    }
+    if (!cors.any_origin && cors.origins.empty())
+      r.fail_key("origins", "required: a list of origins, or *");
+    if (r.has("methods")) {
+      cors.methods.clear();
+      for (const std::string& method : r.strings("methods")) {
+        if (!http::is_method(method))
+          r.fail_key("methods", fmt::format("'{}' is not a method", method));
+        cors.methods.push_back(method);
+      }
+    }
+    for (const std::string& name : r.strings("headers")) {
+      if (name == "*") {
+        cors.any_header = true;
+        continue;
+      }
+      if (!http::is_field_name(name))
+        r.fail_key("headers", fmt::format("'{}' is not a field name", name));
+      std::string lower = name;
+      std::ranges::transform(lower, lower.begin(),
+                             [](char c) { return static_cast<char>(std::tolower(c)); });
+      cors.headers.push_back(lower);
+    }
+    for (const std::string& name : r.strings("expose")) {
+      if (!http::is_field_name(name))
+        r.fail_key("expose", fmt::format("'{}' is not a field name", name));
+      cors.expose.push_back(name);
+    }
+    cors.credentials = r.boolean("credentials", false);
+    cors.max_age = std::chrono::duration_cast<std::chrono::seconds>(
+        r.duration("max_age", std::chrono::seconds(600)));
   } else if (kind == "respond") {
     ConfigReader r = entry.nested(kind);
     r.only({"status", "body", "content_type"});

@@ -151,6 +151,81 @@ std::string rate_limit_key(const http::Request& request, const ServerConfig& ser
 // response (RateLimit-* fields).
 constexpr std::string_view kRateLimitShown = "ratelimit";
 
+// "a, b, c".
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) {
+    if (!out.empty()) out += ", ";
+    out += item;
+  }
+  return out;
+}
+
+// A CORS preflight: OPTIONS with Origin and Access-Control-Request-Method.
+bool is_preflight(const http::Request& request) {
+  return request.method() == "OPTIONS" && !request.header("origin").empty() &&
+         !request.header("access-control-request-method").empty();
+}
+
+// Whether `cors` lets pages from `origin` in.
+bool cors_allows(const CorsConfig& cors, std::string_view origin) {
+  return cors.any_origin || std::ranges::find(cors.origins, origin) != cors.origins.end();
+}
+
+// The origin a CORS answer names: "*" when any will do and no credentials go along.
+std::string_view cors_origin(const CorsConfig& cors, std::string_view origin) {
+  return cors.any_origin && !cors.credentials ? std::string_view("*") : origin;
+}
+
+// The answer to a CORS preflight: 204 with what the page may do, or 403.
+http::Response answer_preflight(const http::Request& request, const CorsConfig& cors) {
+  std::string_view origin = request.header("origin");
+  std::string_view method = request.header("access-control-request-method");
+  std::string_view asked = request.header("access-control-request-headers");
+  bool ok =
+      cors_allows(cors, origin) && std::ranges::find(cors.methods, method) != cors.methods.end();
+  // Every field it asks for must be allowed (names compared without regard to case).
+  for (std::string_view rest = asked; ok && !rest.empty();) {
+    auto comma = rest.find(',');
+    std::string_view name = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    while (!name.empty() && (name.front() == ' ' || name.front() == '\t')) name.remove_prefix(1);
+    while (!name.empty() && (name.back() == ' ' || name.back() == '\t')) name.remove_suffix(1);
+    if (name.empty() || cors.any_header) continue;
+    ok = std::ranges::any_of(cors.headers,
+                             [&](const std::string& h) { return http::iequals(h, name); });
+  }
+  if (!ok) return http::Response::error(403, "cross-origin request not allowed");
+  http::Response response(204);
+  response.headers.set("Access-Control-Allow-Origin", cors_origin(cors, origin));
+  response.headers.set("Access-Control-Allow-Methods", joined(cors.methods));
+  if (!asked.empty()) {
+    response.headers.set("Access-Control-Allow-Headers",
+                         cors.any_header ? std::string(asked) : joined(cors.headers));
+  }
+  response.headers.set("Access-Control-Max-Age", std::to_string(cors.max_age.count()));
+  if (cors.credentials) response.headers.set("Access-Control-Allow-Credentials", "true");
+  response.headers.add("Vary", "Origin");
+  return response;
+}
+
+// The CORS fields of an answer to an actual (not preflight) cross-origin request.
+void add_cors_fields(const http::Request& request, const RouteConfig& route,
+                     http::Response& response) {
+  std::string_view origin = request.header("origin");
+  if (origin.empty() || is_preflight(request)) return;
+  for (const MiddlewareConfig& m : route.middlewares) {
+    if (m.kind != MiddlewareConfig::Kind::kCors || !cors_allows(m.cors, origin)) continue;
+    response.headers.set("Access-Control-Allow-Origin", cors_origin(m.cors, origin));
+    if (m.cors.credentials) response.headers.set("Access-Control-Allow-Credentials", "true");
+    if (!m.cors.expose.empty()) {
+      response.headers.set("Access-Control-Expose-Headers", joined(m.cors.expose));
+    }
+    response.headers.add("Vary", "Origin");
+    return;
+  }
+}
+
 // The middlewares of `route` that may answer in the gateway's place, in order: rate limits
 // (429), ip_allow / ip_deny (403), max_body (413 for a declared length), redirect, respond. The
 // first that answers ends the request; nullopt lets it go on to the service.
@@ -221,6 +296,9 @@ std::optional<http::Response> answer_first(
       }
       case MiddlewareConfig::Kind::kRespond:
         answer = http::Response(m.status, m.body, m.content_type);
+        break;
+      case MiddlewareConfig::Kind::kCors:
+        if (is_preflight(request)) answer = answer_preflight(request, m.cors);
         break;
       default:
         break;
@@ -553,7 +631,10 @@ http::Middleware Proxy::middleware(std::string server_key) {
           request, *server->config, *route,
           gateway->rate_limits(static_cast<std::size_t>(route - gateway->config().routes.data())));
       response = answered ? std::move(*answered) : forward(request, gateway, *server, *route);
-      if (!route->middlewares.empty()) add_rate_limit_fields(request, response);
+      if (!route->middlewares.empty()) {
+        add_rate_limit_fields(request, response);
+        add_cors_fields(request, *route, response);
+      }
     } else {
       response = next(request);
     }

@@ -92,6 +92,7 @@ SAMPLES = {
     "routes[].middlewares.max_body": "1m",
     "routes[].middlewares.redirect": "{scheme: https, status: 301}",
     "routes[].middlewares.respond": "{status: 204}",
+    "routes[].middlewares.cors": "{origins: [https://app.example], credentials: true}",
     "services.NAME.tls": None,
     "services.NAME.tls.ca": "/etc/ssl/certs/ca-certificates.crt",
     "services.NAME.tls.verify": "false",

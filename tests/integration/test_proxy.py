@@ -1053,3 +1053,54 @@ services:
                          capture_output=True, text=True)
     assert out.returncode == 1
     assert why in out.stderr and "routes[0].middlewares[0]" in out.stderr, out.stderr
+
+
+def test_cors_answers_preflights_and_marks_allowed_answers(build_dir, tmp_path, two_upstreams):
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - name: api
+    match: {{path_prefix: /}}
+    middlewares:
+      - cors: {{origins: ["https://app.example"], methods: [GET, PUT], headers: [Content-Type, X-Token],
+                expose: [X-Request-Id], credentials: true, max_age: 1h}}
+    service: a
+  - name: open
+    match: {{path_prefix: /open/}}
+    middlewares: [{{cors: {{origins: "*", headers: "*"}}}}, {{strip_prefix: /open}}]
+    service: a
+""" + f"""
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    try:
+        def preflight(path, origin, method="PUT", asked="content-type, x-token"):
+            return request(gw, "OPTIONS", path, headers={
+                "Origin": origin, "Access-Control-Request-Method": method,
+                "Access-Control-Request-Headers": asked})
+
+        status, h, _ = preflight("/plaintext", "https://app.example")
+        assert status == 204
+        assert h["access-control-allow-origin"] == "https://app.example"  # credentials: echoed
+        assert h["access-control-allow-methods"] == "GET, PUT"
+        assert h["access-control-allow-headers"] == "content-type, x-token"
+        assert h["access-control-max-age"] == "3600"
+        assert h["access-control-allow-credentials"] == "true" and "Origin" in h["vary"]
+        # Another origin, a method or a field not allowed: 403, nothing forwarded.
+        assert preflight("/plaintext", "https://evil.example")[0] == 403
+        assert preflight("/plaintext", "https://app.example", method="DELETE")[0] == 403
+        assert preflight("/plaintext", "https://app.example", asked="x-other")[0] == 403
+        # The actual request goes to the service; its answer carries the CORS fields.
+        status, h, body = request(gw, "GET", "/plaintext", headers={"Origin": "https://app.example"})
+        assert status == 200 and body == b"Hello, World!"
+        assert h["access-control-allow-origin"] == "https://app.example"
+        assert h["access-control-expose-headers"] == "X-Request-Id"
+        status, h, _ = request(gw, "GET", "/plaintext", headers={"Origin": "https://evil.example"})
+        assert status == 200 and "access-control-allow-origin" not in h
+        # Any origin without credentials: "*"; any requested field is allowed.
+        status, h, _ = preflight("/open/plaintext", "https://anyone.example", method="GET",
+                                 asked="x-whatever")
+        assert status == 204 and h["access-control-allow-origin"] == "*"
+        assert h["access-control-allow-headers"] == "x-whatever"
+    finally:
+        gw.stop()

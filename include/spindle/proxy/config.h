@@ -111,6 +111,23 @@ struct RateLimitConfig {
   std::string rate_text;
 };
 
+/// `cors`: which cross-origin requests browsers may make.
+struct CorsConfig {
+  /// Allowed origins ("https://app.example"), or "*" for any.
+  std::vector<std::string> origins;
+  bool any_origin = false;
+  /// Methods and request fields a preflight may ask for (fields lower case; "*": any).
+  std::vector<std::string> methods{"GET", "HEAD", "POST"};
+  std::vector<std::string> headers;
+  bool any_header = false;
+  /// Response fields the page may read.
+  std::vector<std::string> expose;
+  /// Whether cookies and credentials go along (Access-Control-Allow-Credentials).
+  bool credentials = false;
+  /// How long a browser may keep a preflight's answer.
+  std::chrono::seconds max_age{600};
+};
+
 /// One entry of `routes[].middlewares`: what it is and its settings.
 struct MiddlewareConfig {
   enum class Kind {
@@ -125,10 +142,13 @@ struct MiddlewareConfig {
     kMaxBody,
     kRedirect,
     kRespond,
+    kCors,
   };
   Kind kind = Kind::kHeaders;
   /// rate_limit: its settings.
   RateLimitConfig rate_limit;
+  /// cors: its settings.
+  CorsConfig cors;
   /// replace_path: the new path; replace_path_regex: the replacement (\1 for a group).
   std::string replacement;
   /// replace_path_regex: the pattern (RE2), searched in the path.
