@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <set>
 
 #include "spindle/base/ascii.h"
@@ -174,7 +175,7 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
                                  const std::string& path) {
   constexpr const char* kKnown =
       "headers, strip_prefix, add_prefix, replace_path, replace_path_regex, rate_limit, "
-      "ip_allow, ip_deny, max_body, redirect, respond, cors";
+      "ip_allow, ip_deny, max_body, redirect, respond, cors, basic_auth";
   if (!node.IsMap() || node.size() != 1) {
     list.fail(node, path,
               fmt::format("expected one middleware as {{NAME: SETTINGS}} ({})", kKnown));
@@ -304,6 +305,37 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
     cors.credentials = r.boolean("credentials", false);
     cors.max_age = std::chrono::duration_cast<std::chrono::seconds>(
         r.duration("max_age", std::chrono::seconds(600)));
+  } else if (kind == "basic_auth") {
+    ConfigReader r = entry.nested(kind);
+    r.only({"users_file", "realm"});
+    m.kind = MiddlewareConfig::Kind::kBasicAuth;
+    auto auth = std::make_shared<BasicAuthConfig>();
+    auth->realm = r.string("realm", auth->realm);
+    if (!http::is_field_value(auth->realm) || auth->realm.find('"') != std::string::npos) {
+      r.fail_key("realm", "must not hold quotes or control characters");
+    }
+    if (!r.has("users_file")) r.fail_key("users_file", "required (an htpasswd file)");
+    std::string file = config_path(r.file(), r.string("users_file", ""));
+    std::ifstream in(file);
+    if (!in) r.fail_key("users_file", fmt::format("cannot read {}", file));
+    std::string line;
+    for (int number = 1; std::getline(in, line); ++number) {
+      if (line.empty() || line.starts_with('#')) continue;
+      auto colon = line.find(':');
+      std::string user = line.substr(0, colon);
+      std::string hash = colon == std::string::npos ? "" : line.substr(colon + 1);
+      bool bcrypt =
+          hash.starts_with("$2y$") || hash.starts_with("$2b$") || hash.starts_with("$2a$");
+      if (user.empty() || (!bcrypt && !hash.starts_with("{SHA}"))) {
+        r.fail_key("users_file",
+                   fmt::format("{}:{}: expected USER:HASH with a bcrypt ($2y$, htpasswd -B) or "
+                               "{{SHA}} hash",
+                               file, number));
+      }
+      auth->users[user] = hash;
+    }
+    if (auth->users.empty()) r.fail_key("users_file", fmt::format("{}: no users", file));
+    m.basic_auth = std::move(auth);
   } else if (kind == "respond") {
     ConfigReader r = entry.nested(kind);
     r.only({"status", "body", "content_type"});

@@ -1,19 +1,24 @@
 // The proxy: forwards a request that matched a route to a target of its service, streaming
 // both bodies, retrying only when it is safe, and answering 502 / 503 / 504 itself when the
 // upstream cannot.
+#include <crypt.h>
 #include <fmt/format.h>
+#include <openssl/evp.h>
+#include <openssl/sha.h>
 #include <re2/re2.h>
 
 #include <algorithm>
 #include <charconv>
 #include <optional>
 #include <random>
+#include <unordered_set>
 
 #include "spindle/base/log.h"
 #include "spindle/fiber/buffer_pool.h"
 #include "spindle/fiber/worker.h"
 #include "spindle/http/rules.h"
 #include "spindle/proxy/gateway.h"
+#include "spindle/sync/blocking_pool.h"
 
 namespace spindle::proxy {
 namespace {
@@ -147,6 +152,82 @@ std::string rate_limit_key(const http::Request& request, const ServerConfig& ser
   return "ip:" + client_address(request, server);
 }
 
+}  // namespace
+
+// Password checks for basic_auth. bcrypt is slow on purpose (milliseconds): it runs on helper
+// threads while the worker serves on, and credentials found good are remembered (by a SHA-256
+// of user, password and hash), so a client pays for it once.
+class PasswordCheck {
+ public:
+  bool matches(std::string_view user, std::string_view password, const std::string& hash) {
+    std::string key = digest(fmt::format("{}\n{}\n{}", user, password, hash));
+    {
+      std::lock_guard guard(lock_);
+      if (good_.contains(key)) return true;
+    }
+    bool ok = false;
+    if (hash.starts_with("{SHA}")) {
+      unsigned char sha[SHA_DIGEST_LENGTH];
+      SHA1(reinterpret_cast<const unsigned char*>(password.data()), password.size(), sha);
+      unsigned char encoded[64];
+      int n = EVP_EncodeBlock(encoded, sha, sizeof sha);
+      ok = std::string_view(reinterpret_cast<char*>(encoded), static_cast<std::size_t>(n)) ==
+           std::string_view(hash).substr(5);
+    } else {
+      ok = pool_.run([password = std::string(password), hash] {
+        crypt_data data{};
+        const char* out = ::crypt_r(password.c_str(), hash.c_str(), &data);
+        return out != nullptr && hash == out;
+      });
+    }
+    if (ok) {
+      std::lock_guard guard(lock_);
+      if (good_.size() > 10'000) good_.clear();
+      good_.insert(std::move(key));
+    }
+    return ok;
+  }
+
+ private:
+  static std::string digest(const std::string& text) {
+    unsigned char sha[SHA256_DIGEST_LENGTH];
+    SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(), sha);
+    return std::string(reinterpret_cast<char*>(sha), sizeof sha);
+  }
+  BlockingPool pool_{2};
+  std::mutex lock_;
+  std::unordered_set<std::string> good_;
+};
+
+namespace {
+
+// The user of a request's `Authorization: Basic` credentials, if `auth` knows them and the
+// password is right.
+std::optional<std::string> authenticated_user(const http::Request& request,
+                                              const BasicAuthConfig& auth, PasswordCheck& check) {
+  std::string_view value = request.header("authorization");
+  if (value.size() < 6 || !http::iequals(value.substr(0, 6), "basic ")) return std::nullopt;
+  std::string_view encoded = value.substr(6);
+  while (!encoded.empty() && encoded.front() == ' ') encoded.remove_prefix(1);
+  if (encoded.empty() || encoded.size() > 1024 || encoded.size() % 4 != 0) return std::nullopt;
+  std::string decoded(encoded.size() / 4 * 3, '\0');
+  int n = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(decoded.data()),
+                          reinterpret_cast<const unsigned char*>(encoded.data()),
+                          static_cast<int>(encoded.size()));
+  if (n < 0) return std::nullopt;
+  std::size_t padding = encoded.ends_with("==") ? 2 : encoded.ends_with('=') ? 1 : 0;
+  decoded.resize(static_cast<std::size_t>(n) - padding);
+  auto colon = decoded.find(':');
+  if (colon == std::string::npos) return std::nullopt;
+  std::string user = decoded.substr(0, colon);
+  auto it = auth.users.find(user);
+  if (it == auth.users.end()) return std::nullopt;
+  if (!check.matches(user, std::string_view(decoded).substr(colon + 1), it->second)) {
+    return std::nullopt;
+  }
+  return user;
+}
+
 // A request attribute name under which the tightest rate limit's decision waits for the
 // response (RateLimit-* fields).
 constexpr std::string_view kRateLimitShown = "ratelimit";
@@ -231,7 +312,7 @@ void add_cors_fields(const http::Request& request, const RouteConfig& route,
 // first that answers ends the request; nullopt lets it go on to the service.
 std::optional<http::Response> answer_first(
     http::Request& request, const ServerConfig& server, const RouteConfig& route,
-    const std::vector<std::shared_ptr<RateLimitTable>>& limits) {
+    const std::vector<std::shared_ptr<RateLimitTable>>& limits, PasswordCheck& passwords) {
   const RateLimitTable* tightest = nullptr;
   RateLimitTable::Decision shown;
   std::optional<http::Response> answer;
@@ -299,6 +380,16 @@ std::optional<http::Response> answer_first(
         break;
       case MiddlewareConfig::Kind::kCors:
         if (is_preflight(request)) answer = answer_preflight(request, m.cors);
+        break;
+      case MiddlewareConfig::Kind::kBasicAuth:
+        if (auto user = authenticated_user(request, *m.basic_auth, passwords)) {
+          request.set_attribute("user", *user);
+        } else {
+          answer = http::Response::error(401, "authentication required");
+          answer->headers.set(
+              "WWW-Authenticate",
+              fmt::format("Basic realm=\"{}\", charset=\"UTF-8\"", m.basic_auth->realm));
+        }
         break;
       default:
         break;
@@ -611,6 +702,14 @@ Result<void> send_body(http::Request& request, http::ClientExchange& exchange, B
 
 }  // namespace
 
+Proxy::Proxy(Gateways& gateways, http::UpstreamConnections& connections, Metrics* metrics)
+    : gateways_(gateways),
+      connections_(connections),
+      metrics_(metrics),
+      passwords_(std::make_unique<PasswordCheck>()) {}
+
+Proxy::~Proxy() = default;
+
 http::Middleware Proxy::middleware(std::string server_key) {
   std::uint32_t unrouted = metrics_ ? metrics_->request_series(server_key, "") : 0;
   return [this, server_key = std::move(server_key), unrouted](
@@ -629,7 +728,8 @@ http::Middleware Proxy::middleware(std::string server_key) {
     if (route) {
       std::optional<http::Response> answered = answer_first(
           request, *server->config, *route,
-          gateway->rate_limits(static_cast<std::size_t>(route - gateway->config().routes.data())));
+          gateway->rate_limits(static_cast<std::size_t>(route - gateway->config().routes.data())),
+          *passwords_);
       response = answered ? std::move(*answered) : forward(request, gateway, *server, *route);
       if (!route->middlewares.empty()) {
         add_rate_limit_fields(request, response);

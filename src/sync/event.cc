@@ -20,10 +20,10 @@ bool Event::is_set() {
   return set_;
 }
 
-std::error_code Event::wait(Deadline deadline) {
+std::error_code Event::wait(Deadline deadline, bool cancellable) {
   std::unique_lock guard(lock_);
   while (!set_) {
-    if (auto ec = waiters_.wait(lock_, deadline)) return ec;
+    if (auto ec = waiters_.wait(lock_, deadline, cancellable)) return ec;
   }
   return {};
 }

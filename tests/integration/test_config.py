@@ -93,6 +93,7 @@ SAMPLES = {
     "routes[].middlewares.redirect": "{scheme: https, status: 301}",
     "routes[].middlewares.respond": "{status: 204}",
     "routes[].middlewares.cors": "{origins: [https://app.example], credentials: true}",
+    "routes[].middlewares.basic_auth": "{users_file: {tmp}/users.htpasswd, realm: Office}",
     "services.NAME.tls": None,
     "services.NAME.tls.ca": "/etc/ssl/certs/ca-certificates.crt",
     "services.NAME.tls.verify": "false",
@@ -167,6 +168,8 @@ def test_every_documented_key_is_accepted(build_dir, tmp_path):
     assert "servers[].limits.max_connections_per_worker" in keys and len(keys) >= 20, keys
     missing = [k for k in keys if k not in SAMPLES]
     assert not missing, f"documented keys without a sample value in this test: {missing}"
+    # What the samples name: an htpasswd file.
+    (tmp_path / "users.htpasswd").write_text("bob:{SHA}fEqNCco3Yq9h5ZUglD3CZJT4lBs=\n")
     for key in keys:
         value = SAMPLES[key]
         if value is None:

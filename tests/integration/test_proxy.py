@@ -1104,3 +1104,67 @@ services:
         assert h["access-control-allow-headers"] == "x-whatever"
     finally:
         gw.stop()
+
+
+def test_basic_auth_checks_bcrypt_and_sha_passwords(build_dir, tmp_path, two_upstreams):
+    import base64
+    import crypt  # deprecated in 3.11, still here; bcrypt as htpasswd -B writes it
+    import hashlib
+    import warnings
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    a, _ = two_upstreams
+    users = tmp_path / "users.htpasswd"
+    sha = base64.b64encode(hashlib.sha1(b"sha-secret").digest()).decode()
+    users.write_text("# users\nalice:" + crypt.crypt("wonder land", crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
+                     + f"\nbob:{{SHA}}{sha}\n")
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - name: private
+    match: {{path_prefix: /}}
+    middlewares: [{{basic_auth: {{users_file: {users}, realm: "The Back Office"}}}}]
+    service: a
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+
+    def get(credentials=None, raw=None):
+        headers = {}
+        if credentials is not None:
+            headers["Authorization"] = "Basic " + base64.b64encode(credentials.encode()).decode()
+        if raw is not None:
+            headers["Authorization"] = raw
+        return request(gw, "GET", "/plaintext", headers=headers)
+
+    try:
+        status, h, _ = get()
+        assert status == 401 and h["www-authenticate"] == 'Basic realm="The Back Office", charset="UTF-8"'
+        assert get("alice:wonder land")[0] == 200
+        assert get("alice:wonder land")[0] == 200  # remembered: no second bcrypt
+        assert get("alice:wrong")[0] == 401
+        assert get("bob:sha-secret")[0] == 200
+        assert get("bob:wonder land")[0] == 401
+        assert get("carol:anything")[0] == 401
+        assert get(raw="Basic !!!not-base64")[0] == 401
+        assert get(raw="Bearer abc")[0] == 401
+    finally:
+        gw.stop()
+
+
+@pytest.mark.parametrize("content,why", [
+    ("alice:$apr1$abc$def\n", "users.htpasswd:1: expected USER:HASH with a bcrypt"),
+    ("# only a comment\n", "no users"),
+])
+def test_a_bad_users_file_is_a_configuration_error(build_dir, tmp_path, content, why):
+    users = tmp_path / "users.htpasswd"
+    users.write_text(content)
+    config = tmp_path / "bad.yaml"
+    config.write_text(SERVER + f"""
+routes:
+  - {{name: api, match: {{path_prefix: /}}, service: a, middlewares: [{{basic_auth: {{users_file: {users}}}}}]}}
+services:
+  a: {{url: "http://127.0.0.1:1"}}
+""")
+    out = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(config)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and why in out.stderr, out.stderr
+    assert "routes[0].middlewares[0].basic_auth.users_file" in out.stderr

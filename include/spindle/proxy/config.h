@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -128,6 +129,14 @@ struct CorsConfig {
   std::chrono::seconds max_age{600};
 };
 
+/// `basic_auth`: the users of an htpasswd file (bcrypt or {SHA} hashes).
+struct BasicAuthConfig {
+  /// The realm named in WWW-Authenticate.
+  std::string realm = "spindle";
+  /// User name -> password hash, as in the file.
+  std::map<std::string, std::string, std::less<>> users;
+};
+
 /// One entry of `routes[].middlewares`: what it is and its settings.
 struct MiddlewareConfig {
   enum class Kind {
@@ -143,12 +152,15 @@ struct MiddlewareConfig {
     kRedirect,
     kRespond,
     kCors,
+    kBasicAuth,
   };
   Kind kind = Kind::kHeaders;
   /// rate_limit: its settings.
   RateLimitConfig rate_limit;
   /// cors: its settings.
   CorsConfig cors;
+  /// basic_auth: its users.
+  std::shared_ptr<const BasicAuthConfig> basic_auth;
   /// replace_path: the new path; replace_path_regex: the replacement (\1 for a group).
   std::string replacement;
   /// replace_path_regex: the pattern (RE2), searched in the path.

@@ -178,8 +178,8 @@ class Proxy {
  public:
   /// With `metrics`, every request through its middlewares is counted there (with the
   /// numbers of the gateways' series, which must have been built with the same metrics).
-  Proxy(Gateways& gateways, http::UpstreamConnections& connections, Metrics* metrics = nullptr)
-      : gateways_(gateways), connections_(connections), metrics_(metrics) {}
+  Proxy(Gateways& gateways, http::UpstreamConnections& connections, Metrics* metrics = nullptr);
+  ~Proxy();
 
   /// The middleware for the server whose key (ServerConfig::key()) is `server_key`: it forwards
   /// along the routes that server has in the snapshot in force, whichever that is by then.
@@ -193,6 +193,8 @@ class Proxy {
   Gateways& gateways_;
   http::UpstreamConnections& connections_;
   Metrics* metrics_;
+  /// Checks basic_auth passwords (off the workers for bcrypt), remembering good ones.
+  std::unique_ptr<class PasswordCheck> passwords_;
 };
 
 }  // namespace spindle::proxy

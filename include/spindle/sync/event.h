@@ -22,8 +22,10 @@ class Event {
   void reset();
   /// True if set.
   bool is_set();
-  /// Waits until set. Returns {}, std::errc::timed_out or std::errc::operation_canceled.
-  [[nodiscard]] std::error_code wait(Deadline deadline = Deadline::never());
+  /// Waits until set. Returns {}, std::errc::timed_out or std::errc::operation_canceled
+  /// (never with `cancellable` false: kNotCancellable).
+  [[nodiscard]] std::error_code wait(Deadline deadline = Deadline::never(),
+                                     bool cancellable = true);
 
  private:
   /// Guards set_ and waiters_.
