@@ -3,6 +3,7 @@ and small HTTP helpers."""
 import http.client
 import os
 import socket
+import threading
 import time
 
 from conftest import Server
@@ -88,3 +89,45 @@ servers:
     access_log: off
     limits: {max_body: 4g}
 """
+
+
+class ScriptedUpstream:
+    """A loopback upstream written in the test: accepts connections (counting them) and hands
+    each to `self.handle(conn)` on a thread of its own."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.running = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        self.sock.settimeout(0.2)
+        while self.running:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def handle(self, conn):
+        raise NotImplementedError
+
+    def stop(self):
+        self.running = False
+        self.sock.close()
+
+
+def wait_until(check, seconds=5):
+    """Calls `check` until it returns something true (returned), or `seconds` pass (None)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.05)
+    return None

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import Server
-from proxy_support import addr, free_port, request, upstream
+from proxy_support import addr, free_port, request, upstream, wait_until
 
 
 def start(build_dir, tmp_path, text):
@@ -117,22 +117,14 @@ def test_metrics_count_requests_and_targets_in_the_prometheus_format(build_dir, 
         assert value(m, "spindle_reloads_total", outcome="success") == 0
 
         # A reload, then a broken one: counted, and the counters of the routes go on.
+        def reloads(outcome):
+            m = samples(admin_get(admin_port, "/metrics")[2])
+            return value(m, "spindle_reloads_total", outcome=outcome) == 1
+
         gw.proc.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            m = samples(admin_get(admin_port, "/metrics")[2])
-            if value(m, "spindle_reloads_total", outcome="success") == 1:
-                break
-            time.sleep(0.05)
-        assert value(m, "spindle_reloads_total", outcome="success") == 1
+        assert wait_until(lambda: reloads("success"))
         path.write_text("servers: []\n")
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            m = samples(admin_get(admin_port, "/metrics")[2])
-            if value(m, "spindle_reloads_total", outcome="failure") == 1:
-                break
-            time.sleep(0.05)
-        assert value(m, "spindle_reloads_total", outcome="failure") == 1
+        assert wait_until(lambda: reloads("failure"))
         assert request(gw, "GET", "/api/headers")[0] == 200
         m = samples(admin_get(admin_port, "/metrics")[2])
         assert value(m, "spindle_requests_total", server="public", route="api", code="2xx") == 6

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from conftest import Server
-from proxy_support import (SERVER, addr, all_to, free_port, gateway, logged, request,
-                           response_head, upstream)
+from proxy_support import (SERVER, ScriptedUpstream, addr, all_to, free_port, gateway, logged,
+                           request, response_head, upstream, wait_until)
 
 
 @pytest.fixture
@@ -335,43 +335,28 @@ upstreams:
         gw.stop()
 
 
-class ClosingUpstream:
+class ClosingUpstream(ScriptedUpstream):
     """Reads each request whole, counts it, and closes without answering: whatever was sent
     may have been acted on."""
 
     def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
         self.requests = collections.Counter()
-        self.running = True
-        threading.Thread(target=self.serve, daemon=True).start()
+        super().__init__()
 
-    def serve(self):
-        self.sock.settimeout(0.2)
-        while self.running:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            data = b""
-            conn.settimeout(2)
-            try:
-                while b"\r\n\r\n" not in data:
-                    more = conn.recv(65536)
-                    if not more:
-                        break
-                    data += more
-            except OSError:
-                pass
-            if data:
-                self.requests[data.split(b" ", 1)[0].decode()] += 1
-            conn.close()
-
-    def stop(self):
-        self.running = False
-        self.sock.close()
+    def handle(self, conn):
+        data = b""
+        conn.settimeout(2)
+        try:
+            while b"\r\n\r\n" not in data:
+                more = conn.recv(65536)
+                if not more:
+                    break
+                data += more
+        except OSError:
+            pass
+        if data:
+            self.requests[data.split(b" ", 1)[0].decode()] += 1
+        conn.close()
 
 
 def test_a_post_whose_bytes_reached_the_upstream_is_never_replayed(build_dir, tmp_path):
@@ -764,13 +749,9 @@ services:
         gw.stop()
 
 
-@pytest.mark.parametrize("middlewares, where", [
-    ("[{rate_limiter: {}}]", "routes[0].middlewares[0].rate_limiter: unknown middleware"),
-    ("[{strip_prefix: api}]", "routes[0].middlewares[0].strip_prefix: expected a path prefix"),
-    ("[{headers: {request: {set: {'bad name': x}}}}]", "routes[0].middlewares[0].headers.request.set.bad name"),
-    ("[{headers: {}, strip_prefix: /a}]", "routes[0].middlewares[0]: expected one middleware"),
-])
-def test_a_bad_middleware_is_a_configuration_error(build_dir, tmp_path, middlewares, where):
+def middleware_config_error(build_dir, tmp_path, middlewares):
+    """check-config on a one-route configuration whose `middlewares` is the YAML value given
+    (on line 5): its error output, once it has exited 1."""
     config = tmp_path / "bad.yaml"
     config.write_text(f"""servers:
   - {{listen: 127.0.0.1:0}}
@@ -783,8 +764,19 @@ services:
 """)
     done = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(config)],
                           capture_output=True, text=True, timeout=30)
-    assert done.returncode == 1
-    assert f"bad.yaml:5: {where}" in done.stderr, done.stderr
+    assert done.returncode == 1, done.stdout
+    return done.stderr
+
+
+@pytest.mark.parametrize("middlewares, where", [
+    ("[{rate_limiter: {}}]", "routes[0].middlewares[0].rate_limiter: unknown middleware"),
+    ("[{strip_prefix: api}]", "routes[0].middlewares[0].strip_prefix: expected a path prefix"),
+    ("[{headers: {request: {set: {'bad name': x}}}}]", "routes[0].middlewares[0].headers.request.set.bad name"),
+    ("[{headers: {}, strip_prefix: /a}]", "routes[0].middlewares[0]: expected one middleware"),
+])
+def test_a_bad_middleware_is_a_configuration_error(build_dir, tmp_path, middlewares, where):
+    err = middleware_config_error(build_dir, tmp_path, middlewares)
+    assert f"bad.yaml:5: {where}" in err, err
 
 
 def test_expect_100_continue_asks_the_upstream_before_the_body_moves(build_dir, tmp_path,
@@ -947,15 +939,6 @@ services:
         gw.stop()
 
 
-def wait_until(check, seconds=5):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.parametrize("setting,why", [
     ("{rate: 10}", "rate: expected requests per second"),
     ("{rate: 10/s, store: redis}", "store: only local is built so far"),
@@ -964,21 +947,8 @@ def wait_until(check, seconds=5):
     ("{rate: 10/s, failure_mode: maybe}", "failure_mode: expected open or closed"),
 ])
 def test_a_bad_rate_limit_is_a_configuration_error(build_dir, tmp_path, setting, why):
-    config = tmp_path / "bad.yaml"
-    config.write_text(SERVER + f"""
-routes:
-  - name: api
-    match: {{path_prefix: /}}
-    middlewares:
-      - rate_limit: {setting}
-    service: a
-services:
-  a: {{url: "http://127.0.0.1:1"}}
-""")
-    out = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(config)],
-                         capture_output=True, text=True)
-    assert out.returncode == 1
-    assert why in out.stderr and "routes[0].middlewares[0].rate_limit." in out.stderr, out.stderr
+    err = middleware_config_error(build_dir, tmp_path, f"[{{rate_limit: {setting}}}]")
+    assert why in err and "routes[0].middlewares[0].rate_limit." in err, err
 
 
 def test_answering_and_path_middlewares(build_dir, tmp_path, two_upstreams):
@@ -1039,20 +1009,8 @@ services:
     ("{max_body: lots}", "max_body:"),
 ])
 def test_a_bad_answering_middleware_is_a_configuration_error(build_dir, tmp_path, middleware, why):
-    config = tmp_path / "bad.yaml"
-    config.write_text(SERVER + f"""
-routes:
-  - name: api
-    match: {{path_prefix: /}}
-    middlewares: [{middleware}]
-    service: a
-services:
-  a: {{url: "http://127.0.0.1:1"}}
-""")
-    out = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(config)],
-                         capture_output=True, text=True)
-    assert out.returncode == 1
-    assert why in out.stderr and "routes[0].middlewares[0]" in out.stderr, out.stderr
+    err = middleware_config_error(build_dir, tmp_path, f"[{middleware}]")
+    assert why in err and "routes[0].middlewares[0]" in err, err
 
 
 def test_cors_answers_preflights_and_marks_allowed_answers(build_dir, tmp_path, two_upstreams):
@@ -1157,14 +1115,5 @@ services:
 def test_a_bad_users_file_is_a_configuration_error(build_dir, tmp_path, content, why):
     users = tmp_path / "users.htpasswd"
     users.write_text(content)
-    config = tmp_path / "bad.yaml"
-    config.write_text(SERVER + f"""
-routes:
-  - {{name: api, match: {{path_prefix: /}}, service: a, middlewares: [{{basic_auth: {{users_file: {users}}}}}]}}
-services:
-  a: {{url: "http://127.0.0.1:1"}}
-""")
-    out = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(config)],
-                         capture_output=True, text=True)
-    assert out.returncode == 1 and why in out.stderr, out.stderr
-    assert "routes[0].middlewares[0].basic_auth.users_file" in out.stderr
+    err = middleware_config_error(build_dir, tmp_path, f"[{{basic_auth: {{users_file: {users}}}}}]")
+    assert why in err and "routes[0].middlewares[0].basic_auth.users_file" in err, err

@@ -14,34 +14,15 @@ import time
 import pytest
 
 from conftest import Server
-from proxy_support import addr, free_port, logged, request, response_head, upstream
+from proxy_support import (ScriptedUpstream, addr, free_port, logged, request, response_head,
+                           upstream)
 
 
-class CountingUpstream:
-    """An HTTP/1.1 keep-alive upstream that answers every request 200 "ok" and counts the
-    connections it accepted."""
+class CountingUpstream(ScriptedUpstream):
+    """An HTTP/1.1 keep-alive upstream that answers every request 200 "ok" (and counts the
+    connections it accepted: `accepted`)."""
 
-    def __init__(self):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self.running = True
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self):
-        self.sock.settimeout(0.2)
-        while self.running:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                continue
-            self.accepted += 1
-            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
-
-    @staticmethod
-    def serve(conn):
+    def handle(self, conn):
         data = b""
         with conn:
             while True:
@@ -55,10 +36,6 @@ class CountingUpstream:
                     data += more
                 _, _, data = data.partition(b"\r\n\r\n")
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-
-    def stop(self):
-        self.running = False
-        self.sock.close()
 
 
 def config_text(routes, port, extra_servers="", server_extra=""):

@@ -37,6 +37,15 @@ std::string get(TcpStream& stream, std::string_view path) {
   return read_response(stream, 2s);
 }
 
+// A GET /slow on a new connection, from a fiber of worker 0 (still running on return).
+JoinHandle<std::string> slow_request(Runtime& runtime, Address address) {
+  return spawn_on(runtime.worker(0), [address] {
+    auto b = TcpStream::connect(address, Deadline::after(5s));
+    if (!b) return std::string();
+    return get(*b, "/slow");
+  });
+}
+
 bool ends_with_body(const std::string& response, std::string_view body) {
   return response.ends_with("\r\n\r\n" + std::string(body));
 }
@@ -55,11 +64,7 @@ TEST(ServerReconfigure, NewConnectionsGetTheNewRouterWhileOpenOnesFinishOnTheOld
     EXPECT_TRUE(ends_with_body(get(*a, "/which"), "one"));
     idle = std::move(*a);
   });
-  auto busy = spawn_on(runtime.worker(0), [&] {
-    auto b = TcpStream::connect(server->address(), Deadline::after(5s));
-    if (!b) return std::string();
-    return get(*b, "/slow");
-  });
+  auto busy = slow_request(runtime, server->address());
   std::this_thread::sleep_for(100ms);
   server->reconfigure(versioned("two"), ServerOptions{});
 
@@ -93,11 +98,7 @@ TEST(ServerReconfigure, DrainWaitsForConnectionsOfEarlierConfigurations) {
   Runtime runtime(RuntimeOptions{.workers = 1});
   auto server = spindle::testing::start_http_server(runtime, versioned("one"));
   ASSERT_TRUE(server);
-  auto busy = spawn_on(runtime.worker(0), [&] {
-    auto b = TcpStream::connect(server->address(), Deadline::after(5s));
-    if (!b) return std::string();
-    return get(*b, "/slow");
-  });
+  auto busy = slow_request(runtime, server->address());
   std::this_thread::sleep_for(100ms);
   server->reconfigure(versioned("two"), ServerOptions{});
   EXPECT_EQ(server->connections(), 1u);  // the old configuration's request, still running
