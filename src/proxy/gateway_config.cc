@@ -175,7 +175,7 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
                                  const std::string& path) {
   constexpr const char* kKnown =
       "headers, strip_prefix, add_prefix, replace_path, replace_path_regex, rate_limit, "
-      "ip_allow, ip_deny, max_body, redirect, respond, cors, basic_auth";
+      "ip_allow, ip_deny, max_body, redirect, respond, cors, basic_auth, traffic_split";
   if (!node.IsMap() || node.size() != 1) {
     list.fail(node, path,
               fmt::format("expected one middleware as {{NAME: SETTINGS}} ({})", kKnown));
@@ -336,6 +336,28 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
     }
     if (auth->users.empty()) r.fail_key("users_file", fmt::format("{}: no users", file));
     m.basic_auth = std::move(auth);
+  } else if (kind == "traffic_split") {
+    ConfigReader r = entry.nested(kind);
+    r.only({"services", "sticky_cookie"});
+    m.kind = MiddlewareConfig::Kind::kTrafficSplit;
+    YAML::Node shares = r.sequence("services", "{service, weight}");
+    for (std::size_t i = 0; i < shares.size(); ++i) {
+      ConfigReader share(r.file(), shares[i], fmt::format("{}[{}]", r.key_path("services"), i));
+      share.only({"service", "weight"});
+      TrafficSplitConfig::Share s{share.string("service", ""),
+                                  static_cast<unsigned>(share.number("weight", 1, 1'000'000))};
+      if (s.service.empty()) share.fail(shares[i], share.key_path("service"), "required");
+      m.traffic_split.shares.push_back(std::move(s));
+    }
+    if (m.traffic_split.shares.empty())
+      r.fail_key("services", "expected a list of {service, weight}");
+    unsigned total = 0;
+    for (const auto& s : m.traffic_split.shares) total += s.weight;
+    if (total == 0) r.fail_key("services", "the weights add up to 0");
+    m.traffic_split.cookie = r.string("sticky_cookie", "");
+    if (!m.traffic_split.cookie.empty() && !http::is_field_name(m.traffic_split.cookie)) {
+      r.fail_key("sticky_cookie", "not a cookie name");
+    }
   } else if (kind == "respond") {
     ConfigReader r = entry.nested(kind);
     r.only({"status", "body", "content_type"});
@@ -654,6 +676,18 @@ void read_gateway(const ConfigReader& top, Config& config) {
     if (!config.service(route.service)) {
       r.fail_key("service", fmt::format("no service named '{}' ({})", route.service,
                                         known_names(service_names)));
+    }
+    for (std::size_t k = 0; k < route.middlewares.size(); ++k) {
+      const auto& shares = route.middlewares[k].traffic_split.shares;
+      for (std::size_t j = 0; j < shares.size(); ++j) {
+        if (config.service(shares[j].service)) continue;
+        YAML::Node at = routes[i]["middlewares"][k]["traffic_split"]["services"][j]["service"];
+        r.fail(at,
+               fmt::format("{}[{}].traffic_split.services[{}].service", r.key_path("middlewares"),
+                           k, j),
+               fmt::format("no service named '{}' ({})", shares[j].service,
+                           known_names(service_names)));
+      }
     }
     if (!route.name.empty() && !route_names.insert(route.name).second) {
       r.fail_key("name", fmt::format("another route is named '{}'", route.name));

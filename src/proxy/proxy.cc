@@ -228,6 +228,53 @@ std::optional<std::string> authenticated_user(const http::Request& request,
   return user;
 }
 
+// The value of cookie `name` in the request's Cookie fields ("" if none; the last one if
+// several).
+std::string_view cookie_value(const http::Request& request, std::string_view name) {
+  std::string_view value;
+  for (const http::Field& f : request.headers()) {
+    if (!http::iequals(f.name, "cookie")) continue;
+    for (std::string_view rest = f.value; !rest.empty();) {
+      std::string_view pair = rest.substr(0, rest.find(';'));
+      rest = pair.size() < rest.size() ? rest.substr(pair.size() + 1) : std::string_view{};
+      while (!pair.empty() && pair.front() == ' ') pair.remove_prefix(1);
+      if (pair.starts_with(name) && pair.size() > name.size() && pair[name.size()] == '=') {
+        value = pair.substr(name.size() + 1);
+      }
+    }
+  }
+  return value;
+}
+
+// The service a traffic_split sends `request` to: the one its sticky cookie names, or one
+// picked by weight (then `set_cookie` gets the Set-Cookie value that keeps it).
+std::string_view split_pick(const http::Request& request, const TrafficSplitConfig& split,
+                            std::string& set_cookie) {
+  if (!split.cookie.empty()) {
+    std::string_view named = cookie_value(request, split.cookie);
+    for (const auto& share : split.shares) {
+      if (share.service == named) return share.service;
+    }
+  }
+  thread_local std::mt19937_64 random{std::random_device{}()};
+  std::uint64_t total = 0;
+  for (const auto& share : split.shares) total += share.weight;
+  std::uint64_t ticket = random() % total;
+  const TrafficSplitConfig::Share* picked = &split.shares.back();
+  for (const auto& share : split.shares) {
+    if (ticket < share.weight) {
+      picked = &share;
+      break;
+    }
+    ticket -= share.weight;
+  }
+  if (!split.cookie.empty()) {
+    set_cookie =
+        fmt::format("{}={}; Path=/; HttpOnly; SameSite=Lax", split.cookie, picked->service);
+  }
+  return picked->service;
+}
+
 // A request attribute name under which the tightest rate limit's decision waits for the
 // response (RateLimit-* fields).
 constexpr std::string_view kRateLimitShown = "ratelimit";
@@ -730,7 +777,20 @@ http::Middleware Proxy::middleware(std::string server_key) {
           request, *server->config, *route,
           gateway->rate_limits(static_cast<std::size_t>(route - gateway->config().routes.data())),
           *passwords_);
-      response = answered ? std::move(*answered) : forward(request, gateway, *server, *route);
+      if (answered) {
+        response = std::move(*answered);
+      } else {
+        // A traffic_split picks the service; otherwise the route names it.
+        std::string_view service = route->service;
+        std::string set_cookie;
+        for (const MiddlewareConfig& m : route->middlewares) {
+          if (m.kind == MiddlewareConfig::Kind::kTrafficSplit) {
+            service = split_pick(request, m.traffic_split, set_cookie);
+          }
+        }
+        response = forward(request, gateway, *server, *route, service);
+        if (!set_cookie.empty()) response.headers.add("Set-Cookie", set_cookie);
+      }
       if (!route->middlewares.empty()) {
         add_rate_limit_fields(request, response);
         add_cors_fields(request, *route, response);
@@ -758,8 +818,10 @@ http::Middleware Proxy::middleware(std::string server_key) {
 }
 
 http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gateway>& gateway,
-                              const Gateway::Server& server, const RouteConfig& route) {
-  const Gateway::Service* service = gateway->service(route.service);
+                              const Gateway::Server& server, const RouteConfig& route,
+                              std::string_view service_name) {
+  const Gateway::Service* service =
+      gateway->service(service_name.empty() ? std::string_view(route.service) : service_name);
   if (service == nullptr) return http::Response::error(502, "no such service");
   const Gateway::Upstream& upstream = *service->upstream;
   const RetryPolicy& retries = service->config->retries;
@@ -805,19 +867,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     if (key.by == HashKey::By::kHeader) {
       value = request.header(key.key);
     } else if (key.by == HashKey::By::kCookie) {
-      value = {};
-      for (const http::Field& f : request.headers()) {
-        if (!http::iequals(f.name, "cookie")) continue;
-        for (std::string_view rest = f.value; !rest.empty();) {
-          std::string_view pair = rest.substr(0, rest.find(';'));
-          rest = pair.size() < rest.size() ? rest.substr(pair.size() + 1) : std::string_view{};
-          while (!pair.empty() && pair.front() == ' ') pair.remove_prefix(1);
-          if (pair.starts_with(key.key) && pair.size() > key.key.size() &&
-              pair[key.key.size()] == '=') {
-            value = pair.substr(key.key.size() + 1);
-          }
-        }
-      }
+      value = cookie_value(request, key.key);
     }
     key_hash = hash_key(value);
   }

@@ -93,6 +93,7 @@ SAMPLES = {
     "routes[].middlewares.redirect": "{scheme: https, status: 301}",
     "routes[].middlewares.respond": "{status: 204}",
     "routes[].middlewares.cors": "{origins: [https://app.example], credentials: true}",
+    "routes[].middlewares.traffic_split": "{services: [{service: s, weight: 9}], sticky_cookie: v}",
     "routes[].middlewares.basic_auth": "{users_file: {tmp}/users.htpasswd, realm: Office}",
     "services.NAME.tls": None,
     "services.NAME.tls.ca": "/etc/ssl/certs/ca-certificates.crt",

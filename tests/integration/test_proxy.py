@@ -1117,3 +1117,47 @@ def test_a_bad_users_file_is_a_configuration_error(build_dir, tmp_path, content,
     users.write_text(content)
     err = middleware_config_error(build_dir, tmp_path, f"[{{basic_auth: {{users_file: {users}}}}}]")
     assert why in err and "routes[0].middlewares[0].basic_auth.users_file" in err, err
+
+
+def test_traffic_split_shares_by_weight_and_sticks_by_cookie(build_dir, tmp_path, two_upstreams):
+    a, b = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - name: canary
+    match: {{path_prefix: /}}
+    middlewares:
+      - traffic_split: {{services: [{{service: stable, weight: 3}}, {{service: next, weight: 1}}]}}
+    service: stable
+  - name: sticky
+    match: {{path_prefix: /sticky/}}
+    middlewares:
+      - traffic_split: {{services: [{{service: stable}}, {{service: next}}], sticky_cookie: version}}
+      - strip_prefix: /sticky
+    service: stable
+services:
+  stable: {{url: "http://{addr(a)}"}}
+  next: {{url: "http://{addr(b)}"}}
+""")
+    try:
+        seen = collections.Counter(request(gw, "GET", "/headers")[1]["x-upstream"] for _ in range(400))
+        assert 0.65 < seen["a"] / 400 < 0.85, seen  # 3:1
+        # Sticky: the first answer sets the cookie; with it, every request goes the same way.
+        status, headers, _ = request(gw, "GET", "/sticky/headers")
+        cookie = headers["set-cookie"]
+        name, _, rest = cookie.partition("=")
+        service = rest.split(";")[0]
+        assert name == "version" and service in ("stable", "next") and "HttpOnly" in cookie
+        expected = "a" if service == "stable" else "b"
+        for _ in range(20):
+            status, headers, _ = request(gw, "GET", "/sticky/headers",
+                                         headers={"Cookie": f"theme=dark; version={service}"})
+            assert headers["x-upstream"] == expected and "set-cookie" not in headers
+    finally:
+        gw.stop()
+
+
+def test_a_traffic_split_to_a_missing_service_is_a_configuration_error(build_dir, tmp_path):
+    err = middleware_config_error(
+        build_dir, tmp_path, "[{traffic_split: {services: [{service: s}, {service: nope}]}}]")
+    assert ("bad.yaml:5: routes[0].middlewares[0].traffic_split.services[1].service: "
+            "no service named 'nope'") in err, err

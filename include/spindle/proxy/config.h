@@ -137,6 +137,17 @@ struct BasicAuthConfig {
   std::map<std::string, std::string, std::less<>> users;
 };
 
+/// `traffic_split`: requests shared between services by weight.
+struct TrafficSplitConfig {
+  struct Share {
+    std::string service;
+    unsigned weight = 1;
+  };
+  std::vector<Share> shares;
+  /// With a cookie name: a client's first pick is set in that cookie and kept.
+  std::string cookie;
+};
+
 /// One entry of `routes[].middlewares`: what it is and its settings.
 struct MiddlewareConfig {
   enum class Kind {
@@ -153,12 +164,15 @@ struct MiddlewareConfig {
     kRespond,
     kCors,
     kBasicAuth,
+    kTrafficSplit,
   };
   Kind kind = Kind::kHeaders;
   /// rate_limit: its settings.
   RateLimitConfig rate_limit;
   /// cors: its settings.
   CorsConfig cors;
+  /// traffic_split: the services and their weights.
+  TrafficSplitConfig traffic_split;
   /// basic_auth: its users.
   std::shared_ptr<const BasicAuthConfig> basic_auth;
   /// replace_path: the new path; replace_path_regex: the replacement (\1 for a group).

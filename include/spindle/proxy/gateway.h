@@ -185,9 +185,11 @@ class Proxy {
   /// along the routes that server has in the snapshot in force, whichever that is by then.
   http::Middleware middleware(std::string server_key);
 
-  /// Forwards `request` along `route` of `gateway` (the proxy's whole job; public for tests).
+  /// Forwards `request` along `route` of `gateway` (the proxy's whole job; public for tests)
+  /// to `service` (default: the route's own).
   http::Response forward(http::Request& request, const std::shared_ptr<Gateway>& gateway,
-                         const Gateway::Server& server, const RouteConfig& route);
+                         const Gateway::Server& server, const RouteConfig& route,
+                         std::string_view service = {});
 
  private:
   Gateways& gateways_;
