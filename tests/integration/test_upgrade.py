@@ -107,10 +107,11 @@ def test_sigusr2_upgrades_and_the_new_process_can_be_upgraded_again(build_dir, t
     pids = []
     try:
         old.proc.send_signal(signal.SIGUSR2)
-        assert old.proc.wait(timeout=20) == 0
-        assert logged(old, "upgrade: started")
+        # The new process's PID first, so that it is ended whatever fails below.
+        assert logged(old, "upgrade: started", seconds=10)
         first = int(re.search(r"PID (\d+)", next(l for l in old.errors if "upgrade: started" in l)).group(1))
         pids.append(first)
+        assert old.proc.wait(timeout=20) == 0
         assert request(old, "GET", "/headers")[0] == 200
         # The new process listens at the handover point in its turn.
         code, said = upgrade(build_dir, sock)
