@@ -89,16 +89,23 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, Heal
   std::shared_ptr<Gateway> g(new Gateway());
   g->config_ = std::move(config);
   const Config& c = g->config_;
+  if (limits == nullptr) {
+    g->own_limits_ = std::make_unique<RateLimitRegistry>();
+    limits = g->own_limits_.get();
+  }
+  std::optional<Address> redis_address;
+  if (c.redis) {
+    redis_address = resolve_target(TargetConfig{c.redis->host, c.redis->port}, "redis.address");
+  }
   for (const RouteConfig& route : c.routes) {
-    auto& tables = g->rate_limits_.emplace_back();
+    auto& limiters = g->rate_limits_.emplace_back();
     for (std::size_t i = 0; i < route.middlewares.size(); ++i) {
       const MiddlewareConfig& m = route.middlewares[i];
       if (m.kind != MiddlewareConfig::Kind::kRateLimit) {
-        tables.emplace_back();
-      } else if (limits != nullptr) {
-        tables.push_back(limits->table(route.name, i, m.rate_limit.rate, m.rate_limit.burst));
+        limiters.emplace_back();
       } else {
-        tables.push_back(std::make_shared<RateLimitTable>(m.rate_limit.rate, m.rate_limit.burst));
+        limiters.push_back(
+            limits->limiter(route.name, i, m.rate_limit, c.redis, redis_address, workers));
       }
     }
   }

@@ -126,7 +126,7 @@ HeaderEdits read_edits(const ConfigReader& r) {
 
 // rate_limit: {key, rate: N/s|N/m|N/h, burst, store, failure_mode}.
 RateLimitConfig read_rate_limit(const ConfigReader& r) {
-  r.only({"key", "rate", "burst", "store", "failure_mode"});
+  r.only({"key", "rate", "burst", "store", "failure_mode", "batch"});
   RateLimitConfig limit;
   std::string key = r.string("key", "client_ip");
   if (key == "client_ip") {
@@ -160,14 +160,21 @@ RateLimitConfig read_rate_limit(const ConfigReader& r) {
   limit.burst =
       static_cast<unsigned>(r.number("burst", std::max(1.0, std::ceil(count)), 1'000'000'000));
   if (limit.burst == 0) r.fail_key("burst", "must be at least 1");
-  if (r.string("store", "local") != "local") {
-    r.fail_key("store",
-               "only local is built so far (a shared Redis store is not: each instance limits "
-               "on its own)");
+  std::string store = r.string("store", "local");
+  if (store == "redis") {
+    limit.store = RateLimitConfig::Store::kRedis;
+  } else if (store != "local") {
+    r.fail_key("store", "expected local (this process) or redis (shared through redis:)");
   }
   std::string failure = r.string("failure_mode", "open");
   if (failure != "open" && failure != "closed")
-    r.fail_key("failure_mode", "expected open or closed");
+    r.fail_key("failure_mode", "expected open (let requests through) or closed (503)");
+  limit.fail_open = failure == "open";
+  limit.batch = static_cast<unsigned>(r.number("batch", 0, 1'000'000));
+  if (r.has("batch") && limit.batch == 0) r.fail_key("batch", "must be at least 1");
+  if (limit.store == RateLimitConfig::Store::kLocal && (r.has("batch") || r.has("failure_mode"))) {
+    r.fail_key(r.has("batch") ? "batch" : "failure_mode", "only with store: redis");
+  }
   return limit;
 }
 
@@ -652,7 +659,30 @@ std::optional<std::pair<std::string, std::uint16_t>> split_host_port(std::string
   return std::pair{ascii_lower(std::string(host)), static_cast<std::uint16_t>(port)};
 }
 
+void read_redis(const ConfigReader& top, Config& config) {
+  if (!top.has("redis")) return;
+  ConfigReader r = top.nested("redis");
+  r.only({"address", "timeout", "password", "database", "backoff"});
+  RedisConfig redis;
+  std::string address = r.string("address", "");
+  auto split = split_host_port(address);
+  if (!split) {
+    r.fail(r.has("address") ? r.get("address") : r.node(), r.key_path("address"),
+           address.empty() ? "required (HOST:PORT)"
+                           : fmt::format("'{}' is not HOST:PORT ([IPv6]:PORT)", address));
+  }
+  redis.host = split->first;
+  redis.port = split->second;
+  redis.timeout = r.duration("timeout", redis.timeout);
+  if (redis.timeout.count() == 0) r.fail_key("timeout", "must be more than 0");
+  redis.password = r.string("password", "");
+  redis.database = static_cast<unsigned>(r.number("database", 0, 1'000'000));
+  redis.backoff = r.duration("backoff", redis.backoff);
+  config.redis = std::move(redis);
+}
+
 void read_gateway(const ConfigReader& top, Config& config) {
+  read_redis(top, config);
   for_each_entry(top, "upstreams", [&](const std::string& name, const ConfigReader& r) {
     config.upstreams.push_back(read_upstream(name, r));
   });
@@ -687,6 +717,15 @@ void read_gateway(const ConfigReader& top, Config& config) {
                            k, j),
                fmt::format("no service named '{}' ({})", shares[j].service,
                            known_names(service_names)));
+      }
+    }
+    for (std::size_t k = 0; k < route.middlewares.size(); ++k) {
+      const MiddlewareConfig& m = route.middlewares[k];
+      if (m.kind == MiddlewareConfig::Kind::kRateLimit &&
+          m.rate_limit.store == RateLimitConfig::Store::kRedis && !config.redis) {
+        r.fail(routes[i]["middlewares"][k]["rate_limit"]["store"],
+               fmt::format("{}[{}].rate_limit.store", r.key_path("middlewares"), k),
+               "redis needs a top-level redis: {address: HOST:PORT}");
       }
     }
     if (!route.name.empty() && !route_names.insert(route.name).second) {

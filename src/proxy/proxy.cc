@@ -357,11 +357,12 @@ void add_cors_fields(const http::Request& request, const RouteConfig& route,
 // The middlewares of `route` that may answer in the gateway's place, in order: rate limits
 // (429), ip_allow / ip_deny (403), max_body (413 for a declared length), redirect, respond. The
 // first that answers ends the request; nullopt lets it go on to the service.
-std::optional<http::Response> answer_first(
-    http::Request& request, const ServerConfig& server, const RouteConfig& route,
-    const std::vector<std::shared_ptr<RateLimitTable>>& limits, PasswordCheck& passwords) {
-  const RateLimitTable* tightest = nullptr;
-  RateLimitTable::Decision shown;
+std::optional<http::Response> answer_first(http::Request& request, const ServerConfig& server,
+                                           const RouteConfig& route,
+                                           const std::vector<std::shared_ptr<RateLimiter>>& limits,
+                                           PasswordCheck& passwords) {
+  const RateLimiter* tightest = nullptr;
+  RateLimiter::Decision shown;
   std::optional<http::Response> answer;
   for (std::size_t i = 0; i < route.middlewares.size() && !answer; ++i) {
     const MiddlewareConfig& m = route.middlewares[i];
@@ -373,7 +374,10 @@ std::optional<http::Response> answer_first(
           tightest = limits[i].get();
           shown = decision;
         }
-        if (!decision.allowed) {
+        if (decision.unavailable) {
+          answer = http::Response::error(503, "rate limit store unavailable");
+          answer->headers.set("Retry-After", "1");
+        } else if (!decision.allowed) {
           answer = http::Response::error(429, "rate limit exceeded");
           answer->headers.set("Retry-After",
                               std::to_string(std::max<std::uint64_t>(

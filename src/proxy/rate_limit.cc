@@ -4,6 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
+
+#include "spindle/base/log.h"
+#include "spindle/fiber/spawn.h"
+#include "spindle/fiber/worker.h"
+#include "spindle/sync/event.h"
 
 namespace spindle::proxy {
 namespace {
@@ -17,14 +23,38 @@ std::int64_t nanos(Clock::time_point t) {
 
 }  // namespace
 
-std::shared_ptr<RateLimitTable> RateLimitRegistry::table(const std::string& route,
-                                                         std::size_t index, double rate,
-                                                         unsigned burst) {
-  std::string key = fmt::format("{}#{}:{}/{}", route, index, rate, burst);
+std::shared_ptr<RateLimiter> RateLimitRegistry::limiter(const std::string& route, std::size_t index,
+                                                        const RateLimitConfig& config,
+                                                        const std::optional<RedisConfig>& redis,
+                                                        const std::optional<Address>& redis_address,
+                                                        std::size_t workers) {
+  std::string key = fmt::format("{}#{}:{}/{}", route, index, config.rate, config.burst);
+  std::string clients_key;
+  if (config.store == RateLimitConfig::Store::kRedis) {
+    if (!redis || !redis_address)
+      throw std::logic_error("rate_limit with store: redis and no redis configured");
+    clients_key = fmt::format("{}={} {} {} {} {}", redis->address(), redis_address->to_string(),
+                              redis->timeout.count(), redis->database, redis->password,
+                              redis->backoff.count());
+    fmt::format_to(std::back_inserter(key), " redis {} {} {}", clients_key, config.batch,
+                   config.fail_open);
+  }
   std::lock_guard guard(lock_);
-  auto& table = tables_[key];
-  if (!table) table = std::make_shared<RateLimitTable>(rate, burst);
-  return table;
+  auto& limiter = limiters_[key];
+  if (limiter) return limiter;
+  if (config.store == RateLimitConfig::Store::kLocal) {
+    limiter = std::make_shared<RateLimitTable>(config.rate, config.burst);
+    return limiter;
+  }
+  auto& clients = redis_[clients_key];
+  if (!clients) clients = std::make_shared<RedisClients>(*redis, *redis_address, workers);
+  // Instances with the same route and settings share counts; other settings are other keys.
+  std::string prefix =
+      fmt::format("spindle:rl:{}:{}:{}:{}:", route, index, config.rate, config.burst);
+  unsigned batch = config.batch != 0 ? config.batch : std::max(1u, config.burst / 10);
+  limiter = std::make_shared<RedisRateLimit>(clients, std::move(prefix), config.rate, config.burst,
+                                             batch, config.fail_open, workers);
+  return limiter;
 }
 
 std::uint64_t rate_limit_hash(std::string_view key) {
@@ -87,6 +117,170 @@ RateLimitTable::Decision RateLimitTable::take(std::uint64_t key, Clock::time_poi
                       .retry_after = 0,
                       .reset = static_cast<double>(next - now) / 1e9};
     }
+  }
+}
+
+}  // namespace spindle::proxy
+
+// ---- shared through Redis -----------------------------------------------------------------
+
+namespace spindle::proxy {
+namespace {
+
+// GCRA over a batch, in Redis's own time (TIME, µs): grants up to ARGV[3] tokens of the key
+// KEYS[1], each moving its theoretical arrival time on by the interval (ARGV[1] µs) as long as
+// it stays within the tolerance (ARGV[2] µs: burst x interval) of now. Returns {granted, how
+// far the arrival time is ahead of now, in µs}.
+constexpr std::string_view kTakeScript = R"lua(
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval = tonumber(ARGV[1])
+local tolerance = tonumber(ARGV[2])
+local want = tonumber(ARGV[3])
+local tat = tonumber(redis.call('GET', KEYS[1]) or 0)
+if tat < now then tat = now end
+local grant = math.floor((tolerance - (tat - now)) / interval)
+if grant > want then grant = want end
+if grant < 0 then grant = 0 end
+if grant > 0 then
+  tat = tat + grant * interval
+  redis.call('SET', KEYS[1], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+end
+return {grant, math.floor(tat - now)}
+)lua";
+
+// How long unspent tokens stay usable: a worker that stops seeing a key does not keep its
+// tokens from the other instances for longer.
+constexpr auto kLease = std::chrono::seconds(1);
+
+// Keys a worker keeps before it sweeps out those with nothing left to remember.
+constexpr std::size_t kSweepAbove = 4096;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+struct RedisRateLimit::KeyState {
+  /// Tokens granted by Redis and not spent yet; usable until `expires`.
+  unsigned tokens = 0;
+  Clock::time_point expires{};
+  /// Redis refused: no token before this.
+  Clock::time_point refused_until{};
+  /// What Redis said last: requests left at once, and seconds to a full burst.
+  std::uint64_t remaining = 0;
+  double reset = 0;
+  /// A request to Redis is on its way; `refilled` is set when it is back.
+  bool refilling = false;
+  std::shared_ptr<Event> refilled;
+  /// The last request to Redis failed.
+  bool failed = false;
+};
+
+struct RedisRateLimit::WorkerKeys {
+  std::unordered_map<std::uint64_t, std::shared_ptr<KeyState>> keys;
+  Clock::time_point next_sweep{};
+};
+
+RedisRateLimit::RedisRateLimit(std::shared_ptr<RedisClients> redis, std::string prefix, double rate,
+                               unsigned burst, unsigned batch, bool fail_open, std::size_t workers)
+    : redis_(std::move(redis)),
+      prefix_(std::move(prefix)),
+      interval_us_(1e6 / rate),
+      tolerance_us_(1e6 / rate * burst),
+      burst_(burst),
+      batch_(std::max(1u, batch)),
+      fail_open_(fail_open),
+      workers_(workers) {}
+
+RedisRateLimit::~RedisRateLimit() = default;
+
+RateLimiter::Decision RedisRateLimit::failed() const {
+  if (fail_open_) return Decision{.allowed = true, .remaining = 0};
+  return Decision{.allowed = false, .remaining = 0, .retry_after = 1, .unavailable = true};
+}
+
+void RedisRateLimit::refill(KeyState& state, std::uint64_t key, Deadline deadline) {
+  state.refilling = true;
+  auto refilled = state.refilled = std::make_shared<Event>();
+  std::string redis_key = fmt::format("{}{:016x}", prefix_, key);
+  std::string interval = fmt::format("{:.3f}", interval_us_);
+  std::string tolerance = fmt::format("{:.3f}", tolerance_us_);
+  std::string want = std::to_string(batch_);
+  std::string_view args[] = {"EVAL", kTakeScript, "1", redis_key, interval, tolerance, want};
+  auto reply = redis_->current().call(args, deadline);
+  auto now = Clock::now();
+  bool valid = reply && reply->type == RedisReply::Type::kArray && reply->elements.size() == 2 &&
+               reply->elements[0].type == RedisReply::Type::kInteger &&
+               reply->elements[1].type == RedisReply::Type::kInteger;
+  if (valid) {
+    auto granted = static_cast<unsigned>(std::max(0LL, reply->elements[0].integer));
+    double ahead = static_cast<double>(std::max(0LL, reply->elements[1].integer));
+    if (now >= state.expires) state.tokens = 0;
+    state.tokens += granted;
+    state.expires = now + kLease;
+    state.remaining =
+        static_cast<std::uint64_t>(std::max(0.0, tolerance_us_ - ahead) / interval_us_);
+    state.reset = ahead / 1e6;
+    if (granted == 0) {
+      state.refused_until = now + std::chrono::microseconds(static_cast<std::int64_t>(
+                                      std::ceil(ahead + interval_us_ - tolerance_us_)));
+    }
+    state.failed = false;
+  } else {
+    if (reply && reply->type == RedisReply::Type::kError) {
+      log_warn("rate_limit: redis {}: {}", redis_->config().address(), reply->text);
+    }
+    state.failed = true;
+  }
+  state.refilling = false;
+  refilled->set();
+}
+
+RateLimiter::Decision RedisRateLimit::take(std::uint64_t key, Clock::time_point now) {
+  auto& slot = workers_.at(Worker::current()->index());
+  if (!slot) slot = std::make_unique<WorkerKeys>();
+  WorkerKeys& worker = *slot;
+  if (worker.keys.size() > kSweepAbove && now >= worker.next_sweep) {
+    std::erase_if(worker.keys, [&](const auto& entry) {
+      const KeyState& s = *entry.second;
+      return entry.second.use_count() == 1 && !s.refilling && now >= s.expires &&
+             now >= s.refused_until;
+    });
+    worker.next_sweep = now + std::chrono::seconds(1);
+  }
+  auto& entry = worker.keys[key];
+  if (!entry) entry = std::make_shared<KeyState>();
+  std::shared_ptr<KeyState> state = entry;  // a sweep during a park must not free it
+  Deadline deadline = Deadline::at(now + redis_->config().timeout);
+  for (;;) {
+    if (state->tokens > 0 && now < state->expires) {
+      --state->tokens;
+      if (state->tokens * 2 <= batch_ && !state->refilling && batch_ > 1) {
+        // Half spent: the next batch is fetched while this one lasts.
+        spawn([self = shared_from_this(), state, key] {
+          self->refill(*state, key, Deadline::after(self->redis_->config().timeout));
+        }).detach();
+      }
+      return Decision{.allowed = true,
+                      .remaining = state->remaining + state->tokens,
+                      .retry_after = 0,
+                      .reset = state->reset};
+    }
+    if (now < state->refused_until) {
+      return Decision{.allowed = false,
+                      .remaining = 0,
+                      .retry_after = seconds(state->refused_until - now),
+                      .reset = state->reset};
+    }
+    if (deadline.expired(now)) return failed();
+    if (state->refilling) {
+      std::shared_ptr<Event> refilled = state->refilled;
+      if (refilled->wait(deadline)) return failed();
+    } else {
+      refill(*state, key, deadline);
+    }
+    if (state->failed) return failed();
+    now = Clock::now();
   }
 }
 

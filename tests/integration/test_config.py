@@ -25,6 +25,12 @@ SAMPLES = {
     "threads": "2",
     "drain_timeout": "3s",
     "admin": "{listen: 127.0.0.1:0}",
+    "redis": None,  # a section: its keys one by one
+    "redis.address": "localhost:6379",
+    "redis.timeout": "20ms",
+    "redis.password": "s3cret",
+    "redis.database": "2",
+    "redis.backoff": "500ms",
     "servers": None,  # the list itself
     "servers[].listen": "127.0.0.1:0",
     "servers[].default_site": "true",
@@ -84,7 +90,8 @@ SAMPLES = {
     "routes[].middlewares.headers": "{request: {set: {x-env: prod}}, response: {remove: [server]}}",
     "routes[].middlewares.strip_prefix": "/api",
     "routes[].middlewares.add_prefix": "/v1",
-    "routes[].middlewares.rate_limit": "{key: client_ip, rate: 100/s, burst: 100}",
+    "routes[].middlewares.rate_limit":
+        "{key: client_ip, rate: 100/s, burst: 100, store: redis, failure_mode: closed, batch: 5}",
     "routes[].middlewares.replace_path": "/v2/users",
     "routes[].middlewares.replace_path_regex": "{regex: '^/a/(.*)', replacement: '/b/\\1'}",
     "routes[].middlewares.ip_allow": "[10.0.0.0/8]",
@@ -137,10 +144,12 @@ def yaml_for(path, value):
         "routes": [{"name": "r", "match": {}, "service": "s"}],
         "services": {"s": {"url": "http://127.0.0.1:9"}},
         "upstreams": {"u": {"targets": [{"address": "127.0.0.1:9"}]}},
+        "redis": {"address": "127.0.0.1:6379"},
     }
     parts = path.replace("[]", "").replace(".NAME", "").split(".")
     node = {"servers": config["servers"][0], "routes": config["routes"][0],
-            "services": config["services"]["s"], "upstreams": config["upstreams"]["u"]}
+            "services": config["services"]["s"], "upstreams": config["upstreams"]["u"],
+            "redis": config["redis"]}
     parsed = yaml.safe_load(value)
     if len(parts) == 1:
         config[parts[0]] = parsed

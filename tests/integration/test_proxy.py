@@ -993,12 +993,15 @@ services:
 
 @pytest.mark.parametrize("middleware,why", [
     ("{rate_limit: {rate: 10}}", "rate_limit.rate: expected requests per second"),
-    ("{rate_limit: {rate: 10/s, store: redis}}", "rate_limit.store: only local is built so far"),
+    ("{rate_limit: {rate: 10/s, store: redis}}",
+     "rate_limit.store: redis needs a top-level redis: {address: HOST:PORT}"),
+    ("{rate_limit: {rate: 10/s, store: memcached}}", "rate_limit.store: expected local"),
+    ("{rate_limit: {rate: 10/s, batch: 5}}", "rate_limit.batch: only with store: redis"),
     ("{rate_limit: {rate: 10/s, key: cookie}}",
      "rate_limit.key: expected client_ip, route or header:NAME"),
     ("{rate_limit: {rate: 10/s, burst: 0}}", "rate_limit.burst: must be at least 1"),
-    ("{rate_limit: {rate: 10/s, failure_mode: maybe}}",
-     "rate_limit.failure_mode: expected open or closed"),
+    ("{rate_limit: {rate: 10/s, store: redis, failure_mode: maybe}}",
+     "rate_limit.failure_mode: expected open (let requests through) or closed"),
     ("{redirect: {status: 200}}", "redirect.status: expected 301, 302, 303, 307 or 308"),
     ("{redirect: {scheme: ftp}}", "redirect.scheme: expected http or https"),
     ("{ip_allow: [10.0.0.300/8]}", "ip_allow: '10.0.0.300/8' is not an address or network"),

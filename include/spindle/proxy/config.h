@@ -97,6 +97,26 @@ struct HeaderEdits {
   bool empty() const { return set.empty() && add.empty() && remove.empty(); }
 };
 
+/// `redis`: the Redis that shared rate limits keep their counts in.
+struct RedisConfig {
+  /// A host name or IP address, and the port.
+  std::string host;
+  std::uint16_t port = 6379;
+  /// How long one call (connecting included) may take before the rate limit's failure_mode
+  /// decides.
+  std::chrono::milliseconds timeout{50};
+  /// AUTH password; none if empty.
+  std::string password;
+  /// SELECT database.
+  unsigned database = 0;
+  /// How long a connection that failed or timed out is left alone before the next try
+  /// (meanwhile calls fail at once).
+  std::chrono::milliseconds backoff{1000};
+
+  /// "host:port".
+  std::string address() const;
+};
+
 /// `rate_limit`: requests allowed per key (GCRA: a steady rate, and bursts up to `burst`).
 struct RateLimitConfig {
   /// What a request is counted by: the client's address, a request field's value, or the
@@ -110,6 +130,15 @@ struct RateLimitConfig {
   unsigned burst = 1;
   /// "rate" as written, for logs and headers ("100/s").
   std::string rate_text;
+  /// Where the counts are kept: in this process (exact across its workers), or in the
+  /// configuration's Redis, shared by every instance that uses it.
+  enum class Store { kLocal, kRedis } store = Store::kLocal;
+  /// With store: redis, what a request meets while Redis cannot be reached in time: let
+  /// through (open) or refused with 503 (closed).
+  bool fail_open = true;
+  /// With store: redis, tokens a worker takes from Redis at a time (0: a tenth of the burst,
+  /// at least 1).
+  unsigned batch = 0;
 };
 
 /// `cors`: which cross-origin requests browsers may make.
@@ -317,6 +346,8 @@ struct Config {
   /// Where the admin listener (metrics, health, readiness, configuration) listens; none if
   /// not given.
   std::optional<Address> admin_listen;
+  /// The Redis that rate limits with store: redis share, if given.
+  std::optional<RedisConfig> redis;
   /// The text it was read from.
   std::string source;
   /// The servers.

@@ -104,13 +104,14 @@ class Gateway {
   /// Compiles `config` for a runtime of `workers` workers (numbering its series in `metrics`,
   /// if given). Throws ConfigError when a target's name does not resolve or an upstream's TLS
   /// cannot be set up.
-  /// Rate limits' tables come from `limits` (kept across configurations) when given.
+  /// Rate limits come from `limits` (kept across configurations) when given. Also throws
+  /// when the Redis address does not resolve.
   static std::shared_ptr<Gateway> build(Config config, std::size_t workers, HealthRegistry& health,
                                         Metrics* metrics = nullptr,
                                         RateLimitRegistry* limits = nullptr);
-  /// The rate-limit tables of route number `route` of the configuration, by middleware
-  /// (nullptr for a middleware that is not a rate_limit).
-  const std::vector<std::shared_ptr<RateLimitTable>>& rate_limits(std::size_t route) const {
+  /// The rate limits of route number `route` of the configuration, by middleware (nullptr for
+  /// a middleware that is not a rate_limit).
+  const std::vector<std::shared_ptr<RateLimiter>>& rate_limits(std::size_t route) const {
     return rate_limits_[route];
   }
   ~Gateway();
@@ -148,7 +149,9 @@ class Gateway {
   std::vector<Server> servers_;
   std::vector<Upstream> upstreams_;
   std::vector<Service> services_;
-  std::vector<std::vector<std::shared_ptr<RateLimitTable>>> rate_limits_;
+  std::vector<std::vector<std::shared_ptr<RateLimiter>>> rate_limits_;
+  /// The registry of a gateway built without one.
+  std::unique_ptr<RateLimitRegistry> own_limits_;
   std::vector<std::unique_ptr<WorkerState>> workers_;
   std::vector<JoinHandle<void>> probes_;
   std::shared_ptr<std::atomic<bool>> probes_stop_ = std::make_shared<std::atomic<bool>>(false);
