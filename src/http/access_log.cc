@@ -133,6 +133,7 @@ void AccessLog::format(std::string& out, Format format, const AccessRecord& r,
     append_escaped(out, r.user_agent.empty() ? "-" : r.user_agent, false);
     out += '"';
     for (const auto& [name, value] : r.attributes) {
+      if (name.starts_with('_')) continue;  // private to the middlewares
       out += ' ';
       append_escaped(out, name, false);
       out += "=\"";
@@ -155,6 +156,7 @@ void AccessLog::format(std::string& out, Format format, const AccessRecord& r,
   append_escaped(out, r.user_agent, true);
   out += '"';
   for (const auto& [name, value] : r.attributes) {
+    if (name.starts_with('_')) continue;
     out += ",\"";
     append_escaped(out, name, true);
     out += "\":\"";

@@ -13,6 +13,7 @@
 
 #include "response_head.h"
 #include "server_internal.h"
+#include "spindle/base/base64.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/buffer_pool.h"
 #include "spindle/http/chunked.h"
@@ -191,37 +192,6 @@ int Connection::http2_preface() const {
   std::string_view have(buffer_.data() + begin_, end_ - begin_);
   if (have.size() >= kHttp2Preface.size()) return have.starts_with(kHttp2Preface) ? 1 : -1;
   return kHttp2Preface.starts_with(have) ? 0 : -1;
-}
-
-// base64url without padding (HTTP2-Settings), or nullopt if malformed.
-std::optional<std::string> base64url_decode(std::string_view in) {
-  std::string out;
-  unsigned bits = 0;
-  int count = 0;
-  for (char c : in) {
-    int v;
-    if (c >= 'A' && c <= 'Z')
-      v = c - 'A';
-    else if (c >= 'a' && c <= 'z')
-      v = c - 'a' + 26;
-    else if (c >= '0' && c <= '9')
-      v = c - '0' + 52;
-    else if (c == '-' || c == '+')
-      v = 62;
-    else if (c == '_' || c == '/')
-      v = 63;
-    else if (c == '=')
-      break;
-    else
-      return std::nullopt;
-    bits = (bits << 6) | static_cast<unsigned>(v);
-    count += 6;
-    if (count >= 8) {
-      count -= 8;
-      out += static_cast<char>((bits >> count) & 0xff);
-    }
-  }
-  return out;
 }
 
 bool Connection::accept_h2c_upgrade() {

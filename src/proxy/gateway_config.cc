@@ -12,6 +12,7 @@
 
 #include "spindle/base/ascii.h"
 #include "spindle/http/rules.h"
+#include "spindle/proxy/jwt.h"
 
 namespace spindle::proxy::detail {
 namespace {
@@ -138,8 +139,11 @@ RateLimitConfig read_rate_limit(const ConfigReader& r) {
     limit.header = key.substr(7);
     std::ranges::transform(limit.header, limit.header.begin(),
                            [](char c) { return static_cast<char>(std::tolower(c)); });
+  } else if (key.starts_with("claim:") && key.size() > 6) {
+    limit.key = RateLimitConfig::Key::kClaim;
+    limit.header = key.substr(6);
   } else {
-    r.fail_key("key", "expected client_ip, route or header:NAME");
+    r.fail_key("key", "expected client_ip, route, header:NAME or claim:NAME");
   }
   limit.rate_text = r.string("rate", "");
   auto slash = limit.rate_text.find('/');
@@ -178,11 +182,63 @@ RateLimitConfig read_rate_limit(const ConfigReader& r) {
   return limit;
 }
 
+// jwt: {jwks_file, algorithms, issuer, audience, leeway, cookie, claims_to_headers, realm}.
+std::shared_ptr<JwtConfig> read_jwt(const ConfigReader& r) {
+  r.only({"jwks_file", "algorithms", "issuer", "audience", "leeway", "cookie", "claims_to_headers",
+          "realm"});
+  auto jwt = std::make_shared<JwtConfig>();
+  if (!r.has("jwks_file")) r.fail_key("jwks_file", "required (a JWKS file: {\"keys\": [...]})");
+  std::string file = config_path(r.file(), r.string("jwks_file", ""));
+  std::ifstream in(file);
+  if (!in) r.fail_key("jwks_file", fmt::format("cannot read {}", file));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    jwt->keys = JwtKeys::parse(text);
+  } catch (const std::exception& e) {
+    r.fail_key("jwks_file", fmt::format("{}: {}", file, e.what()));
+  }
+  if (r.has("algorithms")) {
+    jwt->algorithms = r.strings("algorithms");
+    for (const std::string& alg : jwt->algorithms) {
+      if (alg != "HS256" && alg != "RS256" && alg != "ES256") {
+        r.fail_key("algorithms", fmt::format("'{}' (expected HS256, RS256, ES256)", alg));
+      }
+    }
+    if (jwt->algorithms.empty()) r.fail_key("algorithms", "at least one");
+  }
+  jwt->issuer = r.string("issuer", "");
+  jwt->audiences = r.strings("audience");
+  jwt->leeway = std::chrono::duration_cast<std::chrono::seconds>(
+      r.duration("leeway", std::chrono::seconds(0)));
+  jwt->cookie = r.string("cookie", "");
+  if (r.has("cookie") && !http::is_token(jwt->cookie)) r.fail_key("cookie", "not a cookie name");
+  jwt->realm = r.string("realm", jwt->realm);
+  if (!http::is_field_value(jwt->realm) || jwt->realm.find('"') != std::string::npos) {
+    r.fail_key("realm", "must not hold quotes or control characters");
+  }
+  if (r.has("claims_to_headers")) {
+    YAML::Node map = r.get("claims_to_headers");
+    if (!map.IsMap()) r.fail_key("claims_to_headers", "expected {CLAIM: FIELD}");
+    for (const auto& entry : map) {
+      std::string claim = scalar_text(r, entry.first, r.key_path("claims_to_headers"));
+      std::string field = scalar_text(r, entry.second, r.key_path("claims_to_headers"));
+      if (!http::is_field_name(field)) {
+        r.fail(entry.second, r.key_path("claims_to_headers"),
+               fmt::format("'{}' is not a field name", field));
+      }
+      jwt->claims_to_headers.emplace_back(claim, field);
+      jwt->kept_claims.push_back(claim);
+    }
+  }
+  jwt->kept_claims.push_back("sub");
+  return jwt;
+}
+
 MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& node,
                                  const std::string& path) {
   constexpr const char* kKnown =
       "headers, strip_prefix, add_prefix, replace_path, replace_path_regex, rate_limit, "
-      "ip_allow, ip_deny, max_body, redirect, respond, cors, basic_auth, traffic_split";
+      "ip_allow, ip_deny, max_body, redirect, respond, cors, basic_auth, jwt, traffic_split";
   if (!node.IsMap() || node.size() != 1) {
     list.fail(node, path,
               fmt::format("expected one middleware as {{NAME: SETTINGS}} ({})", kKnown));
@@ -343,6 +399,9 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
     }
     if (auth->users.empty()) r.fail_key("users_file", fmt::format("{}: no users", file));
     m.basic_auth = std::move(auth);
+  } else if (kind == "jwt") {
+    m.kind = MiddlewareConfig::Kind::kJwt;
+    m.jwt = read_jwt(entry.nested(kind));
   } else if (kind == "traffic_split") {
     ConfigReader r = entry.nested(kind);
     r.only({"services", "sticky_cookie"});
@@ -403,6 +462,23 @@ RouteConfig read_route(const ConfigReader& r, const Config& config) {
   for (std::size_t i = 0; i < middlewares.size(); ++i) {
     route.middlewares.push_back(
         read_middleware(r, middlewares[i], fmt::format("{}[{}]", r.key_path("middlewares"), i)));
+  }
+  // A rate limit by claim counts the claims of a jwt before it, which keeps them.
+  std::shared_ptr<JwtConfig> jwt;
+  for (std::size_t i = 0; i < route.middlewares.size(); ++i) {
+    MiddlewareConfig& m = route.middlewares[i];
+    if (m.kind == MiddlewareConfig::Kind::kJwt) {
+      jwt = std::make_shared<JwtConfig>(*m.jwt);
+      m.jwt = jwt;
+    } else if (m.kind == MiddlewareConfig::Kind::kRateLimit &&
+               m.rate_limit.key == RateLimitConfig::Key::kClaim) {
+      if (!jwt) {
+        r.fail(middlewares[i]["rate_limit"]["key"],
+               fmt::format("{}[{}].rate_limit.key", r.key_path("middlewares"), i),
+               "a claim is known only after a jwt: put one before this rate_limit");
+      }
+      jwt->kept_claims.push_back(m.rate_limit.header);
+    }
   }
   route.service = r.string("service", "");
   if (route.service.empty()) r.fail(r.node(), r.key_path("service"), "required");

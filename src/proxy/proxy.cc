@@ -18,6 +18,7 @@
 #include "spindle/fiber/worker.h"
 #include "spindle/http/rules.h"
 #include "spindle/proxy/gateway.h"
+#include "spindle/proxy/jwt.h"
 #include "spindle/sync/blocking_pool.h"
 
 namespace spindle::proxy {
@@ -138,6 +139,9 @@ std::string client_address(const http::Request& request, const ServerConfig& ser
   return chosen.empty() ? std::string(context.remote) : std::string(chosen);
 }
 
+// The request attribute that holds a checked JWT's claim (not logged: '_').
+std::string claim_attribute(std::string_view claim) { return fmt::format("_claim:{}", claim); }
+
 // What a rate limit counts `request` by.
 std::string rate_limit_key(const http::Request& request, const ServerConfig& server,
                            const RateLimitConfig& limit) {
@@ -146,6 +150,8 @@ std::string rate_limit_key(const http::Request& request, const ServerConfig& ser
       return "route";
     case RateLimitConfig::Key::kHeader:
       return "h:" + std::string(request.headers().get(limit.header).value_or(""));
+    case RateLimitConfig::Key::kClaim:
+      return "c:" + std::string(request.attribute(claim_attribute(limit.header)));
     case RateLimitConfig::Key::kClientIp:
       break;
   }
@@ -354,6 +360,44 @@ void add_cors_fields(const http::Request& request, const RouteConfig& route,
   }
 }
 
+// The token of a request for `jwt`: from its cookie, or Authorization: Bearer.
+std::string_view bearer_token(const http::Request& request, const JwtConfig& jwt) {
+  if (!jwt.cookie.empty()) return cookie_value(request, jwt.cookie);
+  std::string_view authorization = request.header("authorization");
+  if (authorization.size() < 7 || !http::iequals(authorization.substr(0, 7), "bearer ")) return {};
+  std::string_view token = authorization.substr(7);
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  return token;
+}
+
+// jwt: nullopt when the request's token is good (its claims kept as attributes), else the 401
+// of RFC 6750.
+std::optional<http::Response> check_jwt(http::Request& request, const JwtConfig& jwt) {
+  std::string_view token = bearer_token(request, jwt);
+  std::string challenge = fmt::format("Bearer realm=\"{}\"", jwt.realm);
+  if (token.empty()) {
+    http::Response answer = http::Response::error(401, "a bearer token is required");
+    answer.headers.set("WWW-Authenticate", challenge);
+    return answer;
+  }
+  auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                 std::chrono::system_clock::now().time_since_epoch())
+                 .count();
+  auto claims = verify_jwt(token, jwt, now);
+  if (!claims) {
+    http::Response answer = http::Response::error(401, "invalid token: " + claims.error());
+    answer.headers.set("WWW-Authenticate",
+                       fmt::format("{}, error=\"invalid_token\", error_description=\"{}\"",
+                                   challenge, claims.error()));
+    return answer;
+  }
+  for (const auto& [name, value] : *claims) {
+    request.set_attribute(claim_attribute(name), value);
+    if (name == "sub") request.set_attribute("user", value);
+  }
+  return std::nullopt;
+}
+
 // The middlewares of `route` that may answer in the gateway's place, in order: rate limits
 // (429), ip_allow / ip_deny (403), max_body (413 for a declared length), redirect, respond. The
 // first that answers ends the request; nullopt lets it go on to the service.
@@ -441,6 +485,9 @@ std::optional<http::Response> answer_first(http::Request& request, const ServerC
               "WWW-Authenticate",
               fmt::format("Basic realm=\"{}\", charset=\"UTF-8\"", m.basic_auth->realm));
         }
+        break;
+      case MiddlewareConfig::Kind::kJwt:
+        answer = check_jwt(request, *m.jwt);
         break;
       default:
         break;
@@ -662,9 +709,18 @@ void apply_edits(const HeaderEdits& edits, http::HeaderMap& headers) {
 }
 
 // The route's middlewares, in order, on the request as it will go upstream.
-void apply_request_middlewares(const RouteConfig& route, ForwardHead& out) {
+void apply_request_middlewares(const http::Request& request, const RouteConfig& route,
+                               ForwardHead& out) {
   for (const MiddlewareConfig& m : route.middlewares) {
     switch (m.kind) {
+      case MiddlewareConfig::Kind::kJwt:
+        // Claims to fields: whatever the client sent under those names goes.
+        for (const auto& [claim, field] : m.jwt->claims_to_headers) {
+          out.head.headers.erase(field);
+          std::string_view value = request.attribute(claim_attribute(claim));
+          if (!value.empty() && http::is_field_value(value)) out.head.headers.set(field, value);
+        }
+        break;
       case MiddlewareConfig::Kind::kHeaders:
         apply_edits(m.request, out.head.headers);
         break;
@@ -849,7 +905,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
   }
   auto forward_head = std::make_shared<ForwardHead>();
   build_head(request, *server.config, *forward_head);
-  apply_request_middlewares(route, *forward_head);
+  apply_request_middlewares(request, route, *forward_head);
   request.set_attribute("route", route.name);
   request.set_attribute("request_id", forward_head->request_id);
   request.set_attribute("trace_id", std::string_view(forward_head->traceparent).substr(3, 32));

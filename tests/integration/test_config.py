@@ -102,6 +102,9 @@ SAMPLES = {
     "routes[].middlewares.cors": "{origins: [https://app.example], credentials: true}",
     "routes[].middlewares.traffic_split": "{services: [{service: s, weight: 9}], sticky_cookie: v}",
     "routes[].middlewares.basic_auth": "{users_file: {tmp}/users.htpasswd, realm: Office}",
+    "routes[].middlewares.jwt": ("{jwks_file: {tmp}/keys.json, algorithms: [HS256], issuer: me, "
+                                 "audience: api, leeway: 5s, cookie: s, realm: R, "
+                                 "claims_to_headers: {sub: x-user}}"),
     "services.NAME.tls": None,
     "services.NAME.tls.ca": "/etc/ssl/certs/ca-certificates.crt",
     "services.NAME.tls.verify": "false",
@@ -180,6 +183,7 @@ def test_every_documented_key_is_accepted(build_dir, tmp_path):
     assert not missing, f"documented keys without a sample value in this test: {missing}"
     # What the samples name: an htpasswd file.
     (tmp_path / "users.htpasswd").write_text("bob:{SHA}fEqNCco3Yq9h5ZUglD3CZJT4lBs=\n")
+    (tmp_path / "keys.json").write_text('{"keys": [{"kty": "oct", "k": "' + "A" * 43 + '"}]}')
     for key in keys:
         value = SAMPLES[key]
         if value is None:

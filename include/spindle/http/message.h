@@ -141,6 +141,7 @@ class Request {
   void set_interim_sink(InterimSink* sink) { interim_ = sink; }
 
   /// Per-request attributes, for middleware to pass facts along (a route name, a user id).
+  /// The access log writes them all, except those whose name starts with '_'.
   void set_attribute(std::string_view name, std::string_view value);
   /// An attribute's value, or "".
   std::string_view attribute(std::string_view name) const;

@@ -119,10 +119,11 @@ struct RedisConfig {
 
 /// `rate_limit`: requests allowed per key (GCRA: a steady rate, and bursts up to `burst`).
 struct RateLimitConfig {
-  /// What a request is counted by: the client's address, a request field's value, or the
-  /// route as a whole.
-  enum class Key { kClientIp, kHeader, kRoute } key = Key::kClientIp;
-  /// The field, for kHeader (lower case).
+  /// What a request is counted by: the client's address, a request field's value, the route as
+  /// a whole, or a claim of the request's JSON Web Token.
+  enum class Key { kClientIp, kHeader, kRoute, kClaim } key = Key::kClientIp;
+  /// The field, for kHeader (lower case); the claim, for kClaim (a jwt earlier in the route
+  /// checked the token).
   std::string header;
   /// Requests per second, on average.
   double rate = 1;
@@ -166,6 +167,30 @@ struct BasicAuthConfig {
   std::map<std::string, std::string, std::less<>> users;
 };
 
+class JwtKeys;
+
+/// `jwt`: requests need a valid JSON Web Token.
+struct JwtConfig {
+  /// The keys tokens may be signed with (from jwks_file).
+  std::shared_ptr<const JwtKeys> keys;
+  /// Algorithms accepted (HS256, RS256, ES256).
+  std::vector<std::string> algorithms{"HS256", "RS256", "ES256"};
+  /// When given: the iss claim must be this, and aud must name one of these.
+  std::string issuer;
+  std::vector<std::string> audiences;
+  /// Clock skew allowed on exp and nbf.
+  std::chrono::seconds leeway{0};
+  /// Where the token is: the Authorization field (Bearer), or a cookie of this name.
+  std::string cookie;
+  /// Claim -> request field sent upstream (a field of that name from the client is removed).
+  std::vector<std::pair<std::string, std::string>> claims_to_headers;
+  /// The claims a request keeps (those above, sub, and those a rate_limit of the route counts
+  /// by).
+  std::vector<std::string> kept_claims;
+  /// The realm named in WWW-Authenticate.
+  std::string realm = "spindle";
+};
+
 /// `traffic_split`: requests shared between services by weight.
 struct TrafficSplitConfig {
   struct Share {
@@ -194,6 +219,7 @@ struct MiddlewareConfig {
     kCors,
     kBasicAuth,
     kTrafficSplit,
+    kJwt,
   };
   Kind kind = Kind::kHeaders;
   /// rate_limit: its settings.
@@ -204,6 +230,8 @@ struct MiddlewareConfig {
   TrafficSplitConfig traffic_split;
   /// basic_auth: its users.
   std::shared_ptr<const BasicAuthConfig> basic_auth;
+  /// jwt: its keys and checks.
+  std::shared_ptr<const JwtConfig> jwt;
   /// replace_path: the new path; replace_path_regex: the replacement (\1 for a group).
   std::string replacement;
   /// replace_path_regex: the pattern (RE2), searched in the path.
