@@ -359,7 +359,9 @@ class Http1Exchange final : public ClientExchange {
       response_.content_length = head.content_length;  // what the GET would have had
     }
     if (framing_.kind == BodyFraming::Kind::kChunked) decoder_ = ChunkedDecoder();
-    response_done_ = framing_.kind == BodyFraming::Kind::kNone;
+    // A body of length 0 is complete with the head (a read must not wait for bytes).
+    response_done_ = framing_.kind == BodyFraming::Kind::kNone ||
+                     (framing_.kind == BodyFraming::Kind::kLength && framing_.length == 0);
     have_head_ = true;
     return &response_;
   }

@@ -238,7 +238,8 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
                                  const std::string& path) {
   constexpr const char* kKnown =
       "headers, strip_prefix, add_prefix, replace_path, replace_path_regex, rate_limit, "
-      "ip_allow, ip_deny, max_body, redirect, respond, cors, basic_auth, jwt, traffic_split";
+      "ip_allow, ip_deny, max_body, redirect, respond, cors, basic_auth, jwt, forward_auth, "
+      "traffic_split";
   if (!node.IsMap() || node.size() != 1) {
     list.fail(node, path,
               fmt::format("expected one middleware as {{NAME: SETTINGS}} ({})", kKnown));
@@ -399,6 +400,27 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
     }
     if (auth->users.empty()) r.fail_key("users_file", fmt::format("{}: no users", file));
     m.basic_auth = std::move(auth);
+  } else if (kind == "forward_auth") {
+    ConfigReader r = entry.nested(kind);
+    r.only({"service", "path", "request_headers", "response_headers"});
+    m.kind = MiddlewareConfig::Kind::kForwardAuth;
+    auto auth = std::make_shared<ForwardAuthConfig>();
+    auth->service = r.string("service", "");
+    if (auth->service.empty()) r.fail_key("service", "required (the service that decides)");
+    auth->path = r.string("path", auth->path);
+    if (!auth->path.starts_with('/') || !http::is_request_target(auth->path)) {
+      r.fail_key("path", "expected a path starting with /");
+    }
+    for (const char* key : {"request_headers", "response_headers"}) {
+      auto& names = std::string_view(key) == "request_headers" ? auth->request_headers
+                                                               : auth->response_headers;
+      for (const std::string& name : r.strings(key)) {
+        if (!http::is_field_name(name))
+          r.fail_key(key, fmt::format("'{}' is not a field name", name));
+        names.push_back(ascii_lower(name));
+      }
+    }
+    m.forward_auth = std::move(auth);
   } else if (kind == "jwt") {
     m.kind = MiddlewareConfig::Kind::kJwt;
     m.jwt = read_jwt(entry.nested(kind));
@@ -782,6 +804,15 @@ void read_gateway(const ConfigReader& top, Config& config) {
     if (!config.service(route.service)) {
       r.fail_key("service", fmt::format("no service named '{}' ({})", route.service,
                                         known_names(service_names)));
+    }
+    for (std::size_t k = 0; k < route.middlewares.size(); ++k) {
+      const auto& auth = route.middlewares[k].forward_auth;
+      if (auth && !config.service(auth->service)) {
+        r.fail(
+            routes[i]["middlewares"][k]["forward_auth"]["service"],
+            fmt::format("{}[{}].forward_auth.service", r.key_path("middlewares"), k),
+            fmt::format("no service named '{}' ({})", auth->service, known_names(service_names)));
+      }
     }
     for (std::size_t k = 0; k < route.middlewares.size(); ++k) {
       const auto& shares = route.middlewares[k].traffic_split.shares;

@@ -142,6 +142,9 @@ std::string client_address(const http::Request& request, const ServerConfig& ser
 // The request attribute that holds a checked JWT's claim (not logged: '_').
 std::string claim_attribute(std::string_view claim) { return fmt::format("_claim:{}", claim); }
 
+// The request attribute that holds a field forward_auth's service answered with.
+std::string auth_attribute(std::string_view field) { return fmt::format("_auth:{}", field); }
+
 // What a rate limit counts `request` by.
 std::string rate_limit_key(const http::Request& request, const ServerConfig& server,
                            const RateLimitConfig& limit) {
@@ -399,12 +402,15 @@ std::optional<http::Response> check_jwt(http::Request& request, const JwtConfig&
 }
 
 // The middlewares of `route` that may answer in the gateway's place, in order: rate limits
-// (429), ip_allow / ip_deny (403), max_body (413 for a declared length), redirect, respond. The
-// first that answers ends the request; nullopt lets it go on to the service.
+// (429), ip_allow / ip_deny (403), max_body (413 for a declared length), redirect, respond,
+// cors preflights, basic_auth and jwt (401), forward_auth (through `authorize`, which asks the
+// auth service). The first that answers ends the request; nullopt lets it go on to the
+// service.
+template <typename Authorize>
 std::optional<http::Response> answer_first(http::Request& request, const ServerConfig& server,
                                            const RouteConfig& route,
                                            const std::vector<std::shared_ptr<RateLimiter>>& limits,
-                                           PasswordCheck& passwords) {
+                                           PasswordCheck& passwords, Authorize&& authorize) {
   const RateLimiter* tightest = nullptr;
   RateLimiter::Decision shown;
   std::optional<http::Response> answer;
@@ -488,6 +494,9 @@ std::optional<http::Response> answer_first(http::Request& request, const ServerC
         break;
       case MiddlewareConfig::Kind::kJwt:
         answer = check_jwt(request, *m.jwt);
+        break;
+      case MiddlewareConfig::Kind::kForwardAuth:
+        answer = authorize(*m.forward_auth);
         break;
       default:
         break;
@@ -580,6 +589,23 @@ class TriedTargets {
   std::uint64_t low_ = 0;
   std::vector<std::size_t> high_;
 };
+
+// A target of `upstream` by its balancer, among the healthy ones not tried yet.
+std::optional<std::size_t> pick_target(Gateway::WorkerState& worker,
+                                       const Gateway::Upstream& upstream, const TriedTargets& tried,
+                                       std::uint64_t key_hash) {
+  // The worker's scratch list: nothing parks between filling it and the pick.
+  auto now = coarse_now();  // ejections last seconds
+  std::vector<TargetView>& views = worker.views;
+  views.resize(upstream.targets.size());
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    views[i] = TargetView{.weight = upstream.targets[i].config.weight,
+                          .healthy = upstream.targets[i].health->healthy(now),
+                          .in_flight = worker.in_flight[upstream.index][i],
+                          .excluded = tried.contains(i)};
+  }
+  return worker.balancers[upstream.index]->pick(views, key_hash);
+}
 
 // "0.412" for 412 microseconds.
 std::string milliseconds_text(std::chrono::microseconds t) {
@@ -713,6 +739,14 @@ void apply_request_middlewares(const http::Request& request, const RouteConfig& 
                                ForwardHead& out) {
   for (const MiddlewareConfig& m : route.middlewares) {
     switch (m.kind) {
+      case MiddlewareConfig::Kind::kForwardAuth:
+        // The auth service's fields replace any the client sent under those names.
+        for (const std::string& field : m.forward_auth->response_headers) {
+          out.head.headers.erase(field);
+          std::string_view value = request.attribute(auth_attribute(field));
+          if (!value.empty()) out.head.headers.set(field, value);
+        }
+        break;
       case MiddlewareConfig::Kind::kJwt:
         // Claims to fields: whatever the client sent under those names goes.
         for (const auto& [claim, field] : m.jwt->claims_to_headers) {
@@ -836,7 +870,9 @@ http::Middleware Proxy::middleware(std::string server_key) {
       std::optional<http::Response> answered = answer_first(
           request, *server->config, *route,
           gateway->rate_limits(static_cast<std::size_t>(route - gateway->config().routes.data())),
-          *passwords_);
+          *passwords_, [&](const ForwardAuthConfig& auth) {
+            return authorize(request, gateway, *server->config, auth);
+          });
       if (answered) {
         response = std::move(*answered);
       } else {
@@ -875,6 +911,96 @@ http::Middleware Proxy::middleware(std::string server_key) {
     }
     return response;
   };
+}
+
+std::optional<http::Response> Proxy::authorize(http::Request& request,
+                                               const std::shared_ptr<Gateway>& gateway,
+                                               const ServerConfig& server,
+                                               const ForwardAuthConfig& auth) {
+  const Gateway::Service* service = gateway->service(auth.service);
+  const Gateway::Upstream& upstream = *service->upstream;
+  auto unavailable = [&](std::string_view why) {
+    log_warn("forward_auth: service {}: {}: answered 503", auth.service, why);
+    return http::Response::error(503, "authentication service unavailable");
+  };
+  auto pick = pick_target(gateway->worker_state(), upstream, TriedTargets(), 0);
+  if (!pick) return unavailable("no healthy target");
+  const Gateway::Target& target = upstream.targets[*pick];
+
+  // GET path, with the client's fields (those chosen, never those about its body or the
+  // connection) and what the request was: X-Forwarded-Method, -Proto, -Host, -Uri, -For.
+  http::RequestHead head;
+  head.method = "GET";
+  head.target = auth.path;
+  const http::HeaderMap& in = request.headers();
+  bool nominating = in.contains("connection");
+  for (const http::Field& f : in) {
+    if (http::is_hop_by_hop(f.name) || (nominating && http::connection_nominates(in, f.name)) ||
+        http::iequals(f.name, "content-length") || http::iequals(f.name, "expect") ||
+        http::iequals(f.name, "host") || replaced_by_proxy(f.name)) {
+      continue;
+    }
+    if (!auth.request_headers.empty() &&
+        std::ranges::none_of(auth.request_headers,
+                             [&](const std::string& n) { return http::iequals(n, f.name); })) {
+      continue;
+    }
+    head.headers.add_view(f.name, f.value);
+  }
+  const http::RequestContext& context = request.context();
+  std::string client = client_address(request, server);
+  head.headers.add_view("X-Forwarded-Method", request.method());
+  head.headers.add_view("X-Forwarded-Proto", context.tls ? "https" : "http");
+  head.headers.add_view("X-Forwarded-Host", request.header("host"));
+  head.headers.add_view("X-Forwarded-Uri", request.target());
+  head.headers.add_view("X-Forwarded-For", client);
+  std::string authority = target.label;
+
+  auto opened =
+      connections_.open(target.endpoint, head, authority, service->timeouts, upstream.limits);
+  if (!opened) {
+    if (counts_against_target(opened.error())) {
+      target.health->record_failure(upstream.config->passive_health, coarse_now());
+    }
+    return unavailable(opened.error().message());
+  }
+  std::shared_ptr<http::ClientExchange> exchange = std::move(*opened);
+  auto finished = exchange->finish();
+  auto got = finished ? exchange->read_head() : std::unexpected(finished.error());
+  if (!got) {
+    if (counts_against_target(got.error())) {
+      target.health->record_failure(upstream.config->passive_health, coarse_now());
+    }
+    return unavailable(got.error().message());
+  }
+  const http::ClientResponseHead& answer = **got;
+  // Its body: what a refusal says (a login page, say), at most 64 KiB.
+  constexpr std::size_t kMaxBody = 64 * 1024;
+  std::string body;
+  char piece[4096];
+  for (;;) {
+    auto n = exchange->read(piece);
+    if (!n) return unavailable(n.error().message());
+    if (*n == 0) break;
+    if (body.size() + *n > kMaxBody) return unavailable("an answer larger than 64 KiB");
+    body.append(piece, *n);
+  }
+  target.health->record_success();
+  if (answer.status >= 200 && answer.status < 300) {
+    for (const std::string& field : auth.response_headers) {
+      if (auto value = answer.headers.get(field))
+        request.set_attribute(auth_attribute(field), *value);
+    }
+    return std::nullopt;
+  }
+  // A refusal (401, 403, a redirect to a login page, ...) is the client's answer as it is.
+  http::Response refusal(answer.status);
+  for (const http::Field& f : answer.headers) {
+    if (http::iequals(f.name, "content-length")) continue;
+    refusal.headers.add(f.name, f.value);
+  }
+  refusal.body = std::move(body);
+  return refusal;
 }
 
 http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gateway>& gateway,
@@ -937,17 +1063,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
   std::string_view last_target;
   bool last_reused = false;
   for (unsigned attempt = 1;; ++attempt) {
-    // The worker's scratch list: nothing parks between filling it and the pick.
-    auto now = coarse_now();  // ejections last seconds
-    std::vector<TargetView>& views = worker.views;
-    views.resize(upstream.targets.size());
-    for (std::size_t i = 0; i < views.size(); ++i) {
-      views[i] = TargetView{.weight = upstream.targets[i].config.weight,
-                            .healthy = upstream.targets[i].health->healthy(now),
-                            .in_flight = worker.in_flight[upstream.index][i],
-                            .excluded = tried.contains(i)};
-    }
-    auto pick = worker.balancers[upstream.index]->pick(views, key_hash);
+    auto pick = pick_target(worker, upstream, tried, key_hash);
     if (!pick && attempt > 1 && last_reused && upstream.targets.size() == 1) {
       // Every target tried: the last failure stands. But a single target may be tried again
       // when the failure was a pooled connection it had closed: no fault of the target.
@@ -1040,7 +1156,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       return response;
     }
     if ((status == 502 || status == 503) && idempotent && body.replayable &&
-        attempt < retries.attempts && budget.milli >= 1000 && views.size() > 1) {
+        attempt < retries.attempts && budget.milli >= 1000 && upstream.targets.size() > 1) {
       budget.milli -= 1000;
       if (metrics_) metrics_->record_retry(service->series);
       last_error = {};

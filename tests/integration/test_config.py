@@ -102,6 +102,8 @@ SAMPLES = {
     "routes[].middlewares.cors": "{origins: [https://app.example], credentials: true}",
     "routes[].middlewares.traffic_split": "{services: [{service: s, weight: 9}], sticky_cookie: v}",
     "routes[].middlewares.basic_auth": "{users_file: {tmp}/users.htpasswd, realm: Office}",
+    "routes[].middlewares.forward_auth":
+        "{service: s, path: /auth, request_headers: [Cookie], response_headers: [X-User]}",
     "routes[].middlewares.jwt": ("{jwks_file: {tmp}/keys.json, algorithms: [HS256], issuer: me, "
                                  "audience: api, leeway: 5s, cookie: s, realm: R, "
                                  "claims_to_headers: {sub: x-user}}"),

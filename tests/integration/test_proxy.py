@@ -359,6 +359,47 @@ class ClosingUpstream(ScriptedUpstream):
         conn.close()
 
 
+class EmptyAnswers(ScriptedUpstream):
+    """Answers every request of a kept-alive connection with 200 and Content-Length: 0."""
+
+    def handle(self, conn):
+        data = b""
+        conn.settimeout(5)
+        try:
+            while True:
+                while b"\r\n\r\n" not in data:
+                    more = conn.recv(65536)
+                    if not more:
+                        return
+                    data += more
+                _, _, data = data.partition(b"\r\n\r\n")
+                conn.sendall(b"HTTP/1.1 200 OK\r\nX-Empty: yes\r\nContent-Length: 0\r\n\r\n")
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+
+def test_an_empty_body_with_content_length_0_is_complete_at_once(build_dir, tmp_path):
+    # (It used to hang: the client exchange waited for body bytes that were never due.)
+    empty = EmptyAnswers()
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: e}}
+services:
+  e: {{url: "http://127.0.0.1:{empty.port}", timeouts: {{read: 30s}}}}
+""", threads=1)
+    try:
+        for _ in range(3):
+            status, headers, body = request(gw, "GET", "/x", timeout=5)
+            assert (status, headers["X-Empty"], headers["Content-Length"], body) == \
+                (200, "yes", "0", b"")
+        assert empty.accepted == 1  # and the connection went back to the pool each time
+    finally:
+        gw.stop()
+        empty.stop()
+
+
 def test_a_post_whose_bytes_reached_the_upstream_is_never_replayed(build_dir, tmp_path):
     one, two = ClosingUpstream(), ClosingUpstream()
     gw = gateway(build_dir, tmp_path, SERVER + f"""

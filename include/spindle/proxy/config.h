@@ -191,6 +191,17 @@ struct JwtConfig {
   std::string realm = "spindle";
 };
 
+/// `forward_auth`: a sub-request to an authentication service decides.
+struct ForwardAuthConfig {
+  /// The service asked (a service of the configuration), and the path asked for.
+  std::string service;
+  std::string path = "/";
+  /// The client's fields sent along (lower case; empty: all but those about its body).
+  std::vector<std::string> request_headers;
+  /// Fields of the service's 2xx answer set on the request that goes on (lower case).
+  std::vector<std::string> response_headers;
+};
+
 /// `traffic_split`: requests shared between services by weight.
 struct TrafficSplitConfig {
   struct Share {
@@ -220,6 +231,7 @@ struct MiddlewareConfig {
     kBasicAuth,
     kTrafficSplit,
     kJwt,
+    kForwardAuth,
   };
   Kind kind = Kind::kHeaders;
   /// rate_limit: its settings.
@@ -232,6 +244,8 @@ struct MiddlewareConfig {
   std::shared_ptr<const BasicAuthConfig> basic_auth;
   /// jwt: its keys and checks.
   std::shared_ptr<const JwtConfig> jwt;
+  /// forward_auth: whom to ask, and which fields go and come back.
+  std::shared_ptr<const ForwardAuthConfig> forward_auth;
   /// replace_path: the new path; replace_path_regex: the replacement (\1 for a group).
   std::string replacement;
   /// replace_path_regex: the pattern (RE2), searched in the path.

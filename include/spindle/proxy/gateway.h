@@ -195,6 +195,13 @@ class Proxy {
                          std::string_view service = {});
 
  private:
+  /// forward_auth: asks `auth`'s service about `request`. nullopt lets it go on (the fields
+  /// to copy kept as attributes); otherwise the answer the client gets.
+  std::optional<http::Response> authorize(http::Request& request,
+                                          const std::shared_ptr<Gateway>& gateway,
+                                          const ServerConfig& server,
+                                          const ForwardAuthConfig& auth);
+
   Gateways& gateways_;
   http::UpstreamConnections& connections_;
   Metrics* metrics_;
