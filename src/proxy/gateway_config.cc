@@ -239,7 +239,7 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
   constexpr const char* kKnown =
       "headers, strip_prefix, add_prefix, replace_path, replace_path_regex, rate_limit, "
       "ip_allow, ip_deny, max_body, redirect, respond, cors, basic_auth, jwt, forward_auth, "
-      "traffic_split";
+      "mirror, traffic_split";
   if (!node.IsMap() || node.size() != 1) {
     list.fail(node, path,
               fmt::format("expected one middleware as {{NAME: SETTINGS}} ({})", kKnown));
@@ -400,6 +400,15 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
     }
     if (auth->users.empty()) r.fail_key("users_file", fmt::format("{}: no users", file));
     m.basic_auth = std::move(auth);
+  } else if (kind == "mirror") {
+    ConfigReader r = entry.nested(kind);
+    r.only({"service", "percent", "max_in_flight"});
+    m.kind = MiddlewareConfig::Kind::kMirror;
+    m.mirror.service = r.string("service", "");
+    if (m.mirror.service.empty()) r.fail_key("service", "required (where the copies go)");
+    m.mirror.percent = static_cast<double>(r.number("percent", 100, 100));
+    m.mirror.max_in_flight = r.number("max_in_flight", m.mirror.max_in_flight, 100'000);
+    if (m.mirror.max_in_flight == 0) r.fail_key("max_in_flight", "must be at least 1");
   } else if (kind == "forward_auth") {
     ConfigReader r = entry.nested(kind);
     r.only({"service", "path", "request_headers", "response_headers"});
@@ -806,12 +815,15 @@ void read_gateway(const ConfigReader& top, Config& config) {
                                         known_names(service_names)));
     }
     for (std::size_t k = 0; k < route.middlewares.size(); ++k) {
-      const auto& auth = route.middlewares[k].forward_auth;
-      if (auth && !config.service(auth->service)) {
-        r.fail(
-            routes[i]["middlewares"][k]["forward_auth"]["service"],
-            fmt::format("{}[{}].forward_auth.service", r.key_path("middlewares"), k),
-            fmt::format("no service named '{}' ({})", auth->service, known_names(service_names)));
+      const MiddlewareConfig& m = route.middlewares[k];
+      std::string named = m.forward_auth                              ? m.forward_auth->service
+                          : m.kind == MiddlewareConfig::Kind::kMirror ? m.mirror.service
+                                                                      : std::string();
+      if (!named.empty() && !config.service(named)) {
+        const char* kind = m.forward_auth ? "forward_auth" : "mirror";
+        r.fail(routes[i]["middlewares"][k][kind]["service"],
+               fmt::format("{}[{}].{}.service", r.key_path("middlewares"), k, kind),
+               fmt::format("no service named '{}' ({})", named, known_names(service_names)));
       }
     }
     for (std::size_t k = 0; k < route.middlewares.size(); ++k) {

@@ -847,9 +847,86 @@ Proxy::Proxy(Gateways& gateways, http::UpstreamConnections& connections, Metrics
     : gateways_(gateways),
       connections_(connections),
       metrics_(metrics),
-      passwords_(std::make_unique<PasswordCheck>()) {}
+      passwords_(std::make_unique<PasswordCheck>()),
+      mirrors_in_flight_(gateways.runtime().size()) {}
 
-Proxy::~Proxy() = default;
+Proxy::~Proxy() {
+  // Copies still on their way use the connections: they end within their service's timeouts.
+  (void)mirrors_.wait(Deadline::never(), false);
+}
+
+namespace {
+
+// A copy of a request for mirror, owning all it needs once the request is gone.
+struct MirrorCopy {
+  MirrorCopy() {}  // (not value-initialised: the head's inline field storage is large)
+  std::string method, target, authority, body;
+  http::RequestHead head;
+};
+
+}  // namespace
+
+void Proxy::mirror(http::Request& request, const std::shared_ptr<Gateway>& gateway,
+                   const ServerConfig& server, const RouteConfig& route,
+                   const MirrorConfig& config) {
+  std::size_t& in_flight = mirrors_in_flight_[Worker::current()->index()];
+  if (config.percent < 100) {
+    thread_local std::minstd_rand random(std::random_device{}());
+    if (std::uniform_real_distribution<double>(0, 100)(random) >= config.percent) return;
+  }
+  // A body goes along only when it is small and already due (no 100-continue to wait for):
+  // the copy must never make the request wait.
+  const http::RequestHead& in = request.head();
+  bool has_body = in.chunked || in.content_length.value_or(0) > 0;
+  if (has_body && (in.chunked || *in.content_length > kReplayLimit || in.expect_continue)) {
+    request.set_attribute("mirror", "skipped");
+    return;
+  }
+  if (in_flight >= config.max_in_flight) {
+    request.set_attribute("mirror", "dropped");
+    return;
+  }
+  auto built = std::make_shared<ForwardHead>();
+  build_head(request, server, *built);
+  apply_request_middlewares(request, route, *built);
+  auto copy = std::make_shared<MirrorCopy>();
+  copy->method = built->head.method;
+  copy->target = built->head.target;
+  copy->authority = built->authority;
+  copy->head.method = copy->method;
+  copy->head.target = copy->target;
+  for (const http::Field& f : built->head.headers) {
+    if (!http::iequals(f.name, "expect")) copy->head.headers.add(f.name, f.value);
+  }
+  if (has_body) {
+    copy->body = request.body();
+    copy->head.content_length = copy->body.size();
+  }
+  request.set_attribute("mirror", "sent");
+  ++in_flight;
+  mirrors_.add();
+  spawn([this, gateway, copy, &config, &in_flight] {
+    const Gateway::Service* service = gateway->service(config.service);
+    const Gateway::Upstream& upstream = *service->upstream;
+    if (auto pick = pick_target(gateway->worker_state(), upstream, TriedTargets(), 0)) {
+      const Gateway::Target& target = upstream.targets[*pick];
+      auto opened = connections_.open(target.endpoint, copy->head, copy->authority,
+                                      service->timeouts, upstream.limits);
+      if (opened) {
+        auto& exchange = **opened;
+        bool sent = (copy->body.empty() || exchange.write(copy->body)) && exchange.finish();
+        if (sent && exchange.read_head()) {
+          char sink[4096];
+          Result<std::size_t> n;
+          while ((n = exchange.read(sink)) && *n > 0) {
+          }
+        }
+      }
+    }
+    --in_flight;
+    mirrors_.done();
+  }).detach();
+}
 
 http::Middleware Proxy::middleware(std::string server_key) {
   std::uint32_t unrouted = metrics_ ? metrics_->request_series(server_key, "") : 0;
@@ -876,6 +953,11 @@ http::Middleware Proxy::middleware(std::string server_key) {
       if (answered) {
         response = std::move(*answered);
       } else {
+        for (const MiddlewareConfig& m : route->middlewares) {
+          if (m.kind == MiddlewareConfig::Kind::kMirror) {
+            mirror(request, gateway, *server->config, *route, m.mirror);
+          }
+        }
         // A traffic_split picks the service; otherwise the route names it.
         std::string_view service = route->service;
         std::string set_cookie;

@@ -104,6 +104,7 @@ SAMPLES = {
     "routes[].middlewares.basic_auth": "{users_file: {tmp}/users.htpasswd, realm: Office}",
     "routes[].middlewares.forward_auth":
         "{service: s, path: /auth, request_headers: [Cookie], response_headers: [X-User]}",
+    "routes[].middlewares.mirror": "{service: s, percent: 10, max_in_flight: 8}",
     "routes[].middlewares.jwt": ("{jwks_file: {tmp}/keys.json, algorithms: [HS256], issuer: me, "
                                  "audience: api, leeway: 5s, cookie: s, realm: R, "
                                  "claims_to_headers: {sub: x-user}}"),

@@ -202,6 +202,15 @@ struct ForwardAuthConfig {
   std::vector<std::string> response_headers;
 };
 
+/// `mirror`: a copy of each request sent to another service, its answer thrown away.
+struct MirrorConfig {
+  std::string service;
+  /// Share of requests mirrored, 0 to 100.
+  double percent = 100;
+  /// Copies in flight at once per worker; beyond, a copy is dropped (the request goes on).
+  std::size_t max_in_flight = 64;
+};
+
 /// `traffic_split`: requests shared between services by weight.
 struct TrafficSplitConfig {
   struct Share {
@@ -232,6 +241,7 @@ struct MiddlewareConfig {
     kTrafficSplit,
     kJwt,
     kForwardAuth,
+    kMirror,
   };
   Kind kind = Kind::kHeaders;
   /// rate_limit: its settings.
@@ -246,6 +256,8 @@ struct MiddlewareConfig {
   std::shared_ptr<const JwtConfig> jwt;
   /// forward_auth: whom to ask, and which fields go and come back.
   std::shared_ptr<const ForwardAuthConfig> forward_auth;
+  /// mirror: where copies go, and how many.
+  MirrorConfig mirror;
   /// replace_path: the new path; replace_path_regex: the replacement (\1 for a group).
   std::string replacement;
   /// replace_path_regex: the pattern (RE2), searched in the path.

@@ -30,6 +30,7 @@
 #include "spindle/proxy/metrics.h"
 #include "spindle/proxy/rate_limit.h"
 #include "spindle/proxy/route_table.h"
+#include "spindle/sync/wait_group.h"
 
 namespace spindle::proxy {
 
@@ -202,11 +203,19 @@ class Proxy {
                                           const ServerConfig& server,
                                           const ForwardAuthConfig& auth);
 
+  /// mirror: sends a copy of `request` to `config`'s service in a fiber of its own (or drops
+  /// it, beyond max_in_flight), noting which in the request's "mirror" attribute.
+  void mirror(http::Request& request, const std::shared_ptr<Gateway>& gateway,
+              const ServerConfig& server, const RouteConfig& route, const MirrorConfig& config);
+
   Gateways& gateways_;
   http::UpstreamConnections& connections_;
   Metrics* metrics_;
   /// Checks basic_auth passwords (off the workers for bcrypt), remembering good ones.
   std::unique_ptr<class PasswordCheck> passwords_;
+  /// mirror: copies on their way, per worker (touched by that worker only), and in all.
+  std::vector<std::size_t> mirrors_in_flight_;
+  WaitGroup mirrors_;
 };
 
 }  // namespace spindle::proxy
