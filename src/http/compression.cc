@@ -189,6 +189,10 @@ Middleware compression(CompressionOptions options) {
         (response.body.size() < options.min_size || response.body.size() > options.max_size)) {
       return response;
     }
+    // A streamed body whose length is known to be small is not worth it either.
+    if (streamed && response.stream_length && *response.stream_length < options.min_size) {
+      return response;
+    }
     response.headers.add_view("Vary", "Accept-Encoding");
     std::string_view coding = choose_coding(request.header("accept-encoding"));
     if (coding.empty()) return response;

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "spindle/base/ascii.h"
+#include "spindle/http/compression.h"
 #include "spindle/http/rules.h"
 #include "spindle/proxy/jwt.h"
 
@@ -239,7 +240,7 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
   constexpr const char* kKnown =
       "headers, strip_prefix, add_prefix, replace_path, replace_path_regex, rate_limit, "
       "ip_allow, ip_deny, max_body, redirect, respond, cors, basic_auth, jwt, forward_auth, "
-      "mirror, traffic_split";
+      "mirror, compression, traffic_split";
   if (!node.IsMap() || node.size() != 1) {
     list.fail(node, path,
               fmt::format("expected one middleware as {{NAME: SETTINGS}} ({})", kKnown));
@@ -400,6 +401,16 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
     }
     if (auth->users.empty()) r.fail_key("users_file", fmt::format("{}: no users", file));
     m.basic_auth = std::move(auth);
+  } else if (kind == "compression") {
+    ConfigReader r = entry.nested(kind);
+    r.only({"min_size", "gzip_level", "brotli_quality"});
+    m.kind = MiddlewareConfig::Kind::kCompression;
+    http::CompressionOptions options;
+    options.min_size = r.size("min_size", options.min_size);
+    options.gzip_level = static_cast<int>(r.number("gzip_level", 6, 9));
+    if (options.gzip_level == 0) r.fail_key("gzip_level", "expected 1 to 9");
+    options.brotli_quality = static_cast<int>(r.number("brotli_quality", 5, 11));
+    m.compress = std::make_shared<const http::Middleware>(http::compression(options));
   } else if (kind == "mirror") {
     ConfigReader r = entry.nested(kind);
     r.only({"service", "percent", "max_in_flight"});

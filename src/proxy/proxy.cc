@@ -979,7 +979,11 @@ http::Middleware Proxy::middleware(std::string server_key) {
     if (route) {
       // The way back: the route's middlewares in reverse order.
       for (auto m = route->middlewares.rbegin(); m != route->middlewares.rend(); ++m) {
-        if (m->kind == MiddlewareConfig::Kind::kHeaders) apply_edits(m->response, response.headers);
+        if (m->kind == MiddlewareConfig::Kind::kHeaders) {
+          apply_edits(m->response, response.headers);
+        } else if (m->kind == MiddlewareConfig::Kind::kCompression) {
+          response = (*m->compress)(request, [&](http::Request&) { return std::move(response); });
+        }
       }
     }
     if (metrics_) {

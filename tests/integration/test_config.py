@@ -105,6 +105,7 @@ SAMPLES = {
     "routes[].middlewares.forward_auth":
         "{service: s, path: /auth, request_headers: [Cookie], response_headers: [X-User]}",
     "routes[].middlewares.mirror": "{service: s, percent: 10, max_in_flight: 8}",
+    "routes[].middlewares.compression": "{min_size: 512, gzip_level: 4, brotli_quality: 3}",
     "routes[].middlewares.jwt": ("{jwks_file: {tmp}/keys.json, algorithms: [HS256], issuer: me, "
                                  "audience: api, leeway: 5s, cookie: s, realm: R, "
                                  "claims_to_headers: {sub: x-user}}"),

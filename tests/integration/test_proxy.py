@@ -1204,3 +1204,39 @@ def test_a_traffic_split_to_a_missing_service_is_a_configuration_error(build_dir
         build_dir, tmp_path, "[{traffic_split: {services: [{service: s}, {service: nope}]}}]")
     assert ("bad.yaml:5: routes[0].middlewares[0].traffic_split.services[1].service: "
             "no service named 'nope'") in err, err
+
+
+def test_compression_middleware_compresses_what_the_upstream_sent_plain(build_dir, tmp_path,
+                                                                        two_upstreams):
+    import brotli
+    import gzip
+    a, _ = two_upstreams
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - name: api
+    match: {{path_prefix: /}}
+    middlewares: [{{compression: {{min_size: 1k, gzip_level: 1}}}}]
+    service: a
+services:
+  a: {{url: "http://{addr(a)}"}}
+""")
+    try:
+        plain = b"b" * (1 << 20)
+        status, headers, body = request(gw, "GET", "/big", headers={"Accept-Encoding": "gzip"})
+        assert status == 200 and headers["Content-Encoding"] == "gzip", headers
+        assert len(body) < 64 * 1024 and gzip.decompress(body) == plain
+        assert headers["Vary"] == "Accept-Encoding"
+        status, headers, body = request(gw, "GET", "/big",
+                                        headers={"Accept-Encoding": "gzip, br"})
+        assert headers["Content-Encoding"] == "br" and brotli.decompress(body) == plain
+        # Not asked for, too small, or not text: as it came.
+        status, headers, body = request(gw, "GET", "/big")
+        assert "Content-Encoding" not in headers and body == plain
+        status, headers, body = request(gw, "GET", "/plaintext",
+                                        headers={"Accept-Encoding": "gzip"})
+        assert "Content-Encoding" not in headers and body == b"Hello, World!"
+        status, headers, body = request(gw, "GET", "/bytes/5000",
+                                        headers={"Accept-Encoding": "gzip"})
+        assert "Content-Encoding" not in headers and len(body) == 5000
+    finally:
+        gw.stop()

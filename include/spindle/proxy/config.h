@@ -242,6 +242,7 @@ struct MiddlewareConfig {
     kJwt,
     kForwardAuth,
     kMirror,
+    kCompression,
   };
   Kind kind = Kind::kHeaders;
   /// rate_limit: its settings.
@@ -258,6 +259,8 @@ struct MiddlewareConfig {
   std::shared_ptr<const ForwardAuthConfig> forward_auth;
   /// mirror: where copies go, and how many.
   MirrorConfig mirror;
+  /// compression: the middleware that compresses the route's answers.
+  std::shared_ptr<const http::Middleware> compress;
   /// replace_path: the new path; replace_path_regex: the replacement (\1 for a group).
   std::string replacement;
   /// replace_path_regex: the pattern (RE2), searched in the path.

@@ -179,3 +179,16 @@ TEST(Compression, BodiesOverTheLimitAreNotCompressedInOneGo) {
   auto at_limit = compressed("gzip", Response::text(std::string(options.max_size, 'x')));
   EXPECT_EQ(at_limit.headers.get("content-encoding"), "gzip");
 }
+
+TEST(Compression, AStreamedBodyKnownToBeSmallIsLeftAlone) {
+  Response small = streamed_text({"tiny"});
+  small.stream_length = 4;
+  Response r = compressed("gzip", std::move(small));
+  EXPECT_FALSE(r.headers.contains("content-encoding"));
+  EXPECT_EQ(r.stream_length, std::optional<std::uint64_t>(4));
+  // Of unknown length, or known to be large enough: compressed.
+  EXPECT_EQ(compressed("gzip", streamed_text({"tiny"})).headers.get("content-encoding"), "gzip");
+  Response big = streamed_text({std::string(2000, 'x')});
+  big.stream_length = 2000;
+  EXPECT_EQ(compressed("gzip", std::move(big)).headers.get("content-encoding"), "gzip");
+}
