@@ -4,13 +4,14 @@
 #   make test    format check, then the whole suite in release, asan (ASan+UBSan) and tsan
 #   make build   release build: build/release/bin/
 #   make bench   micro-benchmarks and the echo throughput comparison, written to docs/
-#   make fuzz    libFuzzer drivers for the HTTP/1 parser and chunked decoder (FUZZ_SECONDS each)
+#   make soak    10,000 connections through the proxy for 3 minutes: errors, RSS, descriptors
+#   make fuzz    libFuzzer drivers (HTTP/1, chunked, responses, configuration, JWT; FUZZ_SECONDS each)
 #   make format  reformat every source file with clang-format
 
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 
-.PHONY: run test build bench fuzz format format-check deps deps-test deps-bench debug asan tsan
+.PHONY: run test build bench soak fuzz format format-check deps deps-test deps-bench debug asan tsan
 
 deps:
 	@scripts/install-deps.sh build
@@ -40,6 +41,11 @@ format: deps-test
 
 format-check: deps-test
 	@scripts/check-format.sh
+
+soak: deps-bench
+	@scripts/build.sh release
+	@/usr/bin/python3 bench/soak_proxy.py --seconds 180 --out bench/results/soak.json \
+	  --chart docs/benchmarks-soak.png
 
 fuzz: deps-test
 	@scripts/fuzz.sh

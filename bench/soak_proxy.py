@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""Soak through the proxy: wrk holds --connections client connections (10,000 by default) to
+spindle for --seconds, every request going through a route with a typical middleware chain
+(request id, a header edit, a local rate limit far above the load, the access log) to an
+upstream (nginx, one worker). Every second it samples spindle's resident memory and open
+descriptors and prints them. Passes (exit 0) when wrk saw no socket error and no non-2xx
+answer, RSS after the warm-up (the first quarter) stayed within --rss-growth of its level
+then, and the descriptors came back to their idle count once wrk was done. Writes the samples
+to --out (JSON) for docs/benchmarks.md's chart. Loopback only; stops what it started, by PID.
+"""
+import argparse
+import json
+import os
+import re
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+) kB", f.read()).group(1))
+
+
+def descriptors(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def listening(proc):
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"{proc.args[0]} exited before listening")
+    return json.loads(line)["address"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port, seconds=10):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on {port}")
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def chart(result, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    t = [s["t"] for s in result["samples"]]
+    fig, rss = plt.subplots(figsize=(8, 3.5))
+    rss.plot(t, [s["rss_kib"] / 1024 for s in result["samples"]], color="tab:blue")
+    rss.set_xlabel("seconds")
+    rss.set_ylabel("spindle RSS (MiB)", color="tab:blue")
+    rss.set_ylim(bottom=0)
+    fds = rss.twinx()
+    fds.plot(t, [s["fds"] for s in result["samples"]], color="tab:orange")
+    fds.set_ylabel("open descriptors", color="tab:orange")
+    fds.set_ylim(bottom=0)
+    plt.title(f"Soak through the proxy: {result['connections']:,} connections, "
+              f"{result['requests']:,} requests, {result['socket_errors']} errors")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build", "release"))
+    ap.add_argument("--connections", type=int, default=10_000)
+    ap.add_argument("--seconds", type=int, default=180)
+    ap.add_argument("--threads", type=int, default=2, help="spindle's workers")
+    ap.add_argument("--rss-growth", type=float, default=0.10,
+                    help="largest RSS growth after the warm-up, as a share")
+    ap.add_argument("--out", help="where to write the samples (JSON)")
+    ap.add_argument("--chart", help="where to draw RSS and descriptors over time (PNG)")
+    args = ap.parse_args()
+
+    need = args.connections + 1_000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < need:
+        print(f"soak: needs `ulimit -n` of at least {need} for {args.connections} connections; "
+              f"the hard limit here is {hard}: raise it (or pass fewer --connections)")
+        return 2
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+    tmp = tempfile.mkdtemp(prefix="spindle-soak-")
+    # The upstream: nginx (one worker) answering "Hello, World!"; its logs and spindle's go to
+    # files (a pipe nobody reads would stall them once full).
+    upstream_port = free_port()
+    with open(os.path.join(tmp, "upstream.conf"), "w") as f:
+        f.write(f"""daemon off; master_process on; worker_processes 1;
+pid {tmp}/upstream.pid; error_log {tmp}/upstream-error.log crit; worker_rlimit_nofile 20000;
+events {{ worker_connections 16384; }}
+http {{
+  access_log off; keepalive_requests 1000000; keepalive_timeout 300s;
+  client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
+  uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
+  server {{
+    listen 127.0.0.1:{upstream_port};
+    location = /plaintext {{ default_type text/plain; return 200 "Hello, World!"; }}
+  }}
+}}
+""")
+    upstream = subprocess.Popen(["nginx", "-c", os.path.join(tmp, "upstream.conf"), "-p", tmp],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    spindle = None
+    try:
+        target = f"127.0.0.1:{upstream_port}"
+        wait_listening(upstream_port)
+        config = os.path.join(tmp, "soak.yaml")
+        with open(config, "w") as f:
+            f.write(f"""
+servers:
+  - listen: 127.0.0.1:0
+    access_log: {{path: {tmp}/access.log, format: combined}}
+    timeouts: {{keepalive: 300s}}
+routes:
+  - name: soak
+    match: {{path_prefix: /}}
+    middlewares:
+      - headers: {{request: {{set: {{x-soak: "1"}}}}, response: {{remove: [x-powered-by]}}}}
+      - rate_limit: {{key: client_ip, rate: 10000000/s, burst: 10000000}}
+    service: up
+services:
+  up: {{upstream: up, timeouts: {{connect: 30s, first_byte: 30s}}}}
+upstreams:
+  up:
+    targets: [{{address: "{target}"}}]
+    keepalive: {{max_idle: 1024}}
+    limits: {{max_connections: 1024}}
+""")
+        spindle = subprocess.Popen([os.path.join(args.build, "bin", "spindle"), "serve",
+                                    "--config", config, "--threads", str(args.threads)],
+                                   stdout=subprocess.PIPE,
+                                   stderr=open(os.path.join(tmp, "spindle.log"), "w"), text=True)
+        address = listening(spindle)
+        idle_fds = descriptors(spindle.pid)
+        print(f"soak: spindle {spindle.pid} at {address}, {args.connections} connections for "
+              f"{args.seconds}s; idle: {rss_kib(spindle.pid)} KiB, {idle_fds} descriptors",
+              flush=True)
+        wrk = subprocess.Popen(["wrk", "-t2", f"-c{args.connections}", f"-d{args.seconds}s",
+                                "--timeout", "10s", f"http://{address}/plaintext"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        samples = []
+        start = time.monotonic()
+        while wrk.poll() is None:
+            time.sleep(1)
+            t = time.monotonic() - start
+            try:
+                sample = {"t": round(t, 1), "rss_kib": rss_kib(spindle.pid),
+                          "fds": descriptors(spindle.pid)}
+            except (FileNotFoundError, ProcessLookupError):
+                break
+            samples.append(sample)
+            print(f"soak: {t:5.0f}s  rss {sample['rss_kib'] / 1024:7.1f} MiB  "
+                  f"descriptors {sample['fds']}", flush=True)
+        out = wrk.communicate()[0]
+        print(out, flush=True)
+        done = int(re.search(r"(\d+) requests in", out).group(1))
+        errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+        non2xx = int(non2xx.group(1)) if non2xx else 0
+        # Descriptors back to idle once the clients are gone (the upstream pool may keep a few).
+        settled = None
+        for _ in range(50):
+            settled = descriptors(spindle.pid)
+            if settled <= idle_fds + 2 * 1024 + 8:
+                break
+            time.sleep(0.2)
+        after = samples[len(samples) // 4:] if samples else []
+        base = after[0]["rss_kib"] if after else 0
+        peak = max(s["rss_kib"] for s in after) if after else 0
+        growth = (peak - base) / base if base else 0.0
+        result = {"connections": args.connections, "seconds": args.seconds,
+                  "requests": done, "socket_errors": errors, "non2xx": non2xx,
+                  "rss_after_warmup_kib": base, "rss_peak_kib": peak, "rss_growth": growth,
+                  "idle_fds": idle_fds, "fds_after": settled, "samples": samples}
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+        if args.chart:
+            chart(result, args.chart)
+        print(f"soak: {done} requests, {errors} socket errors, {non2xx} non-2xx; RSS "
+              f"{base / 1024:.1f} MiB after warm-up, peak {peak / 1024:.1f} MiB "
+              f"({growth:+.1%}); descriptors {idle_fds} idle, {settled} after", flush=True)
+        ok = (errors == 0 and non2xx == 0 and done > 0 and growth <= args.rss_growth and
+              settled <= idle_fds + 2 * 1024 + 8)
+        code = stop(spindle)
+        if code != 0:
+            print(f"soak: spindle exited {code}")
+            ok = False
+        print("soak: PASS" if ok else "soak: FAIL", flush=True)
+        return 0 if ok else 1
+    finally:
+        if spindle is not None:
+            stop(spindle)
+        stop(upstream)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
