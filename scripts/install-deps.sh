@@ -8,7 +8,7 @@ set -euo pipefail
 # GoogleTest is a build dependency.
 build_pkgs=(build-essential cmake ninja-build pkg-config
   libboost-context-dev libfmt-dev libcli11-dev libyaml-cpp-dev zlib1g-dev libbrotli-dev
-  libssl-dev libnghttp2-dev libre2-dev libhiredis-dev nlohmann-json3-dev valgrind
+  libssl-dev libnghttp2-dev libre2-dev libhiredis-dev libc-ares-dev nlohmann-json3-dev valgrind
   googletest libgtest-dev libgmock-dev)
 test_pkgs=(python3 python3-pytest python3-h2 python3-brotli python3-yaml python3-prometheus-client python3-jwt python3-cryptography curl openssl
   nghttp2-client wrk golang-go nginx-light h2o redis-server

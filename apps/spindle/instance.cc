@@ -97,9 +97,19 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   }
   // 1. Everything that can fail, while the configuration in force serves on untouched.
   std::shared_ptr<proxy::Gateway> gateway;
+  // Target names and SRV names are looked up with discovery (TTLs), and kept up to date once
+  // this configuration is in force.
+  std::set<std::string> hosts, srv;
+  proxy::dns_names(config, hosts, srv);
+  std::optional<proxy::DnsAnswers> answers;
+  if (!config.routes.empty() && (!hosts.empty() || !srv.empty())) {
+    if (!discovery_) discovery_ = std::make_unique<proxy::Discovery>(config.dns);
+    answers = discovery_->resolve(config.dns, hosts, srv);
+  }
   if (!config.routes.empty()) {
     try {
-      gateway = proxy::Gateway::build(config, runtime_.size(), health_, &metrics_, &limits_);
+      gateway = proxy::Gateway::build(config, runtime_.size(), health_, &metrics_, &limits_,
+                                      answers ? &*answers : nullptr);
     } catch (const proxy::ConfigError& e) {
       return std::unexpected(e.what());
     }
@@ -151,6 +161,7 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
 
   // 2. The switch. Nothing below fails.
   gateways_.publish(gateway);
+  if (discovery_) discovery_->keep(config.dns, hosts, srv, answers.value_or(proxy::DnsAnswers{}));
   for (Prepared& p : prepared) {
     const std::string& address = p.identity;
     if (auto it = opened.find(address); it != opened.end()) {
@@ -190,6 +201,31 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   }
   refresh();
   return {};
+}
+
+void Instance::rediscover() {
+  if (!discovery_ || !gateway_) return;
+  auto answers = discovery_->changed();
+  if (!answers) return;
+  std::shared_ptr<proxy::Gateway> gateway;
+  try {
+    gateway =
+        proxy::Gateway::build(config_, runtime_.size(), health_, &metrics_, &limits_, &*answers);
+  } catch (const proxy::ConfigError& e) {
+    log_warn("dns: the new answers cannot be used ({}); the targets in force stay", e.what());
+    return;
+  }
+  gateways_.publish(gateway);
+  for (const auto& u : gateway->upstreams()) {
+    std::string targets;
+    for (const auto& t : u.targets)
+      targets += (targets.empty() ? "" : ", ") + t.endpoint.address.to_string();
+    log_info("dns: upstream {} now has {} target(s): {}", u.config->name, u.targets.size(),
+             targets.empty() ? "none" : targets);
+  }
+  gateway->start_probes(runtime_, connections_);
+  gateway_->stop_probes();
+  gateway_ = std::move(gateway);
 }
 
 std::map<std::string, std::vector<int>> Instance::listener_fds() const {

@@ -64,6 +64,11 @@ class Instance {
   /// each); the main thread calls it every second.
   void refresh();
 
+  /// When DNS discovery's answers changed (a target name's addresses, an SRV name's records),
+  /// builds the gateway again with them and publishes it: new targets join, gone ones drain.
+  /// The main thread calls it every second.
+  void rediscover();
+
   /// Reloads tried, and how they ended (for the admin listener).
   struct ReloadCounts {
     std::atomic<std::uint64_t> succeeded{0};
@@ -105,6 +110,8 @@ class Instance {
   proxy::Gateways gateways_;
   proxy::Metrics metrics_;
   proxy::RateLimitRegistry limits_;
+  /// Keeps target names resolved (made when a configuration first has any).
+  std::unique_ptr<proxy::Discovery> discovery_;
   proxy::Proxy forwarder_;
   proxy::Config config_;
   std::shared_ptr<proxy::Gateway> gateway_;

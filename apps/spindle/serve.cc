@@ -269,6 +269,7 @@ int serve(const ServeFlags& flags) {
     // Every second at least, the admin listener's view of the listeners is brought up to date.
     int ready = ::poll(fds, 4, 1000);
     instance.refresh();
+    instance.rediscover();
     if (successor != 0) {
       int status = 0;
       if (::waitpid(successor, &status, WNOHANG) == successor) {

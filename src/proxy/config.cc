@@ -185,8 +185,8 @@ Config read_config(const YAML::Node& root, const std::string& file) {
         fmt::format("{}:1: servers: the file is empty (expected a list of servers)", file));
   }
   ConfigReader top(file, root, "");
-  top.only(
-      {"threads", "drain_timeout", "admin", "redis", "servers", "routes", "services", "upstreams"});
+  top.only({"threads", "drain_timeout", "admin", "redis", "dns", "servers", "routes", "services",
+            "upstreams"});
   Config config;
   config.threads = top.number("threads", 0, 1024);
   config.drain_timeout = top.duration("drain_timeout", config.drain_timeout);

@@ -85,7 +85,8 @@ http::WireProtocol wire_protocol(UpstreamProtocol p) {
 }  // namespace
 
 std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, HealthRegistry& health,
-                                        Metrics* metrics, RateLimitRegistry* limits) {
+                                        Metrics* metrics, RateLimitRegistry* limits,
+                                        const DnsAnswers* dns) {
   std::shared_ptr<Gateway> g(new Gateway());
   g->config_ = std::move(config);
   const Config& c = g->config_;
@@ -130,6 +131,7 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, Heal
     g->upstreams_.push_back(std::move(upstream));
   }
   g->services_.reserve(c.services.size());
+  std::vector<bool> made(g->upstreams_.size(), false);
   for (const ServiceConfig& s : c.services) {
     Service service;
     service.config = &s;
@@ -160,24 +162,56 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, Heal
     // Targets are made once per upstream, by the first service that uses it (an upstream
     // serves one protocol: a second service must agree).
     Upstream& u = *it;
-    if (u.targets.empty()) {
-      for (std::size_t i = 0; i < u.config->targets.size(); ++i) {
-        const TargetConfig& t = u.config->targets[i];
-        std::string where = fmt::format("upstreams.{}.targets[{}]", u.config->name, i);
+    if (!made[u.index]) {
+      made[u.index] = true;
+      u.protocol = wire_protocol(s.protocol);
+      u.tls = static_cast<bool>(tls);
+      auto add = [&](const TargetConfig& t, const Address& address, bool one_of_several) {
         Target target;
         target.config = t;
         target.label = t.host.find(':') != std::string::npos
                            ? fmt::format("[{}]:{}", t.host, t.port)
                            : fmt::format("{}:{}", t.host, t.port);
-        target.endpoint.address = resolve_target(t, where);
-        target.endpoint.protocol = wire_protocol(s.protocol);
+        // A name with several addresses makes several targets: each says which.
+        if (one_of_several) target.label += fmt::format(" ({})", address.to_string());
+        target.endpoint.address = address;
+        target.endpoint.protocol = u.protocol;
         target.endpoint.tls = tls;
         target.endpoint.server_name = s.tls_server_name.empty() ? t.host : s.tls_server_name;
         target.health = health.get(target.endpoint.key());
         u.targets.push_back(std::move(target));
+      };
+      // Targets from SRV records, or as configured; a name through discovery's answers
+      // (every address a target), else through the system resolver (the first address).
+      std::vector<TargetConfig> configured = u.config->targets;
+      if (!u.config->srv.empty() && dns != nullptr) {
+        if (auto found = dns->services.find(u.config->srv); found != dns->services.end()) {
+          for (const DnsAnswers::Srv& r : found->second) {
+            configured.push_back(TargetConfig{r.host, r.port, r.weight});
+          }
+        }
       }
-    } else if (u.targets.front().endpoint.protocol != wire_protocol(s.protocol) ||
-               static_cast<bool>(u.targets.front().endpoint.tls) != s.tls) {
+      for (std::size_t i = 0; i < configured.size(); ++i) {
+        const TargetConfig& t = configured[i];
+        auto numeric = Address::from_host_port(t.host, t.port);
+        const std::vector<std::string>* addresses = nullptr;
+        if (!numeric && dns != nullptr) {
+          if (auto found = dns->addresses.find(t.host); found != dns->addresses.end()) {
+            addresses = &found->second;
+          }
+        }
+        if (addresses == nullptr) {
+          add(t, resolve_target(t, fmt::format("upstreams.{}.targets[{}]", u.config->name, i)),
+              false);
+          continue;
+        }
+        for (const std::string& ip : *addresses) {
+          if (auto address = Address::from_host_port(ip, t.port)) {
+            add(t, *address, addresses->size() > 1);
+          }
+        }
+      }
+    } else if (u.protocol != wire_protocol(s.protocol) || u.tls != static_cast<bool>(tls)) {
       throw ConfigError(fmt::format(
           "services.{}: upstream '{}' is already used by a service with another protocol or TLS "
           "setting",

@@ -720,12 +720,25 @@ void read_health(const ConfigReader& r, UpstreamConfig& u) {
 }
 
 UpstreamConfig read_upstream(const std::string& name, const ConfigReader& r) {
-  r.only({"balancer", "targets", "health", "keepalive", "limits"});
+  r.only({"balancer", "targets", "srv", "health", "keepalive", "limits"});
   UpstreamConfig u;
   u.name = name;
   read_balancer(r, u);
+  u.srv = r.string("srv", "");
+  // SRV names have labels starting with '_' (_http._tcp.api.example).
+  bool srv_name =
+      !u.srv.empty() && !u.srv.starts_with('.') && !u.srv.ends_with('.') &&
+      u.srv.find("..") == std::string::npos && std::ranges::all_of(u.srv, [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.';
+      });
+  if (r.has("srv") && !srv_name) {
+    r.fail_key("srv", "expected a DNS name (_http._tcp.api.example)");
+  }
+  if (r.has("srv") && r.has("targets")) r.fail_key("srv", "either srv or targets, not both");
   YAML::Node targets = r.sequence("targets", "{address: HOST:PORT, weight: N}");
-  if (targets.size() == 0) r.fail(r.node(), r.key_path("targets"), "at least one target");
+  if (targets.size() == 0 && u.srv.empty()) {
+    r.fail(r.node(), r.key_path("targets"), "at least one target (or srv: NAME)");
+  }
   for (std::size_t i = 0; i < targets.size(); ++i) {
     ConfigReader t(r.file(), targets[i], fmt::format("{}[{}]", r.key_path("targets"), i));
     t.only({"address", "weight"});
@@ -799,8 +812,31 @@ void read_redis(const ConfigReader& top, Config& config) {
   config.redis = std::move(redis);
 }
 
+void read_dns(const ConfigReader& top, Config& config) {
+  if (!top.has("dns")) return;
+  ConfigReader r = top.nested("dns");
+  r.only({"servers", "min_ttl", "max_ttl", "srv_refresh", "timeout"});
+  DnsConfig& dns = config.dns;
+  for (const std::string& server : r.strings("servers")) {
+    auto address = Address::parse(server);
+    if (!address || !address->unix_path().empty()) {
+      r.fail_key("servers", fmt::format("'{}' is not IPv4:PORT or [IPv6]:PORT", server));
+    }
+    dns.servers.push_back(server);
+  }
+  dns.min_ttl = r.duration("min_ttl", dns.min_ttl);
+  dns.max_ttl = r.duration("max_ttl", dns.max_ttl);
+  if (dns.min_ttl.count() == 0) r.fail_key("min_ttl", "must be more than 0");
+  if (dns.max_ttl < dns.min_ttl) r.fail_key("max_ttl", "must be at least min_ttl");
+  dns.srv_refresh = r.duration("srv_refresh", dns.srv_refresh);
+  if (dns.srv_refresh.count() == 0) r.fail_key("srv_refresh", "must be more than 0");
+  dns.timeout = r.duration("timeout", dns.timeout);
+  if (dns.timeout.count() == 0) r.fail_key("timeout", "must be more than 0");
+}
+
 void read_gateway(const ConfigReader& top, Config& config) {
   read_redis(top, config);
+  read_dns(top, config);
   for_each_entry(top, "upstreams", [&](const std::string& name, const ConfigReader& r) {
     config.upstreams.push_back(read_upstream(name, r));
   });

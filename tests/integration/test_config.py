@@ -26,6 +26,13 @@ SAMPLES = {
     "drain_timeout": "3s",
     "admin": "{listen: 127.0.0.1:0}",
     "redis": None,  # a section: its keys one by one
+    "dns": None,
+    "dns.servers": "['127.0.0.1:53', '[::1]:5353']",
+    "dns.min_ttl": "2s",
+    "dns.max_ttl": "1m",
+    "dns.srv_refresh": "30s",
+    "dns.timeout": "1s",
+    "upstreams.NAME.srv": "_http._tcp.api.example",
     "redis.address": "localhost:6379",
     "redis.timeout": "20ms",
     "redis.password": "s3cret",
@@ -156,7 +163,7 @@ def yaml_for(path, value):
     parts = path.replace("[]", "").replace(".NAME", "").split(".")
     node = {"servers": config["servers"][0], "routes": config["routes"][0],
             "services": config["services"]["s"], "upstreams": config["upstreams"]["u"],
-            "redis": config["redis"]}
+            "redis": config["redis"], "dns": config.setdefault("dns", {})}
     parsed = yaml.safe_load(value)
     if len(parts) == 1:
         config[parts[0]] = parsed
@@ -165,6 +172,8 @@ def yaml_for(path, value):
         for part in parts[1:-1]:
             target = target.setdefault(part, {})
         target[parts[-1]] = parsed
+    if path == "upstreams.NAME.srv":
+        del config["upstreams"]["u"]["targets"]  # one of the two
     if path == "services.NAME.upstream":
         del config["services"]["s"]["url"]  # one of the two
     if path.startswith("routes[].middlewares."):

@@ -388,10 +388,25 @@ struct UpstreamConfig {
   BalancerKind balancer = BalancerKind::kRoundRobin;
   HashKey hash;
   std::vector<TargetConfig> targets;
+  /// A DNS SRV name whose records give the targets (host, port, weight), instead of `targets`.
+  std::string srv;
   ActiveHealthConfig active_health;
   PassiveHealthConfig passive_health;
   KeepaliveConfig keepalive;
   UpstreamLimits limits;
+};
+
+/// `dns`: how target names are resolved, and again on their TTL.
+struct DnsConfig {
+  /// Name servers ("127.0.0.1:5353"); the system's (/etc/resolv.conf) if empty.
+  std::vector<std::string> servers;
+  /// A TTL is taken within these bounds.
+  std::chrono::milliseconds min_ttl{std::chrono::seconds(1)};
+  std::chrono::milliseconds max_ttl{std::chrono::minutes(5)};
+  /// How often SRV records are asked again (c-ares does not give their TTL).
+  std::chrono::milliseconds srv_refresh{std::chrono::seconds(10)};
+  /// How long one lookup may take.
+  std::chrono::milliseconds timeout{std::chrono::seconds(2)};
 };
 
 /// The whole configuration.
@@ -405,6 +420,8 @@ struct Config {
   std::optional<Address> admin_listen;
   /// The Redis that rate limits with store: redis share, if given.
   std::optional<RedisConfig> redis;
+  /// How names are resolved.
+  DnsConfig dns;
   /// The text it was read from.
   std::string source;
   /// The servers.

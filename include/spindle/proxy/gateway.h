@@ -27,6 +27,7 @@
 #include "spindle/http/router.h"
 #include "spindle/proxy/balancer.h"
 #include "spindle/proxy/config.h"
+#include "spindle/proxy/discovery.h"
 #include "spindle/proxy/metrics.h"
 #include "spindle/proxy/rate_limit.h"
 #include "spindle/proxy/route_table.h"
@@ -83,6 +84,9 @@ class Gateway {
     std::vector<Target> targets;
     http::PoolLimits limits;
     std::size_t index = 0;
+    /// How its targets are spoken to (the same for all: set by the first service using it).
+    http::WireProtocol protocol = http::WireProtocol::kHttp1;
+    bool tls = false;
   };
   struct Service {
     const ServiceConfig* config = nullptr;
@@ -107,9 +111,13 @@ class Gateway {
   /// cannot be set up.
   /// Rate limits come from `limits` (kept across configurations) when given. Also throws
   /// when the Redis address does not resolve.
+  /// With `dns` (discovery's answers), a target's name stands for every address found for it,
+  /// and an upstream's srv for its records; a name not answered there goes to the system
+  /// resolver (its first address).
   static std::shared_ptr<Gateway> build(Config config, std::size_t workers, HealthRegistry& health,
                                         Metrics* metrics = nullptr,
-                                        RateLimitRegistry* limits = nullptr);
+                                        RateLimitRegistry* limits = nullptr,
+                                        const DnsAnswers* dns = nullptr);
   /// The rate limits of route number `route` of the configuration, by middleware (nullptr for
   /// a middleware that is not a rate_limit).
   const std::vector<std::shared_ptr<RateLimiter>>& rate_limits(std::size_t route) const {
