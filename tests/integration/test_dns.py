@@ -176,7 +176,7 @@ upstreams:
   api:
     balancer: weighted
     srv: {srv}
-""")
+""", threads=1)  # one worker: one balancer, so the shares are exact
     try:
         got = answers(gw, 40)
         assert got.count("a") == 30 and got.count("b") == 10, got  # weights 3:1
