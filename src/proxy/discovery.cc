@@ -86,6 +86,21 @@ class Channel {
   bool ok_ = false;
 };
 
+// True if `name` is in the hosts file (/etc/hosts): such a name is not DNS's to answer, and is
+// left to the system resolver, once, as names were before discovery.
+bool in_hosts_file(const DnsConfig& config, const std::string& name) {
+  Channel channel(config);
+  if (!channel.ok()) return false;
+  for (int family : {AF_INET, AF_INET6}) {
+    hostent* host = nullptr;
+    if (ares_gethostbyname_file(channel.get(), name.c_str(), family, &host) == ARES_SUCCESS) {
+      ares_free_hostent(host);
+      return true;
+    }
+  }
+  return false;
+}
+
 // A and AAAA of `name`.
 HostAnswer lookup_host(const DnsConfig& config, const std::string& name) {
   Channel channel(config);
@@ -196,6 +211,13 @@ std::map<std::string, Clock::time_point> refresh(const DnsConfig& config,
     }
     for (const auto& record : answers.services[name]) all_hosts.insert(record.host);
     due["srv " + name] = Clock::now() + config.srv_refresh;
+  }
+  for (auto it = all_hosts.begin(); it != all_hosts.end();) {
+    if (in_hosts_file(config, *it)) {
+      it = all_hosts.erase(it);
+    } else {
+      ++it;
+    }
   }
   for (const std::string& name : all_hosts) {
     HostAnswer found = lookup_host(config, name);

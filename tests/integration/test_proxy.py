@@ -1039,7 +1039,7 @@ services:
     ("{rate_limit: {rate: 10/s, store: memcached}}", "rate_limit.store: expected local"),
     ("{rate_limit: {rate: 10/s, batch: 5}}", "rate_limit.batch: only with store: redis"),
     ("{rate_limit: {rate: 10/s, key: cookie}}",
-     "rate_limit.key: expected client_ip, route or header:NAME"),
+     "rate_limit.key: expected client_ip, route, header:NAME or claim:NAME"),
     ("{rate_limit: {rate: 10/s, burst: 0}}", "rate_limit.burst: must be at least 1"),
     ("{rate_limit: {rate: 10/s, store: redis, failure_mode: maybe}}",
      "rate_limit.failure_mode: expected open (let requests through) or closed"),
