@@ -63,3 +63,64 @@ servers:
     assert code == 0, report[-3000:]
     assert "ERROR SUMMARY: 0 errors from 0 contexts" in report, report[-3000:]
     assert "in use at exit: 0 bytes in 0 blocks" in report, report[-3000:]
+
+
+def test_proxying_under_valgrind_has_no_error_and_frees_everything(build_dir, tmp_path):
+    """The gateway's path under memcheck, at a lower load: a route with a header edit, a rate
+    limit shared through Redis (a redis-server of the test's own) and a local one, compression
+    and a mirror, to an upstream; HTTP/1.1 and h2c clients; then SIGTERM."""
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from proxy_support import upstream
+    from test_rate_limit_redis import Redis
+    cache = os.path.join(build_dir, "CMakeCache.txt")
+    if os.path.exists(cache) and re.search(r"CMAKE_BUILD_TYPE:\w+=(Asan|Tsan)", open(cache).read()):
+        pytest.skip("a sanitizer build cannot run under valgrind (the release build's run is "
+                    "the valgrind check)")
+    for tool in ("valgrind", "h2load", "redis-server"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} is not installed (scripts/install-deps.sh test installs it)")
+    redis = Redis(tmp_path)
+    up = upstream(build_dir, "a")
+    config = tmp_path / "proxy.yaml"
+    config.write_text(f"""
+redis: {{address: 127.0.0.1:{redis.port}, timeout: 500ms}}
+servers:
+  - listen: 127.0.0.1:0
+    http2: true
+routes:
+  - name: api
+    match: {{path_prefix: /}}
+    middlewares:
+      - headers: {{request: {{set: {{x-env: test}}}}, response: {{remove: [x-middleware]}}}}
+      - rate_limit: {{key: route, rate: 1000000/s, burst: 1000000, store: redis, batch: 50}}
+      - rate_limit: {{key: client_ip, rate: 1000000/s, burst: 1000000}}
+      - compression: {{}}
+      - mirror: {{service: a, max_in_flight: 4}}
+    service: a
+services:
+  a: {{url: "http://{up.host}:{up.port}"}}
+""")
+    log = tmp_path / "valgrind.log"
+    server = Server(["valgrind", "--leak-check=full", "--show-leak-kinds=all",
+                     "--errors-for-leak-kinds=all", f"--log-file={log}",
+                     os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(config),
+                     "--threads", "2"])
+    try:
+        base = f"http://127.0.0.1:{server.port}"
+        for args in (["-n", "600", "-c", "20", "--h1", f"{base}/plaintext"],
+                     ["-n", "600", "-c", "10", "-m", "5", f"{base}/plaintext"],
+                     ["-n", "20", "-c", "4", "--h1", "-H", "Accept-Encoding: gzip", f"{base}/big"]):
+            out = subprocess.run(["h2load", *args], capture_output=True, text=True, timeout=300)
+            n = int(args[1])
+            assert f"{n} succeeded, 0 failed, 0 errored" in out.stdout, (args, out.stdout)
+            assert "status codes: " in out.stdout and f"{n} 2xx" in out.stdout, out.stdout
+        assert redis.evals() > 0  # the shared limit did ask Redis
+    finally:
+        code = server.stop(timeout=120)
+        up.stop()
+        redis.stop()
+    report = log.read_text()
+    assert code == 0, report[-3000:]
+    assert "ERROR SUMMARY: 0 errors from 0 contexts" in report, report[-3000:]
+    assert "in use at exit: 0 bytes in 0 blocks" in report, report[-3000:]
