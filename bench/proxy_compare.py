@@ -63,8 +63,18 @@ http {{
     return proc, h1, h2
 
 
-def start_spindle(binaries, tmp, certs, up_h1, up_h2, upstream_protocol):
+def start_spindle(binaries, tmp, certs, up_h1, up_h2, upstream_protocol, chain=False,
+                  log_only=False):
     plain, tls = free_port(), free_port()
+    # With `chain`, the route has what a gateway typically runs on every request: a header
+    # edit each way, a local rate limit (far above the load) and the access log, to a file.
+    # (A request id and traceparent are made for every proxied request anyway.)
+    # (log_only: the access log alone, to see its share.)
+    log = f"{{path: {tmp}/access.log, format: combined}}" if chain or log_only else "off"
+    middlewares = ("""
+    middlewares:
+      - headers: {request: {set: {x-env: bench}}, response: {remove: [x-powered-by]}}
+      - rate_limit: {key: client_ip, rate: 100000000/s, burst: 100000000}""" if chain else "")
     service = (f"{{url: \"http://127.0.0.1:{up_h1}\"}}" if upstream_protocol == "h1" else
                f"{{url: \"https://localhost:{up_h2}\", protocol: h2, tls: {{ca: {certs}/ca.pem}}}}")
     config = os.path.join(tmp, "spindle.yaml")
@@ -73,15 +83,17 @@ def start_spindle(binaries, tmp, certs, up_h1, up_h2, upstream_protocol):
   - listen: 127.0.0.1:{plain}
     default_site: false
     compression: false
-    access_log: off
+    access_log: {log}
   - listen: 127.0.0.1:{tls}
     default_site: false
     compression: false
-    access_log: off
+    access_log: {log}
     http2: true
     tls: {{cert: {certs}/localhost.pem, key: {certs}/localhost.key}}
 routes:
-  - {{name: all, match: {{path_prefix: /}}, service: up}}
+  - name: all
+    match: {{path_prefix: /}}{middlewares}
+    service: up
 services:
   up: {service}
 """)
@@ -182,8 +194,10 @@ hosts:
     return proc, plain, tls
 
 
-GATEWAYS = {"spindle": start_spindle, "nginx": start_nginx, "haproxy": start_haproxy,
-            "h2o": start_h2o}
+GATEWAYS = {"spindle": start_spindle,
+            "spindle+chain": lambda *args: start_spindle(*args, chain=True),
+            "spindle+log": lambda *args: start_spindle(*args, log_only=True),
+            "nginx": start_nginx, "haproxy": start_haproxy, "h2o": start_h2o}
 
 
 def run(kind, binaries, setup, connections, seconds, tmp, certs, upstream):
@@ -210,9 +224,13 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--seconds", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1, help="keep the median round by CPU/request")
-    p.add_argument("--gateways", default="spindle,nginx,haproxy,h2o")
+    p.add_argument("--gateways", default="spindle,nginx,haproxy,h2o",
+                   help="of spindle, spindle+log (its access log on), spindle+chain (a typical "
+                        "middleware chain and the access log), nginx, haproxy, h2o")
     p.add_argument("--setups", default="", help="only these set-ups, by name (comma-separated)")
     p.add_argument("--connections", default="100,500")
+    p.add_argument("--bars", help="draw each gateway's CPU per request (total and user) as bars "
+                                  "into this PNG (for one set-up and one connection count)")
     a = p.parse_args()
     for tool in ("h2load", "wrk", "nginx", "haproxy", "h2o", "taskset", "openssl", "curl"):
         if not shutil.which(tool):
@@ -266,8 +284,36 @@ def main():
                     ratios.append(f"{s['cpu_us_per_request'] / q['cpu_us_per_request']:.2f}x {peer}")
             print(f"    {name:<10} c{c:<4} {s['cpu_us_per_request']:7.2f} us/req  "
                   + ", ".join(ratios))
+            for variant, what in (("spindle+log", "the access log alone"),
+                                  ("spindle+chain", "the typical chain")):
+                v = by.get((variant, name, c))
+                if v and v["cpu_us_per_request"]:
+                    print(f"    {'':<10} {'':<5} {v['cpu_us_per_request']:7.2f} us/req with {what}:"
+                          f" {v['cpu_us_per_request'] / s['cpu_us_per_request']:.2f}x the bare "
+                          "proxy")
     with open(a.out, "w") as f:
         json.dump({"seconds": a.seconds, "rounds": a.rounds, "results": results}, f, indent=2)
+    if a.bars:
+        bars(results, a.bars)
+
+
+def bars(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [f"{r['server']}\n{r['setup']} c{r['connections']}" for r in results]
+    total = [r["cpu_us_per_request"] or 0 for r in results]
+    user = [r.get("user_us_per_request") or 0 for r in results]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    x = range(len(results))
+    ax.bar([i - 0.2 for i in x], total, 0.4, label="CPU (user + system)")
+    ax.bar([i + 0.2 for i in x], user, 0.4, label="user only")
+    ax.set_xticks(list(x), names, fontsize=8)
+    ax.set_ylabel("µs per proxied request")
+    ax.legend()
+    plt.title("Gateway CPU per request: the middleware chain against the bare proxy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
 
 
 if __name__ == "__main__":
