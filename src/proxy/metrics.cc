@@ -68,6 +68,12 @@ void Metrics::record_retry(std::uint32_t series) {
   ++s.upstreams[series].retries;
 }
 
+void Metrics::record_retry_denied(std::uint32_t series) {
+  Shard& s = shard();
+  if (series >= s.upstreams.size()) s.upstreams.resize(series + 1);
+  ++s.upstreams[series].retries_denied;
+}
+
 std::string Metrics::expose() {
   // Each worker copies its own shard: nobody else touches it.
   std::vector<Shard> copies(shards_.size());
@@ -95,6 +101,7 @@ std::string Metrics::expose() {
       total.upstreams[i].connect.add(s.upstreams[i].connect);
       total.upstreams[i].first_byte.add(s.upstreams[i].first_byte);
       total.upstreams[i].retries += s.upstreams[i].retries;
+      total.upstreams[i].retries_denied += s.upstreams[i].retries_denied;
     }
   }
   std::vector<std::pair<std::string, std::string>> request_labels;
@@ -148,6 +155,12 @@ std::string Metrics::expose() {
   for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
     sample(out, "spindle_upstream_retries_total", service_label(i),
            static_cast<double>(total.upstreams[i].retries));
+  }
+  family(out, "spindle_upstream_retries_denied_total", "counter",
+         "Attempts that could have been sent again but the retry budget was spent, by service.");
+  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
+    sample(out, "spindle_upstream_retries_denied_total", service_label(i),
+           static_cast<double>(total.upstreams[i].retries_denied));
   }
   return out;
 }

@@ -1210,6 +1210,9 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       bool body_whole = body.replayable || !body.streamed_beyond;
       bool safe = (http::nothing_reached_upstream(failure) && body_whole) ||
                   (idempotent && body.replayable && failure == ExchangeErrc::kClosedBeforeResponse);
+      if (safe && attempt < retries.attempts && budget.milli < 1000 && metrics_) {
+        metrics_->record_retry_denied(service->series);
+      }
       if (safe && attempt < retries.attempts && budget.milli >= 1000) {
         budget.milli -= 1000;
         if (metrics_) metrics_->record_retry(service->series);
@@ -1241,8 +1244,12 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       };
       return response;
     }
-    if ((status == 502 || status == 503) && idempotent && body.replayable &&
-        attempt < retries.attempts && budget.milli >= 1000 && upstream.targets.size() > 1) {
+    bool could_retry = (status == 502 || status == 503) && idempotent && body.replayable &&
+                       attempt < retries.attempts && upstream.targets.size() > 1;
+    if (could_retry && budget.milli < 1000 && metrics_) {
+      metrics_->record_retry_denied(service->series);
+    }
+    if (could_retry && budget.milli >= 1000) {
       budget.milli -= 1000;
       if (metrics_) metrics_->record_retry(service->series);
       last_error = {};

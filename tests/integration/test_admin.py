@@ -58,10 +58,13 @@ routes:
   - {{name: gone, match: {{path_prefix: /gone/}}, service: gone}}
   - {{name: half, match: {{path_prefix: /half/}}, middlewares: [{{strip_prefix: /half}}],
      service: half}}
+  - {{name: stingy, match: {{path_prefix: /stingy/}}, middlewares: [{{strip_prefix: /stingy}}],
+     service: stingy}}
 services:
   api: {{url: "http://{addr(target)}"}}
   gone: {{upstream: dead, retries: {{attempts: 1}}}}
   half: {{upstream: half, retries: {{attempts: 2, budget: 100%}}}}
+  stingy: {{upstream: half, retries: {{attempts: 2, budget: 0%}}}}
 upstreams:
   half:
     targets: [{{address: 127.0.0.1:{dead_port}}}, {{address: "{addr(target)}"}}]
@@ -85,6 +88,10 @@ def test_metrics_count_requests_and_targets_in_the_prometheus_format(build_dir, 
         # is kept by target address.)
         for _ in range(4):
             assert request(gw, "GET", "/half/plaintext")[0] == 200
+        # A service with no retry budget beyond the start (10 retries per worker): once they
+        # are spent, a request refused by the dead target is not sent again.
+        stingy = [request(gw, "GET", "/stingy/plaintext")[0] for _ in range(60)]
+        assert stingy.count(502) >= 1 and stingy.count(200) >= 30, stingy
         for _ in range(2):
             assert request(gw, "GET", "/gone/x")[0] == 502
         assert request(gw, "GET", "/plaintext")[0] == 200  # no route: the built-in site
@@ -105,6 +112,10 @@ def test_metrics_count_requests_and_targets_in_the_prometheus_format(build_dir, 
         assert value(m, "spindle_upstream_connect_seconds_count", service="api") == 6
         assert value(m, "spindle_upstream_retries_total", service="half") >= 1
         assert value(m, "spindle_upstream_retries_total", service="api") == 0
+        assert value(m, "spindle_upstream_retries_denied_total", service="half") == 0
+        assert value(m, "spindle_upstream_retries_total", service="stingy") <= 20
+        assert value(m, "spindle_upstream_retries_denied_total",
+                     service="stingy") == stingy.count(502)
         # The dead target failed max_fails times: taken out. The live one is healthy.
         assert value(m, "spindle_upstream_target_healthy", upstream="dead",
                      target=f"127.0.0.1:{dead_port}") == 0

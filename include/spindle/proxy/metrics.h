@@ -54,6 +54,9 @@ class Metrics {
   void record_upstream(std::uint32_t series, double connect_seconds, double first_byte_seconds);
   /// An attempt sent again (a retry spent from the budget). Worker threads only.
   void record_retry(std::uint32_t series);
+  /// An attempt that could have been sent again, but the retry budget was spent. Worker
+  /// threads only.
+  void record_retry_denied(std::uint32_t series);
 
   /// The counted series in the Prometheus text format. From a fiber of the runtime (it waits
   /// for each worker's shard).
@@ -67,6 +70,7 @@ class Metrics {
   struct UpstreamStats {
     Histogram connect, first_byte;
     std::uint64_t retries = 0;
+    std::uint64_t retries_denied = 0;
   };
   struct alignas(64) Shard {
     std::vector<RequestStats> requests;
