@@ -3,6 +3,7 @@ and small HTTP helpers."""
 import http.client
 import os
 import socket
+import subprocess
 import threading
 import time
 
@@ -131,3 +132,27 @@ def wait_until(check, seconds=5):
             return got
         time.sleep(0.05)
     return None
+
+
+def config_error(build_dir, path):
+    """check-config on the file at `path`: its error output, once it has exited 1."""
+    done = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(path)],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1, done.stdout
+    return done.stderr
+
+
+def middleware_config_error(build_dir, tmp_path, middlewares):
+    """check-config on a one-route configuration whose `middlewares` is the YAML value given
+    (on line 5): its error output, once it has exited 1."""
+    config = tmp_path / "bad.yaml"
+    config.write_text(f"""servers:
+  - {{listen: 127.0.0.1:0}}
+routes:
+  - match: {{path_prefix: /}}
+    middlewares: {middlewares}
+    service: s
+services:
+  s: {{url: "http://127.0.0.1:9"}}
+""")
+    return config_error(build_dir, config)

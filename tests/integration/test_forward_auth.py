@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from proxy_support import SERVER, addr, free_port, gateway, logged, request, upstream
+from proxy_support import (SERVER, addr, free_port, gateway, logged, middleware_config_error,
+                           request, upstream)
 
 
 class AuthService:
@@ -138,20 +139,6 @@ def test_an_auth_service_that_is_down_lets_nothing_through(build_dir, tmp_path, 
 
 
 def test_forward_auth_to_a_missing_service_is_a_configuration_error(build_dir, tmp_path):
-    import os
-    import subprocess
-    config = tmp_path / "bad.yaml"
-    config.write_text("""servers:
-  - {listen: 127.0.0.1:0}
-routes:
-  - match: {path_prefix: /}
-    middlewares: [{forward_auth: {service: nobody}}]
-    service: s
-services:
-  s: {url: "http://127.0.0.1:9"}
-""")
-    done = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(config)],
-                          capture_output=True, text=True, timeout=30)
-    assert done.returncode == 1
-    assert (f"{config}:5: routes[0].middlewares[0].forward_auth.service: no service named "
-            "'nobody'") in done.stderr, done.stderr
+    err = middleware_config_error(build_dir, tmp_path, "[{forward_auth: {service: nobody}}]")
+    assert ("bad.yaml:5: routes[0].middlewares[0].forward_auth.service: no service named "
+            "'nobody'") in err, err

@@ -5,12 +5,11 @@ none, an HMAC token signed with an RSA public key, an unknown kid)."""
 import base64
 import json
 import os
-import subprocess
 import time
 
 import pytest
 
-from proxy_support import SERVER, addr, gateway, request, upstream
+from proxy_support import SERVER, addr, gateway, middleware_config_error, request, upstream
 
 jwt = pytest.importorskip("jwt", reason="python3-jwt (scripts/install-deps.sh test)")
 from cryptography.hazmat.primitives import serialization  # noqa: E402
@@ -215,18 +214,5 @@ def test_a_rate_limit_counts_by_claim(build_dir, tmp_path, keys, up):
 def test_a_bad_jwt_setting_is_a_configuration_error(build_dir, tmp_path, jwks, middleware, why):
     if jwks is not None:
         (tmp_path / "keys.json").write_text(jwks)
-    config = tmp_path / "bad.yaml"
-    config.write_text(f"""servers:
-  - {{listen: 127.0.0.1:0}}
-routes:
-  - match: {{path_prefix: /}}
-    middlewares: [{middleware}]
-    service: s
-services:
-  s: {{url: "http://127.0.0.1:9"}}
-""")
-    done = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(config)],
-                          capture_output=True, text=True, timeout=30)
-    assert done.returncode == 1, done.stdout
-    assert f"{config}:5: routes[0].middlewares[0]." in done.stderr, done.stderr
-    assert why in done.stderr, done.stderr
+    err = middleware_config_error(build_dir, tmp_path, f"[{middleware}]")
+    assert f"bad.yaml:5: routes[0].middlewares[0]." in err and why in err, err

@@ -15,7 +15,8 @@ import pytest
 
 from conftest import Server
 from proxy_support import (SERVER, ScriptedUpstream, addr, all_to, free_port, gateway, logged,
-                           request, response_head, upstream, wait_until)
+                           middleware_config_error, request, response_head, upstream,
+                           wait_until)
 
 
 @pytest.fixture
@@ -788,25 +789,6 @@ services:
         assert request(gw, "GET", "/people/42")[2] == b"user 42"
     finally:
         gw.stop()
-
-
-def middleware_config_error(build_dir, tmp_path, middlewares):
-    """check-config on a one-route configuration whose `middlewares` is the YAML value given
-    (on line 5): its error output, once it has exited 1."""
-    config = tmp_path / "bad.yaml"
-    config.write_text(f"""servers:
-  - {{listen: 127.0.0.1:0}}
-routes:
-  - match: {{path_prefix: /}}
-    middlewares: {middlewares}
-    service: s
-services:
-  s: {{url: "http://127.0.0.1:9"}}
-""")
-    done = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config", str(config)],
-                          capture_output=True, text=True, timeout=30)
-    assert done.returncode == 1, done.stdout
-    return done.stderr
 
 
 @pytest.mark.parametrize("middlewares, where", [
