@@ -174,11 +174,11 @@ Result<Stream> connect_endpoint(const Endpoint& endpoint, Deadline deadline,
 
 // Fields the client never forwards as given: Host (sent from `authority`), framing, and the
 // hop-by-hop ones with those Connection names.
-bool client_managed(const HeaderMap& headers, std::string_view name) {
+bool client_managed(const NominatedFields& nominated, std::string_view name) {
   if (iequals(name, "host") || iequals(name, "content-length") || is_hop_by_hop(name)) {
     return true;
   }
-  return connection_nominates(headers, name);
+  return nominated.contains(name);
 }
 
 }  // namespace detail
@@ -212,8 +212,9 @@ class Http1Exchange final : public ClientExchange {
     out_.reserve(256 + head.headers.size() * 32);
     out_.append(head.method).append(" ").append(head.target).append(" HTTP/1.1\r\nHost: ");
     out_.append(authority).append("\r\n");
+    NominatedFields nominated(head.headers);
     for (const Field& f : head.headers) {
-      if (detail::client_managed(head.headers, f.name)) continue;
+      if (detail::client_managed(nominated, f.name)) continue;
       out_.append(f.name).append(": ").append(f.value).append("\r\n");
     }
     // An upgrade (WebSocket) keeps its Upgrade and Connection fields: they are the request.

@@ -81,7 +81,7 @@ Result<Stream> connect_endpoint(const Endpoint& endpoint, Deadline deadline,
 
 /// True for fields the client sends itself or never forwards: Host, Content-Length, and the
 /// hop-by-hop fields with those `headers`' Connection field names.
-bool client_managed(const HeaderMap& headers, std::string_view name);
+bool client_managed(const NominatedFields& nominated, std::string_view name);
 
 /// An HTTP/2 client connection: a reader and a writer fiber move the bytes; exchanges are
 /// streams on it (nghttp2 queues streams beyond the peer's concurrency limit).

@@ -449,8 +449,9 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
   add(":scheme", s.stream.tls() != nullptr ? "https" : "http");
   add(":authority", authority);
   add(":path", head.target);
+  NominatedFields nominated(head.headers);
   for (const Field& f : head.headers) {
-    if (client_managed(head.headers, f.name)) continue;
+    if (client_managed(nominated, f.name)) continue;
     // TE is hop-by-hop, but "TE: trailers" must reach an HTTP/2 peer (gRPC asks for it).
     add(ascii_lower(f.name), f.value);
   }

@@ -49,11 +49,8 @@ void refuse_unsendable(Response& response, std::string_view method, std::string_
 template <typename Emit>
 HandlerFields each_response_field(const Response& response, Emit&& emit) {
   HandlerFields seen;
-  // A handler that sets Connection may name more fields in it (rare: only then the lookup).
-  bool nominated = false;
-  for (const Field& f : response.headers) {
-    nominated = nominated || (f.name.size() == 10 && iequals(f.name, "connection"));
-  }
+  // A Connection field may name more fields (a proxied response's, say: read once).
+  NominatedFields nominated(response.headers);
   bool upgrade = response.status == 101;
   for (const Field& f : response.headers) {
     switch (f.name.size()) {
@@ -67,7 +64,7 @@ HandlerFields each_response_field(const Response& response, Emit&& emit) {
         if (iequals(f.name, "content-length")) continue;
         break;
     }
-    if (is_hop_by_hop(f.name) || (nominated && connection_nominates(response.headers, f.name))) {
+    if (is_hop_by_hop(f.name) || nominated.contains(f.name)) {
       if (!upgrade || !(iequals(f.name, "upgrade") || iequals(f.name, "connection"))) continue;
     }
     emit(f);

@@ -35,6 +35,33 @@ bool connection_nominates(const HeaderMap& headers, std::string_view name) {
   return headers.has_token("connection", name) || headers.has_token("proxy-connection", name);
 }
 
+NominatedFields::NominatedFields(const HeaderMap& headers) : headers_(headers) {
+  for (const Field& f : headers) {
+    bool connection = f.name.size() == 10 && iequals(f.name, "connection");
+    bool proxy_connection = f.name.size() == 16 && iequals(f.name, "proxy-connection");
+    if (!connection && !proxy_connection) continue;
+    for (std::string_view rest = f.value; !rest.empty();) {
+      std::size_t comma = rest.find(',');
+      std::string_view token = trim_ows(rest.substr(0, comma));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      if (token.empty()) continue;
+      if (count_ == kInline) {
+        overflow_ = true;
+        return;
+      }
+      names_[count_++] = token;
+    }
+  }
+}
+
+bool NominatedFields::contains(std::string_view name) const {
+  if (overflow_) return connection_nominates(headers_, name);
+  for (std::size_t i = 0; i < count_; ++i) {
+    if (names_[i].size() == name.size() && iequals(names_[i], name)) return true;
+  }
+  return false;
+}
+
 std::size_t remove_hop_by_hop(HeaderMap& headers) {
   // The nominated names first: erasing Connection would lose them.
   std::size_t removed = 0;

@@ -704,9 +704,9 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   head.content_length = request.head().content_length;
   head.chunked = request.head().chunked;
   // Connection (or Proxy-Connection) may name more hop-by-hop fields; most requests have none.
-  bool nominating = in.contains("connection") || in.contains("proxy-connection");
+  http::NominatedFields nominated(in);
   for (const http::Field& f : in) {
-    if (http::is_hop_by_hop(f.name) || (nominating && http::connection_nominates(in, f.name))) {
+    if (http::is_hop_by_hop(f.name) || nominated.contains(f.name)) {
       // An upgrade's own fields go on (the exchange writes Upgrade and Connection itself).
       bool upgrade = wants_upgrade(request) &&
                      (http::iequals(f.name, "upgrade") || http::iequals(f.name, "connection"));
@@ -1019,9 +1019,9 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   head.method = "GET";
   head.target = auth.path;
   const http::HeaderMap& in = request.headers();
-  bool nominating = in.contains("connection");
+  http::NominatedFields nominated(in);
   for (const http::Field& f : in) {
-    if (http::is_hop_by_hop(f.name) || (nominating && http::connection_nominates(in, f.name)) ||
+    if (http::is_hop_by_hop(f.name) || nominated.contains(f.name) ||
         http::iequals(f.name, "content-length") || http::iequals(f.name, "expect") ||
         http::iequals(f.name, "host") || replaced_by_proxy(f.name)) {
       continue;
@@ -1118,9 +1118,13 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
   auto forward_head = std::make_shared<ForwardHead>();
   build_head(request, *server.config, *forward_head);
   apply_request_middlewares(request, route, *forward_head);
-  request.set_attribute("route", route.name);
-  request.set_attribute("request_id", forward_head->request_id);
-  request.set_attribute("trace_id", std::string_view(forward_head->traceparent).substr(3, 32));
+  // What the access log shows of the proxying: noted only for a server that writes one.
+  const bool logged = server.config->access_log.enabled;
+  if (logged) {
+    request.set_attribute("route", route.name);
+    request.set_attribute("request_id", forward_head->request_id);
+    request.set_attribute("trace_id", std::string_view(forward_head->traceparent).substr(3, 32));
+  }
   const http::RequestHead& head = forward_head->head;
 
   // Small bodies are read whole first: they can be sent again.
@@ -1230,7 +1234,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
         break;
       }
       target.health->record_success();
-      request.set_attribute("upstream", target.label);
+      if (logged) request.set_attribute("upstream", target.label);
       auto early = std::make_shared<std::string>();
       auto taken = exchange->take_connection(*early);
       if (!taken) return http::Response::error(502, taken.error().message());
@@ -1259,16 +1263,18 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
 
     // The response: the upstream's fields (the server drops hop-by-hop ones and sets the
     // framing) and its body streamed to the client as it comes.
-    request.set_attribute("upstream", target.label);
     auto first_byte_time = Clock::now() - started;
     if (metrics_) {
       metrics_->record_upstream(service->series,
                                 std::chrono::duration<double>(exchange->connect_time()).count(),
                                 std::chrono::duration<double>(first_byte_time).count());
     }
-    auto first_byte = std::chrono::duration_cast<std::chrono::milliseconds>(first_byte_time);
-    request.set_attribute("upstream_connect_ms", milliseconds_text(exchange->connect_time()));
-    request.set_attribute("upstream_first_byte_ms", std::to_string(first_byte.count()));
+    if (logged) {
+      auto first_byte = std::chrono::duration_cast<std::chrono::milliseconds>(first_byte_time);
+      request.set_attribute("upstream", target.label);
+      request.set_attribute("upstream_connect_ms", milliseconds_text(exchange->connect_time()));
+      request.set_attribute("upstream_first_byte_ms", std::to_string(first_byte.count()));
+    }
     http::Response response(status);
     for (const http::Field& f : response_head->headers) {
       if (f.name.size() == 3 && http::iequals(f.name, "via")) continue;
@@ -1353,7 +1359,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     log_warn("route {}: {} {} to {}: {}: answered {}", route.name, head.method, head.target,
              last_target, last_error.message(), status);
   }
-  request.set_attribute("upstream", last_target);
+  if (logged) request.set_attribute("upstream", last_target);
   return http::Response::error(status, last_error.message());
 }
 

@@ -120,6 +120,25 @@ bool is_hop_by_hop(std::string_view name);
 /// True if a Connection field of `headers` lists `name` (so it is hop-by-hop too).
 bool connection_nominates(const HeaderMap& headers, std::string_view name);
 
+/// The names a message's Connection and Proxy-Connection fields list, read once: checking each
+/// field of the message against them is then a look at a few names, not a scan of the whole
+/// message per field (connection_nominates). Refers to `headers`, which must outlive it.
+class NominatedFields {
+ public:
+  explicit NominatedFields(const HeaderMap& headers);
+  /// True if `name` is listed (names compared without regard to case).
+  bool contains(std::string_view name) const;
+  bool empty() const { return count_ == 0 && !overflow_; }
+
+ private:
+  static constexpr std::size_t kInline = 8;
+  const HeaderMap& headers_;
+  std::array<std::string_view, kInline> names_{};
+  std::size_t count_ = 0;
+  /// More than kInline names: contains() asks connection_nominates.
+  bool overflow_ = false;
+};
+
 /// Removes every hop-by-hop field and every field the Connection fields name. Returns how many.
 std::size_t remove_hop_by_hop(HeaderMap& headers);
 
@@ -127,9 +146,9 @@ std::size_t remove_hop_by_hop(HeaderMap& headers);
 /// Connection field), in order: the fields an intermediary forwards.
 template <typename Fn>
 void for_each_end_to_end(const HeaderMap& headers, Fn&& fn) {
-  bool nominated = headers.contains("connection");
+  NominatedFields nominated(headers);
   for (const Field& f : headers) {
-    if (is_hop_by_hop(f.name) || (nominated && connection_nominates(headers, f.name))) continue;
+    if (is_hop_by_hop(f.name) || nominated.contains(f.name)) continue;
     fn(f);
   }
 }

@@ -104,6 +104,29 @@ TEST(HttpRules, RemovesHopByHopFieldsAndThoseConnectionNames) {
   EXPECT_EQ(h[1].name, "X-Kept");
 }
 
+TEST(HttpRules, NominatedFieldsAreReadOnceAndAgreeWithConnectionNominates) {
+  HeaderMap h = fields({{"Connection", "keep-alive, X-Secret,, x-other "},
+                        {"X-Kept", "3"},
+                        {"proxy-connection", "X-Proxied"}});
+  NominatedFields nominated(h);
+  EXPECT_FALSE(nominated.empty());
+  for (std::string_view name : {"x-secret", "X-OTHER", "x-proxied", "Keep-Alive"}) {
+    EXPECT_TRUE(nominated.contains(name)) << name;
+    EXPECT_TRUE(connection_nominates(h, name)) << name;
+  }
+  for (std::string_view name : {"x-kept", "x-secre", "connection", ""}) {
+    EXPECT_FALSE(nominated.contains(name)) << name;
+  }
+  EXPECT_TRUE(NominatedFields(fields({{"Host", "a"}})).empty());
+  // More names than it keeps inline: it asks the message instead, with the same answers.
+  std::string many;
+  for (int i = 0; i < 12; ++i) many += "x-" + std::to_string(i) + ", ";
+  HeaderMap lots = fields({{"Connection", many}});
+  NominatedFields all(lots);
+  EXPECT_TRUE(all.contains("x-0") && all.contains("X-11"));
+  EXPECT_FALSE(all.contains("x-12"));
+}
+
 TEST(HttpRules, RequestFramingFollowsRfc9112Section6_3) {
   std::uint64_t length = 0;
   EXPECT_EQ(request_kind(fields({})), static_cast<int>(Kind::kNone));
