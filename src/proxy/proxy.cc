@@ -36,15 +36,33 @@ constexpr std::size_t kFirstPiece = 16 * 1024;
 // goes anyway (curl waits as long).
 constexpr std::chrono::seconds kContinueWait{1};
 
-// A request id: 32 hex digits from a per-worker generator.
-std::string new_request_id() {
-  thread_local std::mt19937_64 random{std::random_device{}()};
+// Random bits for ids (request ids, trace and span ids): splitmix64 over a per-thread seed
+// from std::random_device. Ids must not repeat; they are not secrets.
+std::uint64_t random_bits() {
+  thread_local std::uint64_t state =
+      (std::uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Writes `digits` (a multiple of 16) random lower-case hex digits at `out`, a byte at a time.
+void random_hex(char* out, std::size_t digits) {
   static constexpr char kHex[] = "0123456789abcdef";
-  std::string id(32, '0');
-  for (std::size_t half = 0; half < 2; ++half) {
-    std::uint64_t bits = random();
-    for (std::size_t i = 0; i < 16; ++i, bits >>= 4) id[half * 16 + 15 - i] = kHex[bits & 15];
+  for (std::size_t done = 0; done < digits; done += 16) {
+    std::uint64_t bits = random_bits();
+    for (std::size_t i = 0; i < 8; ++i, bits >>= 8) {
+      out[done + 14 - 2 * i] = kHex[(bits >> 4) & 15];
+      out[done + 15 - 2 * i] = kHex[bits & 15];
+    }
   }
+}
+
+// A request id: 32 hex digits.
+std::string new_request_id() {
+  std::string id(32, '0');
+  random_hex(id.data(), 32);
   return id;
 }
 
@@ -86,7 +104,6 @@ bool lower_hex(std::string_view text) {
 // trace id and flags with our own span id as the parent, or a new trace when the client sent
 // none or one that does not parse. `restarted` says which.
 std::string next_traceparent(std::optional<std::string_view> in, bool& restarted) {
-  std::string span = new_request_id().substr(0, 16);
   // VERSION-TRACEID-PARENTID-FLAGS, 2-32-16-2 hex digits; a later version may append fields.
   bool valid = in && in->size() >= 55 && (in->size() == 55 || (*in)[55] == '-') &&
                (*in)[2] == '-' && (*in)[35] == '-' && (*in)[52] == '-' &&
@@ -95,8 +112,16 @@ std::string next_traceparent(std::optional<std::string_view> in, bool& restarted
                lower_hex(in->substr(36, 16)) && in->substr(36, 16) != std::string(16, '0') &&
                lower_hex(in->substr(53, 2)) && (in->substr(0, 2) != "00" || in->size() == 55);
   restarted = !valid;
-  if (!valid) return "00-" + new_request_id() + "-" + span + "-00";
-  return fmt::format("00-{}-{}-{}", in->substr(3, 32), span, in->substr(53, 2));
+  // 00-TRACE-SPAN-FLAGS: the client's trace and flags, or a new trace (flags 00).
+  std::string out = "00-00000000000000000000000000000000-0000000000000000-00";
+  if (valid) {
+    in->substr(3, 32).copy(out.data() + 3, 32);
+    in->substr(53, 2).copy(out.data() + 53, 2);
+  } else {
+    random_hex(out.data() + 3, 32);
+  }
+  random_hex(out.data() + 36, 16);
+  return out;
 }
 
 // An incoming X-Request-Id worth keeping: short, and only characters safe in logs.

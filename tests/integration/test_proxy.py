@@ -893,7 +893,9 @@ services:
         assert m and m.group(1) == "4bf92f3577b34da6a3ce929d0e0e4736" and m.group(3) == "01", got
         assert m.group(2) != "00f067aa0ba902b7"
         assert state == "v=1"
-        # None, or one that does not parse: a new trace (and the old vendor state dropped).
+        # None, or one that does not parse: a new trace (and the old vendor state dropped),
+        # each its own.
+        traces, spans = set(), set()
         for headers in ({"X-Request-Id": "t2"},
                         {"traceparent": "00-" + "0" * 32 + "-00f067aa0ba902b7-01",
                          "tracestate": "v=1", "X-Request-Id": "t3"},
@@ -904,6 +906,9 @@ services:
             assert m and m.group(1) != "4bf92f3577b34da6a3ce929d0e0e4736", (headers, got)
             assert m.group(1) != "0" * 32 and m.group(3) == "00"
             assert state is None
+            traces.add(m.group(1))
+            spans.add(m.group(2))
+        assert len(traces) == 3 and len(spans) == 3, (traces, spans)
     finally:
         gw.stop()
     records = {r["request_id"]: r for r in map(json.loads, log.read_text().splitlines())}
