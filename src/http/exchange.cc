@@ -678,11 +678,9 @@ std::size_t UpstreamConnections::open_connections(const Endpoint& endpoint) cons
   return t.connections + t.idle.size() + (t.http2 && t.http2->usable() ? 1 : 0);
 }
 
-Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(const Endpoint& endpoint,
-                                                                  const ClientRequestHead& head,
-                                                                  std::string_view authority,
-                                                                  const ExchangeTimeouts& timeouts,
-                                                                  const PoolLimits& limits) {
+Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
+    const Endpoint& endpoint, const ClientRequestHead& head, std::string_view authority,
+    const ExchangeTimeouts& timeouts, const PoolLimits& limits, bool fresh) {
   if (Worker::current() == nullptr) return fail(std::errc::operation_not_permitted);
   if (!is_method(head.method) || !is_request_target(head.target)) {
     return fail(std::errc::invalid_argument);
@@ -721,7 +719,7 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(const Endpoint
     }
     permit = Permit(target);
   }
-  if (endpoint.protocol == WireProtocol::kHttp1) {
+  if (endpoint.protocol == WireProtocol::kHttp1 && !fresh) {
     if (auto stream = target->take_idle()) {
       return std::unique_ptr<ClientExchange>(std::make_unique<Http1Exchange>(
           target, std::move(*stream), true, head, authority, timeouts, std::move(permit)));

@@ -1198,8 +1198,9 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     forward_head->in_flight.reset();
     forward_head->in_flight.emplace(worker.in_flight[upstream.index][*pick]);
     auto started = Clock::now();
+    // After a pooled connection failed, a new one: the others idle as long may be closed too.
     auto opened = connections_.open(target.endpoint, head, forward_head->authority,
-                                    service->timeouts, upstream.limits);
+                                    service->timeouts, upstream.limits, last_reused);
     std::error_code failure;
     std::shared_ptr<http::ClientExchange> exchange;
     last_reused = false;

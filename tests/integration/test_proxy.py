@@ -424,6 +424,54 @@ upstreams:
         two.stop()
 
 
+class OneAnswerPerConnection(ScriptedUpstream):
+    """Answers the first request of each connection (keep-alive, after 0.3 s, so that
+    concurrent requests open connections of their own), then closes when a second request
+    arrives: every idle connection it leaves is one that fails when it is reused."""
+
+    def handle(self, conn):
+        conn.settimeout(5)
+        try:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                more = conn.recv(65536)
+                if not more:
+                    return
+                data += more
+            time.sleep(0.3)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            conn.recv(65536)  # the second request: closed unanswered
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+
+def test_a_retry_after_a_closed_pooled_connection_takes_a_new_one(build_dir, tmp_path):
+    # Two idle pooled connections, both closed on reuse: the retry after the first must not
+    # take the second (that was a 502 under load in the test below, once).
+    up = OneAnswerPerConnection()
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: s}}
+services:
+  s: {{url: "http://127.0.0.1:{up.port}"}}
+""", threads=1)
+    try:
+        first = [threading.Thread(target=lambda: request(gw, "GET", "/")) for _ in range(2)]
+        for t in first:
+            t.start()
+        for t in first:
+            t.join()
+        assert up.accepted == 2
+        status, _, body = request(gw, "GET", "/")
+        assert (status, body) == (200, b"ok")
+        assert up.accepted == 3  # one stale connection tried, then a new one
+    finally:
+        gw.stop()
+        up.stop()
+
+
 def test_no_502_when_the_upstream_closes_pooled_connections(build_dir, tmp_path):
     """The upstream closes idle connections after 30 ms; requests come at about that pace, so
     pooled connections are often closed just as they are reused."""

@@ -220,12 +220,14 @@ class UpstreamConnections {
   /// Starts an exchange to `endpoint` from a fiber of the runtime: reuses an idle connection
   /// or opens one, then prepares `head` (sent with the first body piece or at finish()).
   /// `authority` is sent as Host (HTTP/1.1) or :authority (HTTP/2); `head`'s own Host field
-  /// and hop-by-hop fields are not sent.
+  /// and hop-by-hop fields are not sent. With `fresh`, an HTTP/1.1 exchange gets a new
+  /// connection, not an idle one: for a retry after an idle connection turned out closed (the
+  /// others, idle as long, likely are too).
   Result<std::unique_ptr<ClientExchange>> open(const Endpoint& endpoint,
                                                const ClientRequestHead& head,
                                                std::string_view authority,
                                                const ExchangeTimeouts& timeouts,
-                                               const PoolLimits& limits = {});
+                                               const PoolLimits& limits = {}, bool fresh = false);
 
   /// Idle HTTP/1.1 connections to `endpoint` on the calling worker.
   std::size_t idle(const Endpoint& endpoint) const;
