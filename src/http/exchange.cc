@@ -323,6 +323,7 @@ class Http1Exchange final : public ClientExchange {
     Deadline deadline = Deadline::after_coarse(timeouts_.first_byte);
     ResponseParser parser;
     ResponseHead head;
+    std::string_view parsed_from;  // the bytes the final head was parsed from
     for (;;) {
       auto consumed = buffered_head(parser, head);
       if (!consumed) return fail(consumed.error());
@@ -332,17 +333,24 @@ class Http1Exchange final : public ClientExchange {
           in_begin_ += *consumed;  // an interim answer: the final one follows
           continue;
         }
-        head_bytes_.assign(std::string_view(in_).substr(in_begin_, *consumed));
+        parsed_from = std::string_view(in_).substr(in_begin_, *consumed);
+        head_bytes_.assign(parsed_from);
         in_begin_ += *consumed;
         break;
       }
       if (auto more = read_more(deadline, true); !more) return fail(more.error());
     }
-    // Parse again from bytes the exchange keeps, so that the head's views stay valid.
-    (void)parser.parse(head_bytes_, head);
+    // The head's views point into the read buffer, which the body will reuse: the fields are
+    // kept as views into the copy the exchange keeps (same offsets).
     response_.status = head.status;
     response_.version = head.minor_version == 0 ? 10 : 11;
-    for (const Field& f : head.headers) response_.headers.add_view(f.name, f.value);
+    auto kept = [&](std::string_view v) {
+      return v.empty()
+                 ? v
+                 : std::string_view(head_bytes_)
+                       .substr(static_cast<std::size_t>(v.data() - parsed_from.data()), v.size());
+    };
+    for (const Field& f : head.headers) response_.headers.add_view(kept(f.name), kept(f.value));
     framing_ = head.framing;
     keep_alive_ = head.keep_alive;
     if (head_request_ ||
