@@ -5,6 +5,7 @@ DIR/bin/spindle and DIR/bin/http_test_server, and stop them by PID.
 """
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -72,6 +73,23 @@ def build_dir(request):
     if not os.path.isdir(os.path.join(path, "bin")):
         pytest.exit(f"no binaries in {path}/bin: build first (make build)", returncode=2)
     return path
+
+
+def sanitizer_build(build_dir):
+    """True if `build_dir` is an ASan or TSan build (valgrind cannot run it; its memory
+    figures say nothing about spindle's)."""
+    cache = os.path.join(build_dir, "CMakeCache.txt")
+    return os.path.exists(cache) and bool(
+        re.search(r"CMAKE_BUILD_TYPE:\w+=(Asan|Tsan)", open(cache).read()))
+
+
+@pytest.fixture
+def up(build_dir):
+    """A test upstream (http_test_server) for the gateway tests, named "a"."""
+    from proxy_support import upstream  # (proxy_support imports this module)
+    server = upstream(build_dir, "a")
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from proxy_support import (SERVER, addr, free_port, gateway, logged, middleware_config_error,
-                           request, upstream)
+                           request)
 
 
 class AuthService:
@@ -64,12 +64,6 @@ services:
   auth: {{url: "http://{auth_address}", timeouts: {{connect: 1s, first_byte: 2s}}}}
 """)
 
-
-@pytest.fixture
-def up(build_dir):
-    a = upstream(build_dir, "a")
-    yield a
-    a.stop()
 
 
 def test_the_auth_service_decides(build_dir, tmp_path, up):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from proxy_support import SERVER, addr, gateway, middleware_config_error, request, upstream
+from proxy_support import SERVER, addr, gateway, middleware_config_error, request
 
 jwt = pytest.importorskip("jwt", reason="python3-jwt (scripts/install-deps.sh test)")
 from cryptography.hazmat.primitives import serialization  # noqa: E402
@@ -76,12 +76,6 @@ services:
 def bearer(token):
     return {"Authorization": f"Bearer {token}"}
 
-
-@pytest.fixture
-def up(build_dir):
-    a = upstream(build_dir, "a")
-    yield a
-    a.stop()
 
 
 @pytest.mark.parametrize("alg", ["HS256", "RS256", "ES256"])

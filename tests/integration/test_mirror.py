@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from proxy_support import SERVER, addr, free_port, gateway, request, upstream, wait_until
+from proxy_support import SERVER, addr, free_port, gateway, request, wait_until
 
 
 class Shadow:
@@ -70,12 +70,6 @@ def mirror_marks(log, count):
         return [json.loads(line).get("mirror") for line in lines] if len(lines) >= count else None
     return wait_until(read)
 
-
-@pytest.fixture
-def up(build_dir):
-    a = upstream(build_dir, "a")
-    yield a
-    a.stop()
 
 
 def test_a_slow_shadow_gets_a_copy_and_costs_the_request_nothing(build_dir, tmp_path, up):

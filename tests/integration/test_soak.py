@@ -2,20 +2,20 @@
 typical middleware chain (bench/soak_proxy.py; `make soak` runs it for 3 minutes). Zero socket
 errors, zero non-2xx answers, RSS flat after the warm-up, descriptors back after the load."""
 import os
-import re
 import resource
 import shutil
 import subprocess
 
 import pytest
 
+from conftest import sanitizer_build
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONNECTIONS = 10_000
 
 
 def test_ten_thousand_connections_through_the_proxy(build_dir, tmp_path):
-    cache = os.path.join(build_dir, "CMakeCache.txt")
-    if os.path.exists(cache) and re.search(r"CMAKE_BUILD_TYPE:\w+=(Asan|Tsan)", open(cache).read()):
+    if sanitizer_build(build_dir):
         pytest.skip("the soak runs against the release build (a sanitizer build's memory says "
                     "nothing about spindle's)")
     for tool in ("wrk", "nginx"):

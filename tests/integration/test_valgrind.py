@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import Server
+from conftest import Server, sanitizer_build
 
 LOAD = [  # h2load arguments after the URL's scheme is chosen; (tls, arguments)
     (False, ["-n", "2000", "-c", "200", "--h1"]),
@@ -21,8 +21,7 @@ LOAD = [  # h2load arguments after the URL's scheme is chosen; (tls, arguments)
 
 
 def test_serving_under_valgrind_has_no_error_and_frees_everything(build_dir, certs, tmp_path):
-    cache = os.path.join(build_dir, "CMakeCache.txt")
-    if os.path.exists(cache) and re.search(r"CMAKE_BUILD_TYPE:\w+=(Asan|Tsan)", open(cache).read()):
+    if sanitizer_build(build_dir):
         pytest.skip("a sanitizer build cannot run under valgrind (the release build's run is "
                     "the valgrind check)")
     for tool in ("valgrind", "h2load"):
@@ -73,8 +72,7 @@ def test_proxying_under_valgrind_has_no_error_and_frees_everything(build_dir, tm
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from proxy_support import upstream
     from test_rate_limit_redis import Redis
-    cache = os.path.join(build_dir, "CMakeCache.txt")
-    if os.path.exists(cache) and re.search(r"CMAKE_BUILD_TYPE:\w+=(Asan|Tsan)", open(cache).read()):
+    if sanitizer_build(build_dir):
         pytest.skip("a sanitizer build cannot run under valgrind (the release build's run is "
                     "the valgrind check)")
     for tool in ("valgrind", "h2load", "redis-server"):
