@@ -76,6 +76,18 @@ def response_head(s):
     return head, rest
 
 
+def read_request_head(conn, data=b""):
+    """Reads from socket `conn` until `data` holds a whole request head: (the head, the bytes
+    after it), or None if the peer closed first."""
+    while b"\r\n\r\n" not in data:
+        more = conn.recv(65536)
+        if not more:
+            return None
+        data += more
+    head, _, rest = data.partition(b"\r\n\r\n")
+    return head, rest
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,8 +15,8 @@ import pytest
 
 from conftest import Server
 from proxy_support import (SERVER, ScriptedUpstream, addr, all_to, free_port, gateway, logged,
-                           middleware_config_error, request, response_head, upstream,
-                           wait_until)
+                           middleware_config_error, read_request_head, request, response_head,
+                           upstream, wait_until)
 
 
 @pytest.fixture
@@ -345,18 +345,13 @@ class ClosingUpstream(ScriptedUpstream):
         super().__init__()
 
     def handle(self, conn):
-        data = b""
         conn.settimeout(2)
         try:
-            while b"\r\n\r\n" not in data:
-                more = conn.recv(65536)
-                if not more:
-                    break
-                data += more
+            got = read_request_head(conn)
+            if got:
+                self.requests[got[0].split(b" ", 1)[0].decode()] += 1
         except OSError:
             pass
-        if data:
-            self.requests[data.split(b" ", 1)[0].decode()] += 1
         conn.close()
 
 
@@ -367,13 +362,8 @@ class EmptyAnswers(ScriptedUpstream):
         data = b""
         conn.settimeout(5)
         try:
-            while True:
-                while b"\r\n\r\n" not in data:
-                    more = conn.recv(65536)
-                    if not more:
-                        return
-                    data += more
-                _, _, data = data.partition(b"\r\n\r\n")
+            while got := read_request_head(conn, data):
+                data = got[1]
                 conn.sendall(b"HTTP/1.1 200 OK\r\nX-Empty: yes\r\nContent-Length: 0\r\n\r\n")
         except OSError:
             pass
@@ -432,12 +422,8 @@ class OneAnswerPerConnection(ScriptedUpstream):
     def handle(self, conn):
         conn.settimeout(5)
         try:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                more = conn.recv(65536)
-                if not more:
-                    return
-                data += more
+            if read_request_head(conn) is None:
+                return
             time.sleep(0.3)
             conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
             conn.recv(65536)  # the second request: closed unanswered

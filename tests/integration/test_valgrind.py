@@ -20,6 +20,22 @@ LOAD = [  # h2load arguments after the URL's scheme is chosen; (tls, arguments)
 ]
 
 
+def under_memcheck(build_dir, config, log):
+    """spindle serve `config` (2 workers) under memcheck, its report going to `log`."""
+    return Server(["valgrind", "--leak-check=full", "--show-leak-kinds=all",
+                   "--errors-for-leak-kinds=all", f"--log-file={log}",
+                   os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(config),
+                   "--threads", "2"])
+
+
+def assert_clean(code, log):
+    """spindle exited 0, and memcheck's report in `log` has no error and no byte in use."""
+    report = log.read_text()
+    assert code == 0, report[-3000:]
+    assert "ERROR SUMMARY: 0 errors from 0 contexts" in report, report[-3000:]
+    assert "in use at exit: 0 bytes in 0 blocks" in report, report[-3000:]
+
+
 def test_serving_under_valgrind_has_no_error_and_frees_everything(build_dir, certs, tmp_path):
     if sanitizer_build(build_dir):
         pytest.skip("a sanitizer build cannot run under valgrind (the release build's run is "
@@ -38,10 +54,7 @@ servers:
     tls: {{cert: {certs}/localhost.pem, key: {certs}/localhost.key}}
 """)
     log = tmp_path / "valgrind.log"
-    server = Server(["valgrind", "--leak-check=full", "--show-leak-kinds=all",
-                     "--errors-for-leak-kinds=all", f"--log-file={log}",
-                     os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(config),
-                     "--threads", "2"])
+    server = under_memcheck(build_dir, config, log)
     try:
         # The second listening line (the TLS server) comes through the output reader.
         deadline = time.monotonic() + 60
@@ -58,10 +71,7 @@ servers:
             assert f"{n} succeeded, 0 failed, 0 errored" in out.stdout, (url, args, out.stdout)
     finally:
         code = server.stop(timeout=120)
-    report = log.read_text()
-    assert code == 0, report[-3000:]
-    assert "ERROR SUMMARY: 0 errors from 0 contexts" in report, report[-3000:]
-    assert "in use at exit: 0 bytes in 0 blocks" in report, report[-3000:]
+    assert_clean(code, log)
 
 
 def test_proxying_under_valgrind_has_no_error_and_frees_everything(build_dir, tmp_path):
@@ -100,10 +110,7 @@ services:
   a: {{url: "http://{up.host}:{up.port}"}}
 """)
     log = tmp_path / "valgrind.log"
-    server = Server(["valgrind", "--leak-check=full", "--show-leak-kinds=all",
-                     "--errors-for-leak-kinds=all", f"--log-file={log}",
-                     os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(config),
-                     "--threads", "2"])
+    server = under_memcheck(build_dir, config, log)
     try:
         base = f"http://127.0.0.1:{server.port}"
         for args in (["-n", "600", "-c", "20", "--h1", f"{base}/plaintext"],
@@ -118,7 +125,4 @@ services:
         code = server.stop(timeout=120)
         up.stop()
         redis.stop()
-    report = log.read_text()
-    assert code == 0, report[-3000:]
-    assert "ERROR SUMMARY: 0 errors from 0 contexts" in report, report[-3000:]
-    assert "in use at exit: 0 bytes in 0 blocks" in report, report[-3000:]
+    assert_clean(code, log)
