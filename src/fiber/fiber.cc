@@ -9,10 +9,10 @@
 #include <climits>
 #include <thread>
 
-#include "fiber_objects.h"
 #include "sanitizer.h"
 #include "spindle/base/intrusive_ptr.h"
 #include "spindle/base/log.h"
+#include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/fiber_local.h"
 #include "spindle/fiber/io_wait.h"
 #include "spindle/fiber/this_fiber.h"
@@ -50,92 +50,9 @@ void futex_wake_all(std::atomic<std::uint32_t>* word) {
 Fiber::Fiber(Worker& worker, SpawnOptions options)
     : worker_(&worker), id_(worker.next_fiber_id()), stack_size_(options.stack_size) {}
 
-namespace {
+void* Fiber::operator new(std::size_t size) { return take_block(size); }
 
-// Freed fiber objects of this thread by size class (64-byte steps up to 1 KiB), for reuse.
-// A fiber may be freed on another thread than the one that made it: memory is memory.
-// Sanitizer builds skip the cache, so that a use after free is still caught.
-class FiberObjectCache {
- public:
-  // kFloor per class survive a trim (idle_cache.h explains the low-water mark).
-  static constexpr std::size_t kStep = 64, kClasses = 16, kKeep = 1024, kFloor = 64;
-
-  ~FiberObjectCache() {
-    closed_ = true;  // a fiber freed later in this thread's exit goes straight to malloc
-    for (Node*& head : free_) {
-      while (Node* n = head) {
-        head = n->next;
-        ::operator delete(n);
-      }
-    }
-  }
-  void* take(std::size_t size) {
-    std::size_t c = (size - 1) / kStep;
-    if (kDisabled || c >= kClasses || !free_[c])
-      return ::operator new(c < kClasses ? (c + 1) * kStep : size);
-    Node* n = free_[c];
-    free_[c] = n->next;
-    --count_[c];
-    low_water_[c] = std::min(low_water_[c], count_[c]);
-    return n;
-  }
-  void give(void* p, std::size_t size) {
-    std::size_t c = (size - 1) / kStep;
-    if (kDisabled || closed_ || c >= kClasses || count_[c] >= kKeep) {
-      ::operator delete(p);
-      return;
-    }
-    free_[c] = new (p) Node{free_[c]};
-    ++count_[c];
-  }
-  bool over_floor() const {
-    for (std::size_t count : count_) {
-      if (count > kFloor) return true;
-    }
-    return false;
-  }
-  std::size_t trim() {
-    std::size_t freed = 0;
-    for (std::size_t c = 0; c < kClasses; ++c) {
-      std::size_t excess = count_[c] > kFloor ? count_[c] - kFloor : 0;
-      for (std::size_t n = std::min(low_water_[c], excess); n > 0; --n) {
-        Node* node = free_[c];
-        free_[c] = node->next;
-        --count_[c];
-        ::operator delete(node);
-        freed += (c + 1) * kStep;
-      }
-      low_water_[c] = count_[c];
-    }
-    return freed;
-  }
-
- private:
-  struct Node {
-    Node* next;
-  };
-#if SPINDLE_ASAN || SPINDLE_TSAN
-  static constexpr bool kDisabled = true;
-#else
-  static constexpr bool kDisabled = false;
-#endif
-  Node* free_[kClasses] = {};
-  std::size_t count_[kClasses] = {};
-  std::size_t low_water_[kClasses] = {};
-  bool closed_ = false;
-};
-
-thread_local FiberObjectCache fiber_objects;
-
-}  // namespace
-
-bool detail::fiber_objects_over_floor() { return fiber_objects.over_floor(); }
-
-std::size_t detail::trim_fiber_objects() { return fiber_objects.trim(); }
-
-void* Fiber::operator new(std::size_t size) { return fiber_objects.take(size); }
-
-void Fiber::operator delete(void* p, std::size_t size) { fiber_objects.give(p, size); }
+void Fiber::operator delete(void* p, std::size_t size) { give_block(p, size); }
 
 Fiber::~Fiber() {
   for (auto it = locals_.rbegin(); it != locals_.rend(); ++it) it->destroy(it->value);

@@ -4,9 +4,9 @@
 
 #include <cassert>
 
-#include "fiber_objects.h"
 #include "sanitizer.h"
 #include "spindle/base/log.h"
+#include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/waiter.h"
 #include "stack_overflow.h"
@@ -237,7 +237,7 @@ void Worker::keep_trimmed(std::shared_ptr<IdleCache> cache) {
 
 bool Worker::holds_idle_memory() const {
   if (released_ >= kWorthTrimming || reactor_.trimmable() || stacks_.over_floor() ||
-      buffers_.over_floor() || detail::fiber_objects_over_floor()) {
+      buffers_.over_floor() || detail::blocks_over_floor()) {
     return true;
   }
   for (const auto& cache : idle_caches_) {
@@ -249,7 +249,7 @@ bool Worker::holds_idle_memory() const {
 std::size_t Worker::trim_idle_memory() {
   // Stacks are unmapped: their pages go back at once.
   std::size_t stacks = stacks_.trim();
-  std::size_t heap = buffers_.trim() + detail::trim_fiber_objects() + reactor_.trim();
+  std::size_t heap = buffers_.trim() + detail::trim_blocks() + reactor_.trim();
   // A cache only the worker still holds belongs to something gone (a stopped server).
   std::erase_if(idle_caches_, [](const auto& cache) { return cache.use_count() == 1; });
   for (const auto& cache : idle_caches_) heap += cache->trim();

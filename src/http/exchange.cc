@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "exchange_internal.h"
+#include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/worker.h"
 #include "spindle/http/chunked.h"
 #include "spindle/http/rules.h"
@@ -192,7 +193,7 @@ namespace {
 
 constexpr std::size_t kReadChunk = 16 * 1024;
 
-class Http1Exchange final : public ClientExchange {
+class Http1Exchange final : public ClientExchange, public BlockCached {
  public:
   Http1Exchange(std::shared_ptr<TargetState> target, Stream stream, bool reused,
                 const ClientRequestHead& head, std::string_view authority,
@@ -205,10 +206,6 @@ class Http1Exchange final : public ClientExchange {
         connect_request_(head.method == "CONNECT") {
     reused_ = reused;
     ++target_->connections;
-    if (!target_->spare_reads.empty()) {
-      in_ = std::move(target_->spare_reads.back());
-      target_->spare_reads.pop_back();
-    }
     out_.reserve(256 + head.headers.size() * 32);
     out_.append(head.method).append(" ").append(head.target).append(" HTTP/1.1\r\nHost: ");
     out_.append(authority).append("\r\n");
@@ -236,11 +233,6 @@ class Http1Exchange final : public ClientExchange {
   ~Http1Exchange() override {
     --target_->connections;
     if (reusable()) target_->put_idle(std::move(stream_));
-    if (in_.capacity() <= 2 * kReadChunk &&
-        target_->spare_reads.size() < TargetState::kSpareReads) {
-      in_.clear();
-      target_->spare_reads.push_back(std::move(in_));
-    }
   }  // then the permit goes to the next request waiting, if any
 
   Result<void> write(std::string_view data) override {
@@ -449,7 +441,7 @@ class Http1Exchange final : public ClientExchange {
     if (!have_head_ || framing_.kind != BodyFraming::Kind::kTunnel) {
       return fail(std::errc::invalid_argument);
     }
-    early.assign(in_, in_begin_);
+    early.assign(std::string_view(in_).substr(in_begin_));
     broken_ = true;  // the connection leaves the pool for good
     return std::move(stream_);
   }
@@ -571,13 +563,14 @@ class Http1Exchange final : public ClientExchange {
   bool head_request_;
   bool connect_request_;
   /// The request: its head (until sent), body framing and what is left of a sized body.
-  std::string out_;
+  BlockString out_;
   BodyMode mode_ = BodyMode::kNone;
   std::uint64_t body_left_ = 0;
   bool head_sent_ = false;
   bool request_done_ = false;
   /// The response: bytes read ([in_begin_, end) not yet used), the head's own bytes, the head.
-  std::string in_;
+  /// The read buffer (16 KiB a read) comes from the block cache: an exchange per request.
+  BlockString in_;
   std::size_t in_begin_ = 0;
   std::string head_bytes_;
   ClientResponseHead response_;

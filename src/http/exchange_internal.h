@@ -33,10 +33,6 @@ struct TargetState {
   /// them wait here (pending of them), first come, first served.
   std::unique_ptr<Semaphore> slots;
   std::size_t pending = 0;
-  /// Read buffers of ended HTTP/1.1 exchanges (emptied, capacity kept), for the next ones:
-  /// one exchange per request would otherwise allocate and free 16 KiB each time.
-  std::vector<std::string> spare_reads;
-  static constexpr std::size_t kSpareReads = 16;
 
   /// Connections open now (idle, busy, HTTP/2).
   std::size_t open_count() const;

@@ -25,6 +25,7 @@
 #include "server_internal.h"
 #include "spindle/base/ascii.h"
 #include "spindle/base/log.h"
+#include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/http/status.h"
@@ -486,7 +487,7 @@ Http2Connection::Http2Connection(Stream& stream, HttpServer::Shared& shared, Wor
   // Rapid reset (CVE-2023-44487): a burst of 1000 resets, then 33 per second.
   nghttp2_option_set_stream_reset_rate_limit(option, 1000, 33);
   nghttp2_option_set_max_settings(option, 32);
-  nghttp2_session_server_new2(&session_, callbacks, this, option);
+  nghttp2_session_server_new3(&session_, callbacks, this, option, block_memory());
   nghttp2_option_del(option);
   nghttp2_session_callbacks_del(callbacks);
   worker_.http2.push_back(this);
@@ -498,7 +499,7 @@ Http2Connection::~Http2Connection() {
 }
 
 H2Stream* Http2Connection::open_stream(std::int32_t id) {
-  auto s = std::make_shared<H2Stream>(*this, id);
+  auto s = std::allocate_shared<H2Stream>(BlockAllocator<H2Stream>(), *this, id);
   if (nghttp2_session_set_stream_user_data(session_, id, s.get()) != 0) return nullptr;
   s->open_index = open_.size();
   open_.push_back(std::move(s));
