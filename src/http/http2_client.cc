@@ -383,7 +383,7 @@ std::shared_ptr<Http2Session> Http2Session::start(Stream stream) {
   nghttp2_option* option = nullptr;
   nghttp2_option_new(&option);
   nghttp2_option_set_no_auto_window_update(option, 1);
-  nghttp2_session_client_new2(&s.session, cb, &s, option);
+  nghttp2_session_client_new3(&s.session, cb, &s, option, block_memory());
   nghttp2_option_del(option);
   nghttp2_session_callbacks_del(cb);
   nghttp2_settings_entry settings[] = {{NGHTTP2_SETTINGS_ENABLE_PUSH, 0},

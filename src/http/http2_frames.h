@@ -29,6 +29,11 @@ struct Guarded<Fn> {
   }
 };
 
+/// nghttp2's allocator for a session: the thread's block cache (spindle/fiber/block_cache.h)
+/// instead of malloc. A stream costs nghttp2 about five allocations, which come and go in
+/// bursts as large as the streams in flight.
+nghttp2_mem* block_memory();
+
 /// Inside a data source's read callback at the body's end: submits `trailers` (names in lower
 /// case) to follow the last DATA frame, and marks that frame as not ending the stream (the
 /// trailers' HEADERS do). Nothing if there are none.
