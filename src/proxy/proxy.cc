@@ -8,12 +8,15 @@
 #include <re2/re2.h>
 
 #include <algorithm>
+#include <array>
 #include <charconv>
+#include <cstring>
 #include <optional>
 #include <random>
 #include <unordered_set>
 
 #include "spindle/base/log.h"
+#include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/buffer_pool.h"
 #include "spindle/fiber/worker.h"
 #include "spindle/http/rules.h"
@@ -47,23 +50,40 @@ std::uint64_t random_bits() {
   return z ^ (z >> 31);
 }
 
-// Writes `digits` (a multiple of 16) random lower-case hex digits at `out`, a byte at a time.
+// The two lower-case hex digits of each byte value.
+constexpr std::array<std::array<char, 2>, 256> kHexPairs = [] {
+  constexpr char kHex[] = "0123456789abcdef";
+  std::array<std::array<char, 2>, 256> pairs{};
+  for (std::size_t b = 0; b < 256; ++b) pairs[b] = {kHex[b >> 4], kHex[b & 15]};
+  return pairs;
+}();
+
+// Writes `digits` (a multiple of 16) random lower-case hex digits at `out`, two at a time.
 void random_hex(char* out, std::size_t digits) {
-  static constexpr char kHex[] = "0123456789abcdef";
   for (std::size_t done = 0; done < digits; done += 16) {
     std::uint64_t bits = random_bits();
     for (std::size_t i = 0; i < 8; ++i, bits >>= 8) {
-      out[done + 14 - 2 * i] = kHex[(bits >> 4) & 15];
-      out[done + 15 - 2 * i] = kHex[bits & 15];
+      std::memcpy(out + done + 14 - 2 * i, kHexPairs[bits & 0xff].data(), 2);
     }
   }
 }
 
+// Text of at most N characters kept in place: ids made per request need no allocation.
+template <std::size_t N>
+struct InlineText {
+  std::array<char, N> text;
+  std::size_t size = 0;
+  std::string_view view() const { return {text.data(), size}; }
+  void assign(std::string_view s) {
+    size = std::min(s.size(), N);
+    std::memcpy(text.data(), s.data(), size);
+  }
+};
+
 // A request id: 32 hex digits.
-std::string new_request_id() {
-  std::string id(32, '0');
-  random_hex(id.data(), 32);
-  return id;
+void new_request_id(InlineText<128>& out) {
+  random_hex(out.text.data(), 32);
+  out.size = 32;
 }
 
 // "1.1" for the HTTP version of a message (major * 10 + minor).
@@ -103,25 +123,26 @@ bool lower_hex(std::string_view text) {
 // The W3C traceparent to send upstream (https://www.w3.org/TR/trace-context/): the incoming
 // trace id and flags with our own span id as the parent, or a new trace when the client sent
 // none or one that does not parse. `restarted` says which.
-std::string next_traceparent(std::optional<std::string_view> in, bool& restarted) {
+void next_traceparent(std::optional<std::string_view> in, bool& restarted, InlineText<55>& out) {
   // VERSION-TRACEID-PARENTID-FLAGS, 2-32-16-2 hex digits; a later version may append fields.
+  constexpr std::string_view kZeros = "00000000000000000000000000000000";
   bool valid = in && in->size() >= 55 && (in->size() == 55 || (*in)[55] == '-') &&
                (*in)[2] == '-' && (*in)[35] == '-' && (*in)[52] == '-' &&
                lower_hex(in->substr(0, 2)) && in->substr(0, 2) != "ff" &&
-               lower_hex(in->substr(3, 32)) && in->substr(3, 32) != std::string(32, '0') &&
-               lower_hex(in->substr(36, 16)) && in->substr(36, 16) != std::string(16, '0') &&
+               lower_hex(in->substr(3, 32)) && in->substr(3, 32) != kZeros &&
+               lower_hex(in->substr(36, 16)) && in->substr(36, 16) != kZeros.substr(0, 16) &&
                lower_hex(in->substr(53, 2)) && (in->substr(0, 2) != "00" || in->size() == 55);
   restarted = !valid;
   // 00-TRACE-SPAN-FLAGS: the client's trace and flags, or a new trace (flags 00).
-  std::string out = "00-00000000000000000000000000000000-0000000000000000-00";
+  out.assign("00-00000000000000000000000000000000-0000000000000000-00");
+  char* text = out.text.data();
   if (valid) {
-    in->substr(3, 32).copy(out.data() + 3, 32);
-    in->substr(53, 2).copy(out.data() + 53, 2);
+    in->substr(3, 32).copy(text + 3, 32);
+    in->substr(53, 2).copy(text + 53, 2);
   } else {
-    random_hex(out.data() + 3, 32);
+    random_hex(text + 3, 32);
   }
-  random_hex(out.data() + 36, 16);
-  return out;
+  random_hex(text + 36, 16);
 }
 
 // An incoming X-Request-Id worth keeping: short, and only characters safe in logs.
@@ -589,9 +610,10 @@ struct ForwardHead {
   /// The target, once a middleware has rewritten it (head.target points here then).
   std::string target;
   std::string authority;
-  std::string request_id;
+  /// The client's request id (one worth keeping), or one made here.
+  InlineText<128> request_id;
   /// The W3C traceparent sent upstream.
-  std::string traceparent;
+  InlineText<55> traceparent;
   // Owns the values built here (the head's views point into them).
   std::string forwarded_for, forwarded_proto, forwarded_host, via;
 };
@@ -704,9 +726,13 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   if (out.authority.empty() && context.local != nullptr) out.authority = context.local->to_string();
 
   auto id = in.get("x-request-id");
-  out.request_id = id && good_request_id(*id) ? std::string(*id) : new_request_id();
+  if (id && good_request_id(*id)) {
+    out.request_id.assign(*id);
+  } else {
+    new_request_id(out.request_id);
+  }
   bool trace_restarted = false;
-  out.traceparent = next_traceparent(in.get("traceparent"), trace_restarted);
+  next_traceparent(in.get("traceparent"), trace_restarted, out.traceparent);
   // A proxy we trust may have said who its client was; anyone else's claim is dropped.
   if (auto xff = in.get("x-forwarded-for"); xff && from_proxy) {
     out.forwarded_for = fmt::format("{}, {}", *xff, context.remote);
@@ -747,8 +773,8 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   head.headers.add_view("X-Forwarded-Proto", out.forwarded_proto);
   if (!out.forwarded_host.empty()) head.headers.add_view("X-Forwarded-Host", out.forwarded_host);
   head.headers.add_view("Via", out.via);
-  head.headers.add_view("X-Request-Id", out.request_id);
-  head.headers.add_view("traceparent", out.traceparent);
+  head.headers.add_view("X-Request-Id", out.request_id.view());
+  head.headers.add_view("traceparent", out.traceparent.view());
   // The upstream says whether the body is wanted (send_body waits for its word).
   if (request.head().expect_continue) head.headers.add_view("Expect", "100-continue");
 }
@@ -911,7 +937,7 @@ void Proxy::mirror(http::Request& request, const std::shared_ptr<Gateway>& gatew
     request.set_attribute("mirror", "dropped");
     return;
   }
-  auto built = std::make_shared<ForwardHead>();
+  auto built = std::allocate_shared<ForwardHead>(BlockAllocator<ForwardHead>());
   build_head(request, server, *built);
   apply_request_middlewares(request, route, *built);
   auto copy = std::make_shared<MirrorCopy>();
@@ -1140,15 +1166,15 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
       route_max_body = std::min(route_max_body.value_or(m.max_body), m.max_body);
     }
   }
-  auto forward_head = std::make_shared<ForwardHead>();
+  auto forward_head = std::allocate_shared<ForwardHead>(BlockAllocator<ForwardHead>());
   build_head(request, *server.config, *forward_head);
   apply_request_middlewares(request, route, *forward_head);
   // What the access log shows of the proxying: noted only for a server that writes one.
   const bool logged = server.config->access_log.enabled;
   if (logged) {
     request.set_attribute("route", route.name);
-    request.set_attribute("request_id", forward_head->request_id);
-    request.set_attribute("trace_id", std::string_view(forward_head->traceparent).substr(3, 32));
+    request.set_attribute("request_id", forward_head->request_id.view());
+    request.set_attribute("trace_id", forward_head->traceparent.view().substr(3, 32));
   }
   const http::RequestHead& head = forward_head->head;
 
