@@ -206,28 +206,55 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
         connect_request_(head.method == "CONNECT") {
     reused_ = reused;
     ++target_->connections;
-    out_.reserve(256 + head.headers.size() * 32);
-    out_.append(head.method).append(" ").append(head.target).append(" HTTP/1.1\r\nHost: ");
-    out_.append(authority).append("\r\n");
-    NominatedFields nominated(head.headers);
-    for (const Field& f : head.headers) {
-      if (detail::client_managed(nominated, f.name)) continue;
-      out_.append(f.name).append(": ").append(f.value).append("\r\n");
-    }
-    // An upgrade (WebSocket) keeps its Upgrade and Connection fields: they are the request.
-    if (auto upgrade = head.headers.get("upgrade");
-        upgrade && head.headers.has_token("connection", "upgrade")) {
-      out_.append("Connection: upgrade\r\nUpgrade: ").append(*upgrade).append("\r\n");
-    }
+    auto upgrade = head.headers.get("upgrade");
+    bool upgrading = upgrade && head.headers.has_token("connection", "upgrade");
     if (head.chunked) {
       mode_ = BodyMode::kChunked;
-      out_.append("Transfer-Encoding: chunked\r\n");
     } else if (head.content_length) {
       mode_ = BodyMode::kLength;
       body_left_ = *head.content_length;
-      out_.append("Content-Length: ").append(std::to_string(*head.content_length)).append("\r\n");
     }
-    out_.append("\r\n");
+    // The head is written in one pass into room for its longest form, then cut to size.
+    constexpr std::size_t kFixed = 128;  // request line and Host punctuation, framing, ends
+    std::size_t room = kFixed + head.method.size() + head.target.size() + authority.size() +
+                       (upgrading ? upgrade->size() : 0);
+    for (const Field& f : head.headers) room += f.name.size() + f.value.size() + 4;
+    NominatedFields nominated(head.headers);
+    out_.resize_and_overwrite(room, [&](char* begin, std::size_t) {
+      char* p = begin;
+      auto put = [&p](std::string_view text) {
+        std::memcpy(p, text.data(), text.size());
+        p += text.size();
+      };
+      put(head.method);
+      put(" ");
+      put(head.target);
+      put(" HTTP/1.1\r\nHost: ");
+      put(authority);
+      put("\r\n");
+      for (const Field& f : head.headers) {
+        if (detail::client_managed(nominated, f.name)) continue;
+        put(f.name);
+        put(": ");
+        put(f.value);
+        put("\r\n");
+      }
+      // An upgrade (WebSocket) keeps its Upgrade and Connection fields: they are the request.
+      if (upgrading) {
+        put("Connection: upgrade\r\nUpgrade: ");
+        put(*upgrade);
+        put("\r\n");
+      }
+      if (mode_ == BodyMode::kChunked) {
+        put("Transfer-Encoding: chunked\r\n");
+      } else if (mode_ == BodyMode::kLength) {
+        put("Content-Length: ");
+        p = std::to_chars(p, p + 20, *head.content_length).ptr;
+        put("\r\n");
+      }
+      put("\r\n");
+      return static_cast<std::size_t>(p - begin);
+    });
   }
 
   ~Http1Exchange() override {
