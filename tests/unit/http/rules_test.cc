@@ -42,11 +42,14 @@ TEST(HttpRules, FieldValuesRefuseEveryControlCharacterButTab) {
     std::string value = "abc" + std::string(1, static_cast<char>(c)) + "defghijklmnop";
     bool allowed = c == '\t' || (c >= 0x20 && c != 0x7f);
     EXPECT_EQ(is_field_value(value), allowed) << "byte " << c;
-    // The same answer at every position of a longer value (the word-at-a-time path).
-    for (std::size_t at = 0; at < 20; ++at) {
-      std::string v(20, 'x');
-      v[at] = static_cast<char>(c);
-      ASSERT_EQ(is_field_value(v), allowed) << "byte " << c << " at " << at;
+    // The same answer at every position of values of 1 to 20 bytes (the word-at-a-time path:
+    // whole words, an overlapping last word, a padded short one).
+    for (std::size_t size = 1; size <= 20; ++size) {
+      for (std::size_t at = 0; at < size; ++at) {
+        std::string v(size, 'x');
+        v[at] = static_cast<char>(c);
+        ASSERT_EQ(is_field_value(v), allowed) << "byte " << c << " at " << at << " of " << size;
+      }
     }
   }
   EXPECT_TRUE(is_field_value(""));
@@ -60,6 +63,22 @@ TEST(HttpRules, NamesAndMethodsAreTokens) {
     EXPECT_FALSE(is_field_name(bad)) << bad;
     EXPECT_FALSE(is_method(bad)) << bad;
   }
+}
+
+TEST(HttpRules, EveryByteAtEveryPlaceOfANameIsJudgedAsTheTokenTableSays) {
+  // Names of 1 to 20 characters, each byte value at each place: the words checked eight at a
+  // time must agree with the table byte for byte.
+  for (std::size_t size = 1; size <= 20; ++size) {
+    for (std::size_t at = 0; at < size; ++at) {
+      for (int b = 0; b < 256; ++b) {
+        std::string name(size, 'a');
+        name[at] = static_cast<char>(b);
+        ASSERT_EQ(is_field_name(name), detail::kTokenChars[b]) << size << " " << at << " " << b;
+      }
+    }
+  }
+  EXPECT_TRUE(is_field_name("X-Forwarded-For-0123456789"));
+  EXPECT_TRUE(is_field_name("x_custom.thing~1|2"));
 }
 
 TEST(HttpRules, RequestTargetsAreVisibleAsciiInAKnownForm) {
