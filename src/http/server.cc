@@ -189,11 +189,13 @@ detail::ConnectionState::~ConnectionState() {
   shared->active.done();  // the socket closes right after, with the members
 }
 
-Response detail::call_router(const Router& router, Request& request) {
+namespace {
+
+// The router's response, or the error a handler's exception stands for. Each return is a
+// prvalue, built where the caller wants it (a response is a few KiB: a move shows).
+Response handle_guarded(const Router& router, Request& request) {
   try {
-    Response response = router.handle(request);
-    refuse_unsendable(response, request.method(), request.target());
-    return response;
+    return router.handle(request);
   } catch (const HttpError& e) {
     return Response::error(e.status(), e.what());
   } catch (const std::exception& e) {
@@ -203,6 +205,14 @@ Response detail::call_router(const Router& router, Request& request) {
               request.target());
   }
   return Response::error(500);
+}
+
+}  // namespace
+
+Response detail::call_router(const Router& router, Request& request) {
+  Response response = handle_guarded(router, request);
+  refuse_unsendable(response, request.method(), request.target());
+  return response;
 }
 
 namespace {

@@ -993,40 +993,8 @@ http::Middleware Proxy::middleware(std::string server_key) {
       route = server->routes.select(request.header("host"), request.target(), request.method(),
                                     request.headers());
     }
-    http::Response response;
-    if (route) {
-      std::optional<http::Response> answered = answer_first(
-          request, *server->config, *route,
-          gateway->rate_limits(static_cast<std::size_t>(route - gateway->config().routes.data())),
-          *passwords_, [&](const ForwardAuthConfig& auth) {
-            return authorize(request, gateway, *server->config, auth);
-          });
-      if (answered) {
-        response = std::move(*answered);
-      } else {
-        for (const MiddlewareConfig& m : route->middlewares) {
-          if (m.kind == MiddlewareConfig::Kind::kMirror) {
-            mirror(request, gateway, *server->config, *route, m.mirror);
-          }
-        }
-        // A traffic_split picks the service; otherwise the route names it.
-        std::string_view service = route->service;
-        std::string set_cookie;
-        for (const MiddlewareConfig& m : route->middlewares) {
-          if (m.kind == MiddlewareConfig::Kind::kTrafficSplit) {
-            service = split_pick(request, m.traffic_split, set_cookie);
-          }
-        }
-        response = forward(request, gateway, *server, *route, service);
-        if (!set_cookie.empty()) response.headers.add("Set-Cookie", set_cookie);
-      }
-      if (!route->middlewares.empty()) {
-        add_rate_limit_fields(request, response);
-        add_cors_fields(request, *route, response);
-      }
-    } else {
-      response = next(request);
-    }
+    // Built in place (a response is a few KiB: each move of one shows per request).
+    http::Response response = route ? on_route(request, gateway, *server, *route) : next(request);
     if (route) {
       // The way back: the route's middlewares in reverse order.
       for (auto m = route->middlewares.rbegin(); m != route->middlewares.rend(); ++m) {
@@ -1048,6 +1016,43 @@ http::Middleware Proxy::middleware(std::string server_key) {
     }
     return response;
   };
+}
+
+http::Response Proxy::on_route(http::Request& request, const std::shared_ptr<Gateway>& gateway,
+                               const Gateway::Server& server, const RouteConfig& route) {
+  std::optional<http::Response> answered = answer_first(
+      request, *server.config, route,
+      gateway->rate_limits(static_cast<std::size_t>(&route - gateway->config().routes.data())),
+      *passwords_, [&](const ForwardAuthConfig& auth) {
+        return authorize(request, gateway, *server.config, auth);
+      });
+  http::Response response =
+      answered ? std::move(*answered) : pass_on(request, gateway, server, route);
+  if (!route.middlewares.empty()) {
+    add_rate_limit_fields(request, response);
+    add_cors_fields(request, route, response);
+  }
+  return response;
+}
+
+http::Response Proxy::pass_on(http::Request& request, const std::shared_ptr<Gateway>& gateway,
+                              const Gateway::Server& server, const RouteConfig& route) {
+  for (const MiddlewareConfig& m : route.middlewares) {
+    if (m.kind == MiddlewareConfig::Kind::kMirror) {
+      mirror(request, gateway, *server.config, route, m.mirror);
+    }
+  }
+  // A traffic_split picks the service; otherwise the route names it.
+  std::string_view service = route.service;
+  std::string set_cookie;
+  for (const MiddlewareConfig& m : route.middlewares) {
+    if (m.kind == MiddlewareConfig::Kind::kTrafficSplit) {
+      service = split_pick(request, m.traffic_split, set_cookie);
+    }
+  }
+  http::Response response = forward(request, gateway, server, route, service);
+  if (!set_cookie.empty()) response.headers.add("Set-Cookie", set_cookie);
+  return response;
 }
 
 std::optional<http::Response> Proxy::authorize(http::Request& request,

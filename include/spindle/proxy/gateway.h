@@ -204,6 +204,15 @@ class Proxy {
                          std::string_view service = {});
 
  private:
+  /// A request on `route`: the middlewares that may answer first (auth, limits), or the way
+  /// on (pass_on); then the fields those middlewares add to any answer.
+  http::Response on_route(http::Request& request, const std::shared_ptr<Gateway>& gateway,
+                          const Gateway::Server& server, const RouteConfig& route);
+  /// Mirrors the request if the route says so, picks the service (traffic_split) and
+  /// forwards to it.
+  http::Response pass_on(http::Request& request, const std::shared_ptr<Gateway>& gateway,
+                         const Gateway::Server& server, const RouteConfig& route);
+
   /// forward_auth: asks `auth`'s service about `request`. nullopt lets it go on (the fields
   /// to copy kept as attributes); otherwise the answer the client gets.
   std::optional<http::Response> authorize(http::Request& request,
