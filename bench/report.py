@@ -59,6 +59,22 @@ def idle_rss_section(rss):
     return md
 
 
+# docs/benchmarks.md ends with sections measured by hand (soak, valgrind, cuts found with
+# callgrind); they follow this line and survive a rewrite.
+HAND_MARKER = "<!-- hand-written: bench/report.py keeps everything below this line when it rewrites the file -->"
+
+
+def kept_by_hand(markdown):
+    """The hand-written end of the file being replaced, marker included ("" if none)."""
+    try:
+        with open(markdown) as f:
+            old = f.read()
+    except FileNotFoundError:
+        return ""
+    at = old.find(HAND_MARKER)
+    return "" if at < 0 else "\n" + old[at:]
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--micro", required=True)
@@ -155,7 +171,7 @@ def main():
     if a.proxy:
         md.extend(proxy_section(json.load(open(a.proxy)), a.proxy_chart))
     with open(a.markdown, "w") as f:
-        f.write("\n".join(md))
+        f.write("\n".join(md) + kept_by_hand(a.markdown))
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.8))
     labels = [r[0] for r in rows]
