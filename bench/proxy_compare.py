@@ -230,8 +230,16 @@ def main():
     p.add_argument("--setups", default="", help="only these set-ups, by name (comma-separated)")
     p.add_argument("--connections", default="100,500")
     p.add_argument("--bars", help="draw each gateway's CPU per request (total and user) as bars "
-                                  "into this PNG (for one set-up and one connection count)")
+                                  "into this PNG")
+    p.add_argument("--replot", action="store_true",
+                   help="measure nothing: draw --bars from the results already in --out")
     a = p.parse_args()
+    if a.replot:
+        if not a.bars:
+            sys.exit("proxy_compare: --replot draws --bars; say where")
+        with open(a.out) as f:
+            bars(json.load(f)["results"], a.bars)
+        return
     for tool in ("h2load", "wrk", "nginx", "haproxy", "h2o", "taskset", "openssl", "curl"):
         if not shutil.which(tool):
             sys.exit(f"proxy_compare: {tool} is not installed (make bench installs it)")
@@ -301,17 +309,19 @@ def bars(results, path):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    chain = any(r["server"].startswith("spindle+") for r in results)
     names = [f"{r['server']}\n{r['setup']} c{r['connections']}" for r in results]
     total = [r["cpu_us_per_request"] or 0 for r in results]
     user = [r.get("user_us_per_request") or 0 for r in results]
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(results)), 3.8))
     x = range(len(results))
     ax.bar([i - 0.2 for i in x], total, 0.4, label="CPU (user + system)")
     ax.bar([i + 0.2 for i in x], user, 0.4, label="user only")
     ax.set_xticks(list(x), names, fontsize=8)
     ax.set_ylabel("µs per proxied request")
     ax.legend()
-    plt.title("Gateway CPU per request: the middleware chain against the bare proxy")
+    plt.title("Gateway CPU per request: the middleware chain against the bare proxy" if chain
+              else "Gateway CPU per proxied request, one worker each (same run)")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
