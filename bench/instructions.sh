@@ -5,7 +5,8 @@
 # keep-alive on loopback for SECONDS, and prints instructions per request (kernel time is not
 # counted: spindle makes one recv and one send per request, the ceiling one recv more); then
 # spindle over h2c with h2load -c10 -m10 (no peer: h2o and nginx do not run under callgrind
-# here).
+# here); then spindle as a reverse proxy to an nginx upstream (not under callgrind), h1->h1 with
+# wrk -c100 and h2 over TLS->h1 with h2load -c100 -m10 (10,000 then 40,000 requests).
 # Each server runs twice (SECONDS, then twice that; or 5,000 then 15,000 h2c requests); the
 # difference is divided by the difference in requests, so start-up and connection set-up
 # cancel. With OUT=file, writes the figures as JSON.
@@ -16,14 +17,14 @@ seconds=${1:-4}
 bin=${BIN:-build/release/bin}  # BIN=dir: another build's binaries
 tmp=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"' EXIT
-for tool in valgrind wrk h2load callgrind_annotate; do
+for tool in valgrind wrk h2load callgrind_annotate nginx; do
   command -v "$tool" >/dev/null || { echo "instructions.sh: $tool is not installed" >&2; exit 1; }
 done
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # run NAME PORT AMOUNT ARGV...: starts ARGV under callgrind, loads it (wrk for AMOUNT seconds,
-# or for a NAME ending in -h2c, h2load for AMOUNT requests), stops it by PID; prints
+# or for a NAME ending in -h2c or -h2tls, h2load for AMOUNT requests), stops it by PID; prints
 # "<requests> <instructions>" (the whole run, start-up included).
 run() {
   local name=$1 port=$2 amount=$3
@@ -38,6 +39,9 @@ run() {
   local requests
   if [[ $name == *-h2c ]]; then
     requests=$(h2load -c10 -m10 -n "$amount" "http://127.0.0.1:$port/plaintext" |
+      awk '/^requests:/ {print $8}')
+  elif [[ $name == *-h2tls ]]; then
+    requests=$(h2load -c100 -m10 -n "$amount" "https://127.0.0.1:$port/plaintext" |
       awk '/^requests:/ {print $8}')
   else
     requests=$(wrk -t1 -c100 -d"${amount}s" "http://127.0.0.1:$port/plaintext" |
@@ -82,6 +86,45 @@ sed "s|127.0.0.1:0|127.0.0.1:$port|; s|bench/http|$PWD/bench/http|; \$a\    http
   bench/http/spindle.yaml >"$tmp/spindle-h2c.yaml"
 measure spindle-h2c "$port" 5000 15000 \
   "$bin/spindle" serve --config "$tmp/spindle-h2c.yaml" --threads 1
+# The reverse proxy: nginx (one worker, outside callgrind) answers /plaintext as the upstream.
+up_port=$(free_port)
+mkdir -p "$tmp/nginx"
+cat >"$tmp/nginx.conf" <<CONF
+daemon off; master_process off; worker_processes 1;
+pid $tmp/nginx/nginx.pid; error_log $tmp/nginx/error.log crit; worker_rlimit_nofile 4096;
+events { worker_connections 4096; }
+http {
+  access_log off; keepalive_requests 1000000; keepalive_timeout 300s;
+  client_body_temp_path $tmp/nginx; proxy_temp_path $tmp/nginx; fastcgi_temp_path $tmp/nginx;
+  uwsgi_temp_path $tmp/nginx; scgi_temp_path $tmp/nginx;
+  server { listen 127.0.0.1:$up_port;
+           location = /plaintext { default_type text/plain; return 200 "Hello, World!"; } }
+}
+CONF
+nginx -c "$tmp/nginx.conf" -p "$tmp/nginx" >/dev/null 2>&1 &
+nginx_pid=$!
+trap 'kill "$nginx_pid" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"' EXIT
+tests/tls/make-certs.sh "$tmp/certs" >/dev/null 2>&1
+proxy_port=$(free_port)
+tls_port=$(free_port)
+cat >"$tmp/proxy.yaml" <<CONF
+servers:
+  - {listen: 127.0.0.1:$proxy_port, default_site: false, compression: false, access_log: off}
+  - listen: 127.0.0.1:$tls_port
+    default_site: false
+    compression: false
+    access_log: off
+    http2: true
+    tls: {cert: $tmp/certs/localhost.pem, key: $tmp/certs/localhost.key}
+routes:
+  - {name: all, match: {path_prefix: /}, service: up}
+services:
+  up: {url: "http://127.0.0.1:$up_port"}
+CONF
+measure proxy-h1 "$proxy_port" "$seconds" $((seconds * 2)) \
+  "$bin/spindle" serve --config "$tmp/proxy.yaml" --threads 1
+measure proxy-h2tls "$tls_port" 10000 40000 \
+  "$bin/spindle" serve --config "$tmp/proxy.yaml" --threads 1
 if [ -n "${OUT:-}" ]; then
   awk 'BEGIN {printf "{"} {printf "%s\"%s\": %s", (NR == 1 ? "" : ", "), $1, $2} END {print "}"}' \
     "$tmp/per_request" >"$OUT"

@@ -152,7 +152,8 @@ def main():
         md.append("### Userspace instructions per request\n")
         md.append("`OUT=bench/results/instructions.json bench/instructions.sh` — callgrind counts "
                   "the instructions each server runs in userspace for wrk `-c100` keep-alive "
-                  "requests to /plaintext, and for spindle h2load `-c10 -m10` h2c requests (one "
+                  "requests to /plaintext, for spindle h2load `-c10 -m10` h2c requests, and for "
+                  "spindle as a reverse proxy to an nginx upstream (one "
                   "worker; a short and a long run, whose difference cancels start-up). Unlike "
                   "CPU time it does not move with the machine's noise; the kernel's share is not "
                   "counted (per HTTP/1.1 request spindle makes one `recv` and one `send`, the "
@@ -160,9 +161,12 @@ def main():
         md.append("| server | load | instructions/request |")
         md.append("|---|---|---:|")
         for name, label in (("spindle", "HTTP/1.1 keep-alive"), ("ceiling", "HTTP/1.1 keep-alive"),
-                            ("spindle-h2c", "h2c, 10 streams per connection")):
+                            ("spindle-h2c", "h2c, 10 streams per connection"),
+                            ("proxy-h1", "proxying h1->h1 to nginx, wrk -c100"),
+                            ("proxy-h2tls", "proxying h2 over TLS->h1, h2load -c100 -m10")):
             if name in n:
-                md.append(f"| {name.removesuffix('-h2c')} | {label} | {n[name]:,} |")
+                server = "spindle" if name.startswith("proxy-") else name.removesuffix("-h2c")
+                md.append(f"| {server} | {label} | {n[name]:,} |")
         md.append("")
     if a.tls:
         md.extend(tls_section(json.load(open(a.tls)), a.tls_chart))
