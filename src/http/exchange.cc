@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "exchange_internal.h"
+#include "head_writer.h"
 #include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/worker.h"
 #include "spindle/http/chunked.h"
@@ -221,39 +222,29 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
     for (const Field& f : head.headers) room += f.name.size() + f.value.size() + 4;
     NominatedFields nominated(head.headers);
     out_.resize_and_overwrite(room, [&](char* begin, std::size_t) {
-      char* p = begin;
-      auto put = [&p](std::string_view text) {
-        std::memcpy(p, text.data(), text.size());
-        p += text.size();
-      };
-      put(head.method);
-      put(" ");
-      put(head.target);
-      put(" HTTP/1.1\r\nHost: ");
-      put(authority);
-      put("\r\n");
+      detail::HeadWriter w{begin};
+      w.put(head.method);
+      w.put(" ");
+      w.put(head.target);
+      w.put(" HTTP/1.1\r\n");
+      w.field("Host", authority);
       for (const Field& f : head.headers) {
-        if (detail::client_managed(nominated, f.name)) continue;
-        put(f.name);
-        put(": ");
-        put(f.value);
-        put("\r\n");
+        if (!detail::client_managed(nominated, f.name)) w.field(f.name, f.value);
       }
       // An upgrade (WebSocket) keeps its Upgrade and Connection fields: they are the request.
       if (upgrading) {
-        put("Connection: upgrade\r\nUpgrade: ");
-        put(*upgrade);
-        put("\r\n");
+        w.field("Connection", "upgrade");
+        w.field("Upgrade", *upgrade);
       }
       if (mode_ == BodyMode::kChunked) {
-        put("Transfer-Encoding: chunked\r\n");
+        w.field("Transfer-Encoding", "chunked");
       } else if (mode_ == BodyMode::kLength) {
-        put("Content-Length: ");
-        p = std::to_chars(p, p + 20, *head.content_length).ptr;
-        put("\r\n");
+        w.put("Content-Length: ");
+        w.number(*head.content_length);
+        w.put("\r\n");
       }
-      put("\r\n");
-      return static_cast<std::size_t>(p - begin);
+      w.put("\r\n");
+      return static_cast<std::size_t>(w.at - begin);
     });
   }
 

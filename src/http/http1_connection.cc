@@ -11,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "head_writer.h"
 #include "response_head.h"
 #include "server_internal.h"
 #include "spindle/base/base64.h"
@@ -409,34 +410,26 @@ void Connection::queue(Response& response, bool head_only, bool close) {
   for (const Field& f : response.headers) bound += f.name.size() + f.value.size() + 4;
   std::size_t at = out_.size();
   out_.resize_and_overwrite(at + bound, [&](char* data, std::size_t) {
-    char* w = data + at;
-    auto put = [&w](std::string_view piece) {
-      std::memcpy(w, piece.data(), piece.size());
-      w += piece.size();
-    };
-    put(status);
-    detail::HandlerFields seen = detail::each_response_field(response, [&](const Field& f) {
-      put(f.name);
-      put(": "sv);
-      put(f.value);
-      put("\r\n"sv);
-    });
-    if (!seen.has_date) put(date);
-    if (!seen.has_server) put(shared_.server_line);
+    detail::HeadWriter w{data + at};
+    w.put(status);
+    detail::HandlerFields seen =
+        detail::each_response_field(response, [&](const Field& f) { w.field(f.name, f.value); });
+    if (!seen.has_date) w.put(date);
+    if (!seen.has_server) w.put(shared_.server_line);
     if (chunked && head_.minor_version == 1) {
-      put("Transfer-Encoding: chunked\r\n"sv);
+      w.put("Transfer-Encoding: chunked\r\n"sv);
     } else if (plan.content_length) {
-      put("Content-Length: "sv);
-      w = std::to_chars(w, w + 20, *plan.content_length).ptr;
-      put("\r\n"sv);
+      w.put("Content-Length: "sv);
+      w.number(*plan.content_length);
+      w.put("\r\n"sv);
     }
     if (close) {
-      put("Connection: close\r\n"sv);
+      w.put("Connection: close\r\n"sv);
     } else if (head_.minor_version == 0) {
-      put("Connection: keep-alive\r\n"sv);
+      w.put("Connection: keep-alive\r\n"sv);
     }
-    put("\r\n"sv);
-    return static_cast<std::size_t>(w - data);
+    w.put("\r\n"sv);
+    return static_cast<std::size_t>(w.at - data);
   });
   bool streamed = plan.streamed;
   if (!plan.send_body) return;  // a HEAD response has no body, not even a chunked end
