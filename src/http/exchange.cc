@@ -207,8 +207,10 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
         connect_request_(head.method == "CONNECT") {
     reused_ = reused;
     ++target_->connections;
+    // A head with an Upgrade field asks to switch protocols: it goes with `Connection:
+    // upgrade`, written here (a Connection field of the head only names fields not to send).
     auto upgrade = head.headers.get("upgrade");
-    bool upgrading = upgrade && head.headers.has_token("connection", "upgrade");
+    bool upgrading = upgrade.has_value();
     if (head.chunked) {
       mode_ = BodyMode::kChunked;
     } else if (head.content_length) {
@@ -500,10 +502,12 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
       in_.erase(0, in_begin_);
       in_begin_ = 0;
     }
-    // Reads straight onto the end of in_, without zeroing the room first.
+    // Reads straight onto the end of in_, without zeroing the room first. The new bytes go
+    // where the old ones end: never derive that from the size resize_and_overwrite passes to
+    // its callback, which libstdc++ 12 gives as the grown capacity, not the size asked for.
     Result<std::size_t> n = 0;
-    in_.resize_and_overwrite(in_.size() + kReadChunk, [&](char* data, std::size_t size) {
-      std::size_t at = size - kReadChunk;
+    const std::size_t at = in_.size();
+    in_.resize_and_overwrite(at + kReadChunk, [&](char* data, std::size_t) {
       n = stream_.read({data + at, kReadChunk}, deadline);
       return at + (n ? *n : 0);
     });
