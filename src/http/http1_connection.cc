@@ -34,6 +34,9 @@ constexpr std::size_t kCopyBodyLimit = 16 * 1024;
 constexpr auto kLingerTime = std::chrono::seconds(2);
 // What a new response buffer reserves: a typical head and small body, without regrowing.
 constexpr std::size_t kOutputReserve = 1024;
+// Response bytes a connection may queue for pipelined requests before it waits for the client
+// to read them (one more response, up to kCopyBodyLimit of body, may go beyond it).
+constexpr std::size_t kOutputBudget = 64 * 1024;
 
 }  // namespace
 
@@ -61,11 +64,8 @@ class Connection final : public BodySource, public ContextSource, public Interim
       Worker::current()->keep_trimmed(state.worker->buffers);
     }
     detail::ConnectionBuffers& pools = *state.worker->buffers;
-    if (!pools.reads.empty()) {
-      buffer_ = pools.reads.take();
-    } else {
-      buffer_.resize(options_.parser.max_head + 4096);
-    }
+    if (!pools.reads.empty()) buffer_ = pools.reads.take();
+    if (buffer_.size() != read_buffer_size()) buffer_.assign(read_buffer_size(), 0);
     // A response buffer that has grown before: no reallocation while a head is appended.
     if (!pools.outputs.empty()) {
       out_ = pools.outputs.take();
@@ -75,7 +75,8 @@ class Connection final : public BodySource, public ContextSource, public Interim
   }
   ~Connection() {
     detail::ConnectionBuffers& pools = *state_.worker->buffers;
-    (void)pools.reads.give(std::move(buffer_));  // freed with the connection if not kept
+    // Freed with the connection if not kept, or if it grew (unspill).
+    if (buffer_.size() == read_buffer_size()) (void)pools.reads.give(std::move(buffer_));
     if (out_.capacity() <= kCopyBodyLimit * 4) {
       out_.clear();
       (void)pools.outputs.give(std::move(out_));
@@ -83,6 +84,8 @@ class Connection final : public BodySource, public ContextSource, public Interim
   }
 
   Outcome serve();
+  /// The read buffer's size: a whole head at the limit, and room after it.
+  std::size_t read_buffer_size() const { return options_.parser.max_head + 4096; }
   /// After serve() returned kHttp2: serves the connection as HTTP/2 (prior knowledge or h2c
   /// upgrade) until it ends.
   void switch_to_http2();
@@ -143,9 +146,14 @@ class Connection final : public BodySource, public ContextSource, public Interim
   bool flush();
   /// Moves unparsed bytes to the front of the buffer.
   void compact();
+  /// After a request: the bytes read past its body go back into the buffer, in order.
+  void unspill();
   /// At the start of a cleartext connection: 1 if the buffer holds the HTTP/2 client preface,
   /// 0 if it may still (a prefix of it), -1 if not.
   int http2_preface() const;
+  /// Normalises the target of the request just parsed, in the read buffer (target.h); why it
+  /// cannot be, if so.
+  std::optional<TargetError> normalize_target();
   /// If the request just parsed asks for h2c (RFC 7540 3.2) and may have it, answers 101 and
   /// returns true (upgrade_ is set).
   bool accept_h2c_upgrade();
@@ -195,6 +203,15 @@ int Connection::http2_preface() const {
   return kHttp2Preface.starts_with(have) ? 0 : -1;
 }
 
+std::optional<TargetError> Connection::normalize_target() {
+  // The target is a view into buffer_, which this connection owns: rewritten where it lies.
+  char* target = buffer_.data() + (head_.target.data() - buffer_.data());
+  auto size = http::normalize_target(target, head_.target.size(), options_.paths);
+  if (!size) return size.error();
+  head_.target = std::string_view(target, *size);
+  return std::nullopt;
+}
+
 bool Connection::accept_h2c_upgrade() {
   if (!options_.http2 || stream_.tls() != nullptr || head_.minor_version != 1) return false;
   if (!head_.headers.has_token("upgrade", "h2c") ||
@@ -228,6 +245,22 @@ Connection::Read Connection::read_more(Deadline deadline) {
   if (*n == 0) return Read::kClosed;
   end_ += *n;
   return Read::kData;
+}
+
+void Connection::unspill() {
+  // While spill_ holds bytes, the buffer holds none unparsed (pull_chunked moved them there):
+  // all of spill_ goes back, ahead of anything read later. Leaving part of it behind would put
+  // later bytes before earlier ones: the next request's body taken from what follows it, and
+  // a request hidden in a body executed. The buffer grows if it must (by one read at most).
+  if (spill_begin_ < spill_.size()) {
+    compact();
+    std::size_t n = spill_.size() - spill_begin_;
+    if (buffer_.size() - end_ < n) buffer_.resize(end_ + n);
+    std::memcpy(buffer_.data() + end_, spill_.data() + spill_begin_, n);
+    end_ += n;
+  }
+  spill_.clear();
+  spill_begin_ = 0;
 }
 
 void Connection::compact() {
@@ -619,6 +652,9 @@ Connection::Outcome Connection::serve() {
   for (;;) {
     // Answer every complete request already buffered; the responses queue up in out_.
     for (;;) {
+      // Past the budget of queued output, the client must read before another pipelined
+      // request is parsed: what a connection holds is bounded, whatever it sends.
+      if (out_.size() >= kOutputBudget && !flush()) return Outcome::kClose;
       if (begin_ == end_ && spill_begin_ == spill_.size()) {
         begin_ = end_ = 0;
         break;
@@ -639,7 +675,10 @@ Connection::Outcome Connection::serve() {
         return Outcome::kClose;
       }
       begin_ += parsed.consumed;
-      if (accept_h2c_upgrade()) return Outcome::kHttp2;
+      // A target that cannot be normalised is answered 400 without routing; its framing is
+      // sound, so the connection goes on.
+      std::optional<TargetError> bad_target = normalize_target();
+      if (!bad_target && accept_h2c_upgrade()) return Outcome::kHttp2;
       if (!start_body()) {
         (void)flush();
         return Outcome::kClose;
@@ -650,7 +689,7 @@ Connection::Outcome Connection::serve() {
       request.set_interim_sink(this);
       request.set_client_gone_slot(&client_gone_);
       stream_.on_readable(&Connection::watch_client, this);
-      Response response = respond(request);
+      Response response = bad_target ? Response::error(400, bad_target->reason) : respond(request);
       stream_.cancel_on_readable();
       client_gone_ = nullptr;
       ++state_.requests;
@@ -686,18 +725,7 @@ Connection::Outcome Connection::serve() {
         (void)flush();  // the request was read whole, so closing sends a FIN, not a reset
         return Outcome::kClose;
       }
-      // Bytes read past the body belong to the next request: back into the buffer.
-      if (spill_begin_ < spill_.size()) {
-        compact();
-        std::size_t n = std::min(spill_.size() - spill_begin_, buffer_.size() - end_);
-        std::memcpy(buffer_.data() + end_, spill_.data() + spill_begin_, n);
-        end_ += n;
-        spill_begin_ += n;
-      }
-      if (spill_begin_ == spill_.size()) {
-        spill_.clear();
-        spill_begin_ = 0;
-      }
+      unspill();
       head_started = {};
     }
     // Nothing complete left: write the batch, then look for more.

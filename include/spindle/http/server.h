@@ -18,6 +18,7 @@
 #include "spindle/http/access_log.h"
 #include "spindle/http/http1_parser.h"
 #include "spindle/http/router.h"
+#include "spindle/http/target.h"
 #include "spindle/io/deadline.h"
 #include "spindle/net/address.h"
 #include "spindle/net/tcp_server.h"
@@ -29,6 +30,9 @@ namespace spindle::http {
 struct ServerOptions {
   /// Request line / head / header-count limits (414, 431).
   ParserLimits parser;
+  /// How request paths are normalised before routing (target.h): the path every handler,
+  /// the router and the gateway see.
+  PathRules paths;
   /// Largest request body accepted, whether streamed or read whole (413 beyond).
   std::uint64_t max_body = 1 << 20;
   /// Time allowed to receive a whole request head once its first byte arrived (408 beyond).
