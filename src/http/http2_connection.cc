@@ -16,6 +16,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -44,6 +45,33 @@ constexpr std::uint32_t kMaxConcurrentStreams = 100;
 constexpr std::size_t kStreamedHighWater = 64 * 1024;
 // CONTINUATION frames accepted for one header block (a flood of tiny ones is an attack).
 constexpr int kMaxContinuations = 32;
+// Resets a connection may make at once, and per second after that: of any stream, and of
+// streams whose handler had started (each may have cost an upstream request).
+constexpr double kResetBurst = 1000;
+constexpr double kResetsPerSecond = 33;
+constexpr double kCostlyResetBurst = 100;
+constexpr double kCostlyResetsPerSecond = 5;
+
+// A budget of events: `burst` at once, refilled at `rate` per second.
+class TokenBucket {
+ public:
+  TokenBucket(double burst, double rate) : burst_(burst), rate_(rate), tokens_(burst) {}
+  /// Takes one token; false if none was left.
+  bool take(Clock::time_point now) {
+    if (refilled_ != Clock::time_point{}) {
+      double seconds = std::chrono::duration<double>(now - refilled_).count();
+      tokens_ = std::min(burst_, tokens_ + seconds * rate_);
+    }
+    refilled_ = now;
+    if (tokens_ < 1) return false;
+    tokens_ -= 1;
+    return true;
+  }
+
+ private:
+  double burst_, rate_, tokens_;
+  Clock::time_point refilled_{};
+};
 // How long a draining connection waits for the answer to its shutdown PING before the final
 // GOAWAY, and that PING's payload.
 constexpr auto kShutdownNoticeTime = std::chrono::seconds(1);
@@ -86,8 +114,22 @@ class Http2Connection final : public ContextSource {
   H2Stream* find(std::int32_t id);
   /// nghttp2 closed `s`: it leaves open_.
   void forget(H2Stream& s);
-  /// The request's headers are complete: its handler starts.
+  /// The request's headers are complete: its handler is due to start once the bytes read so
+  /// far are all processed (start_due_handlers).
   void start_handler(H2Stream& s);
+  /// After a read is processed: starts the handlers of the streams that are still open,
+  /// unless the session is ending or a GOAWAY sent excludes them. A stream reset in the same
+  /// read as its HEADERS costs no fiber and never reaches a handler (or an upstream).
+  void start_due_handlers();
+  /// Starts the handler of one stream on a fiber of its own (refused if none can be had).
+  void start_one(std::shared_ptr<H2Stream> stream);
+  /// The client reset a stream: counted against the reset budgets (Rapid Reset,
+  /// CVE-2023-44487), one for all resets and a smaller one for resets of streams whose handler
+  /// runs (`costly`: each may have cost an upstream request); past either, GOAWAY
+  /// ENHANCE_YOUR_CALM, and no stream above the last started one runs.
+  void note_reset(bool costly);
+  /// Sends GOAWAY with `code`, promising no stream above the last whose handler started.
+  void refuse_further_streams(std::uint32_t code);
   /// Runs the handler of `s` and submits its response.
   void handle(std::shared_ptr<H2Stream> s);
   /// Submits the head of `response` for `s` (and its body, streaming it if it has a producer).
@@ -133,6 +175,14 @@ class Http2Connection final : public ContextSource {
   bool notice_sent_ = false;
   Deadline notice_deadline_;
   int continuations_ = 0;
+  /// Streams whose HEADERS are complete, waiting for the read to be processed.
+  std::vector<std::shared_ptr<H2Stream>> due_;
+  /// The highest stream whose handler started, and the highest a GOAWAY sent allows.
+  std::int32_t last_started_id_ = 0;
+  std::int32_t goaway_last_id_ = std::numeric_limits<std::int32_t>::max();
+  /// The reset budgets (note_reset).
+  TokenBucket resets_{kResetBurst, kResetsPerSecond};
+  TokenBucket costly_resets_{kCostlyResetBurst, kCostlyResetsPerSecond};
   /// The highest stream id the client has opened, and the streams closed while the client was
   /// still sending on them (it may yet send their trailers: those HEADERS are not an error).
   std::int32_t last_stream_id_ = 0;
@@ -189,7 +239,8 @@ class H2Stream final : public BodySource, public InterimSink {
   HeaderMap out_trailers;
   /// What the handler asked to run if the client resets the stream (Request::on_client_gone).
   std::function<void()> on_gone;
-  /// The handler has returned (its response is submitted).
+  /// The handler has started, and has returned (its response is submitted).
+  bool handler_started = false;
   bool handler_done = false;
   /// Where it is in the connection's open_ list.
   std::size_t open_index = 0;
@@ -402,6 +453,12 @@ struct Callbacks {
       c.shut_down(true);  // the client has heard the notice: the final GOAWAY
       return 0;
     }
+    if (frame->hd.type == NGHTTP2_RST_STREAM) {
+      // Called before nghttp2 closes the stream: it is still ours to look at.
+      H2Stream* reset = c.find(frame->hd.stream_id);
+      c.note_reset(reset != nullptr && reset->handler_started && !reset->handler_done);
+      return 0;
+    }
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
     H2Stream* s = c.find(frame->hd.stream_id);
     if (s == nullptr) return 0;
@@ -484,8 +541,10 @@ Http2Connection::Http2Connection(Stream& stream, HttpServer::Shared& shared, Wor
   // Windows open as handlers read, not as bytes arrive: a handler that does not read holds
   // the client back instead of filling memory.
   nghttp2_option_set_no_auto_window_update(option, 1);
-  // Rapid reset (CVE-2023-44487): a burst of 1000 resets, then 33 per second.
-  nghttp2_option_set_stream_reset_rate_limit(option, 1000, 33);
+  // Rapid reset (CVE-2023-44487) is counted here (on_frame_recv: note_reset), where the
+  // GOAWAY it earns takes effect at once; nghttp2's own count would queue its GOAWAY behind
+  // the streams of the reads still to come, and let them run.
+  nghttp2_option_set_stream_reset_rate_limit(option, std::uint64_t{1} << 40, 1 << 30);
   nghttp2_option_set_max_settings(option, 32);
   nghttp2_session_server_new3(&session_, callbacks, this, option, block_memory());
   nghttp2_option_del(option);
@@ -547,8 +606,24 @@ void Http2Connection::start_handler(H2Stream& s) {
   s.head.method = s.method;
   s.head.target = s.path;
   s.head.minor_version = 1;
-  if (!s.authority.empty() && !s.head.headers.contains("host")) {
+  if (auto host = s.head.headers.get("host"); host && !s.authority.empty()) {
+    // RFC 9113 8.3.1: a Host naming another entity than :authority makes the request
+    // malformed (which one would a handler, or an upstream, believe?).
+    if (!iequals(*host, s.authority) || s.head.headers.count("host") != 1) s.early_status = 400;
+  } else if (!s.authority.empty()) {
     s.head.headers.add(std::string_view("host"), s.authority);
+  }
+  if (s.head.headers.count("cookie") > 1) {
+    // RFC 9113 8.2.3: cookie pairs may come as separate fields; they are one field with "; "
+    // between them for everything past HTTP/2 (HTTP/1.1 allows one Cookie line).
+    std::string joined;
+    for (const Field& f : s.head.headers) {
+      if (!iequals(f.name, "cookie")) continue;
+      if (!joined.empty()) joined += "; ";
+      joined += f.value;
+    }
+    s.head.headers.erase("cookie");
+    s.head.headers.add("cookie", joined);
   }
   FramingFields framing = collect_framing_fields(s.head.headers);
   if (framing.content_length_invalid) s.early_status = 400;
@@ -560,9 +635,40 @@ void Http2Connection::start_handler(H2Stream& s) {
   if (framing.content_length && *framing.content_length > shared_.options.max_body) {
     s.early_status = 413;
   }
-  if (s.path.empty() || (s.path.front() != '/' && s.path != "*")) s.early_status = 400;
+  if (s.path.empty() || (s.path.front() != '/' && s.path != "*")) {
+    s.early_status = 400;
+  } else if (auto size = normalize_target(s.path.data(), s.path.size(), shared_.options.paths)) {
+    s.path.resize(*size);
+    s.head.target = s.path;
+  } else {
+    s.early_status = 400;
+  }
+  due_.push_back(open_[s.open_index]);
+}
+
+void Http2Connection::start_due_handlers() {
+  if (due_.empty()) return;
+  // A session that stopped reading is ending (a protocol error, a flood): nothing more runs.
+  const bool ending = !nghttp2_session_want_read(session_);
+  for (std::shared_ptr<H2Stream>& due : due_) {
+    H2Stream& s = *due;
+    if (s.closed || ending) continue;  // reset (or ended) before it could start: nothing ran
+    if (s.id > goaway_last_id_) {
+      nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, s.id, NGHTTP2_REFUSED_STREAM);
+      continue;
+    }
+    start_one(std::move(due));
+  }
+  due_.clear();
+  wake_writer();
+}
+
+void Http2Connection::start_one(std::shared_ptr<H2Stream> stream) {
+  H2Stream& s = *stream;
+  s.handler_started = true;
+  last_started_id_ = std::max(last_started_id_, s.id);
   handlers_.add();
-  auto handler = spawn([this, self = open_[s.open_index]] { handle(self); },
+  auto handler = spawn([this, self = std::move(stream)] { handle(self); },
                        SpawnOptions{.stack_size = shared_.options.tcp.stack_size});
   if (handler.finished()) {
     // No fiber for its handler (no stack; the worker logged why): refused, so the client may
@@ -746,6 +852,20 @@ void Http2Connection::stop_reader() {
   if (reader_ != nullptr) reader_->request_stop();
 }
 
+void Http2Connection::note_reset(bool costly) {
+  auto now = coarse_now();
+  bool within = resets_.take(now);
+  if (costly) within = costly_resets_.take(now) && within;
+  if (!within && !goaway_sent_) refuse_further_streams(NGHTTP2_ENHANCE_YOUR_CALM);
+}
+
+void Http2Connection::refuse_further_streams(std::uint32_t code) {
+  goaway_sent_ = true;
+  goaway_last_id_ = last_started_id_;
+  nghttp2_session_terminate_session2(session_, last_started_id_, code);
+  wake_writer();
+}
+
 void Http2Connection::shut_down(bool at_once) {
   if (goaway_sent_) return;
   if (!at_once) {
@@ -759,9 +879,8 @@ void Http2Connection::shut_down(bool at_once) {
     return;
   }
   goaway_sent_ = true;
-  nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
-                        nghttp2_session_get_last_proc_stream_id(session_), NGHTTP2_NO_ERROR,
-                        nullptr, 0);
+  goaway_last_id_ = nghttp2_session_get_last_proc_stream_id(session_);
+  nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE, goaway_last_id_, NGHTTP2_NO_ERROR, nullptr, 0);
   wake_writer();
   if (open_.empty()) stop_reader();
 }
@@ -813,6 +932,7 @@ void Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
     ok = nghttp2_session_mem_recv(session_, reinterpret_cast<const std::uint8_t*>(preread.data()),
                                   preread.size()) >= 0;
   }
+  if (ok) start_due_handlers();
   std::vector<char> buffer(16 * 1024);  // on the heap: fiber stacks are small
   while (ok && !writer_failed_) {
     wake_writer();
@@ -833,7 +953,9 @@ void Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
     if (*n == 0) break;
     ok = nghttp2_session_mem_recv(session_, reinterpret_cast<const std::uint8_t*>(buffer.data()),
                                   *n) >= 0;
+    if (ok) start_due_handlers();
   }
+  due_.clear();  // a read that failed: what it opened never starts
 }
 
 void Http2Connection::finish(JoinHandle<void>& writer) noexcept {
