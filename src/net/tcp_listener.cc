@@ -13,7 +13,7 @@ Result<TcpListener> TcpListener::bind(const Address& address, ListenOptions opti
     if (options.reuse_address) {
       if (auto r = socket->set_option(SOL_SOCKET, SO_REUSEADDR, 1); !r) return fail(r.error());
     }
-    if (options.reuse_port) {
+    if (options.reuse_port && !options.exclusive) {
       if (auto r = socket->set_option(SOL_SOCKET, SO_REUSEPORT, 1); !r) return fail(r.error());
     }
     if (options.nodelay) {
@@ -27,6 +27,10 @@ Result<TcpListener> TcpListener::bind(const Address& address, ListenOptions opti
     }
   }
   if (::bind(socket->fd(), address.data(), address.size()) != 0) return fail_errno();
+  // Bound alone: now others of ours may join (the group forms at listen()).
+  if (options.reuse_port && options.exclusive && address.family() != Address::Family::kUnix) {
+    if (auto r = socket->set_option(SOL_SOCKET, SO_REUSEPORT, 1); !r) return fail(r.error());
+  }
   if (::listen(socket->fd(), options.backlog) != 0) return fail_errno();
   return TcpListener(std::move(*socket));
 }

@@ -79,9 +79,14 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(Runtime& runtime, const Addr
     Worker& worker = runtime.worker(i % runtime.size());
     // Each worker binds (or adopts) its own socket, so it is registered with that worker's
     // reactor.
+    // The first socket binds alone, so that another process on the address is "in use";
+    // the other workers' sockets join it (and inherited ones, handed over by our
+    // predecessor, are joined the same way).
+    ListenOptions listen = options.listen;
+    listen.exclusive = i == 0 && inherited.empty();
     auto listener = spawn_on(worker, [&]() -> Result<TcpListener> {
                       auto l = i < inherited.size() ? TcpListener::adopt(std::move(inherited[i]))
-                                                    : TcpListener::bind(bound, options.listen);
+                                                    : TcpListener::bind(bound, listen);
                       if (!l) return l;
                       // Port 0 resolved here: the other workers bind the same port.
                       auto local = l->local_address();

@@ -16,6 +16,11 @@ struct ListenOptions {
   /// SO_REUSEPORT, so that every worker can bind its own socket to the same port and the kernel
   /// spreads connections between them. Ignored for Unix sockets.
   bool reuse_port = true;
+  /// With reuse_port: SO_REUSEPORT is set only after bind(), so that a socket another process
+  /// holds on the address makes this bind fail with address_in_use instead of silently
+  /// sharing its connections; sockets bound later with `exclusive` off (this process's other
+  /// workers) join this one. Off: SO_REUSEPORT before bind, joining whatever is there.
+  bool exclusive = true;
   /// SO_REUSEADDR, so that a restart can bind while old connections are in TIME_WAIT.
   bool reuse_address = true;
   /// TCP_NODELAY on the listener, which accepted connections inherit (no setsockopt each).

@@ -323,6 +323,23 @@ TEST(TcpServer, StartFailsCleanlyWhenThePortIsTaken) {
   EXPECT_EQ(second.error(), std::errc::address_in_use);
 }
 
+TEST(TcpServer, AnotherServerOnTheAddressIsInUseEvenWithReusePort) {
+  // Both with SO_REUSEPORT (the default): the second used to start and take half the
+  // connections. Its workers may still join each other.
+  Runtime runtime(RuntimeOptions{.workers = 2});
+  auto first = TcpServer::start(runtime, Address::loopback_v4(0), [](TcpStream) {});
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ((*first)->listener_fds().size(), 2u);
+  auto second = TcpServer::start(runtime, (*first)->address(), [](TcpStream) {});
+  ASSERT_FALSE(second.has_value());
+  EXPECT_EQ(second.error(), std::errc::address_in_use);
+  // A listener that asks to join (as a handed-over one's siblings do) still may.
+  bool joined = runtime.block_on([&] {
+    return TcpListener::bind((*first)->address(), ListenOptions{.exclusive = false}).has_value();
+  });
+  EXPECT_TRUE(joined);
+}
+
 FIBER_TEST(Resolver, AnswersNumericHostsWithoutALookup) {
   Resolver resolver(1);
   auto v4 = resolver.resolve("127.0.0.1", 80);
