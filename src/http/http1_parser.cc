@@ -260,7 +260,8 @@ ParseResult ResponseParser::parse(std::string_view input, ResponseHead& head) {
     if (line[i] < '0' || line[i] > '9') return error(502, "malformed status code");
     status = status * 10 + (line[i] - '0');
   }
-  if (status < 100) return error(502, "malformed status code");
+  // RFC 9110 15: a status code is 100 to 599; anything else is not HTTP.
+  if (status < 100 || status > 599) return error(502, "malformed status code");
   head.status = status;
   head.reason = line.size() > 13 ? line.substr(13) : std::string_view();
   std::size_t pos = line_end + 2;

@@ -130,8 +130,12 @@ int on_header(nghttp2_session*, const nghttp2_frame* frame, const std::uint8_t* 
     return 0;
   }
   if (n == ":status") {
+    // Three digits, 100 to 599 (RFC 9110 15); anything else resets the stream: a 502.
     int status = 0;
-    std::from_chars(v.data(), v.data() + v.size(), status);
+    auto parsed = std::from_chars(v.data(), v.data() + v.size(), status);
+    if (v.size() != 3 || parsed.ptr != v.data() + v.size() || status < 100 || status > 599) {
+      return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    }
     call->head.status = status;
     call->head.headers.clear();
   } else if (!n.starts_with(':')) {

@@ -7,22 +7,39 @@
 
 namespace spindle::http {
 
+// The IANA registry's reason phrases (RFC 9110 §15 and the RFCs it points to).
 std::string_view reason_phrase(int status) {
   switch (status) {
     case 100:
       return "Continue";
     case 101:
       return "Switching Protocols";
+    case 102:
+      return "Processing";
+    case 103:
+      return "Early Hints";
     case 200:
       return "OK";
     case 201:
       return "Created";
     case 202:
       return "Accepted";
+    case 203:
+      return "Non-Authoritative Information";
     case 204:
       return "No Content";
+    case 205:
+      return "Reset Content";
     case 206:
       return "Partial Content";
+    case 207:
+      return "Multi-Status";
+    case 208:
+      return "Already Reported";
+    case 226:
+      return "IM Used";
+    case 300:
+      return "Multiple Choices";
     case 301:
       return "Moved Permanently";
     case 302:
@@ -31,6 +48,8 @@ std::string_view reason_phrase(int status) {
       return "See Other";
     case 304:
       return "Not Modified";
+    case 305:
+      return "Use Proxy";
     case 307:
       return "Temporary Redirect";
     case 308:
@@ -39,6 +58,8 @@ std::string_view reason_phrase(int status) {
       return "Bad Request";
     case 401:
       return "Unauthorized";
+    case 402:
+      return "Payment Required";
     case 403:
       return "Forbidden";
     case 404:
@@ -47,6 +68,8 @@ std::string_view reason_phrase(int status) {
       return "Method Not Allowed";
     case 406:
       return "Not Acceptable";
+    case 407:
+      return "Proxy Authentication Required";
     case 408:
       return "Request Timeout";
     case 409:
@@ -71,12 +94,22 @@ std::string_view reason_phrase(int status) {
       return "Misdirected Request";
     case 422:
       return "Unprocessable Content";
+    case 423:
+      return "Locked";
+    case 424:
+      return "Failed Dependency";
+    case 425:
+      return "Too Early";
     case 426:
       return "Upgrade Required";
+    case 428:
+      return "Precondition Required";
     case 429:
       return "Too Many Requests";
     case 431:
       return "Request Header Fields Too Large";
+    case 451:
+      return "Unavailable For Legal Reasons";
     case 500:
       return "Internal Server Error";
     case 501:
@@ -89,8 +122,16 @@ std::string_view reason_phrase(int status) {
       return "Gateway Timeout";
     case 505:
       return "HTTP Version Not Supported";
+    case 506:
+      return "Variant Also Negotiates";
+    case 507:
+      return "Insufficient Storage";
+    case 508:
+      return "Loop Detected";
+    case 511:
+      return "Network Authentication Required";
     default:
-      return "Unknown";
+      return "";  // an unregistered code: the reason phrase may be empty (RFC 9112 4)
   }
 }
 

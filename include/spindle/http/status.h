@@ -5,8 +5,8 @@
 
 namespace spindle::http {
 
-/// The reason phrase of `status` ("OK", "Not Found", ...), or "Unknown" for a status RFC 9110
-/// does not name (299, say).
+/// The registered reason phrase of `status` ("OK", "Not Found", "Early Hints", ...), or ""
+/// for a code the IANA registry does not name (299, say): HTTP/1.1 allows an empty one.
 std::string_view reason_phrase(int status);
 
 /// "HTTP/1.1 <status> <reason>\r\n", built once per status from 100 to 599. A status outside
