@@ -758,9 +758,10 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   http::NominatedFields nominated(in);
   for (const http::Field& f : in) {
     if (http::is_hop_by_hop(f.name) || nominated.contains(f.name)) {
-      // An upgrade's own fields go on (the exchange writes Upgrade and Connection itself).
-      bool upgrade = wants_upgrade(request) &&
-                     (http::iequals(f.name, "upgrade") || http::iequals(f.name, "connection"));
+      // An upgrade's Upgrade field goes on, and the exchange writes `Connection: upgrade`
+      // itself. The client's Connection field never goes: the fields it names would be
+      // dropped upstream, and it may name those added here (X-Forwarded-For, Via, ...).
+      bool upgrade = wants_upgrade(request) && http::iequals(f.name, "upgrade");
       bool te_trailers = http::iequals(f.name, "te") && http::list_has_token(f.value, "trailers");
       if (!upgrade && !te_trailers) continue;
     }
