@@ -159,7 +159,13 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   // Sockets handed over for a listener this configuration does not have are not needed.
   inherited_.clear();
 
-  // 2. The switch. Nothing below fails.
+  // 2. The switch. Nothing below fails. What /config shows changes first: a listener that
+  // is new opens below, and may be asked at once.
+  {
+    std::string text = proxy::redacted_source(config);
+    std::lock_guard guard(shown_lock_);
+    shown_config_ = std::move(text);
+  }
   gateways_.publish(gateway);
   if (discovery_) discovery_->keep(config.dns, hosts, srv, answers.value_or(proxy::DnsAnswers{}));
   for (Prepared& p : prepared) {
@@ -194,11 +200,6 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
                               std::chrono::system_clock::now().time_since_epoch())
                               .count(),
                           std::memory_order_relaxed);
-  {
-    std::string text = proxy::redacted_source(config_);
-    std::lock_guard guard(shown_lock_);
-    shown_config_ = std::move(text);
-  }
   refresh();
   return {};
 }

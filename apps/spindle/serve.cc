@@ -23,6 +23,7 @@
 #include "spindle/fiber/runtime.h"
 #include "spindle/net/signal_set.h"
 #include "spindle/proxy/config.h"
+#include "spindle/proxy/gateway.h"
 
 namespace spindle::app {
 namespace {
@@ -64,6 +65,12 @@ Config effective_config(const ServeFlags& flags) {
 int check_config(const std::string& file) {
   try {
     Config config = load_config(file);
+    // What serve builds before it listens (upstream names resolved, TLS contexts, the route
+    // table): a file check-config passes, serve starts with.
+    if (!config.routes.empty()) {
+      proxy::HealthRegistry health;
+      (void)proxy::Gateway::build(config, 1, health);
+    }
     auto count = [](std::size_t n, std::string_view what) {
       return fmt::format("{} {}{}", n, what, n == 1 ? "" : "s");
     };

@@ -2,13 +2,18 @@
 
 #include <fmt/format.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "config_reader.h"
 #include "gateway_config.h"
+#include "spindle/base/ascii.h"
 
 namespace spindle::proxy {
 namespace {
@@ -127,6 +132,38 @@ void read_http2(const ConfigReader& r, http::ServerOptions& http) {
   }
 }
 
+// paths: {escaped_slashes, merge_slashes}: how request paths are normalised (http/target.h).
+void read_paths(const ConfigReader& server, http::PathRules& paths) {
+  if (!server.has("paths")) return;
+  ConfigReader r = server.nested("paths");
+  r.only({"escaped_slashes", "merge_slashes"});
+  std::string slashes = r.string("escaped_slashes", "reject");
+  if (slashes == "reject") {
+    paths.escaped_slashes = http::PathRules::EscapedSlashes::kReject;
+  } else if (slashes == "keep") {
+    paths.escaped_slashes = http::PathRules::EscapedSlashes::kKeep;
+  } else {
+    r.fail_key("escaped_slashes", "expected reject or keep");
+  }
+  paths.merge_slashes = r.boolean("merge_slashes", paths.merge_slashes);
+}
+
+// root: a directory serve can read (the same check serve makes, so check-config finds it).
+std::string read_root(const ConfigReader& r) {
+  std::string root = r.string("root", "");
+  if (root.empty()) return root;
+  std::string path = detail::config_path(r.file(), root);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    r.fail_key("root", fmt::format("'{}': {}", path, std::strerror(errno)));
+  }
+  if (!S_ISDIR(st.st_mode)) r.fail_key("root", fmt::format("'{}' is not a directory", path));
+  if (::access(path.c_str(), R_OK | X_OK) != 0) {
+    r.fail_key("root", fmt::format("'{}': {}", path, std::strerror(errno)));
+  }
+  return path;
+}
+
 // listen: an address (required).
 Address read_listen(const ConfigReader& r) {
   std::string listen = r.string("listen", "");
@@ -143,7 +180,7 @@ Address read_listen(const ConfigReader& r) {
 
 ServerConfig read_server(const ConfigReader& r) {
   r.only({"name", "listen", "default_site", "root", "server_name", "compression", "limits",
-          "timeouts", "access_log", "tls", "http2", "trusted_proxies"});
+          "timeouts", "access_log", "tls", "http2", "trusted_proxies", "paths"});
   ServerConfig server;
   server.name = r.string("name", "");
   for (const std::string& text : r.strings("trusted_proxies")) {
@@ -155,7 +192,7 @@ ServerConfig read_server(const ConfigReader& r) {
     server.trusted_proxies.push_back(*cidr);
   }
   server.listen = read_listen(r);
-  server.root = r.string("root", "");
+  server.root = read_root(r);
   server.default_site = r.boolean("default_site", server.root.empty());
   server.compression = r.boolean("compression", server.compression);
   server.http.server_name = r.string("server_name", server.http.server_name);
@@ -163,12 +200,19 @@ ServerConfig read_server(const ConfigReader& r) {
     r.fail_key("server_name", "must not hold control characters");
   }
   read_limits(r, server.http);
+  read_paths(r, server.http.paths);
   read_timeouts(r, server.http);
   read_access_log(r, server.access_log);
   read_http2(r, server.http);
   server.fingerprint = YAML::Dump(r.node());
   read_tls(r, server.http, server.fingerprint);
   return server;
+}
+
+// True if two listeners would take the same address (an ephemeral port never clashes).
+bool same_listener(const Address& a, const Address& b) {
+  if (a.unix_path().empty() && a.port() == 0) return false;
+  return a.to_string() == b.to_string();
 }
 
 // admin: {listen}: the admin listener (off unless given).
@@ -198,11 +242,17 @@ Config read_config(const YAML::Node& root, const std::string& file) {
   for (std::size_t i = 0; i < servers.size(); ++i) {
     ConfigReader r(file, servers[i], fmt::format("servers[{}]", i));
     config.servers.push_back(read_server(r));
-    const std::string& name = config.servers.back().name;
-    for (std::size_t j = 0; j + 1 < config.servers.size() && !name.empty(); ++j) {
-      if (config.servers[j].name == name) {
+    const ServerConfig& server = config.servers.back();
+    for (std::size_t j = 0; j + 1 < config.servers.size(); ++j) {
+      if (!server.name.empty() && config.servers[j].name == server.name) {
         r.fail_key("name", fmt::format("servers[{}] has that name already", j));
       }
+      if (same_listener(config.servers[j].listen, server.listen)) {
+        r.fail_key("listen", fmt::format("servers[{}] listens there already", j));
+      }
+    }
+    if (config.admin_listen && same_listener(*config.admin_listen, server.listen)) {
+      r.fail_key("listen", "the admin listener is there already");
     }
   }
   read_gateway(top, config);
@@ -256,13 +306,19 @@ Config parse_config(const std::string& text, const std::string& file) {
 
 namespace {
 
-// Keys whose values are secrets: shown as "<redacted>" by redacted_source().
+// Keys whose values are secrets: shown as "<redacted>" by redacted_source(). Configuration
+// keys and field names alike ("password", "api_key", "Authorization", "X-Auth-Token",
+// "X-Api-Key"): compared without regard to case, '-' taken as '_', the word alone or after a
+// '_'.
 bool secret_key(std::string_view key) {
-  static constexpr std::string_view kSecrets[] = {"password", "secret",        "token",
-                                                  "api_key",  "authorization", "credentials"};
+  static constexpr std::string_view kSecrets[] = {
+      "password",      "passwd",      "secret", "token",   "api_key",    "apikey",
+      "authorization", "credentials", "cookie", "session", "private_key"};
+  std::string name = ascii_lower(key);
+  std::ranges::replace(name, '-', '_');
   for (std::string_view s : kSecrets) {
-    if (key == s ||
-        (key.size() > s.size() && key.ends_with(s) && key[key.size() - s.size() - 1] == '_')) {
+    std::string_view n = name;
+    if (n == s || (n.size() > s.size() && n.ends_with(s) && n[n.size() - s.size() - 1] == '_')) {
       return true;
     }
   }
