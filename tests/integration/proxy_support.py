@@ -168,3 +168,90 @@ services:
   s: {{url: "http://127.0.0.1:9"}}
 """)
     return config_error(build_dir, config)
+
+
+def read_request(conn, data=b""):
+    """Reads one whole request (head, and a body by Content-Length or chunked) from socket
+    `conn`: (head bytes, body bytes, the bytes after it), or None if the peer closed first."""
+    got = read_request_head(conn, data)
+    if got is None:
+        return None
+    head, rest = got
+    lines = head.decode("latin-1").split("\r\n")
+    fields = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        fields.setdefault(name.strip().lower(), value.strip())
+
+    def more():
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed inside a body")
+        return chunk
+
+    body = b""
+    try:
+        if "chunked" in fields.get("transfer-encoding", "").lower():
+            while True:
+                while b"\r\n" not in rest:
+                    rest += more()
+                size_line, _, rest = rest.partition(b"\r\n")
+                size = int(size_line.split(b";")[0], 16)
+                if size == 0:
+                    while not (rest.startswith(b"\r\n") or b"\r\n\r\n" in rest):
+                        rest += more()
+                    rest = rest[2:] if rest.startswith(b"\r\n") else rest.partition(b"\r\n\r\n")[2]
+                    break
+                while len(rest) < size + 2:
+                    rest += more()
+                body += rest[:size]
+                rest = rest[size + 2:]
+        else:
+            length = int(fields.get("content-length", "0"))
+            while len(rest) < length:
+                rest += more()
+            body, rest = rest[:length], rest[length:]
+    except ConnectionError:
+        return None
+    return head, body, rest
+
+
+class RecordingUpstream(ScriptedUpstream):
+    """An HTTP/1.1 upstream that records every request it receives (its head as bytes, and its
+    body) and answers each with `self.answer(head, body)`: bytes, or a list of byte strings
+    written with `self.pause` seconds between them. Keeps connections alive."""
+
+    def __init__(self, pause=0.05):
+        self.requests = []
+        self.pause = pause
+        self.lock = threading.Lock()
+        super().__init__()
+
+    def answer(self, head, body):
+        text = f"{len(self.requests)}".encode()
+        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(text), text)
+
+    def targets(self):
+        """The request lines received, in order."""
+        with self.lock:
+            return [h.split(b"\r\n", 1)[0].decode("latin-1") for h, _ in self.requests]
+
+    def handle(self, conn):
+        data = b""
+        try:
+            while True:
+                got = read_request(conn, data)
+                if got is None:
+                    return
+                head, body, data = got
+                with self.lock:
+                    self.requests.append((head, body))
+                reply = self.answer(head, body)
+                for i, piece in enumerate(reply if isinstance(reply, list) else [reply]):
+                    if i:
+                        time.sleep(self.pause)
+                    conn.sendall(piece)
+        except OSError:
+            pass
+        finally:
+            conn.close()
