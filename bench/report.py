@@ -3,6 +3,7 @@
 import argparse
 import datetime
 import json
+import os
 import platform
 import subprocess
 
@@ -89,6 +90,8 @@ def main():
     p.add_argument("--instructions", help="bench/instructions.sh's JSON (OUT=...)")
     p.add_argument("--proxy", help="bench/proxy_compare.py's JSON")
     p.add_argument("--proxy-chart")
+    p.add_argument("--websocket", help="bench/websocket_compare.py's JSON")
+    p.add_argument("--websocket-chart")
     a = p.parse_args()
     micro = json.load(open(a.micro))
     echo = json.load(open(a.echo))
@@ -174,6 +177,8 @@ def main():
         md.extend(idle_rss_section(json.load(open(a.idle_rss))))
     if a.proxy:
         md.extend(proxy_section(json.load(open(a.proxy)), a.proxy_chart))
+    if a.websocket:
+        md.extend(websocket_section(json.load(open(a.websocket)), a.websocket_chart))
     with open(a.markdown, "w") as f:
         f.write("\n".join(md) + kept_by_hand(a.markdown))
 
@@ -351,6 +356,41 @@ def proxy_section(data, chart):
     if chart:
         md.append("![Reverse proxy benchmarks](benchmarks-proxy.png)\n")
         cpu_chart(results, "Reverse proxy, one worker: gateway CPU per proxied request (same run)",
+                  chart, log=False)
+    return md
+
+
+def websocket_section(data, chart):
+    """WebSocket echo through the gateway: spindle against haproxy, CPU per message."""
+    results = [dict(r, workload=f"{r['client']} client, {r['size']} B")
+               for r in data["results"]]
+    md = ["## WebSocket through the gateway: spindle vs haproxy\n",
+          f"`/usr/bin/python3 bench/websocket_compare.py --out bench/results/websocket.json "
+          f"--seconds {data['seconds']} --rounds {data.get('rounds', 1)}` (a step of `make "
+          "bench`). 50 WebSockets, each keeping 4 messages in flight (bench/wsload, Go), opened "
+          "over HTTP/1.1 (`Upgrade: websocket`) or over HTTP/2 in cleartext (RFC 8441 extended "
+          "CONNECT, one stream per connection); the upstream (http_test_server's /ws, HTTP/1.1) "
+          "echoes the bytes. One worker per gateway on CPU 0; upstream and clients on CPU 1. "
+          "Gateway CPU per echoed message (it crosses the gateway twice).\n",
+          "| client, message | gateway | msg/s | CPU µs/msg | of it user | errors |",
+          "|---|---|---:|---:|---:|---:|"]
+    for r in results:
+        md.append(f"| {r['workload']} | {r['server']} | {r['messages_per_second']:,.0f} | "
+                  f"{r['cpu_us_per_request'] or 0:.2f} | {r.get('user_us_per_request') or 0:.2f} "
+                  f"| {r['errors']} |")
+    cpu = {(r["server"], r["workload"]): r["cpu_us_per_request"] for r in results}
+    md.append("\nGoal: at or below haproxy's CPU per message in each row.\n")
+    md.append("| client, message | spindle / haproxy | |")
+    md.append("|---|---:|---|")
+    for workload in dict.fromkeys(r["workload"] for r in results):
+        ours, theirs = cpu.get(("spindle", workload)), cpu.get(("haproxy", workload))
+        if ours and theirs:
+            md.append(f"| {workload} | {ours / theirs:.2f}x | "
+                      f"{'met' if ours <= theirs else 'not met'} |")
+    md.append("")
+    if chart:
+        md.append(f"![WebSocket benchmarks]({os.path.basename(chart)})\n")
+        cpu_chart(results, "WebSocket echo through the gateway, one worker: CPU per message",
                   chart, log=False)
     return md
 

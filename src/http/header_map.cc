@@ -152,13 +152,12 @@ std::size_t HeaderMap::count(std::string_view name) const {
 }
 
 bool list_has_token(std::string_view list, std::string_view token) {
-  while (!list.empty()) {
-    std::size_t comma = list.find(',');
-    if (iequals(trim_ows(list.substr(0, comma)), token)) return true;
-    if (comma == std::string_view::npos) break;
-    list.remove_prefix(comma + 1);
-  }
-  return false;
+  bool found = false;
+  for_each_list_item(list, [&](std::string_view item) {
+    found = iequals(item, token);
+    return !found;
+  });
+  return found;
 }
 
 bool HeaderMap::has_token(std::string_view name, std::string_view token) const {

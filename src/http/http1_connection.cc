@@ -710,7 +710,8 @@ Connection::Outcome Connection::serve() {
         std::string early(spill_.data() + spill_begin_, spill_.size() - spill_begin_);
         early.append(buffer_.data() + begin_, end_ - begin_);
         try {
-          response.takeover(stream_, early);
+          StreamTunnelEnd client(stream_);
+          response.takeover(client, early);
         } catch (const std::exception& e) {
           log_error("connection takeover after {} {} threw: {}", head_.method, head_.target,
                     e.what());

@@ -140,6 +140,7 @@ void RequestHead::clear() {
   chunked = false;
   keep_alive = true;
   expect_continue = false;
+  protocol = {};
 }
 
 ParseResult RequestParser::parse(std::string_view input, RequestHead& head) {

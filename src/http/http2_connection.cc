@@ -134,6 +134,8 @@ class Http2Connection final : public ContextSource {
   void handle(std::shared_ptr<H2Stream> s);
   /// Submits the head of `response` for `s` (and its body, streaming it if it has a producer).
   void submit_response(H2Stream& s, Response& response, bool head_only);
+  /// Runs a tunnel on stream `s` once its 2xx head went (an extended CONNECT, RFC 8441).
+  void run_tunnel(H2Stream& s, const ConnectionTakeover& takeover);
   /// Runs a streamed body's producer into the stream's buffer; a producer that throws resets
   /// the stream (its head is gone: nothing else can tell the client).
   void stream_response(H2Stream& s, const BodyProducer& producer,
@@ -211,7 +213,9 @@ class H2Stream final : public BodySource, public InterimSink {
 
   // The request.
   RequestHead head;
-  std::string method, path, authority, scheme;
+  std::string method, path, authority, scheme, protocol;
+  /// An extended CONNECT (RFC 8441): the stream's DATA are a tunnel's bytes, not a body.
+  bool tunnel = false;
   std::size_t header_bytes = 0;
   /// Set while the headers arrive if the request must be refused (431, 400).
   int early_status = 0;
@@ -439,6 +443,8 @@ struct Callbacks {
       s->authority = value;
     } else if (name == ":scheme") {
       s->scheme = value;
+    } else if (name == ":protocol") {
+      s->protocol = value;  // nghttp2 lets it through with CONNECT only (RFC 8441 4)
     } else {
       s->head.headers.add(name, value);
     }
@@ -484,7 +490,7 @@ struct Callbacks {
       return 0;
     }
     s->body_received += length;
-    if (s->body_received > c.options().max_body) {
+    if (s->body_received > c.options().max_body && !s->tunnel) {
       s->body_too_large = true;
       nghttp2_session_consume(session, stream_id, length);
     } else {
@@ -625,6 +631,11 @@ void Http2Connection::start_handler(H2Stream& s) {
     s.head.headers.erase("cookie");
     s.head.headers.add("cookie", joined);
   }
+  if (!s.protocol.empty()) {
+    // Extended CONNECT: the handler sees a CONNECT to a path, with the protocol it asks for.
+    s.head.protocol = s.protocol;
+    s.tunnel = true;
+  }
   FramingFields framing = collect_framing_fields(s.head.headers);
   if (framing.content_length_invalid) s.early_status = 400;
   s.head.content_length = framing.content_length;
@@ -635,7 +646,9 @@ void Http2Connection::start_handler(H2Stream& s) {
   if (framing.content_length && *framing.content_length > shared_.options.max_body) {
     s.early_status = 413;
   }
-  if (s.path.empty() || (s.path.front() != '/' && s.path != "*")) {
+  if (s.method == "CONNECT" && s.protocol.empty()) {
+    s.head.target = s.authority;  // a plain CONNECT names where to, not a path
+  } else if (s.path.empty() || (s.path.front() != '/' && s.path != "*")) {
     s.early_status = 400;
   } else if (auto size = normalize_target(s.path.data(), s.path.size(), shared_.options.paths)) {
     s.path.resize(*size);
@@ -770,8 +783,13 @@ void Http2Connection::submit_response(H2Stream& s, Response& response, bool head
   nghttp2_data_provider provider{};
   provider.source.ptr = &s;
   provider.read_callback = &read_data;
-  bool has_body = plan.send_body && (plan.streamed || response.body_size() > 0);
-  if (has_body) {
+  // A 2xx that opens a tunnel: the stream stays open for its bytes (run_tunnel).
+  const bool opens_tunnel = s.tunnel && response.takeover && response.status >= 200 &&
+                            response.status < 300 && !head_only;
+  bool has_body = opens_tunnel || (plan.send_body && (plan.streamed || response.body_size() > 0));
+  if (opens_tunnel) {
+    s.streaming = true;
+  } else if (has_body) {
     if (response.file) {
       s.out_file = response.file;
     } else {
@@ -785,8 +803,89 @@ void Http2Connection::submit_response(H2Stream& s, Response& response, bool head
     log_warn("HTTP/2 stream {}: cannot submit the response: {}", s.id, nghttp2_strerror(rv));
   }
   wake_writer();
-  if (plan.streamed && plan.send_body && rv == 0)
+  if (opens_tunnel && rv == 0) {
+    run_tunnel(s, response.takeover);
+  } else if (plan.streamed && plan.send_body && rv == 0) {
     stream_response(s, response.stream, plan.content_length);
+  }
+}
+
+namespace {
+
+// A tunnel's client end on an HTTP/2 stream (RFC 8441): the client's DATA are read as they
+// come (the stream window opens as they are read), ours are written under the stream's flow
+// control (at most kStreamedHighWater buffered). END_STREAM is a half-close either way.
+class H2TunnelEnd final : public TunnelEnd {
+ public:
+  H2TunnelEnd(H2Stream& s, Http2Connection& c) : s_(s), c_(c) {}
+
+  Result<std::size_t> read(std::span<char> buffer, Deadline deadline) override {
+    for (;;) {
+      if (s_.body_in_pos < s_.body_in.size()) {
+        std::size_t n = std::min(buffer.size(), s_.body_in.size() - s_.body_in_pos);
+        std::memcpy(buffer.data(), s_.body_in.data() + s_.body_in_pos, n);
+        s_.body_in_pos += n;
+        if (s_.body_in_pos == s_.body_in.size()) {
+          s_.body_in.clear();
+          s_.body_in_pos = 0;
+        }
+        nghttp2_session_consume(c_.session(), s_.id, n);  // the client may send that much more
+        c_.wake_writer();
+        return n;
+      }
+      if (s_.body_done) return 0;
+      if (s_.closed) return fail(std::errc::connection_reset);
+      s_.body_event.reset();
+      if (auto ec = s_.body_event.wait(deadline)) return fail(ec);
+    }
+  }
+  Result<void> write(std::string_view data, Deadline deadline) override {
+    if (s_.closed || s_.out_eof) return fail(std::errc::connection_reset);
+    if (s_.out_pos > 0 && s_.out_pos == s_.out_body.size()) {
+      s_.out_body.clear();
+      s_.out_pos = 0;
+    }
+    s_.out_body.append(data);
+    nghttp2_session_resume_data(c_.session(), s_.id);
+    c_.wake_writer();
+    while (!s_.closed && s_.out_body.size() - s_.out_pos > kStreamedHighWater) {
+      s_.out_event.reset();
+      if (auto ec = s_.out_event.wait(deadline)) return fail(ec);
+    }
+    if (s_.closed) return fail(std::errc::connection_reset);
+    return {};
+  }
+  void close_write() override {
+    if (s_.closed || s_.out_eof) return;
+    s_.out_eof = true;  // read_data ends the stream once what is buffered has gone
+    nghttp2_session_resume_data(c_.session(), s_.id);
+    c_.wake_writer();
+  }
+  void abort() override {
+    if (s_.closed) return;
+    nghttp2_submit_rst_stream(c_.session(), NGHTTP2_FLAG_NONE, s_.id, NGHTTP2_CANCEL);
+    c_.wake_writer();
+  }
+
+ private:
+  H2Stream& s_;
+  Http2Connection& c_;
+};
+
+}  // namespace
+
+void Http2Connection::run_tunnel(H2Stream& s, const ConnectionTakeover& takeover) {
+  H2TunnelEnd client(s, *this);
+  try {
+    takeover(client, {});
+  } catch (const std::exception& e) {
+    log_error("tunnel of {} {} threw: {}", s.method, s.path, e.what());
+    client.abort();
+  } catch (...) {
+    log_error("tunnel of {} {} threw an exception of unknown type", s.method, s.path);
+    client.abort();
+  }
+  client.close_write();
 }
 
 void Http2Connection::stream_response(H2Stream& s, const BodyProducer& producer,
@@ -892,6 +991,8 @@ void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade)
       {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<std::uint32_t>(kStreamWindow)},
       {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
        static_cast<std::uint32_t>(shared_.options.parser.max_head)},
+      // RFC 8441: WebSockets (and other upgrades a route allows) by extended CONNECT.
+      {NGHTTP2_SETTINGS_ENABLE_CONNECT_PROTOCOL, 1},
   };
   nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings, std::size(settings));
   nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, kConnectionWindow);

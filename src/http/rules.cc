@@ -22,6 +22,8 @@ bool is_hop_by_hop(std::string_view name) {
       return iequals(name, "upgrade");
     case 10:
       return iequals(name, "connection") || iequals(name, "keep-alive");
+    case 14:
+      return iequals(name, "http2-settings");  // RFC 9113 3.2.1: connection-specific
     case 16:
       return iequals(name, "proxy-connection");
     case 17:

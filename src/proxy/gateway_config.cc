@@ -483,7 +483,7 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
 }
 
 RouteConfig read_route(const ConfigReader& r, const Config& config) {
-  r.only({"name", "servers", "match", "middlewares", "service"});
+  r.only({"name", "servers", "match", "middlewares", "service", "upgrades"});
   RouteConfig route;
   route.name = r.string("name", "");
   std::vector<std::string> server_names;
@@ -524,6 +524,21 @@ RouteConfig read_route(const ConfigReader& r, const Config& config) {
   }
   route.service = r.string("service", "");
   if (route.service.empty()) r.fail(r.node(), r.key_path("service"), "required");
+  if (r.has("upgrades")) {
+    route.upgrades.clear();
+    for (const std::string& protocol : r.strings("upgrades")) {
+      if (!http::is_token(protocol)) {
+        r.fail_key("upgrades", fmt::format("'{}' is not a protocol name (a token)", protocol));
+      }
+      std::string name = ascii_lower(protocol);
+      if (name == "h2c") {
+        r.fail_key("upgrades",
+                   "h2c can never be allowed: the client's HTTP/2 streams would reach the "
+                   "upstream past every route and middleware (h2c smuggling)");
+      }
+      route.upgrades.push_back(std::move(name));
+    }
+  }
   return route;
 }
 

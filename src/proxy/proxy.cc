@@ -20,6 +20,7 @@
 #include "spindle/fiber/buffer_pool.h"
 #include "spindle/fiber/worker.h"
 #include "spindle/http/rules.h"
+#include "spindle/http/websocket.h"
 #include "spindle/proxy/gateway.h"
 #include "spindle/proxy/jwt.h"
 #include "spindle/sync/blocking_pool.h"
@@ -616,6 +617,10 @@ struct ForwardHead {
   InlineText<55> traceparent;
   // Owns the values built here (the head's views point into them).
   std::string forwarded_for, forwarded_proto, forwarded_host, via;
+  /// The Upgrade offered upstream: the client's tokens the route allows ("" for none).
+  std::string upgrade;
+  /// The Sec-WebSocket-Key sent upstream, made here for an HTTP/2 client's extended CONNECT.
+  std::string websocket_key;
 };
 
 // Which targets a request has tried: a bit each for the first 64, a list beyond.
@@ -675,19 +680,91 @@ bool wants_upgrade(const http::Request& request) {
          request.headers().has_token("connection", "upgrade");
 }
 
+// The client's Upgrade tokens the route allows (RFC 9110 7.8: "name[/version]", a list over
+// any number of field lines), into out.upgrade and an Upgrade field of the forwarded head. The
+// others go nowhere: the request goes on as a plain one without them (h2c, above all, which
+// would carry the client's HTTP/2 streams past every route).
+void offer_upgrade(const http::Request& request, const RouteConfig& route, ForwardHead& out) {
+  if (!wants_upgrade(request) || route.upgrades.empty()) return;
+  for (const http::Field& f : request.headers()) {
+    if (!http::iequals(f.name, "upgrade")) continue;
+    http::for_each_list_item(f.value, [&](std::string_view token) {
+      std::string_view name = token.substr(0, token.find('/'));
+      bool allowed = std::ranges::any_of(
+          route.upgrades, [&](const std::string& p) { return http::iequals(p, name); });
+      if (!allowed) return;
+      if (!out.upgrade.empty()) out.upgrade += ", ";
+      out.upgrade += token;
+    });
+  }
+  if (!out.upgrade.empty()) out.head.headers.add_view("Upgrade", out.upgrade);
+}
+
+// Why a 101 must not be passed on (nullopt: it may). It must switch to a protocol the request
+// offered, and for WebSocket prove it read the request's key (RFC 6455 4.1): anything else
+// would join the client to an upstream that speaks who knows what.
+std::optional<std::string_view> switch_refused(const ForwardHead& out,
+                                               const http::ClientResponseHead& answer) {
+  if (out.upgrade.empty()) return "a 101 to a request that offered no upgrade";
+  std::string_view chosen = http::trim_ows(answer.headers.get("upgrade").value_or(""));
+  chosen = chosen.substr(0, chosen.find_first_of(", \t"));
+  std::string_view name = chosen.substr(0, chosen.find('/'));
+  bool offered = false;
+  http::for_each_list_item(out.upgrade, [&](std::string_view token) {
+    offered = http::iequals(token.substr(0, token.find('/')), name);
+    return !offered;
+  });
+  if (name.empty() || !offered) return "a 101 to a protocol the request did not offer";
+  if (http::iequals(name, "websocket")) {
+    auto key = out.head.headers.get("sec-websocket-key");
+    auto accept = answer.headers.get("sec-websocket-accept");
+    if (!key || !accept || *accept != http::websocket_accept(*key)) {
+      return "a WebSocket 101 without the Sec-WebSocket-Accept of the request's key";
+    }
+  }
+  return std::nullopt;
+}
+
+// An HTTP/2 client's extended CONNECT (RFC 8441) as the HTTP/1.1 upgrade it stands for: GET,
+// with Upgrade and, for WebSocket, a key made here (the 101's Accept is checked against it).
+// False if the route does not allow the protocol.
+bool extended_connect_as_upgrade(const http::Request& request, const RouteConfig& route,
+                                 ForwardHead& out) {
+  std::string_view protocol = request.head().protocol;
+  bool allowed = std::ranges::any_of(
+      route.upgrades, [&](const std::string& p) { return http::iequals(p, protocol); });
+  if (!allowed) return false;
+  out.head.method = "GET";
+  out.head.content_length.reset();
+  out.head.chunked = false;  // the stream's DATA are the tunnel's, not a body
+  out.upgrade = std::string(protocol);
+  out.head.headers.add_view("Upgrade", out.upgrade);
+  if (http::iequals(protocol, "websocket")) {
+    out.head.headers.erase("sec-websocket-key");
+    out.websocket_key = http::websocket_key();
+    out.head.headers.add_view("Sec-WebSocket-Key", out.websocket_key);
+    if (!out.head.headers.contains("sec-websocket-version")) {
+      out.head.headers.add_view("Sec-WebSocket-Version", "13");
+    }
+  }
+  return true;
+}
+
 // Moves bytes both ways between a client and an upstream until either side closes, no byte
 // has moved for `idle`, or `lifetime` has passed (0: no limit). Each side's close is passed on
-// as a half-close.
-void tunnel(Stream& client, Stream& upstream, std::string_view to_upstream,
+// as a half-close; an error on either side ends both (abort).
+void tunnel(http::TunnelEnd& client, http::TunnelEnd& upstream, std::string_view to_upstream,
             std::string_view to_client, std::chrono::milliseconds idle,
             std::chrono::milliseconds lifetime) {
   auto last = std::make_shared<Clock::time_point>(Clock::now());
   Deadline end = lifetime.count() > 0 ? Deadline::after(lifetime) : Deadline::never();
-  if ((!to_upstream.empty() && !upstream.write_all(to_upstream, Deadline::after(idle))) ||
-      (!to_client.empty() && !client.write_all(to_client, Deadline::after(idle)))) {
+  if ((!to_upstream.empty() && !upstream.write(to_upstream, Deadline::after(idle))) ||
+      (!to_client.empty() && !client.write(to_client, Deadline::after(idle)))) {
+    client.abort();
+    upstream.abort();
     return;
   }
-  auto pump = [idle, last, end](Stream& from, Stream& to, Stream& other) {
+  auto pump = [idle, last, end](http::TunnelEnd& from, http::TunnelEnd& to) {
     BufferPool::Buffer buffer = take_buffer();
     for (;;) {
       auto n = from.read(buffer.span(), earliest(Deadline::after(idle), end));
@@ -695,24 +772,19 @@ void tunnel(Stream& client, Stream& upstream, std::string_view to_upstream,
           !end.expired()) {
         continue;
       }
-      if (!n) {
-        // Idle too long, or broken: the whole tunnel ends.
-        (void)from.shutdown(TcpStream::Shutdown::kBoth);
-        (void)other.shutdown(TcpStream::Shutdown::kBoth);
+      if (n && *n == 0) break;
+      if (!n || !to.write(std::string_view(buffer.span().data(), *n), Deadline::after(idle))) {
+        // Idle too long, reset, or broken: the whole tunnel ends.
+        from.abort();
+        to.abort();
         return;
       }
-      if (*n == 0) break;
       *last = Clock::now();
-      if (!to.write_all(std::string_view(buffer.span().data(), *n), Deadline::after(idle))) {
-        (void)from.shutdown(TcpStream::Shutdown::kBoth);
-        (void)to.shutdown(TcpStream::Shutdown::kBoth);
-        return;
-      }
     }
-    (void)to.shutdown(TcpStream::Shutdown::kWrite);  // this side is done sending
+    to.close_write();  // this side is done sending
   };
-  auto back = spawn([&] { pump(upstream, client, client); });
-  pump(client, upstream, upstream);
+  auto back = spawn([&] { pump(upstream, client); });
+  pump(client, upstream);
   back.join();
 }
 
@@ -757,13 +829,12 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   // Connection (or Proxy-Connection) may name more hop-by-hop fields; most requests have none.
   http::NominatedFields nominated(in);
   for (const http::Field& f : in) {
+    // Hop-by-hop fields stay here. The client's Connection field never goes: the fields it
+    // names would be dropped upstream, and it may name those added here (X-Forwarded-For,
+    // Via, ...). Its Upgrade goes only as offer_upgrade allows.
     if (http::is_hop_by_hop(f.name) || nominated.contains(f.name)) {
-      // An upgrade's Upgrade field goes on, and the exchange writes `Connection: upgrade`
-      // itself. The client's Connection field never goes: the fields it names would be
-      // dropped upstream, and it may name those added here (X-Forwarded-For, Via, ...).
-      bool upgrade = wants_upgrade(request) && http::iequals(f.name, "upgrade");
       bool te_trailers = http::iequals(f.name, "te") && http::list_has_token(f.value, "trailers");
-      if (!upgrade && !te_trailers) continue;
+      if (!te_trailers) continue;
     }
     if (replaced_by_proxy(f.name)) continue;
     // A trace started again here drops the old trace's vendor state.
@@ -991,7 +1062,9 @@ http::Middleware Proxy::middleware(std::string server_key) {
     const Gateway::Server* server = gateway ? gateway->server(server_key) : nullptr;
     const RouteConfig* route = nullptr;
     if (server != nullptr && server->routes.size() != 0) {
-      route = server->routes.select(request.header("host"), request.target(), request.method(),
+      // An extended CONNECT (RFC 8441) routes as the GET upgrade it stands for.
+      std::string_view method = request.head().protocol.empty() ? request.method() : "GET";
+      route = server->routes.select(request.header("host"), request.target(), method,
                                     request.headers());
     }
     // Built in place (a response is a few KiB: each move of one shows per request).
@@ -1161,7 +1234,7 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
 
   // CONNECT becomes a tunnel through the upstream (an HTTP proxy) once it answers 2xx; only an
   // HTTP/1.1 connection can be taken over for it.
-  bool connect = request.method() == "CONNECT";
+  bool connect = request.method() == "CONNECT" && request.head().protocol.empty();
   if (connect && request.context().major_version != 1) {
     return http::Response::error(501, "CONNECT is forwarded from HTTP/1.1 clients only");
   }
@@ -1175,6 +1248,19 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
   auto forward_head = std::allocate_shared<ForwardHead>(BlockAllocator<ForwardHead>());
   build_head(request, *server.config, *forward_head);
   apply_request_middlewares(request, route, *forward_head);
+  // Upgrades go only where the route allows them.
+  const bool extended_connect = !request.head().protocol.empty();
+  if (extended_connect) {
+    if (!extended_connect_as_upgrade(request, route, *forward_head)) {
+      return http::Response::error(
+          501, fmt::format("no upgrade to '{}' on this route", request.head().protocol));
+    }
+    if (upstream.protocol != http::WireProtocol::kHttp1) {
+      return http::Response::error(501, "an extended CONNECT goes to HTTP/1.1 services only");
+    }
+  } else {
+    offer_upgrade(request, route, *forward_head);
+  }
   // What the access log shows of the proxying: noted only for a server that writes one.
   const bool logged = server.config->access_log.enabled;
   if (logged) {
@@ -1287,24 +1373,41 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     int status = response_head->status;
     bool connected = connect && status >= 200 && status < 300;  // CONNECT's tunnel is open
     if (status == 101 || connected) {
-      if (status == 101 && !wants_upgrade(request)) {
-        last_error = make_error_code(ExchangeErrc::kProtocolError);  // 101 to no upgrade
-        break;
+      if (logged) request.set_attribute("upstream", target.label);
+      if (auto refused =
+              status == 101 ? switch_refused(*forward_head, *response_head) : std::nullopt) {
+        exchange->cancel();  // its connection is closed, never pooled
+        log_warn("route {}: {} {} to {}: {}: answered 502", route.name, head.method, head.target,
+                 target.label, *refused);
+        return http::Response::error(502, *refused);
       }
       target.health->record_success();
-      if (logged) request.set_attribute("upstream", target.label);
       auto early = std::make_shared<std::string>();
       auto taken = exchange->take_connection(*early);
       if (!taken) return http::Response::error(502, taken.error().message());
-      http::Response response(status);
-      for (const http::Field& f : response_head->headers) response.headers.add(f.name, f.value);
+      // An HTTP/2 client's extended CONNECT is answered 200 (RFC 8441 5): its stream is the
+      // tunnel. The 101's proof of the key was ours to check, not the client's.
+      http::Response response(extended_connect ? 200 : status);
+      for (const http::Field& f : response_head->headers) {
+        if (extended_connect && http::iequals(f.name, "sec-websocket-accept")) continue;
+        response.headers.add(f.name, f.value);
+      }
       auto upstream_stream = std::make_shared<Stream>(std::move(*taken));
       response.takeover = [upstream_stream, early, forward_head, gateway,
-                           timeouts = service->config->timeouts](Stream& client,
+                           timeouts = service->config->timeouts](http::TunnelEnd& client,
                                                                  std::string_view from_client) {
-        tunnel(client, *upstream_stream, from_client, *early, timeouts.idle, timeouts.tunnel);
+        http::StreamTunnelEnd upstream_end(*upstream_stream);
+        tunnel(client, upstream_end, from_client, *early, timeouts.idle, timeouts.tunnel);
       };
       return response;
+    }
+    if (extended_connect && status >= 200 && status < 300) {
+      // A 2xx opens the tunnel for an HTTP/2 client: an upstream that did not switch must not
+      // be passed on as one that did.
+      exchange->cancel();
+      log_warn("route {}: {} upgrade to {}: answered {} without switching: answered 502",
+               route.name, head.target, target.label, status);
+      return http::Response::error(502, "the upstream did not switch protocols");
     }
     bool could_retry = (status == 502 || status == 503) && idempotent && body.replayable &&
                        attempt < retries.attempts && upstream.targets.size() > 1;

@@ -90,6 +90,8 @@ const RouteConfig* RouteTable::select(std::string_view host, std::string_view ta
       rank[1] = 1;
     }
     if (!m.methods.empty() && std::ranges::find(m.methods, method) == m.methods.end()) continue;
+    // CONNECT opens a tunnel: only a route that names the method takes it, never a catch-all.
+    if (method == "CONNECT" && m.methods.empty()) continue;
     bool headers_match = std::ranges::all_of(m.headers, [&](const auto& field) {
       auto value = headers.get(field.first);
       return value && *value == field.second;

@@ -19,6 +19,7 @@
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/http/compression.h"
 #include "spindle/http/server.h"
+#include "spindle/http/websocket.h"
 #include "spindle/net/signal_set.h"
 
 using namespace spindle;
@@ -163,13 +164,13 @@ int main(int argc, char** argv) {
   });
   // A byte echo on a taken-over connection (a stand-in for a WebSocket server, or for what a
   // CONNECT reaches: the gateway must move the bytes, whatever they are).
-  auto echo = [](Stream& client, std::string_view early) {
-    if (!early.empty() && !client.write_all(early, Deadline::after(5s))) return;
+  auto echo = [](http::TunnelEnd& client, std::string_view early) {
+    if (!early.empty() && !client.write(early, Deadline::after(5s))) return;
     std::string buffer(16384, '\0');
     for (;;) {
       auto n = client.read(buffer, Deadline::after(30s));
       if (!n || *n == 0) return;
-      if (!client.write_all(std::string_view(buffer).substr(0, *n), Deadline::after(5s))) return;
+      if (!client.write(std::string_view(buffer).substr(0, *n), Deadline::after(5s))) return;
     }
   };
   // CONNECT host:port: 200, then the echo (as if the tunnel reached an echo server).
@@ -185,6 +186,9 @@ int main(int argc, char** argv) {
     http::Response response(101);
     response.headers.add_view("Upgrade", "websocket");
     response.headers.add_view("Connection", "Upgrade");
+    if (auto key = r.headers().get("sec-websocket-key")) {
+      response.headers.add("Sec-WebSocket-Accept", http::websocket_accept(*key));
+    }
     response.takeover = echo;
     return response;
   });

@@ -74,6 +74,7 @@ SAMPLES = {
     "routes[].servers": "[public]",
     "routes[].match": "{path: /x}",
     "routes[].service": "s",
+    "routes[].upgrades": "[websocket, foo]",
     "routes[].match.hosts": "[api.example.com, '*.example.com']",
     "routes[].match.path": "/exact",
     "routes[].match.path_prefix": "/api/",

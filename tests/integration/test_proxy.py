@@ -555,6 +555,7 @@ services:
     try:
         with socket.create_connection((gw.host, gw.port), timeout=5) as s:
             s.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+                      b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                       b"Sec-WebSocket-Version: 13\r\n\r\nearly bytes|")
             head, rest = response_head(s)
             assert head.startswith(b"HTTP/1.1 101"), head
@@ -615,7 +616,7 @@ services:
         with socket.create_connection((gw.host, gw.port), timeout=5) as s:
             started = time.monotonic()
             s.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
-                      b"Upgrade: websocket\r\n\r\n")
+                      b"Upgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
             head, _ = response_head(s)
             assert head.startswith(b"HTTP/1.1 101"), head
             # Never idle (a message every 100 ms, each echoed), yet closed at 1.5 s.

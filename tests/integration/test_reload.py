@@ -264,7 +264,7 @@ def http_get(host, port, path):
 def open_websocket(host, port):
     s = socket.create_connection((host, port), timeout=5)
     s.sendall(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
-              b"Sec-WebSocket-Version: 13\r\n\r\n")
+              b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
     head, rest = response_head(s)
     assert head.startswith(b"HTTP/1.1 101"), head
     assert rest == b""

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace spindle::http {
@@ -30,6 +31,24 @@ inline std::string_view trim_ows(std::string_view s) {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
+}
+
+/// Calls `fn(item)` for each item of a comma-separated list value (RFC 9110 §5.6.1: items
+/// trimmed of spaces and tabs, empty ones skipped), in order. If `fn` returns bool, false stops
+/// the walk. The one way spindle reads a list field.
+template <typename Fn>
+void for_each_list_item(std::string_view list, Fn&& fn) {
+  while (!list.empty()) {
+    std::size_t comma = list.find(',');
+    std::string_view item = trim_ows(list.substr(0, comma));
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    if (item.empty()) continue;
+    if constexpr (std::is_same_v<decltype(fn(item)), bool>) {
+      if (!fn(item)) return;
+    } else {
+      fn(item);
+    }
+  }
 }
 
 /// True if a comma-separated list value (as of Connection or Vary) holds `token`, compared

@@ -44,6 +44,9 @@ struct RequestHead {
   bool keep_alive = true;
   /// True if the client sent "Expect: 100-continue" (HTTP/1.1).
   bool expect_continue = false;
+  /// HTTP/2's extended CONNECT (RFC 8441): the protocol its `:protocol` names ("websocket"),
+  /// with `method` CONNECT and `target` a path; "" for every other request.
+  std::string_view protocol;
 
   /// Clears everything for the next request.
   void clear();

@@ -206,9 +206,45 @@ class BodyWriter {
 /// Produces a streamed body; runs on the connection's fiber after the head was sent.
 using BodyProducer = std::function<void(BodyWriter&)>;
 
-/// Takes over a connection after a 101 response (HTTP/1.1 only): gets the client's stream and
-/// the bytes the client sent after its request head; the connection closes when it returns.
-using ConnectionTakeover = std::function<void(Stream& client, std::string_view early)>;
+/// The client's side of a tunnel, once the response that opens it is sent: an HTTP/1.1
+/// connection after a 101 (or a 2xx to CONNECT), or an HTTP/2 stream after a 2xx to an
+/// extended CONNECT (RFC 8441). Bytes only: no framing of its own is seen.
+class TunnelEnd {
+ public:
+  virtual ~TunnelEnd() = default;
+  /// Reads what the client sends: a count, 0 once it has finished sending (FIN, END_STREAM),
+  /// or an error (reset, timed out, cancelled).
+  [[nodiscard]] virtual Result<std::size_t> read(std::span<char> buffer, Deadline deadline) = 0;
+  /// Sends all of `data`, waiting while the client does not take more (TCP's window, or the
+  /// stream's flow-control window).
+  [[nodiscard]] virtual Result<void> write(std::string_view data, Deadline deadline) = 0;
+  /// This side has nothing more to send (a half-close: FIN, END_STREAM).
+  virtual void close_write() = 0;
+  /// Ends both directions at once, as an error (a reset, RST_STREAM).
+  virtual void abort() = 0;
+};
+
+/// A TunnelEnd over a whole connection (TCP or TLS).
+class StreamTunnelEnd final : public TunnelEnd {
+ public:
+  explicit StreamTunnelEnd(Stream& stream) : stream_(stream) {}
+  Result<std::size_t> read(std::span<char> buffer, Deadline deadline) override {
+    return stream_.read(buffer, deadline);
+  }
+  Result<void> write(std::string_view data, Deadline deadline) override {
+    return stream_.write_all(data, deadline);
+  }
+  void close_write() override { (void)stream_.shutdown(TcpStream::Shutdown::kWrite); }
+  void abort() override { (void)stream_.shutdown(TcpStream::Shutdown::kBoth); }
+
+ private:
+  Stream& stream_;
+};
+
+/// Runs a tunnel once the response that opens it is sent: gets the client's end and the bytes
+/// the client sent after its request head (HTTP/1.1; "" on HTTP/2); the connection (or stream)
+/// ends when it returns.
+using ConnectionTakeover = std::function<void(TunnelEnd& client, std::string_view early)>;
 
 /// A response. The server adds Date, Server, Content-Length (or Transfer-Encoding) and
 /// Connection.
@@ -231,8 +267,9 @@ struct Response {
   /// (or throws) ends the connection (HTTP/1.1) or resets the stream (HTTP/2), so the client
   /// never takes a short body for a whole one.
   std::optional<std::uint64_t> stream_length;
-  /// With status 101, or a 2xx answering CONNECT, on HTTP/1.1: what runs on the connection
-  /// once the head is sent (a WebSocket tunnel, a CONNECT tunnel). Ignored otherwise.
+  /// With status 101, or a 2xx answering CONNECT (HTTP/1.1) or an extended CONNECT (HTTP/2):
+  /// what runs on the connection, or the stream, once the head is sent (a WebSocket tunnel, a
+  /// CONNECT tunnel). Ignored otherwise.
   ConnectionTakeover takeover;
 
   /// Bytes of body this response carries.

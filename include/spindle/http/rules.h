@@ -140,7 +140,8 @@ bool is_request_target(std::string_view s);
 
 /// True for the fields that describe one connection and are never forwarded as they are:
 /// Connection, Proxy-Connection, Keep-Alive, TE, Transfer-Encoding, Upgrade (RFC 9110 §7.6.1;
-/// the same set is connection-specific in HTTP/2, RFC 9113 §8.2.2).
+/// the same set is connection-specific in HTTP/2, RFC 9113 §8.2.2), and HTTP2-Settings (which
+/// only means something on the connection that asks for h2c, RFC 9113 §3.2.1).
 bool is_hop_by_hop(std::string_view name);
 
 /// True if a Connection field of `headers` lists `name` (so it is hop-by-hop too).

@@ -290,6 +290,10 @@ struct RouteConfig {
   std::vector<MiddlewareConfig> middlewares;
   /// The service that answers.
   std::string service;
+  /// The protocols a client may switch to through this route (Upgrade tokens' names, lower
+  /// case; an HTTP/2 client's extended CONNECT `:protocol` too). Any other Upgrade token is
+  /// removed and the request goes on as a plain one. Never "h2c" (a tunnel past every route).
+  std::vector<std::string> upgrades{"websocket"};
 };
 
 /// How a service talks to its upstream.

@@ -3,8 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
+using spindle::http::for_each_list_item;
 using spindle::http::HeaderMap;
+using spindle::http::list_has_token;
 
 TEST(HeaderMap, LooksUpNamesCaseInsensitively) {
   HeaderMap h;
@@ -117,4 +120,18 @@ TEST(HeaderMap, IequalsJudgesEveryBytePairAtEveryPosition) {
   }
   EXPECT_FALSE(spindle::http::iequals("host", "hosts"));
   EXPECT_TRUE(spindle::http::iequals("", ""));
+}
+
+TEST(ListItems, WalksEveryItemTrimmedAndSkipsEmptyOnes) {
+  std::vector<std::string_view> items;
+  for_each_list_item(" a ,\tb/2,, ,c ", [&](std::string_view item) { items.push_back(item); });
+  EXPECT_EQ(items, (std::vector<std::string_view>{"a", "b/2", "c"}));
+  items.clear();
+  for_each_list_item("x, stop, y", [&](std::string_view item) {
+    items.push_back(item);
+    return item != "stop";
+  });
+  EXPECT_EQ(items, (std::vector<std::string_view>{"x", "stop"}));
+  EXPECT_TRUE(list_has_token("keep-alive, Upgrade", "upgrade"));
+  EXPECT_FALSE(list_has_token("keep-alive, Upgrade2", "upgrade"));
 }
