@@ -311,12 +311,15 @@ bool Instance::shutdown(std::chrono::milliseconds gentle) {
   for (auto& [identity, listener] : listeners_) {
     if (!is_admin(identity)) clean = listener.server->drain(deadline, gentle) && clean;
   }
+  // Mirror copies still on their way get what is left of the drain time, no more.
+  clean = forwarder_.finish_mirrors(deadline) && clean;
   if (!clean) {
-    // Drain time is over: the requests still running are cancelled (their connections close)
-    // while what they use (gateway, pools, metrics) is still there.
+    // Drain time is over: the requests (and mirror copies) still running are cancelled (their
+    // connections close) while what they use (gateway, pools, metrics) is still there.
     runtime_.cancel_fibers();
     auto grace = Deadline::after(std::chrono::seconds(2));
     for (auto& [identity, listener] : listeners_) (void)listener.server->drain(grace);
+    (void)forwarder_.finish_mirrors(grace);
   }
   for (auto& [identity, listener] : listeners_) {
     if (is_admin(identity)) (void)listener.server->drain(Deadline::after(std::chrono::seconds(1)));

@@ -475,15 +475,18 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
   }
 
   Result<void> send(std::span<const iovec> parts) {
+    const std::uint64_t before = stream_.bytes_sent();
     auto sent = stream_.writev(parts, Deadline::after_coarse(timeouts_.write));
     if (!sent) {
       broken_ = true;
       if (cancelled_) return fail(error(ExchangeErrc::kCancelled));
       if (sent.error() == std::errc::timed_out) return fail(error(ExchangeErrc::kWriteTimeout));
-      // The first write failing (reset, broken pipe) means the upstream had closed: nothing of
-      // this request reached it.
-      return fail(error(head_sent_ ? ExchangeErrc::kClosedBeforeResponse
-                                   : ExchangeErrc::kClosedBeforeWrite));
+      // Nothing of this request reached the upstream only if its first write failing (reset,
+      // broken pipe: the upstream had closed) took no byte at all. A write that took some and
+      // then failed may have delivered them: only an idempotent request may go again then.
+      bool reached = head_sent_ || stream_.bytes_sent() != before;
+      return fail(
+          error(reached ? ExchangeErrc::kClosedBeforeResponse : ExchangeErrc::kClosedBeforeWrite));
     }
     head_sent_ = true;
     return {};

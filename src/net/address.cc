@@ -4,9 +4,11 @@
 #include <netinet/in.h>
 #include <sys/un.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstddef>
 #include <cstring>
+#include <optional>
 
 namespace spindle {
 namespace {
@@ -73,6 +75,63 @@ Result<Address> Address::from_host_port(std::string_view host, std::uint16_t por
     address.length_ = sizeof(sockaddr_in6);
   }
   return address;
+}
+
+Result<Address> Address::parse_host(std::string_view text) {
+  std::string_view host = text;
+  std::optional<std::string_view> port;
+  if (host.starts_with('[')) {
+    std::size_t close = host.find(']');
+    if (close == std::string_view::npos) return fail(std::errc::invalid_argument);
+    std::string_view after = host.substr(close + 1);
+    host = host.substr(1, close - 1);
+    if (!after.empty()) {
+      if (after.front() != ':') return fail(std::errc::invalid_argument);
+      port = after.substr(1);
+    }
+  } else if (std::size_t colon = host.find(':');
+             colon != std::string_view::npos &&
+             host.find(':', colon + 1) == std::string_view::npos) {
+    port = host.substr(colon + 1);  // "192.0.2.1:4711" (an IPv6 address has two colons or more)
+    host = host.substr(0, colon);
+  }
+  auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  if (port && (port->empty() || port->size() > 5 || !std::ranges::all_of(*port, digit))) {
+    return fail(std::errc::invalid_argument);
+  }
+  if (host.empty()) return fail(std::errc::invalid_argument);
+  auto address = from_host_port(host, 0);
+  if (!address) return address;
+  return address->unmapped();
+}
+
+Address Address::unmapped() const {
+  if (storage_.ss_family != AF_INET6) return *this;
+  const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&storage_);
+  if (!IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) return *this;
+  Address v4;
+  auto* in = reinterpret_cast<sockaddr_in*>(&v4.storage_);
+  in->sin_family = AF_INET;
+  in->sin_port = in6->sin6_port;
+  std::memcpy(&in->sin_addr, in6->sin6_addr.s6_addr + 12, 4);
+  v4.length_ = sizeof(sockaddr_in);
+  return v4;
+}
+
+std::string Address::host_text() const {
+  char buffer[INET6_ADDRSTRLEN] = {};
+  switch (storage_.ss_family) {
+    case AF_INET:
+      ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&storage_)->sin_addr, buffer,
+                  sizeof buffer);
+      return buffer;
+    case AF_INET6:
+      ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_addr, buffer,
+                  sizeof buffer);
+      return buffer;
+    default:
+      return to_string();
+  }
 }
 
 Result<Address> Address::from_sockaddr(const sockaddr* sa, socklen_t length) {

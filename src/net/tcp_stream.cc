@@ -85,6 +85,7 @@ Result<std::size_t> TcpStream::write(std::span<const char> data, Deadline deadli
   auto n = socket_.retry(IoDirection::kWrite, deadline,
                          [&] { return sys_send(socket_.fd(), data.data(), data.size()); });
   if (!n) return fail(n.error());
+  sent_ += static_cast<std::size_t>(*n);
   return static_cast<std::size_t>(*n);
 }
 
@@ -119,6 +120,7 @@ Result<std::size_t> TcpStream::writev(std::span<const iovec> buffers, Deadline d
                            [&] { return sys_sendmsg(socket_.fd(), &message); });
     if (!n) return fail(n.error());
     written += static_cast<std::size_t>(*n);
+    sent_ += static_cast<std::size_t>(*n);
     if (written == total) break;
     // Partial write: drop what was sent and go on with a copy of the rest.
     rest.assign(pending.begin(), pending.end());
@@ -143,6 +145,7 @@ Result<std::size_t> TcpStream::sendfile(int file_fd, off_t offset, std::size_t c
     if (!n) return fail(n.error());
     if (*n == 0) break;  // end of file
     sent += static_cast<std::size_t>(*n);
+    sent_ += static_cast<std::size_t>(*n);
   }
   return sent;
 }

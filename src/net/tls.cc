@@ -108,12 +108,15 @@ bool is_ip_literal(std::string_view host) {
 }
 
 // The socket BIO's callback: a read of the socket that came back shorter than asked, or would
-// block, proved it drained; the TCP stream (the callback argument's) notes it.
+// block, proved it drained; a write counts its bytes as sent. The TCP stream (the callback
+// argument's) notes both.
 long note_socket_read(BIO* bio, int oper, const char* /*argp*/, std::size_t asked, int /*argi*/,
                       long /*argl*/, int ret, std::size_t* got) {
   if (oper == (BIO_CB_READ | BIO_CB_RETURN)) {
     bool drained = ret > 0 ? *got < asked : BIO_should_retry(bio) != 0;
     if (drained) reinterpret_cast<TlsStream*>(BIO_get_callback_arg(bio))->tcp().note_drained();
+  } else if (oper == (BIO_CB_WRITE | BIO_CB_RETURN) && ret > 0) {
+    reinterpret_cast<TlsStream*>(BIO_get_callback_arg(bio))->tcp().note_sent(*got);
   }
   return ret;
 }

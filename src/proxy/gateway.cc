@@ -20,8 +20,12 @@ bool TargetHealth::healthy(Clock::time_point now) const {
   return probe_healthy() && ejected_until_.load(std::memory_order_relaxed) <= ticks(now);
 }
 
-void TargetHealth::record_failure(const PassiveHealthConfig& config, Clock::time_point now) {
-  if (config.max_fails == 0) return;  // passive checks off
+bool TargetHealth::ejected(Clock::time_point now) const {
+  return ejected_until_.load(std::memory_order_relaxed) > ticks(now);
+}
+
+bool TargetHealth::note_failure(const PassiveHealthConfig& config, Clock::time_point now) {
+  if (config.max_fails == 0) return false;  // passive checks off
   std::int64_t t = ticks(now);
   std::int64_t window = std::chrono::duration_cast<Clock::duration>(config.fail_timeout).count();
   // Failures count within one fail_timeout of the first: an older streak starts again.
@@ -29,10 +33,32 @@ void TargetHealth::record_failure(const PassiveHealthConfig& config, Clock::time
     first_fail_.store(t, std::memory_order_relaxed);
     fails_.store(0, std::memory_order_relaxed);
   }
-  if (fails_.fetch_add(1, std::memory_order_relaxed) + 1 >= config.max_fails) {
-    ejected_until_.store(t + window, std::memory_order_relaxed);
-    fails_.store(0, std::memory_order_relaxed);
+  if (fails_.fetch_add(1, std::memory_order_relaxed) + 1 < config.max_fails) return false;
+  fails_.store(0, std::memory_order_relaxed);
+  return true;
+}
+
+void TargetHealth::eject(Clock::time_point until) {
+  ejected_until_.store(ticks(until), std::memory_order_relaxed);
+}
+
+Gateway::Upstream::Verdict Gateway::Upstream::record_failure(std::size_t index,
+                                                             Clock::time_point now) const {
+  const PassiveHealthConfig& passive = config->passive_health;
+  if (!targets[index].health->note_failure(passive, now)) return Verdict::kCounted;
+  std::size_t n = targets.size();
+  std::size_t out = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i != index && targets[i].health->ejected(now)) ++out;
   }
+  // Envoy's rule: at most max_ejection_percent out, at least one may be; and here one always
+  // stays (a lone target is never ejected passively: there is nowhere else to go).
+  std::size_t cap =
+      n <= 1 ? 0
+             : std::min(n - 1, std::max<std::size_t>(1, n * passive.max_ejection_percent / 100));
+  if (out >= cap) return Verdict::kWithheld;
+  targets[index].health->eject(now + passive.fail_timeout);
+  return Verdict::kEjected;
 }
 
 void TargetHealth::record_success() {

@@ -413,8 +413,10 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
     m.compress = std::make_shared<const http::Middleware>(http::compression(options));
   } else if (kind == "mirror") {
     ConfigReader r = entry.nested(kind);
-    r.only({"service", "percent", "max_in_flight"});
+    r.only({"service", "percent", "max_in_flight", "timeout"});
     m.kind = MiddlewareConfig::Kind::kMirror;
+    m.mirror.timeout = r.duration("timeout", m.mirror.timeout);
+    if (m.mirror.timeout.count() == 0) r.fail_key("timeout", "must be more than 0");
     m.mirror.service = r.string("service", "");
     if (m.mirror.service.empty()) r.fail_key("service", "required (where the copies go)");
     m.mirror.percent = static_cast<double>(r.number("percent", 100, 100));
@@ -610,7 +612,7 @@ void read_url(const ConfigReader& r, ServiceConfig& service, Config& config) {
 }
 
 ServiceConfig read_service(const std::string& name, const ConfigReader& r, Config& config) {
-  r.only({"upstream", "url", "protocol", "timeouts", "retries", "tls"});
+  r.only({"upstream", "url", "protocol", "timeouts", "retries", "tls", "request_buffering"});
   ServiceConfig service;
   service.name = name;
   if (r.has("upstream") == r.has("url")) {
@@ -656,6 +658,7 @@ ServiceConfig read_service(const std::string& name, const ConfigReader& r, Confi
   }
   if (r.has("timeouts")) service.timeouts = read_timeouts(r.nested("timeouts"));
   if (r.has("retries")) service.retries = read_retries(r.nested("retries"));
+  service.request_buffering = r.size("request_buffering", service.request_buffering);
   return service;
 }
 
@@ -706,7 +709,8 @@ void read_balancer(const ConfigReader& r, UpstreamConfig& u) {
 }
 
 void read_health(const ConfigReader& r, UpstreamConfig& u) {
-  r.only({"active", "passive"});
+  r.only({"active", "passive", "panic_threshold"});
+  u.panic_threshold = static_cast<unsigned>(r.number("panic_threshold", u.panic_threshold, 100));
   if (r.has("active")) {
     ConfigReader a = r.nested("active");
     a.only({"path", "interval", "timeout", "healthy", "unhealthy"});
@@ -727,10 +731,12 @@ void read_health(const ConfigReader& r, UpstreamConfig& u) {
   }
   if (r.has("passive")) {
     ConfigReader p = r.nested("passive");
-    p.only({"max_fails", "fail_timeout"});
+    p.only({"max_fails", "fail_timeout", "max_ejection_percent"});
     u.passive_health.max_fails =
         static_cast<unsigned>(p.number("max_fails", u.passive_health.max_fails, 1000));
     u.passive_health.fail_timeout = p.duration("fail_timeout", u.passive_health.fail_timeout);
+    u.passive_health.max_ejection_percent = static_cast<unsigned>(
+        p.number("max_ejection_percent", u.passive_health.max_ejection_percent, 100));
   }
 }
 

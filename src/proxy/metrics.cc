@@ -74,6 +74,18 @@ void Metrics::record_retry_denied(std::uint32_t series) {
   ++s.upstreams[series].retries_denied;
 }
 
+void Metrics::record_ejection(std::uint32_t series, bool withheld) {
+  Shard& s = shard();
+  if (series >= s.upstreams.size()) s.upstreams.resize(series + 1);
+  ++(withheld ? s.upstreams[series].ejections_withheld : s.upstreams[series].ejections);
+}
+
+void Metrics::record_panic(std::uint32_t series) {
+  Shard& s = shard();
+  if (series >= s.upstreams.size()) s.upstreams.resize(series + 1);
+  ++s.upstreams[series].panics;
+}
+
 std::string Metrics::expose() {
   // Each worker copies its own shard: nobody else touches it.
   std::vector<Shard> copies(shards_.size());
@@ -102,6 +114,9 @@ std::string Metrics::expose() {
       total.upstreams[i].first_byte.add(s.upstreams[i].first_byte);
       total.upstreams[i].retries += s.upstreams[i].retries;
       total.upstreams[i].retries_denied += s.upstreams[i].retries_denied;
+      total.upstreams[i].ejections += s.upstreams[i].ejections;
+      total.upstreams[i].ejections_withheld += s.upstreams[i].ejections_withheld;
+      total.upstreams[i].panics += s.upstreams[i].panics;
     }
   }
   std::vector<std::pair<std::string, std::string>> request_labels;
@@ -161,6 +176,26 @@ std::string Metrics::expose() {
   for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
     sample(out, "spindle_upstream_retries_denied_total", service_label(i),
            static_cast<double>(total.upstreams[i].retries_denied));
+  }
+  family(out, "spindle_upstream_ejections_total", "counter",
+         "Targets passive health checks took out, by service.");
+  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
+    sample(out, "spindle_upstream_ejections_total", service_label(i),
+           static_cast<double>(total.upstreams[i].ejections));
+  }
+  family(out, "spindle_upstream_ejections_withheld_total", "counter",
+         "Ejections due but not made, because max_ejection_percent of the targets were out, by "
+         "service.");
+  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
+    sample(out, "spindle_upstream_ejections_withheld_total", service_label(i),
+           static_cast<double>(total.upstreams[i].ejections_withheld));
+  }
+  family(out, "spindle_upstream_panic_total", "counter",
+         "Requests sent with fewer healthy targets than the panic threshold (spread over all "
+         "targets), by service.");
+  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
+    sample(out, "spindle_upstream_panic_total", service_label(i),
+           static_cast<double>(total.upstreams[i].panics));
   }
   return out;
 }

@@ -15,6 +15,7 @@
 #include <random>
 #include <unordered_set>
 
+#include "client_identity.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/buffer_pool.h"
@@ -160,30 +161,23 @@ bool trusted(const ServerConfig& server, const http::RequestContext& context) {
                              [&](const Cidr& cidr) { return cidr.contains(*context.peer); });
 }
 
-// The client's address for a rate limit: the peer, or, when the peer is a trusted proxy, the
-// right-most X-Forwarded-For entry that is not one of the trusted proxies.
-std::string client_address(const http::Request& request, const ServerConfig& server) {
-  const http::RequestContext& context = request.context();
-  auto xff = request.headers().get("x-forwarded-for");
-  if (!xff || !trusted(server, context)) return std::string(context.remote);
-  std::string_view list = *xff;
-  std::string_view chosen;
-  while (!list.empty()) {
-    auto comma = list.rfind(',');
-    std::string_view entry = comma == std::string_view::npos ? list : list.substr(comma + 1);
-    list = comma == std::string_view::npos ? std::string_view() : list.substr(0, comma);
-    while (!entry.empty() && (entry.front() == ' ' || entry.front() == '\t'))
-      entry.remove_prefix(1);
-    while (!entry.empty() && (entry.back() == ' ' || entry.back() == '\t')) entry.remove_suffix(1);
-    chosen = entry;
-    auto address = Address::parse(fmt::format("{}:0", entry));
-    if (!address) address = Address::parse(fmt::format("[{}]:0", entry));
-    bool proxy = address && std::ranges::any_of(server.trusted_proxies, [&](const Cidr& cidr) {
-                   return cidr.contains(*address);
-                 });
-    if (!proxy) break;
-  }
-  return chosen.empty() ? std::string(context.remote) : std::string(chosen);
+// Where a request keeps its client once derived (not logged: their names start with '_').
+constexpr std::string_view kClientAttribute = "_client";
+constexpr std::string_view kForwardedForAttribute = "_forwarded_for";
+
+// Derives the client of `request` (client_identity.h) once, and keeps it with the request:
+// ip_allow, ip_deny, rate limits by client_ip and the X-Forwarded-For sent upstream all read it.
+void note_client(http::Request& request, const ServerConfig& server) {
+  if (!request.attribute(kClientAttribute).empty()) return;
+  detail::ClientIdentity client = detail::identify_client(request, server.trusted_proxies);
+  request.set_attribute(kClientAttribute, client.text);
+  request.set_attribute(kForwardedForAttribute, client.forwarded_for);
+}
+
+// The client of `request` as text, canonical (the peer's own text if note_client has not run).
+std::string_view client_text(const http::Request& request) {
+  std::string_view noted = request.attribute(kClientAttribute);
+  return noted.empty() ? request.context().remote : noted;
 }
 
 // The request attribute that holds a checked JWT's claim (not logged: '_').
@@ -193,8 +187,7 @@ std::string claim_attribute(std::string_view claim) { return fmt::format("_claim
 std::string auth_attribute(std::string_view field) { return fmt::format("_auth:{}", field); }
 
 // What a rate limit counts `request` by.
-std::string rate_limit_key(const http::Request& request, const ServerConfig& server,
-                           const RateLimitConfig& limit) {
+std::string rate_limit_key(const http::Request& request, const RateLimitConfig& limit) {
   switch (limit.key) {
     case RateLimitConfig::Key::kRoute:
       return "route";
@@ -205,7 +198,7 @@ std::string rate_limit_key(const http::Request& request, const ServerConfig& ser
     case RateLimitConfig::Key::kClientIp:
       break;
   }
-  return "ip:" + client_address(request, server);
+  return "ip:" + std::string(client_text(request));
 }
 
 }  // namespace
@@ -307,9 +300,11 @@ std::string_view cookie_value(const http::Request& request, std::string_view nam
 std::string_view split_pick(const http::Request& request, const TrafficSplitConfig& split,
                             std::string& set_cookie) {
   if (!split.cookie.empty()) {
+    // A service whose weight went to 0 (a canary rolled back) is left by everyone, cookie or
+    // not: its clients are picked again, and told by a new cookie.
     std::string_view named = cookie_value(request, split.cookie);
     for (const auto& share : split.shares) {
-      if (share.service == named) return share.service;
+      if (share.service == named && share.weight > 0) return share.service;
     }
   }
   thread_local std::mt19937_64 random{std::random_device{}()};
@@ -454,8 +449,7 @@ std::optional<http::Response> check_jwt(http::Request& request, const JwtConfig&
 // auth service). The first that answers ends the request; nullopt lets it go on to the
 // service.
 template <typename Authorize>
-std::optional<http::Response> answer_first(http::Request& request, const ServerConfig& server,
-                                           const RouteConfig& route,
+std::optional<http::Response> answer_first(http::Request& request, const RouteConfig& route,
                                            const std::vector<std::shared_ptr<RateLimiter>>& limits,
                                            PasswordCheck& passwords, Authorize&& authorize) {
   const RateLimiter* tightest = nullptr;
@@ -465,8 +459,7 @@ std::optional<http::Response> answer_first(http::Request& request, const ServerC
     const MiddlewareConfig& m = route.middlewares[i];
     switch (m.kind) {
       case MiddlewareConfig::Kind::kRateLimit: {
-        auto decision = limits[i]->take(
-            rate_limit_hash(rate_limit_key(request, server, m.rate_limit)), Clock::now());
+        auto decision = limits[i]->take(rate_limit_key(request, m.rate_limit), Clock::now());
         if (tightest == nullptr || !decision.allowed || decision.remaining < shown.remaining) {
           tightest = limits[i].get();
           shown = decision;
@@ -484,9 +477,7 @@ std::optional<http::Response> answer_first(http::Request& request, const ServerC
       }
       case MiddlewareConfig::Kind::kIpAllow:
       case MiddlewareConfig::Kind::kIpDeny: {
-        std::string client = client_address(request, server);
-        auto address = Address::parse(fmt::format("{}:0", client));
-        if (!address) address = Address::parse(fmt::format("[{}]:0", client));
+        auto address = Address::parse_host(client_text(request));
         bool listed = address && std::ranges::any_of(m.networks, [&](const Cidr& cidr) {
                         return cidr.contains(*address);
                       });
@@ -643,20 +634,52 @@ class TriedTargets {
 };
 
 // A target of `upstream` by its balancer, among the healthy ones not tried yet.
+// A target of `upstream` by its balancer, among the healthy ones not tried yet; or, with
+// fewer healthy targets than the panic threshold, among all not tried yet (`panic` says so).
 std::optional<std::size_t> pick_target(Gateway::WorkerState& worker,
                                        const Gateway::Upstream& upstream, const TriedTargets& tried,
-                                       std::uint64_t key_hash) {
+                                       std::uint64_t key_hash, bool* panic = nullptr) {
   // The worker's scratch list: nothing parks between filling it and the pick.
   auto now = coarse_now();  // ejections last seconds
   std::vector<TargetView>& views = worker.views;
   views.resize(upstream.targets.size());
+  std::size_t healthy = 0;
   for (std::size_t i = 0; i < views.size(); ++i) {
     views[i] = TargetView{.weight = upstream.targets[i].config.weight,
                           .healthy = upstream.targets[i].health->healthy(now),
                           .in_flight = worker.in_flight[upstream.index][i],
                           .excluded = tried.contains(i)};
+    healthy += views[i].healthy ? 1 : 0;
   }
+  // Envoy's panic mode: when most targets look down, the checks (or the clients causing the
+  // failures) are more likely wrong than the targets; keep spreading the load over all.
+  bool panicking = healthy * 100 < upstream.config->panic_threshold * views.size();
+  if (panicking) {
+    for (TargetView& v : views) v.healthy = true;
+  }
+  if (panic != nullptr) *panic = panicking;
   return worker.balancers[upstream.index]->pick(views, key_hash);
+}
+
+// A failure of target `index` that says something about it (counts_against_target): counted
+// by passive checking, which may eject the target, within the upstream's cap.
+void note_target_failure(const Gateway::Upstream& upstream, std::size_t index, Metrics* metrics,
+                         std::uint32_t series) {
+  using Verdict = Gateway::Upstream::Verdict;
+  Verdict verdict = upstream.record_failure(index, coarse_now());
+  if (verdict == Verdict::kCounted) return;
+  const Gateway::Target& target = upstream.targets[index];
+  if (verdict == Verdict::kEjected) {
+    log_warn("upstream {}: target {} failed {} times within {} ms: out for as long",
+             upstream.config->name, target.label, upstream.config->passive_health.max_fails,
+             upstream.config->passive_health.fail_timeout.count());
+  } else {
+    log_warn("upstream {}: target {} is failing, but ejecting it would leave too few targets in "
+             "(max_ejection_percent {}%, one always stays): it stays",
+             upstream.config->name, target.label,
+             upstream.config->passive_health.max_ejection_percent);
+  }
+  if (metrics != nullptr) metrics->record_ejection(series, verdict == Verdict::kWithheld);
 }
 
 // "0.412" for 412 microseconds.
@@ -805,12 +828,9 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   }
   bool trace_restarted = false;
   next_traceparent(in.get("traceparent"), trace_restarted, out.traceparent);
-  // A proxy we trust may have said who its client was; anyone else's claim is dropped.
-  if (auto xff = in.get("x-forwarded-for"); xff && from_proxy) {
-    out.forwarded_for = fmt::format("{}, {}", *xff, context.remote);
-  } else {
-    out.forwarded_for = std::string(context.remote);
-  }
+  // The client and the trusted proxies before us (note_client); anyone else's claim is gone.
+  std::string_view forwarded_for = request.attribute(kForwardedForAttribute);
+  out.forwarded_for = forwarded_for.empty() ? context.remote : forwarded_for;
   auto proto = in.get("x-forwarded-proto");
   out.forwarded_proto = proto && from_proxy ? std::string(*proto) : context.tls ? "https" : "http";
   auto host = in.get("x-forwarded-host");
@@ -928,7 +948,20 @@ struct BodyState {
   bool replayable = true;        // the whole body is in `kept`
   std::string kept;              // the whole body (replayable) or the piece not yet sent
   bool streamed_beyond = false;  // bytes beyond `kept` went to an upstream: no retry
+  bool complete = false;         // the client's whole body has been read
 };
+
+// Reads the client's body into `into` until it ends or holds more than `limit` bytes; true if
+// it ended (throws HttpError as Request::read does).
+bool read_up_to(http::Request& request, std::uint64_t limit, std::string& into) {
+  std::string piece(kPiece, '\0');
+  while (into.size() <= limit) {
+    std::size_t n = request.read(piece);
+    if (n == 0) return true;
+    into.append(piece, 0, n);
+  }
+  return false;
+}
 
 Result<void> send_body(http::Request& request, http::ClientExchange& exchange, BodyState& body,
                        bool has_body, std::optional<std::uint64_t> max_body) {
@@ -940,7 +973,10 @@ Result<void> send_body(http::Request& request, http::ClientExchange& exchange, B
     auto go = exchange.await_continue(kContinueWait);
     if (!go) return fail(go.error());
     if (!*go) return {};  // its final answer came first: read_head() has it
-    if (body.replayable) body.kept = request.body();  // the server's 100 goes out here
+    if (body.replayable) {
+      body.kept = request.body();  // the server's 100 goes out here
+      body.complete = true;
+    }
     body.unread = false;
   }
   if (max_body && body.kept.size() > *max_body) too_large();
@@ -955,7 +991,10 @@ Result<void> send_body(http::Request& request, http::ClientExchange& exchange, B
   std::uint64_t total = body.kept.size();
   for (;;) {
     std::size_t n = request.read(piece);  // throws HttpError: the client's body failed
-    if (n == 0) break;
+    if (n == 0) {
+      body.complete = true;
+      break;
+    }
     total += n;
     if (max_body && total > *max_body) too_large();  // a chunked body, past the limit
     body.streamed_beyond = true;
@@ -974,9 +1013,11 @@ Proxy::Proxy(Gateways& gateways, http::UpstreamConnections& connections, Metrics
       mirrors_in_flight_(gateways.runtime().size()) {}
 
 Proxy::~Proxy() {
-  // Copies still on their way use the connections: they end within their service's timeouts.
+  // Copies still on their way use the connections: they end within twice their timeout.
   (void)mirrors_.wait(Deadline::never(), false);
 }
+
+bool Proxy::finish_mirrors(Deadline deadline) { return !mirrors_.wait(deadline, false); }
 
 namespace {
 
@@ -1031,19 +1072,32 @@ void Proxy::mirror(http::Request& request, const std::shared_ptr<Gateway>& gatew
   spawn([this, gateway, copy, &config, &in_flight] {
     const Gateway::Service* service = gateway->service(config.service);
     const Gateway::Upstream& upstream = *service->upstream;
+    // Each wait is bounded by the mirror's timeout, and the copy as a whole too (checked
+    // between reads): an upstream that trickles its answer holds a slot for twice that at most.
+    Deadline overall = Deadline::after(config.timeout);
+    http::ExchangeTimeouts timeouts = service->timeouts;
+    for (auto* t : {&timeouts.connect, &timeouts.first_byte, &timeouts.read, &timeouts.write}) {
+      *t = std::min(*t, config.timeout);
+    }
     if (auto pick = pick_target(gateway->worker_state(), upstream, TriedTargets(), 0)) {
       const Gateway::Target& target = upstream.targets[*pick];
-      auto opened = connections_.open(target.endpoint, copy->head, copy->authority,
-                                      service->timeouts, upstream.limits);
+      auto opened = connections_.open(target.endpoint, copy->head, copy->authority, timeouts,
+                                      upstream.limits);
       if (opened) {
         auto& exchange = **opened;
         bool sent = (copy->body.empty() || exchange.write(copy->body)) && exchange.finish();
+        bool whole = false;
         if (sent && exchange.read_head()) {
           char sink[4096];
-          Result<std::size_t> n;
-          while ((n = exchange.read(sink)) && *n > 0) {
+          while (!overall.expired()) {
+            auto n = exchange.read(sink);
+            if (!n || *n == 0) {
+              whole = n.has_value();
+              break;
+            }
           }
         }
+        if (!whole) exchange.cancel();  // what is left of it is not waited for, nor pooled
       }
     }
     --in_flight;
@@ -1094,12 +1148,12 @@ http::Middleware Proxy::middleware(std::string server_key) {
 
 http::Response Proxy::on_route(http::Request& request, const std::shared_ptr<Gateway>& gateway,
                                const Gateway::Server& server, const RouteConfig& route) {
+  note_client(request, *server.config);
   std::optional<http::Response> answered = answer_first(
-      request, *server.config, route,
+      request, route,
       gateway->rate_limits(static_cast<std::size_t>(&route - gateway->config().routes.data())),
-      *passwords_, [&](const ForwardAuthConfig& auth) {
-        return authorize(request, gateway, *server.config, auth);
-      });
+      *passwords_,
+      [&](const ForwardAuthConfig& auth) { return authorize(request, gateway, auth); });
   http::Response response =
       answered ? std::move(*answered) : pass_on(request, gateway, server, route);
   if (!route.middlewares.empty()) {
@@ -1131,7 +1185,6 @@ http::Response Proxy::pass_on(http::Request& request, const std::shared_ptr<Gate
 
 std::optional<http::Response> Proxy::authorize(http::Request& request,
                                                const std::shared_ptr<Gateway>& gateway,
-                                               const ServerConfig& server,
                                                const ForwardAuthConfig& auth) {
   const Gateway::Service* service = gateway->service(auth.service);
   const Gateway::Upstream& upstream = *service->upstream;
@@ -1164,7 +1217,7 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
     head.headers.add_view(f.name, f.value);
   }
   const http::RequestContext& context = request.context();
-  std::string client = client_address(request, server);
+  std::string client(client_text(request));
   head.headers.add_view("X-Forwarded-Method", request.method());
   head.headers.add_view("X-Forwarded-Proto", context.tls ? "https" : "http");
   head.headers.add_view("X-Forwarded-Host", request.header("host"));
@@ -1176,7 +1229,7 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
       connections_.open(target.endpoint, head, authority, service->timeouts, upstream.limits);
   if (!opened) {
     if (counts_against_target(opened.error())) {
-      target.health->record_failure(upstream.config->passive_health, coarse_now());
+      note_target_failure(upstream, *pick, metrics_, service->series);
     }
     return unavailable(opened.error().message());
   }
@@ -1185,7 +1238,7 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   auto got = finished ? exchange->read_head() : std::unexpected(finished.error());
   if (!got) {
     if (counts_against_target(got.error())) {
-      target.health->record_failure(upstream.config->passive_health, coarse_now());
+      note_target_failure(upstream, *pick, metrics_, service->series);
     }
     return unavailable(got.error().message());
   }
@@ -1222,6 +1275,7 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
 http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gateway>& gateway,
                               const Gateway::Server& server, const RouteConfig& route,
                               std::string_view service_name) {
+  note_client(request, *server.config);
   const Gateway::Service* service =
       gateway->service(service_name.empty() ? std::string_view(route.service) : service_name);
   if (service == nullptr) return http::Response::error(502, "no such service");
@@ -1270,12 +1324,23 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
   }
   const http::RequestHead& head = forward_head->head;
 
-  // Small bodies are read whole first: they can be sent again.
+  // Bodies up to request_buffering are read whole before a target is chosen: they can be sent
+  // again, and a client that dawdles costs no upstream anything. A chunked one is read that far
+  // to see whether it ends within it.
   bool has_body = head.chunked || head.content_length.value_or(0) > 0;
+  const std::uint64_t buffering = service->config->request_buffering;
   BodyState body;
-  body.replayable = !has_body || head.content_length.value_or(UINT64_MAX) <= kReplayLimit;
+  body.replayable = !has_body || head.content_length.value_or(UINT64_MAX) <= buffering;
   body.unread = has_body && request.head().expect_continue;
-  if (has_body && body.replayable && !body.unread) body.kept = request.body();
+  body.complete = !has_body;
+  if (has_body && !body.unread) {
+    if (body.replayable) {
+      body.kept = request.body();
+      body.complete = true;
+    } else if (head.chunked && buffering > 0) {
+      body.complete = body.replayable = read_up_to(request, buffering, body.kept);
+    }
+  }
   bool idempotent = http::is_idempotent(head.method);
 
   // The key consistent_hash hashes.
@@ -1296,7 +1361,9 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
   std::string_view last_target;
   bool last_reused = false;
   for (unsigned attempt = 1;; ++attempt) {
-    auto pick = pick_target(worker, upstream, tried, key_hash);
+    bool panic = false;
+    auto pick = pick_target(worker, upstream, tried, key_hash, &panic);
+    if (panic && metrics_) metrics_->record_panic(service->series);
     if (!pick && attempt > 1 && last_reused && upstream.targets.size() == 1) {
       // Every target tried: the last failure stands. But a single target may be tried again
       // when the failure was a pooled connection it had closed: no fault of the target.
@@ -1349,8 +1416,10 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
     }
     if (response_head == nullptr) {
       last_error = failure;
-      if (counts_against_target(failure)) {
-        target.health->record_failure(upstream.config->passive_health, coarse_now());
+      // A failure while the client's own body was still coming (stalled, cut, past the
+      // upstream's read deadline) may be the client's doing: it is not the target's.
+      if (counts_against_target(failure) && body.complete) {
+        note_target_failure(upstream, *pick, metrics_, service->series);
       }
       // Safe to send again: nothing reached the upstream (whatever the method, if the body is
       // still whole or not yet begun), or an idempotent request whose body is kept and whose

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <unordered_map>
 
@@ -70,21 +71,23 @@ std::uint64_t rate_limit_hash(std::string_view key) {
 }
 
 RateLimitTable::RateLimitTable(double rate, unsigned burst, std::size_t slots)
-    : interval_(static_cast<std::int64_t>(std::max(1.0, 1e9 / rate))),
+    : secret_(SipKey::random()),
+      interval_(static_cast<std::int64_t>(std::max(1.0, 1e9 / rate))),
       tolerance_(interval_ * static_cast<std::int64_t>(burst)),
       burst_(burst),
       slots_(std::max<std::size_t>(slots, kProbe)) {}
 
 RateLimitTable::Slot* RateLimitTable::find(std::uint64_t key, std::int64_t now) {
   std::size_t home = key % slots_.size();
+  auto slot = [&](std::size_t i) -> Slot& { return slots_[(home + i) % slots_.size()]; };
   for (std::size_t i = 0; i < kProbe; ++i) {
-    Slot& s = slots_[(home + i) % slots_.size()];
-    if (s.key.load(std::memory_order_acquire) == key) return &s;
+    if (slot(i).key.load(std::memory_order_acquire) == key) return &slot(i);
   }
   // Not there: take a free slot, or one whose key has been quiet long enough to have its full
-  // burst back (forgetting it changes nothing).
+  // burst back (forgetting it changes nothing). A key still counting is never forgotten: that
+  // would give it its burst again, as often as someone can make other keys take its place.
   for (std::size_t i = 0; i < kProbe; ++i) {
-    Slot& s = slots_[(home + i) % slots_.size()];
+    Slot& s = slot(i);
     std::uint64_t owner = s.key.load(std::memory_order_acquire);
     if (owner != 0 && s.tat.load(std::memory_order_acquire) > now) continue;
     if (s.key.compare_exchange_strong(owner, key, std::memory_order_acq_rel)) {
@@ -96,10 +99,27 @@ RateLimitTable::Slot* RateLimitTable::find(std::uint64_t key, std::int64_t now) 
   return nullptr;
 }
 
-RateLimitTable::Decision RateLimitTable::take(std::uint64_t key, Clock::time_point when) {
+std::int64_t RateLimitTable::next_free(std::uint64_t key) const {
+  std::size_t home = key % slots_.size();
+  std::int64_t earliest = INT64_MAX;
+  for (std::size_t i = 0; i < kProbe; ++i) {
+    earliest =
+        std::min(earliest, slots_[(home + i) % slots_.size()].tat.load(std::memory_order_acquire));
+  }
+  return earliest;
+}
+
+RateLimitTable::Decision RateLimitTable::take(std::string_view text, Clock::time_point when) {
   std::int64_t now = nanos(when);
+  std::uint64_t key = siphash(secret_, text);
+  if (key == 0) key = 1;
   Slot* slot = find(key, now);
-  if (slot == nullptr) return Decision{.allowed = true, .remaining = 0};  // no room: let it by
+  if (slot == nullptr) {
+    // No room for the key: refused, never waved through uncounted. Its window frees as soon
+    // as one of its keys has its full burst back.
+    double wait = static_cast<double>(std::max<std::int64_t>(next_free(key) - now, 0)) / 1e9;
+    return Decision{.allowed = false, .remaining = 0, .retry_after = wait, .reset = wait};
+  }
   std::int64_t tat = slot->tat.load(std::memory_order_acquire);
   for (;;) {
     std::int64_t next = std::max(tat, now) + interval_;
@@ -236,7 +256,9 @@ void RedisRateLimit::refill(KeyState& state, std::uint64_t key, Deadline deadlin
   refilled->set();
 }
 
-RateLimiter::Decision RedisRateLimit::take(std::uint64_t key, Clock::time_point now) {
+RateLimiter::Decision RedisRateLimit::take(std::string_view text, Clock::time_point now) {
+  // Named in Redis by a hash every instance computes alike (the keys are Redis's to keep).
+  std::uint64_t key = rate_limit_hash(text);
   auto& slot = workers_.at(Worker::current()->index());
   if (!slot) slot = std::make_unique<WorkerKeys>();
   WorkerKeys& worker = *slot;

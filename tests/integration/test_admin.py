@@ -116,9 +116,11 @@ def test_metrics_count_requests_and_targets_in_the_prometheus_format(build_dir, 
         assert value(m, "spindle_upstream_retries_total", service="stingy") <= 20
         assert value(m, "spindle_upstream_retries_denied_total",
                      service="stingy") == stingy.count(502)
-        # The dead target failed max_fails times: taken out. The live one is healthy.
+        # The dead target failed max_fails times, but it is its upstream's only target: one
+        # always stays in, and the ejection withheld is counted. The live one is healthy.
         assert value(m, "spindle_upstream_target_healthy", upstream="dead",
-                     target=f"127.0.0.1:{dead_port}") == 0
+                     target=f"127.0.0.1:{dead_port}") == 1
+        assert value(m, "spindle_upstream_ejections_withheld_total", service="gone") == 1
         assert value(m, "spindle_upstream_target_healthy", upstream="api.url",
                      target=addr(a)) == 1
         pooled = value(m, "spindle_upstream_connections", upstream="api.url", target=addr(a),

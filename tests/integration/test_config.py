@@ -115,7 +115,7 @@ SAMPLES = {
     "routes[].middlewares.basic_auth": "{users_file: {tmp}/users.htpasswd, realm: Office}",
     "routes[].middlewares.forward_auth":
         "{service: s, path: /auth, request_headers: [Cookie], response_headers: [X-User]}",
-    "routes[].middlewares.mirror": "{service: s, percent: 10, max_in_flight: 8}",
+    "routes[].middlewares.mirror": "{service: s, percent: 10, max_in_flight: 8, timeout: 2s}",
     "routes[].middlewares.compression": "{min_size: 512, gzip_level: 4, brotli_quality: 3}",
     "routes[].middlewares.jwt": ("{jwks_file: {tmp}/keys.json, algorithms: [HS256], issuer: me, "
                                  "audience: api, leeway: 5s, cookie: s, realm: R, "
@@ -123,13 +123,15 @@ SAMPLES = {
     "services.NAME.tls": None,
     "services.NAME.tls.ca": "/etc/ssl/certs/ca-certificates.crt",
     "services.NAME.tls.verify": "false",
+    "services.NAME.request_buffering": "1m",
     "services.NAME.tls.server_name": "api.internal",
     "upstreams.NAME.balancer": "{consistent_hash: {by: cookie, key: session}}",
     "upstreams.NAME.targets": "[{address: '[::1]:9', weight: 3}, {address: localhost:10}]",
     "upstreams.NAME.health": None,
     "upstreams.NAME.keepalive": None,
     "upstreams.NAME.health.active": "{path: /healthz, interval: 2s, timeout: 1s}",
-    "upstreams.NAME.health.passive": "{max_fails: 0}",
+    "upstreams.NAME.health.passive": "{max_fails: 0, max_ejection_percent: 50}",
+    "upstreams.NAME.health.panic_threshold": "30",
     "upstreams.NAME.keepalive.max_idle": "8",
     "upstreams.NAME.keepalive.idle_timeout": "5s",
 }

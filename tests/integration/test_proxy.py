@@ -202,17 +202,21 @@ services:
 upstreams:
   ejecting:
     targets: [{{address: "127.0.0.1:{dead}"}}]
-    health: {{passive: {{max_fails: 1, fail_timeout: 30s}}}}
+    health:
+      passive: {{max_fails: 1, fail_timeout: 30s}}
+      active: {{path: /, interval: 100ms, timeout: 100ms, unhealthy: 1}}
+      panic_threshold: 0
 """)
     try:
         started = time.monotonic()
         assert request(gw, "GET", "/delay/2000")[0] == 504
         assert time.monotonic() - started < 1.5
         assert request(gw, "GET", "/delay/10")[0] == 200
-        assert request(gw, "GET", "/dead/x")[0] == 502
-        # One failure ejects the only target: then there is nothing healthy to try.
-        assert request(gw, "GET", "/ejecting/x")[0] == 502
-        assert request(gw, "GET", "/ejecting/x")[0] == 503
+        # A lone target is never ejected passively (one always stays in): each request tries
+        # it, and is a 502.
+        assert [request(gw, "GET", "/dead/x")[0] for _ in range(4)] == [502] * 4
+        # Found down by its active checks, with panic mode off: nothing healthy to try.
+        assert wait_until(lambda: request(gw, "GET", "/ejecting/x")[0] == 503, seconds=3)
         assert logged(gw, "no healthy target"), gw.errors
     finally:
         gw.stop()

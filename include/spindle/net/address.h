@@ -24,6 +24,12 @@ class Address {
   [[nodiscard]] static Result<Address> parse(std::string_view text);
   /// Parses a numeric host ("1.2.3.4" or "::1", brackets optional) with a separate port.
   [[nodiscard]] static Result<Address> from_host_port(std::string_view host, std::uint16_t port);
+  /// Parses a host as forwarding fields write one (X-Forwarded-For): "192.0.2.1",
+  /// "192.0.2.1:4711", "2001:db8::1", "[2001:db8::1]" or "[2001:db8::1]:443". The port is
+  /// dropped (0) and an IPv4-mapped IPv6 address (::ffff:192.0.2.1) becomes the IPv4 one, so
+  /// that one host is one Address whatever the spelling. Fails with
+  /// std::errc::invalid_argument on anything else ("unknown", a name, garbage).
+  [[nodiscard]] static Result<Address> parse_host(std::string_view text);
   /// Copies a kernel-provided address. Fails with std::errc::address_family_not_supported.
   [[nodiscard]] static Result<Address> from_sockaddr(const sockaddr* sa, socklen_t length);
   /// 127.0.0.1:`port`.
@@ -40,6 +46,12 @@ class Address {
 
   /// Text that parse() accepts: "1.2.3.4:80", "[::1]:80", "unix:/path".
   std::string to_string() const;
+  /// The host alone, canonical (RFC 5952 for IPv6): "192.0.2.1", "2001:db8::1", or for a Unix
+  /// address its to_string().
+  std::string host_text() const;
+  /// The same host without its IPv6 wrapping if it is an IPv4-mapped address (::ffff:a.b.c.d),
+  /// else a copy.
+  Address unmapped() const;
 
   /// For the socket calls.
   const sockaddr* data() const { return reinterpret_cast<const sockaddr*>(&storage_); }

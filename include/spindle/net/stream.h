@@ -80,6 +80,13 @@ class Stream {
     }
   }
 
+  /// Bytes the kernel has taken for sending so far (TLS records included): see
+  /// TcpStream::bytes_sent.
+  std::uint64_t bytes_sent() const {
+    if (const auto* t = std::get_if<TlsStream>(&s_)) return t->tcp().bytes_sent();
+    return std::get<TcpStream>(s_).bytes_sent();
+  }
+
   /// The TLS layer, or nullptr for plain TCP.
   TlsStream* tls() { return std::get_if<TlsStream>(&s_); }
   /// True if bytes are already buffered above the socket (TLS), so a read would not block

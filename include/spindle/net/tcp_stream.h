@@ -87,10 +87,18 @@ class TcpStream {
   void note_drained() { socket_.note_drained(); }
   /// True while on_readable is set and has not fired.
   bool on_readable_armed() const { return socket_.on_readable_armed(); }
+  /// Bytes the kernel has taken for sending on this stream so far (whatever a later write
+  /// did): a client that must know whether anything of a request can have reached its peer
+  /// compares it before and after.
+  std::uint64_t bytes_sent() const { return sent_; }
+  /// For a layer above that writes the socket itself (OpenSSL): it wrote `n` bytes.
+  void note_sent(std::size_t n) { sent_ += n; }
 
  private:
   /// The registered socket.
   Socket socket_;
+  /// See bytes_sent().
+  std::uint64_t sent_ = 0;
 };
 
 }  // namespace spindle

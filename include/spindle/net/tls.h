@@ -178,6 +178,7 @@ class TlsStream {
 
   /// The TCP connection underneath.
   TcpStream& tcp() { return tcp_; }
+  const TcpStream& tcp() const { return tcp_; }
   [[nodiscard]] Result<Address> peer_address() const { return tcp_.peer_address(); }
   [[nodiscard]] Result<Address> local_address() const { return tcp_.local_address(); }
   int fd() const { return tcp_.fd(); }

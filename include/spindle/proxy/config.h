@@ -209,6 +209,10 @@ struct MirrorConfig {
   double percent = 100;
   /// Copies in flight at once per worker; beyond, a copy is dropped (the request goes on).
   std::size_t max_in_flight = 64;
+  /// How long a copy may take in all (each wait of its exchange is bounded by it too, so a
+  /// copy ends within twice this): a mirror target that trickles its answer holds no slot for
+  /// longer.
+  std::chrono::milliseconds timeout{std::chrono::seconds(5)};
 };
 
 /// `traffic_split`: requests shared between services by weight.
@@ -334,6 +338,10 @@ struct ServiceConfig {
   std::string tls_server_name;
   UpstreamTimeouts timeouts;
   RetryPolicy retries;
+  /// Request bodies up to this size are read whole from the client before a target is chosen
+  /// (they can then be sent again, and a slow client costs the upstream nothing); larger ones
+  /// are streamed as they come.
+  std::uint64_t request_buffering = 64 * 1024;
 };
 
 /// How an upstream picks a target for a request.
@@ -369,6 +377,9 @@ struct ActiveHealthConfig {
 struct PassiveHealthConfig {
   unsigned max_fails = 3;
   std::chrono::milliseconds fail_timeout{std::chrono::seconds(10)};
+  /// The most targets of the upstream passive checks may have ejected at once, in percent of
+  /// them (at least one may be, and one always stays eligible).
+  unsigned max_ejection_percent = 10;
 };
 
 /// Idle upstream connections kept per worker and target.
@@ -396,6 +407,10 @@ struct UpstreamConfig {
   std::string srv;
   ActiveHealthConfig active_health;
   PassiveHealthConfig passive_health;
+  /// Below this share of healthy targets (percent), the balancer spreads requests over all of
+  /// them, healthy or not: what looks like every target failing is more likely the checks
+  /// (or the clients) than the targets. 0: never.
+  unsigned panic_threshold = 50;
   KeepaliveConfig keepalive;
   UpstreamLimits limits;
 };

@@ -41,8 +41,14 @@ class TargetHealth {
  public:
   /// True unless ejected now or found unhealthy by the prober.
   bool healthy(Clock::time_point now) const;
-  /// A failed exchange (connect failure, reset, timeout, malformed response).
-  void record_failure(const PassiveHealthConfig& config, Clock::time_point now);
+  /// True if passive checks have it ejected now.
+  bool ejected(Clock::time_point now) const;
+  /// A failed exchange (connect failure, reset, timeout, malformed response): true when it is
+  /// the max_fails-th within fail_timeout, so that the target is due to be ejected (its
+  /// upstream decides: Gateway::Upstream::record_failure).
+  bool note_failure(const PassiveHealthConfig& config, Clock::time_point now);
+  /// Takes the target out of the balancer's choice until `until`.
+  void eject(Clock::time_point until);
   /// A successful exchange: the failure count starts again.
   void record_success();
   /// The prober's verdict.
@@ -87,6 +93,17 @@ class Gateway {
     /// How its targets are spoken to (the same for all: set by the first service using it).
     http::WireProtocol protocol = http::WireProtocol::kHttp1;
     bool tls = false;
+
+    /// What passive checking did with a failure of target `index`.
+    enum class Verdict {
+      kCounted,   ///< counted; no ejection due yet
+      kEjected,   ///< the target is out for fail_timeout
+      kWithheld,  ///< an ejection was due, but max_ejection_percent of the targets are out
+    };
+    /// Counts a failure of target `index`, ejecting it when due unless the upstream has as many
+    /// targets ejected as max_ejection_percent allows (at least one may be; one always stays).
+    /// Workers decide at once without a lock: two may eject one target too many, briefly.
+    Verdict record_failure(std::size_t index, Clock::time_point now) const;
   };
   struct Service {
     const ServiceConfig* config = nullptr;
@@ -193,6 +210,9 @@ class Proxy {
   Proxy(Gateways& gateways, http::UpstreamConnections& connections, Metrics* metrics = nullptr);
   ~Proxy();
 
+  /// Waits until every mirror copy on its way has ended, or `deadline`; true if all did (a
+  /// shutdown waits no longer than its drain; then cancelling the fibers ends the others).
+  bool finish_mirrors(Deadline deadline);
   /// The middleware for the server whose key (ServerConfig::key()) is `server_key`: it forwards
   /// along the routes that server has in the snapshot in force, whichever that is by then.
   http::Middleware middleware(std::string server_key);
@@ -217,7 +237,6 @@ class Proxy {
   /// to copy kept as attributes); otherwise the answer the client gets.
   std::optional<http::Response> authorize(http::Request& request,
                                           const std::shared_ptr<Gateway>& gateway,
-                                          const ServerConfig& server,
                                           const ForwardAuthConfig& auth);
 
   /// mirror: sends a copy of `request` to `config`'s service in a fiber of its own (or drops

@@ -57,6 +57,12 @@ class Metrics {
   /// An attempt that could have been sent again, but the retry budget was spent. Worker
   /// threads only.
   void record_retry_denied(std::uint32_t series);
+  /// Passive checks ejected a target, or (`withheld`) would have but for max_ejection_percent.
+  /// Worker threads only.
+  void record_ejection(std::uint32_t series, bool withheld);
+  /// A target was picked among all, healthy or not: fewer than the panic threshold were
+  /// healthy. Worker threads only.
+  void record_panic(std::uint32_t series);
 
   /// The counted series in the Prometheus text format. From a fiber of the runtime (it waits
   /// for each worker's shard).
@@ -71,6 +77,9 @@ class Metrics {
     Histogram connect, first_byte;
     std::uint64_t retries = 0;
     std::uint64_t retries_denied = 0;
+    std::uint64_t ejections = 0;
+    std::uint64_t ejections_withheld = 0;
+    std::uint64_t panics = 0;
   };
   struct alignas(64) Shard {
     std::vector<RequestStats> requests;

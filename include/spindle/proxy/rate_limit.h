@@ -12,8 +12,10 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "spindle/base/siphash.h"
 #include "spindle/io/deadline.h"
 #include "spindle/proxy/config.h"
 #include "spindle/proxy/redis.h"
@@ -35,13 +37,19 @@ class RateLimiter {
     bool unavailable = false;
   };
   virtual ~RateLimiter() = default;
-  /// Counts one request of the key whose hash is `key` at `now`. From a fiber of a runtime
-  /// (a shared store parks it, never longer than its timeout).
-  virtual Decision take(std::uint64_t key, Clock::time_point now) = 0;
+  /// Counts one request of `key` at `now`. From a fiber of a runtime (a shared store parks
+  /// it, never longer than its timeout).
+  virtual Decision take(std::string_view key, Clock::time_point now) = 0;
   /// Requests allowed at once.
   virtual unsigned burst() const = 0;
 };
 
+/// A local rate limit: a fixed table of slots, each a key's hash and its theoretical arrival
+/// time. A key's slot is looked for in a window of 8 from its home, chosen by SipHash under a
+/// secret made for the table (so clients cannot aim keys at one window). A key takes a free
+/// slot there, or one whose key has its full burst back (forgetting that changes nothing); a
+/// key that finds neither is refused (429), never let by uncounted, and no key still counting
+/// is ever forgotten (docs/operations.md: what a flood can cost).
 class RateLimitTable final : public RateLimiter {
  public:
   /// `rate` requests per second on average, `burst` at once; room for `slots` keys at a time
@@ -49,7 +57,7 @@ class RateLimitTable final : public RateLimiter {
   RateLimitTable(double rate, unsigned burst, std::size_t slots = 1 << 16);
 
   /// Any thread, never parks.
-  Decision take(std::uint64_t key, Clock::time_point now) override;
+  Decision take(std::string_view key, Clock::time_point now) override;
 
   unsigned burst() const override { return burst_; }
 
@@ -59,10 +67,13 @@ class RateLimitTable final : public RateLimiter {
     std::atomic<std::uint64_t> key{0};
     std::atomic<std::int64_t> tat{0};
   };
-  /// The slot of `key` (claimed if need be), or nullptr when the probe window is all taken by
-  /// busy keys.
+  /// The slot of the key with hash `key`: its own, else a free or quiet one of its window
+  /// (claimed), else nullptr.
   Slot* find(std::uint64_t key, std::int64_t now);
+  /// When the window of `key` next has a slot free (ns on the steady clock).
+  std::int64_t next_free(std::uint64_t key) const;
 
+  SipKey secret_;           // the slot hash's key, this table's own
   std::int64_t interval_;   // ns between requests at the steady rate
   std::int64_t tolerance_;  // ns of credit: burst x interval
   unsigned burst_;
@@ -85,7 +96,7 @@ class RedisRateLimit final : public RateLimiter,
                  unsigned burst, unsigned batch, bool fail_open, std::size_t workers);
   ~RedisRateLimit() override;
 
-  Decision take(std::uint64_t key, Clock::time_point now) override;
+  Decision take(std::string_view key, Clock::time_point now) override;
   unsigned burst() const override { return burst_; }
 
  private:
@@ -125,7 +136,8 @@ class RateLimitRegistry {
   std::map<std::string, std::shared_ptr<RedisClients>> redis_;
 };
 
-/// A 64-bit hash of a rate-limit key (never 0).
+/// A 64-bit hash of a rate-limit key (never 0), the same in every process: what names a
+/// shared limit's key in Redis.
 std::uint64_t rate_limit_hash(std::string_view key);
 
 }  // namespace spindle::proxy

@@ -58,3 +58,22 @@ TEST(Address, WithPortChangesOnlyThePort) {
   EXPECT_EQ(a.with_port(99).to_string(), "192.168.0.1:99");
   EXPECT_EQ(Address::loopback_v4(7).to_string(), "127.0.0.1:7");
 }
+
+TEST(Address, ParsesHostsAsForwardingFieldsWriteThem) {
+  auto text = [](std::string_view s) {
+    auto a = Address::parse_host(s);
+    return a ? a->host_text() : std::string("error");
+  };
+  EXPECT_EQ(text("192.0.2.1"), "192.0.2.1");
+  EXPECT_EQ(text("192.0.2.1:4711"), "192.0.2.1");
+  EXPECT_EQ(text("2001:0db8:0:0::1"), "2001:db8::1");
+  EXPECT_EQ(text("[2001:db8::1]"), "2001:db8::1");
+  EXPECT_EQ(text("[2001:db8::1]:443"), "2001:db8::1");
+  EXPECT_EQ(text("::ffff:192.0.2.1"), "192.0.2.1");
+  EXPECT_EQ(text("[::ffff:c000:201]:1"), "192.0.2.1");
+  for (const char* bad : {"", "unknown", "example.com", "192.0.2.1:", "192.0.2.1:http",
+                          "[2001:db8::1", "[2001:db8::1]x", "192.0.2.1:123456", "_hidden"}) {
+    EXPECT_EQ(text(bad), "error") << bad;
+  }
+  EXPECT_EQ(*Address::parse_host("192.0.2.1:5"), *Address::parse_host("::ffff:192.0.2.1"));
+}

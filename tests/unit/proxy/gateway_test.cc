@@ -109,21 +109,54 @@ TEST(Gateways, AnUnresolvableTargetIsAConfigurationError) {
   }
 }
 
-TEST(TargetHealth, MaxFailsWithinFailTimeoutEjectsForFailTimeout) {
+TEST(TargetHealth, MaxFailsWithinFailTimeoutMakesAnEjectionDue) {
   TargetHealth health;
   PassiveHealthConfig config{.max_fails = 3, .fail_timeout = 10s};
   auto t0 = Clock::now();
-  health.record_failure(config, t0);
-  health.record_failure(config, t0 + 1s);
-  EXPECT_TRUE(health.healthy(t0 + 1s));
-  health.record_failure(config, t0 + 2s);
-  EXPECT_FALSE(health.healthy(t0 + 2s)) << "the third failure within 10 s ejects";
+  EXPECT_FALSE(health.note_failure(config, t0));
+  EXPECT_FALSE(health.note_failure(config, t0 + 1s));
+  EXPECT_TRUE(health.note_failure(config, t0 + 2s)) << "the third failure within 10 s";
+  health.eject(t0 + 12s);
   EXPECT_FALSE(health.healthy(t0 + 11s));
   EXPECT_TRUE(health.healthy(t0 + 13s)) << "back after fail_timeout";
   // Failures spread wider than fail_timeout never add up.
   TargetHealth spread;
-  for (int i = 0; i < 10; ++i) spread.record_failure(config, t0 + i * 11s);
-  EXPECT_TRUE(spread.healthy(t0 + 100s));
+  for (int i = 0; i < 10; ++i) EXPECT_FALSE(spread.note_failure(config, t0 + i * 11s));
+}
+
+// An upstream of `n` targets with the passive settings given.
+struct TestUpstream {
+  UpstreamConfig config;
+  Gateway::Upstream upstream;
+  TestUpstream(std::size_t n, unsigned max_ejection_percent) {
+    config.passive_health = {
+        .max_fails = 1, .fail_timeout = 10s, .max_ejection_percent = max_ejection_percent};
+    upstream.config = &config;
+    for (std::size_t i = 0; i < n; ++i) {
+      Gateway::Target t;
+      t.health = std::make_shared<TargetHealth>();
+      upstream.targets.push_back(std::move(t));
+    }
+  }
+};
+
+TEST(UpstreamHealth, EjectsAtMostMaxEjectionPercentAndNeverTheLastTarget) {
+  using Verdict = Gateway::Upstream::Verdict;
+  auto t0 = Clock::now();
+  TestUpstream ten(10, 10);  // 10% of 10: one out at a time
+  EXPECT_EQ(ten.upstream.record_failure(0, t0), Verdict::kEjected);
+  EXPECT_EQ(ten.upstream.record_failure(1, t0), Verdict::kWithheld);
+  EXPECT_TRUE(ten.upstream.targets[1].health->healthy(t0));
+  // Once the first is back, another may go.
+  EXPECT_EQ(ten.upstream.record_failure(1, t0 + 11s), Verdict::kEjected);
+  TestUpstream three(3, 100);  // all but one
+  EXPECT_EQ(three.upstream.record_failure(0, t0), Verdict::kEjected);
+  EXPECT_EQ(three.upstream.record_failure(1, t0), Verdict::kEjected);
+  EXPECT_EQ(three.upstream.record_failure(2, t0), Verdict::kWithheld);
+  TestUpstream one(1, 100);  // nowhere else to go
+  EXPECT_EQ(one.upstream.record_failure(0, t0), Verdict::kWithheld);
+  TestUpstream two(2, 10);  // 10% of 2 rounds down, but one may always be
+  EXPECT_EQ(two.upstream.record_failure(0, t0), Verdict::kEjected);
 }
 
 }  // namespace

@@ -1,0 +1,46 @@
+#include "client_identity.h"
+
+#include <algorithm>
+
+namespace spindle::proxy::detail {
+namespace {
+
+bool is_trusted(const std::vector<Cidr>& trusted, const Address& address) {
+  return std::ranges::any_of(trusted, [&](const Cidr& cidr) { return cidr.contains(address); });
+}
+
+}  // namespace
+
+ClientIdentity identify_client(const http::Request& request, const std::vector<Cidr>& trusted) {
+  const http::RequestContext& context = request.context();
+  ClientIdentity client;
+  if (context.peer == nullptr || context.peer->family() == Address::Family::kUnix) {
+    client.text = std::string(context.remote);
+    client.forwarded_for = client.text;
+    return client;
+  }
+  // The hops from this gateway outwards: the peer first.
+  std::vector<Address> hops{context.peer->unmapped()};
+  if (is_trusted(trusted, hops.back())) {
+    std::vector<std::string_view> entries;
+    for (const http::Field& f : request.headers()) {
+      if (!http::iequals(f.name, "x-forwarded-for")) continue;
+      http::for_each_list_item(f.value, [&](std::string_view item) { entries.push_back(item); });
+    }
+    for (auto entry = entries.rbegin(); entry != entries.rend(); ++entry) {
+      auto address = Address::parse_host(*entry);
+      if (!address) break;  // not an address: the hop that wrote it is the client
+      hops.push_back(*address);
+      if (!is_trusted(trusted, *address)) break;
+    }
+  }
+  client.address = hops.back();
+  client.text = client.address->host_text();
+  for (auto hop = hops.rbegin(); hop != hops.rend(); ++hop) {
+    if (!client.forwarded_for.empty()) client.forwarded_for += ", ";
+    client.forwarded_for += hop->host_text();
+  }
+  return client;
+}
+
+}  // namespace spindle::proxy::detail

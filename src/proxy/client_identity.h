@@ -1,0 +1,34 @@
+#pragma once
+// Who a request comes from, as the gateway sees it (private to src/proxy): derived once per
+// request, then used by ip_allow, ip_deny, rate_limit's client_ip and the X-Forwarded-For sent
+// upstream alike.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "spindle/http/message.h"
+#include "spindle/net/cidr.h"
+
+namespace spindle::proxy::detail {
+
+/// The client of a request.
+struct ClientIdentity {
+  /// Its address, IPv4-mapped forms folded (nullopt when not an IP address: a Unix peer, or
+  /// none known).
+  std::optional<Address> address;
+  /// It as text, canonical: "192.0.2.1", "2001:db8::1" (or the peer's own text otherwise).
+  std::string text;
+  /// The X-Forwarded-For to send on: the client, then each trusted proxy between it and this
+  /// gateway, ending with the peer, all canonical. What lies left of the client in the fields
+  /// received is nobody's word worth passing on.
+  std::string forwarded_for;
+};
+
+/// The peer, unless it is one of `trusted`: then every X-Forwarded-For field line, as one list
+/// (RFC 9110 5.3), is walked from the right past the trusted proxies to the first address that
+/// is not one. Entries may be "IP", "IP:port", "[IPv6]" or "[IPv6]:port"; an entry that is not
+/// an address stops the walk, and the hop that sent it is the client (as nginx's realip).
+ClientIdentity identify_client(const http::Request& request, const std::vector<Cidr>& trusted);
+
+}  // namespace spindle::proxy::detail
