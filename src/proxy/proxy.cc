@@ -674,10 +674,10 @@ void note_target_failure(const Gateway::Upstream& upstream, std::size_t index, M
              upstream.config->name, target.label, upstream.config->passive_health.max_fails,
              upstream.config->passive_health.fail_timeout.count());
   } else {
-    log_warn("upstream {}: target {} is failing, but ejecting it would leave too few targets in "
-             "(max_ejection_percent {}%, one always stays): it stays",
-             upstream.config->name, target.label,
-             upstream.config->passive_health.max_ejection_percent);
+    log_warn(
+        "upstream {}: target {} is failing, but ejecting it would leave too few targets in "
+        "(max_ejection_percent {}%, one always stays): it stays",
+        upstream.config->name, target.label, upstream.config->passive_health.max_ejection_percent);
   }
   if (metrics != nullptr) metrics->record_ejection(series, verdict == Verdict::kWithheld);
 }
