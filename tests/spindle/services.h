@@ -1,0 +1,132 @@
+#pragma once
+// Real services for tests, started by the test and stopped by PID: a throwaway PostgreSQL
+// (tests/tools/postgres.sh: initdb into a temporary folder, Unix socket only) and a Redis on a
+// free loopback port. A machine without them makes the tests that need them skip, saying so.
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+namespace spindle::testing {
+
+/// A free TCP port on 127.0.0.1 (bound and released: good enough for a test).
+inline int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t n = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+/// Runs a shell command; its standard output (without the last newline) and exit status.
+inline std::pair<std::string, int> run_command(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen(command.c_str(), "r");
+  if (p == nullptr) return {"", -1};
+  char buffer[512];
+  while (std::fgets(buffer, sizeof buffer, p) != nullptr) out += buffer;
+  int status = ::pclose(p);
+  if (!out.empty() && out.back() == '\n') out.pop_back();
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+#ifdef SPINDLE_SOURCE_DIR
+/// A PostgreSQL of the test's own, for the whole test binary (started on first use).
+class TestPostgres {
+ public:
+  /// The server, or nullptr if PostgreSQL is not installed (why() says so).
+  static TestPostgres* get() {
+    static std::unique_ptr<TestPostgres> server = [] {
+      auto s = std::unique_ptr<TestPostgres>(new TestPostgres);
+      return s->conninfo_.empty() ? nullptr : std::move(s);
+    }();
+    return server.get();
+  }
+  /// Why get() is nullptr.
+  static const std::string& why() { return why_; }
+  ~TestPostgres() { run_command(script() + " stop " + dir_); }
+  /// "host=DIR port=PORT user=postgres dbname=postgres".
+  const std::string& conninfo() const { return conninfo_; }
+
+ private:
+  TestPostgres() : dir_("/tmp/spindle-pg-" + std::to_string(::getpid())) {
+    auto [out, status] =
+        run_command(script() + " start " + dir_ + " " + std::to_string(free_port()) + " 2>&1");
+    if (status == 0) {
+      conninfo_ = out.substr(out.rfind('\n') + 1);
+    } else {
+      why_ = status == 3 ? "PostgreSQL is not installed (apt-get install postgresql)"
+                         : "PostgreSQL did not start: " + out;
+    }
+  }
+  static std::string script() {
+    return std::string(SPINDLE_SOURCE_DIR) + "/tests/tools/postgres.sh";
+  }
+
+  std::string dir_;
+  std::string conninfo_;
+  static inline std::string why_;
+};
+
+/// Skips the test when there is no PostgreSQL, saying why; else the server.
+#define REQUIRE_POSTGRES(server)                                                      \
+  ::spindle::testing::TestPostgres* server = ::spindle::testing::TestPostgres::get(); \
+  if (server == nullptr) GTEST_SKIP() << ::spindle::testing::TestPostgres::why()
+#endif
+
+/// A Redis on a free loopback port, for one test; stopped by PID when it goes.
+class TestRedis {
+ public:
+  TestRedis() : port_(free_port()) {
+    if (::access("/usr/bin/redis-server", X_OK) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      std::string port = std::to_string(port_);
+      ::execl("/usr/bin/redis-server", "redis-server", "--port", port.c_str(), "--bind",
+              "127.0.0.1", "--save", "", "--appendonly", "no", "--logfile", "/dev/null",
+              static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    // Ready once it accepts a connection.
+    for (int i = 0; i < 200; ++i) {
+      int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_port = htons(static_cast<std::uint16_t>(port_));
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      bool up = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+      ::close(fd);
+      if (up) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~TestRedis() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  /// False if redis-server is not installed.
+  bool running() const { return pid_ > 0; }
+  int port() const { return port_; }
+
+ private:
+  int port_;
+  pid_t pid_ = -1;
+};
+
+}  // namespace spindle::testing
