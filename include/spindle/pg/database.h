@@ -1,0 +1,176 @@
+#pragma once
+/// spindle's PostgreSQL client: libpq's non-blocking API in pipeline mode, driven by the
+/// worker's reactor. No hooks: a fiber that queries parks, its worker goes on.
+///
+///   pg::Database db(runtime, {.conninfo = "host=/run/postgresql dbname=app"});
+///   auto by_id = db.prepare("SELECT id, name FROM users WHERE id = $1");
+///   // on a fiber of `runtime`:
+///   auto rows = db.query(by_id, {pg::param(42)}, Deadline::after(1s));
+///   if (!rows) log_error("{} ({})", rows.error().message, rows.error().sqlstate);
+///
+/// Each worker has its own pool of connections (Options::connections of them, opened when
+/// first needed). Calls from the fibers of one worker share its connections: each statement
+/// is its own Bind/Execute/Sync, written at once behind the ones already in flight, and the
+/// results come back in order to whoever is waiting for each — so concurrent requests, and the
+/// several statements of one request sent with start(), do not wait for each other's round
+/// trips. A Transaction holds one connection for itself until it ends.
+///
+/// Every call has a deadline: when it passes the call returns Errc::kTimedOut and, if its
+/// statement is the one the server is running, a cancel request goes to the server. A
+/// connection that breaks (server restart, pg_terminate_backend) fails the calls on it with
+/// Errc::kConnectionLost and leaves the pool; the next call opens a new one.
+
+#include <chrono>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "spindle/io/deadline.h"
+#include "spindle/pg/result.h"
+
+namespace spindle {
+class Runtime;
+class Waiter;
+}  // namespace spindle
+
+namespace spindle::pg {
+
+struct Options {
+  /// Any libpq connection string or URI (host, port, dbname, user, password, sslmode,
+  /// sslrootcert, application_name, options, ...): passed to libpq as it is.
+  std::string conninfo;
+  /// Connections per worker (opened on demand, up to this many).
+  std::size_t connections = 2;
+  /// How long opening a connection may take.
+  std::chrono::milliseconds connect_timeout{5000};
+  /// A connection unused this long is closed (0: never).
+  std::chrono::milliseconds idle_timeout{60'000};
+  /// A connection older than this is retired once its calls are answered (0: never).
+  std::chrono::milliseconds max_lifetime{30 * 60'000};
+};
+
+/// A statement registered once with Database::prepare, prepared on each connection the first
+/// time it runs there (the Parse goes out in the same write as its first Execute).
+struct Statement {
+  std::uint32_t id = 0;
+};
+
+class Connection;
+class Pool;
+
+/// One statement sent, its result still to come. Get it with result(); destroying a Query
+/// without asking leaves its result to be thrown away when it comes.
+class Query {
+ public:
+  Query() = default;
+  Query(Query&& other) noexcept;
+  Query& operator=(Query&& other) noexcept;
+  ~Query();
+
+  /// Waits for the result until `deadline` (then Errc::kTimedOut, and a cancel for the server).
+  Expected<Result> result(Deadline deadline = Deadline::never());
+
+ private:
+  friend class Connection;
+  friend class Database;
+  friend class Transaction;
+  /// A Query whose result() is `why`.
+  static Query failed(Error why);
+  void detach();
+  std::shared_ptr<Connection> connection_;
+  std::uint64_t sequence_ = 0;
+  std::optional<Expected<Result>> outcome_;
+  Waiter* waiter_ = nullptr;
+};
+
+/// A transaction on one connection: BEGIN when made, COMMIT by commit(), ROLLBACK if it ends
+/// without one. Statements in it go out pipelined like any other.
+class Transaction {
+ public:
+  Transaction(Transaction&&) noexcept;
+  Transaction& operator=(Transaction&&) = delete;
+  ~Transaction();
+
+  Query start(const Statement& statement, std::span<const Param> params);
+  Query start(std::string_view sql, std::span<const Param> params = {});
+  Expected<Result> query(const Statement& statement, std::span<const Param> params,
+                         Deadline deadline = Deadline::never());
+  Expected<Result> query(std::string_view sql, std::span<const Param> params = {},
+                         Deadline deadline = Deadline::never());
+  Expected<Result> query(const Statement& statement, std::initializer_list<Param> params,
+                         Deadline deadline = Deadline::never()) {
+    return query(statement, std::span<const Param>(params.begin(), params.size()), deadline);
+  }
+  /// COMMIT; an error if it (or anything before it in the transaction) failed.
+  Expected<void> commit(Deadline deadline = Deadline::never());
+  /// ROLLBACK now, and wait for it.
+  Expected<void> rollback(Deadline deadline = Deadline::never());
+
+ private:
+  friend class Database;
+  Transaction(std::shared_ptr<Pool> pool, std::shared_ptr<Connection> connection);
+  void release();
+  std::shared_ptr<Pool> pool_;
+  std::shared_ptr<Connection> connection_;
+};
+
+class Database {
+ public:
+  /// Opens nothing yet: connections are made by the first calls on each worker.
+  Database(Runtime& runtime, Options options);
+  /// Closes every connection (close()).
+  ~Database();
+  Database(const Database&) = delete;
+  Database& operator=(const Database&) = delete;
+
+  /// Registers a statement (any thread, any time).
+  Statement prepare(std::string sql);
+
+  /// Sends a statement and returns at once (pipelined behind those in flight). On a fiber of
+  /// the runtime; an error is reported by the Query's result().
+  Query start(const Statement& statement, std::span<const Param> params);
+  Query start(std::string_view sql, std::span<const Param> params = {});
+
+  /// start() then result().
+  Expected<Result> query(const Statement& statement, std::span<const Param> params,
+                         Deadline deadline = Deadline::never());
+  Expected<Result> query(const Statement& statement, std::initializer_list<Param> params,
+                         Deadline deadline = Deadline::never()) {
+    return query(statement, std::span<const Param>(params.begin(), params.size()), deadline);
+  }
+  Expected<Result> query(std::string_view sql, std::span<const Param> params = {},
+                         Deadline deadline = Deadline::never());
+  Expected<Result> query(std::string_view sql, std::initializer_list<Param> params,
+                         Deadline deadline = Deadline::never()) {
+    return query(sql, std::span<const Param>(params.begin(), params.size()), deadline);
+  }
+
+  /// A connection of its own for a transaction (waits for one no other call is using).
+  Expected<Transaction> begin(Deadline deadline = Deadline::never());
+
+  /// Counts for tests and metrics, for the calling worker's pool.
+  struct Stats {
+    std::size_t open = 0;       ///< connections open
+    std::size_t opened = 0;     ///< connections opened so far
+    std::size_t in_flight = 0;  ///< statements sent, result not yet in
+  };
+  Stats stats() const;
+
+  /// Closes every connection of every worker (calls in flight end with Errc::kClosed). Call it
+  /// before the runtime stops; the destructor does.
+  void close();
+
+ private:
+  friend class Pool;
+  struct Shared;
+  Pool* pool_here() const;
+  Expected<std::shared_ptr<Connection>> pick(bool exclusive, Deadline deadline) const;
+  std::shared_ptr<Shared> shared_;
+  Runtime* runtime_;
+};
+
+}  // namespace spindle::pg
