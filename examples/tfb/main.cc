@@ -1,0 +1,517 @@
+// The TechEmpower Framework Benchmarks' test types on spindle, by two roads to PostgreSQL:
+//
+//   tfb --listen 127.0.0.1:8080 --db "host=/run/postgresql dbname=hello_world" \
+//       [--threads N] [--connections N] [--road native|hooked]
+//
+// --road native (the default) uses spindle's client (pg/: pipelined, no hooks); --road hooked
+// makes the same calls through plain blocking libpq, made cooperative by hook/. The schema is
+// examples/tfb/schema.sql. Prints {"event":"listening","address":...} once it listens.
+#include <fmt/format.h>
+#include <libpq-fe.h>
+
+#include <algorithm>
+#include <charconv>
+#include <csignal>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "spindle/fiber/worker.h"
+#include "spindle/http/server.h"
+#include "spindle/net/signal_set.h"
+#include "spindle/pg/database.h"
+#include "spindle/sync/semaphore.h"
+
+using namespace spindle;
+
+namespace {
+
+constexpr int kWorldRows = 10'000;
+
+struct World {
+  int id;
+  int number;
+};
+
+struct Fortune {
+  int id;
+  std::string message;
+};
+
+int random_id() {
+  thread_local std::minstd_rand generator{std::random_device{}()};
+  return std::uniform_int_distribution<int>(1, kWorldRows)(generator);
+}
+
+// The count a test asks for: 1..500, anything that is not a number 1.
+int count_of(std::string_view query, std::string_view name) {
+  std::size_t at = 0;
+  while (at < query.size()) {
+    std::size_t end = query.find('&', at);
+    if (end == std::string_view::npos) end = query.size();
+    std::string_view pair = query.substr(at, end - at);
+    if (pair.size() > name.size() && pair.starts_with(name) && pair[name.size()] == '=') {
+      std::string_view value = pair.substr(name.size() + 1);
+      int n = 0;
+      auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (ec == std::errc::result_out_of_range) return value.starts_with('-') ? 1 : 500;
+      if (ec != std::errc() || ptr != value.data() + value.size()) return 1;
+      return std::clamp(n, 1, 500);
+    }
+    at = end + 1;
+  }
+  return 1;
+}
+
+void append_world(std::string& out, const World& w) {
+  fmt::format_to(std::back_inserter(out), R"({{"id":{},"randomNumber":{}}})", w.id, w.number);
+}
+
+std::string worlds_json(const std::vector<World>& worlds) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < worlds.size(); ++i) {
+    if (i > 0) out += ',';
+    append_world(out, worlds[i]);
+  }
+  out += ']';
+  return out;
+}
+
+void append_escaped(std::string& out, std::string_view text) {
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
+    }
+  }
+}
+
+std::string fortunes_html(std::vector<Fortune> fortunes) {
+  fortunes.push_back({0, "Additional fortune added at request time."});
+  std::sort(fortunes.begin(), fortunes.end(),
+            [](const Fortune& a, const Fortune& b) { return a.message < b.message; });
+  std::string out =
+      "<!DOCTYPE html><html><head><title>Fortunes</title></head><body><table>"
+      "<tr><th>id</th><th>message</th></tr>";
+  for (const Fortune& f : fortunes) {
+    fmt::format_to(std::back_inserter(out), "<tr><td>{}</td><td>", f.id);
+    append_escaped(out, f.message);
+    out += "</td></tr>";
+  }
+  out += "</table></body></html>";
+  return out;
+}
+
+// New random numbers for `worlds`, the same for a row asked twice (one UPDATE sets one value),
+// sorted by id (concurrent updates then lock rows in one order: no deadlocks).
+std::vector<World> renumbered(std::vector<World> worlds) {
+  std::vector<World> sorted = worlds;
+  std::sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.id < b.id; });
+  sorted.erase(
+      std::unique(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.id == b.id; }),
+      sorted.end());
+  for (World& w : sorted) w.number = random_id();
+  for (World& w : worlds) {
+    w.number = std::lower_bound(sorted.begin(), sorted.end(), w.id, [](const World& s, int id) {
+                 return s.id < id;
+               })->number;
+  }
+  return worlds;
+}
+
+// UPDATE world SET randomnumber = CASE id WHEN $1 THEN $2 ... END WHERE id IN ($1, $3, ...)
+std::string update_sql(int rows) {
+  std::string sql = "UPDATE world SET randomnumber = CASE id";
+  for (int i = 0; i < rows; ++i) {
+    fmt::format_to(std::back_inserter(sql), " WHEN ${}::int4 THEN ${}::int4", 2 * i + 1, 2 * i + 2);
+  }
+  sql += " ELSE randomnumber END WHERE id IN (";
+  for (int i = 0; i < rows; ++i)
+    fmt::format_to(std::back_inserter(sql), "{}${}::int4", i ? "," : "", 2 * i + 1);
+  sql += ')';
+  return sql;
+}
+
+/// What the handlers need of a database; an error is thrown as http::HttpError(500).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::vector<World> worlds(int count) = 0;
+  virtual std::vector<Fortune> fortunes() = 0;
+  /// Writes the rows' numbers (distinct ids, sorted).
+  virtual void update(const std::vector<World>& rows) = 0;
+};
+
+[[noreturn]] void fail(std::string_view what, std::string_view message) {
+  throw http::HttpError(500, fmt::format("{}: {}", what, message));
+}
+
+// --- native: spindle's client ------------------------------------------------------------
+
+class NativeBackend : public Backend {
+ public:
+  NativeBackend(Runtime& runtime, pg::Options options)
+      : db_(runtime, std::move(options)),
+        world_(db_.prepare("SELECT id, randomnumber FROM world WHERE id = $1")),
+        fortune_(db_.prepare("SELECT id, message FROM fortune")) {
+    for (int n = 1; n <= 500; ++n) update_.push_back(db_.prepare(update_sql(n)));
+  }
+
+  std::vector<World> worlds(int count) override {
+    // Every query its own Bind/Execute/Sync, all sent before the first result is read.
+    std::vector<pg::Query> queries;
+    queries.reserve(count);
+    pg::Param id[1];
+    for (int i = 0; i < count; ++i) {
+      id[0] = pg::param(random_id());
+      queries.push_back(db_.start(world_, id));
+    }
+    std::vector<World> out;
+    out.reserve(count);
+    for (auto& q : queries) {
+      auto r = q.result(Deadline::after(std::chrono::seconds(10)));
+      if (!r || r->rows() != 1) fail("world", r ? "no such row" : r.error().message);
+      out.push_back({*r->get<int>(0, 0), *r->get<int>(0, 1)});
+    }
+    return out;
+  }
+
+  std::vector<Fortune> fortunes() override {
+    auto r = db_.query(fortune_, {}, Deadline::after(std::chrono::seconds(10)));
+    if (!r) fail("fortune", r.error().message);
+    std::vector<Fortune> out;
+    out.reserve(r->rows() + 1);
+    for (int i = 0; i < r->rows(); ++i) {
+      out.push_back({*r->get<int>(i, 0), std::string(r->text(i, 1))});
+    }
+    return out;
+  }
+
+  void update(const std::vector<World>& rows) override {
+    std::vector<pg::Param> params;
+    params.reserve(2 * rows.size());
+    for (const World& w : rows) {
+      params.push_back(pg::param(w.id));
+      params.push_back(pg::param(w.number));
+    }
+    auto r = db_.query(update_[rows.size() - 1], params, Deadline::after(std::chrono::seconds(10)));
+    if (!r) fail("update", r.error().message);
+  }
+
+ private:
+  pg::Database db_;
+  pg::Statement world_, fortune_;
+  std::vector<pg::Statement> update_;
+};
+
+// --- hooked: plain blocking libpq, cooperative through hook/ ------------------------------
+
+class HookedBackend : public Backend {
+ public:
+  HookedBackend(Runtime& runtime, std::string conninfo, std::size_t connections)
+      : conninfo_(std::move(conninfo)) {
+    for (std::size_t i = 0; i < runtime.size(); ++i) {
+      pools_.push_back(std::make_unique<WorkerPool>(connections));
+    }
+  }
+  ~HookedBackend() override {
+    for (auto& pool : pools_) {
+      for (Conn* c : pool->free) {
+        PQfinish(c->pg);
+        delete c;
+      }
+    }
+  }
+
+  std::vector<World> worlds(int count) override {
+    Lease lease(*this);
+    std::vector<World> out;
+    out.reserve(count);
+    for (int i = 0; i < count; ++i) {
+      std::string id = std::to_string(random_id());
+      const char* values[] = {id.c_str()};
+      PGresult* r = PQexecPrepared(lease.conn->pg, "world", 1, values, nullptr, nullptr, 0);
+      if (PQresultStatus(r) != PGRES_TUPLES_OK || PQntuples(r) != 1) {
+        std::string why = PQresultErrorMessage(r);
+        PQclear(r);
+        lease.broken = true;
+        fail("world", why);
+      }
+      out.push_back({std::atoi(PQgetvalue(r, 0, 0)), std::atoi(PQgetvalue(r, 0, 1))});
+      PQclear(r);
+    }
+    return out;
+  }
+
+  std::vector<Fortune> fortunes() override {
+    Lease lease(*this);
+    PGresult* r = PQexecPrepared(lease.conn->pg, "fortune", 0, nullptr, nullptr, nullptr, 0);
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+      std::string why = PQresultErrorMessage(r);
+      PQclear(r);
+      lease.broken = true;
+      fail("fortune", why);
+    }
+    std::vector<Fortune> out;
+    for (int i = 0; i < PQntuples(r); ++i) {
+      out.push_back({std::atoi(PQgetvalue(r, i, 0)), PQgetvalue(r, i, 1)});
+    }
+    PQclear(r);
+    return out;
+  }
+
+  void update(const std::vector<World>& rows) override {
+    Lease lease(*this);
+    std::size_t n = rows.size();
+    std::string name = fmt::format("update{}", n);
+    if (lease.conn->updates.size() <= n) lease.conn->updates.resize(n + 1);
+    if (!lease.conn->updates[n]) {
+      PGresult* p = PQprepare(lease.conn->pg, name.c_str(), update_sql(int(n)).c_str(), 0, nullptr);
+      bool ok = PQresultStatus(p) == PGRES_COMMAND_OK;
+      std::string why = PQresultErrorMessage(p);
+      PQclear(p);
+      if (!ok) fail("prepare update", why);
+      lease.conn->updates[n] = true;
+    }
+    std::vector<std::string> text;
+    text.reserve(2 * n);
+    for (const World& w : rows) {
+      text.push_back(std::to_string(w.id));
+      text.push_back(std::to_string(w.number));
+    }
+    std::vector<const char*> values;
+    for (const auto& t : text) values.push_back(t.c_str());
+    PGresult* r = PQexecPrepared(lease.conn->pg, name.c_str(), int(values.size()), values.data(),
+                                 nullptr, nullptr, 0);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+      std::string why = PQresultErrorMessage(r);
+      PQclear(r);
+      lease.broken = true;
+      fail("update", why);
+    }
+    PQclear(r);
+  }
+
+ private:
+  struct Conn {
+    PGconn* pg;
+    std::vector<bool> updates;  ///< update statements prepared here, by row count
+  };
+  // The connections of one worker: a blocking connection serves one call at a time.
+  struct WorkerPool {
+    explicit WorkerPool(std::size_t n) : permits(n) {}
+    Semaphore permits;
+    std::vector<Conn*> free;
+  };
+  struct Lease {
+    explicit Lease(HookedBackend& backend) : pool(*backend.pools_[Worker::current()->index()]) {
+      (void)pool.permits.acquire();
+      if (!pool.free.empty()) {
+        conn = pool.free.back();
+        pool.free.pop_back();
+        return;
+      }
+      conn = backend.connect();
+      if (conn == nullptr) {
+        pool.permits.release();
+        fail("connect", "could not connect");
+      }
+    }
+    ~Lease() {
+      if (broken && PQstatus(conn->pg) != CONNECTION_OK) {
+        PQfinish(conn->pg);
+        delete conn;
+      } else {
+        pool.free.push_back(conn);
+      }
+      pool.permits.release();
+    }
+    WorkerPool& pool;
+    Conn* conn = nullptr;
+    bool broken = false;
+  };
+
+  Conn* connect() {
+    PGconn* pg = PQconnectdb(conninfo_.c_str());  // hooked: parks this fiber only
+    if (PQstatus(pg) != CONNECTION_OK) {
+      fmt::print(stderr, "tfb: connect: {}", PQerrorMessage(pg));
+      PQfinish(pg);
+      return nullptr;
+    }
+    for (auto [name, sql] : {std::pair{"world", "SELECT id, randomnumber FROM world WHERE id = $1"},
+                             std::pair{"fortune", "SELECT id, message FROM fortune"}}) {
+      PGresult* r = PQprepare(pg, name, sql, 0, nullptr);
+      bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+      PQclear(r);
+      if (!ok) {
+        fmt::print(stderr, "tfb: prepare: {}", PQerrorMessage(pg));
+        PQfinish(pg);
+        return nullptr;
+      }
+    }
+    return new Conn{pg, {}};
+  }
+
+  std::string conninfo_;
+  std::vector<std::unique_ptr<WorkerPool>> pools_;
+};
+
+struct Args {
+  std::string listen = "127.0.0.1:8080";
+  std::string db;
+  std::size_t threads = 0;
+  std::size_t connections = 2;
+  std::string road = "native";
+};
+
+[[noreturn]] void usage(std::string_view why) {
+  fmt::print(stderr,
+             "tfb: {}\nusage: tfb --listen ADDR:PORT --db CONNINFO [--threads N] "
+             "[--connections N per worker] [--road native|hooked]\n",
+             why);
+  std::exit(2);
+}
+
+Args parse_args(int argc, char** argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view flag = argv[i];
+    if (i + 1 >= argc) usage(fmt::format("{} needs a value", flag));
+    std::string_view value = argv[++i];
+    auto number = [&] {
+      std::size_t n = 0;
+      auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (ec != std::errc() || ptr != value.data() + value.size() || n == 0 || n > 1024) {
+        usage(fmt::format("{}: not a count: {}", flag, value));
+      }
+      return n;
+    };
+    if (flag == "--listen") {
+      args.listen = value;
+    } else if (flag == "--db") {
+      args.db = value;
+    } else if (flag == "--threads") {
+      args.threads = number();
+    } else if (flag == "--connections") {
+      args.connections = number();
+    } else if (flag == "--road") {
+      args.road = value;
+      if (value != "native" && value != "hooked") usage("--road is native or hooked");
+    } else {
+      usage(fmt::format("unknown option {}", flag));
+    }
+  }
+  if (args.db.empty()) usage("--db CONNINFO is required");
+  return args;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args = parse_args(argc, argv);
+  auto address = Address::parse(args.listen);
+  if (!address) usage(fmt::format("--listen: {}", address.error().message()));
+
+  SignalSet signals{SIGINT, SIGTERM};  // before the runtime: its threads inherit the mask
+  Runtime runtime(RuntimeOptions{.workers = args.threads});
+  std::unique_ptr<Backend> backend;
+  if (args.road == "native") {
+    backend = std::make_unique<NativeBackend>(
+        runtime, pg::Options{.conninfo = args.db, .connections = args.connections});
+  } else {
+    backend = std::make_unique<HookedBackend>(runtime, args.db, args.connections);
+  }
+
+  // /cached-queries reads a copy of World taken at start.
+  std::vector<World> cache;
+  try {
+    runtime.block_on([&] {
+      PGconn* pg = PQconnectdb(args.db.c_str());
+      if (PQstatus(pg) != CONNECTION_OK) {
+        fmt::print(stderr, "tfb: cannot connect: {}", PQerrorMessage(pg));
+        PQfinish(pg);
+        return;
+      }
+      PGresult* r = PQexec(pg, "SELECT id, randomnumber FROM world ORDER BY id");
+      if (PQresultStatus(r) == PGRES_TUPLES_OK) {
+        for (int i = 0; i < PQntuples(r); ++i) {
+          cache.push_back({std::atoi(PQgetvalue(r, i, 0)), std::atoi(PQgetvalue(r, i, 1))});
+        }
+      } else {
+        fmt::print(stderr, "tfb: cannot read world: {}", PQerrorMessage(pg));
+      }
+      PQclear(r);
+      PQfinish(pg);
+    });
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tfb: {}\n", e.what());
+  }
+  if (cache.size() != kWorldRows) {
+    fmt::print(stderr, "tfb: world has {} rows, not {} (load examples/tfb/schema.sql)\n",
+               cache.size(), kWorldRows);
+    return 1;
+  }
+
+  http::Router router;
+  router.get("/plaintext", [](http::Request&) { return http::Response::text("Hello, World!"); });
+  router.get("/json",
+             [](http::Request&) { return http::Response::json(R"({"message":"Hello, World!"})"); });
+  router.get("/db", [&](http::Request&) {
+    std::string out;
+    append_world(out, backend->worlds(1)[0]);
+    return http::Response::json(std::move(out));
+  });
+  router.get("/queries", [&](http::Request& request) {
+    return http::Response::json(worlds_json(backend->worlds(count_of(request.query(), "queries"))));
+  });
+  router.get("/fortunes", [&](http::Request&) {
+    return http::Response::html(fortunes_html(backend->fortunes()));
+  });
+  router.get("/updates", [&](http::Request& request) {
+    auto worlds = renumbered(backend->worlds(count_of(request.query(), "queries")));
+    std::vector<World> rows = worlds;
+    std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.id < b.id; });
+    rows.erase(std::unique(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.id == b.id; }),
+               rows.end());
+    backend->update(rows);
+    return http::Response::json(worlds_json(worlds));
+  });
+  router.get("/cached-queries", [&](http::Request& request) {
+    int n = count_of(request.query(), "count");
+    std::vector<World> out;
+    out.reserve(n);
+    for (int i = 0; i < n; ++i) out.push_back(cache[random_id() - 1]);
+    return http::Response::json(worlds_json(out));
+  });
+
+  auto server = http::HttpServer::start(runtime, *address, std::move(router));
+  if (!server) {
+    fmt::print(stderr, "tfb: cannot listen on {}: {}\n", args.listen, server.error().message());
+    return 1;
+  }
+  fmt::print(R"({{"event":"listening","address":"{}","road":"{}"}})"
+             "\n",
+             (*server)->address().to_string(), args.road);
+  std::fflush(stdout);
+  (void)runtime.block_on([&] { return signals.wait(); });
+  (*server)->drain(Deadline::after(std::chrono::seconds(10)));
+  backend.reset();
+  return 0;
+}
