@@ -1,10 +1,12 @@
 #include "fd_table.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <new>
 #include <vector>
 
 #include "spindle/fiber/io_wait.h"
@@ -14,8 +16,11 @@
 namespace spindle::hook::detail {
 
 FdTable& FdTable::instance() {
-  // Never destroyed: hooked calls may come from other static destructors.
-  static FdTable* table = new FdTable;
+  // Never destroyed (hooked calls may come from other static destructors), and not on the
+  // heap: memory the process keeps until it ends, as libc keeps its own tables (so a leak
+  // checker sees nothing left in use at exit).
+  alignas(FdTable) static unsigned char storage[sizeof(FdTable)];
+  static FdTable* table = new (storage) FdTable;
   return *table;
 }
 
@@ -27,7 +32,12 @@ FdState* FdTable::entry(int fd) {
     std::lock_guard guard(grow_lock_);
     states = block.load(std::memory_order_relaxed);
     if (states == nullptr) {
-      states = new FdState[kBlock];  // never freed: see fd_table.h
+      // Never freed (see fd_table.h): mapped, not allocated, like the table itself.
+      void* memory = ::mmap(nullptr, sizeof(FdState) * kBlock, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (memory == MAP_FAILED) return nullptr;  // then the descriptor is simply not hooked
+      states = static_cast<FdState*>(memory);
+      for (int i = 0; i < kBlock; ++i) new (&states[i]) FdState();
       block.store(states, std::memory_order_release);
     }
   }

@@ -1,6 +1,7 @@
 #include "connection.h"
 
 #include <fmt/format.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 
 #include <charconv>
@@ -188,6 +189,11 @@ void Connection::drive() {
     // for them, so look before parking.
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 0) > 0) continue;
+    // Over TLS, records already read from the socket wait in OpenSSL's buffer: no readiness
+    // will come for them either.
+    if (auto* ssl = static_cast<SSL*>(PQsslStruct(conn_, "OpenSSL")); ssl && SSL_pending(ssl) > 0) {
+      continue;
+    }
     bool idle = fifo_.empty() && !reserved && idle_timeout_.count() > 0;
     std::error_code ec = wait_ready(*slot_, IoDirection::kRead,
                                     idle ? Deadline::after(idle_timeout_) : Deadline::never());

@@ -233,3 +233,41 @@ def test_bad_arguments_are_clear_errors(build_dir, postgres):
                           postgres.conninfo + " dbname=nosuchdb"], capture_output=True, text=True,
                          timeout=30)
     assert out.returncode == 1 and "nosuchdb" in out.stderr
+
+
+@pytest.mark.parametrize("road", ROADS)
+def test_under_valgrind_no_error_and_everything_freed(build_dir, postgres, tmp_path, road):
+    """Both roads under memcheck: every test type a few hundred times at 32 connections, a
+    killed backend on the way, then SIGTERM: 0 errors, 0 bytes in use at exit."""
+    from conftest import sanitizer_build
+    if sanitizer_build(build_dir):
+        pytest.skip("a sanitizer build cannot run under valgrind (the release build's run is "
+                    "the valgrind check)")
+    if shutil.which("valgrind") is None or shutil.which("h2load") is None:
+        pytest.skip("valgrind or h2load is not installed (apt-get install valgrind "
+                    "nghttp2-client): the valgrind check did not run")
+    log = tmp_path / "valgrind.log"
+    server = Server(["valgrind", "--leak-check=full", "--show-leak-kinds=all",
+                     "--errors-for-leak-kinds=all", f"--log-file={log}",
+                     os.path.join(build_dir, "bin", "tfb"), "--listen", "127.0.0.1:0", "--db",
+                     postgres.conninfo, "--threads", "2", "--road", road])
+    try:
+        for i, path in enumerate(["/db", "/queries?queries=20", "/fortunes", "/updates?queries=5",
+                                  "/cached-queries?count=10"]):
+            if i == 2:
+                postgres.sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                             "backend_type = 'client backend' AND pid <> pg_backend_pid() "
+                             "AND application_name = ''")
+            out = subprocess.run(["h2load", "--h1", "-n", "300", "-c", "32",
+                                  f"http://127.0.0.1:{server.port}{path}"],
+                                 capture_output=True, text=True, timeout=300)
+            done = re.search(r"(\d+) succeeded, (\d+) failed, (\d+) errored", out.stdout)
+            assert done and int(done.group(1)) + int(done.group(2)) == 300, out.stdout
+            if i != 2:  # right after the kill, the calls on killed connections fail
+                assert int(done.group(1)) == 300, (path, out.stdout)
+    finally:
+        code = server.stop(timeout=120)
+    report = log.read_text()
+    assert code == 0, report[-3000:]
+    assert "ERROR SUMMARY: 0 errors from 0 contexts" in report, report[-3000:]
+    assert "in use at exit: 0 bytes in 0 blocks" in report, report[-3000:]

@@ -61,11 +61,16 @@ class TestPostgres {
   ~TestPostgres() { run_command(script() + " stop " + dir_); }
   /// "host=DIR port=PORT user=postgres dbname=postgres".
   const std::string& conninfo() const { return conninfo_; }
+  /// The same server over TCP with TLS required (a throwaway self-signed certificate).
+  std::string tls_conninfo() const {
+    return "host=127.0.0.1 port=" + std::to_string(port_) +
+           " user=postgres dbname=postgres sslmode=require";
+  }
 
  private:
-  TestPostgres() : dir_("/tmp/spindle-pg-" + std::to_string(::getpid())) {
+  TestPostgres() : dir_("/tmp/spindle-pg-" + std::to_string(::getpid())), port_(free_port()) {
     auto [out, status] =
-        run_command(script() + " start " + dir_ + " " + std::to_string(free_port()) + " 2>&1");
+        run_command(script() + " start " + dir_ + " " + std::to_string(port_) + " 2>&1");
     if (status == 0) {
       conninfo_ = out.substr(out.rfind('\n') + 1);
     } else {
@@ -78,6 +83,7 @@ class TestPostgres {
   }
 
   std::string dir_;
+  std::uint16_t port_;
   std::string conninfo_;
   static inline std::string why_;
 };

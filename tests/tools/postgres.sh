@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# A throwaway PostgreSQL for the tests: initdb into DIR, listening on a Unix socket in DIR only
-# (no TCP), with pg_stat_statements loaded. PostgreSQL refuses to run as root: as root, it runs
+# A throwaway PostgreSQL for the tests: initdb into DIR, listening on a Unix socket in DIR and,
+# for the TLS tests, on 127.0.0.1:PORT with TLS (a throwaway self-signed certificate), with
+# pg_stat_statements loaded. PostgreSQL refuses to run as root: as root, it runs
 # as the `postgres` user Debian's package makes. Stopped with pg_ctl, which signals the PID its
 # postmaster.pid names (this server's, nobody else's).
 #
-#   postgres.sh start DIR PORT   prints the conninfo ("host=DIR port=PORT user=postgres ...")
+#   postgres.sh start DIR PORT   prints the conninfo ("host=DIR port=PORT user=postgres ..."); the
+#                                same over TLS is "host=127.0.0.1 port=PORT ... sslmode=require"
 #   postgres.sh stop DIR         stops it and removes DIR
 #
 # Exit 3 (and a line on stderr) when PostgreSQL is not installed.
@@ -26,7 +28,12 @@ case $cmd in
     chmod 700 "$dir"
     "${as[@]}" "$bin/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C -N \
       >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; exit 1; }
-    options="-k $dir -p $port -c listen_addresses='' -c fsync=off -c synchronous_commit=off"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+      -subj /CN=localhost -keyout "$dir/data/server.key" -out "$dir/data/server.crt" 2>/dev/null
+    chmod 600 "$dir/data/server.key"
+    if [ ${#as[@]} -gt 0 ]; then chown postgres:postgres "$dir/data/server.key" "$dir/data/server.crt"; fi
+    options="-k $dir -p $port -c listen_addresses=127.0.0.1 -c ssl=on"
+    options+=" -c fsync=off -c synchronous_commit=off"
     options+=" -c full_page_writes=off -c max_connections=600"
     options+=" -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all"
     "${as[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start -o "$options" \
