@@ -92,6 +92,8 @@ def main():
     p.add_argument("--proxy-chart")
     p.add_argument("--websocket", help="bench/websocket_compare.py's JSON")
     p.add_argument("--websocket-chart")
+    p.add_argument("--db", help="bench/db_compare.py's JSON")
+    p.add_argument("--db-chart")
     a = p.parse_args()
     micro = json.load(open(a.micro))
     echo = json.load(open(a.echo))
@@ -179,6 +181,9 @@ def main():
         md.extend(proxy_section(json.load(open(a.proxy)), a.proxy_chart))
     if a.websocket:
         md.extend(websocket_section(json.load(open(a.websocket)), a.websocket_chart))
+    if a.db:
+        from db_compare import section as db_section
+        md.extend(db_section(json.load(open(a.db)), a.db_chart))
     with open(a.markdown, "w") as f:
         f.write("\n".join(md) + kept_by_hand(a.markdown))
 
