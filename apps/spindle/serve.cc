@@ -24,6 +24,7 @@
 #include "spindle/net/signal_set.h"
 #include "spindle/proxy/config.h"
 #include "spindle/proxy/gateway.h"
+#include "systemd.h"
 
 namespace spindle::app {
 namespace {
@@ -94,26 +95,37 @@ std::string read_text(const std::string& file) {
   return text.str();
 }
 
+// The one-line STATUS= for systemd (systemctl status shows it).
+std::string status_line(const Instance& instance, std::string_view prefix = {}) {
+  const Config& config = instance.config();
+  return fmt::format("STATUS={}{} server(s), {} route(s), {}", prefix, config.servers.size(),
+                     config.routes.size(),
+                     config.threads == 0 ? std::string("a worker per core")
+                                         : fmt::format("{} worker(s)", config.threads));
+}
+
 // Loads the configuration again and puts it in force, or logs why not (the one in force
-// stays). `why`: what asked for it, for the log.
+// stays). `why`: what asked for it, for the log. systemd is told it reloads, then ready again
+// (whatever the outcome: the configuration in force serves).
 void reload(Instance& instance, const ServeFlags& flags, std::string_view why) {
+  systemd::notify(systemd::reloading());
+  auto rejected = [&](std::string_view error) {
+    instance.reloads().failed.fetch_add(1, std::memory_order_relaxed);
+    log_error("reload ({}) rejected: {}; the configuration in force stays", why, error);
+    systemd::notify("READY=1\n" + status_line(instance, "reload rejected; serving "));
+  };
   Config config;
   try {
     config = effective_config(flags);
   } catch (const ConfigError& e) {
-    instance.reloads().failed.fetch_add(1, std::memory_order_relaxed);
-    log_error("reload ({}) rejected: {}; the configuration in force stays", why, e.what());
-    return;
+    return rejected(e.what());
   }
   std::size_t routes = config.routes.size();
-  if (auto applied = instance.apply(std::move(config)); !applied) {
-    instance.reloads().failed.fetch_add(1, std::memory_order_relaxed);
-    log_error("reload ({}) rejected: {}; the configuration in force stays", why, applied.error());
-    return;
-  }
+  if (auto applied = instance.apply(std::move(config)); !applied) return rejected(applied.error());
   instance.reloads().succeeded.fetch_add(1, std::memory_order_relaxed);
   log_info("reload ({}): configuration from {} in force ({} routes)", why,
            flags.config.empty() ? "(built-in configuration)" : flags.config, routes);
+  systemd::notify("READY=1\n" + status_line(instance, "reloaded; serving "));
 }
 
 // Waits until `fd` is readable or `timeout_ms` passes (-1: for ever); true if readable.
@@ -218,6 +230,10 @@ int serve(const ServeFlags& flags) {
     log_info("taking over {} listener(s) from the spindle at {}", inherited->size(),
              flags.handover);
     instance.inherit(std::move(*inherited));
+  } else if (auto from_systemd = systemd::take_listeners(); !from_systemd.empty()) {
+    // Socket activation: the listeners systemd holds, matched to the configuration by address.
+    log_info("taking {} listening socket(s) from systemd", from_systemd.size());
+    instance.inherit(std::move(from_systemd));
   }
   if (auto started = instance.apply(std::move(config)); !started) {
     fmt::print(stderr, "spindle: {}\n", started.error());
@@ -226,7 +242,10 @@ int serve(const ServeFlags& flags) {
   if (predecessor) {
     (void)send_message(predecessor->get(), "ready");
     predecessor.reset();
+    // Under systemd (NotifyAccess=all), this process is the service's main one from now on.
+    systemd::notify(fmt::format("MAINPID={}", ::getpid()));
   }
+  systemd::notify("READY=1\n" + status_line(instance, "serving "));
   std::optional<HandoverPoint> point;
   if (!flags.handover.empty()) {
     auto listening = HandoverPoint::listen(flags.handover);
@@ -332,6 +351,10 @@ int serve(const ServeFlags& flags) {
     }
   }
   point.reset();  // the next process listens there now, or nobody will
+  if (!handed_over) {
+    systemd::notify(fmt::format("STOPPING=1\nSTATUS=draining (up to {} ms)",
+                                instance.config().drain_timeout.count()));
+  }
   if (handed_over) {
     log_info("upgrade: the new process serves; this one drains (up to {} ms) and exits",
              instance.config().drain_timeout.count());

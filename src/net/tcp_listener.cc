@@ -1,5 +1,6 @@
 #include "spindle/net/tcp_listener.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -36,6 +37,11 @@ Result<TcpListener> TcpListener::bind(const Address& address, ListenOptions opti
 }
 
 Result<TcpListener> TcpListener::adopt(UniqueFd fd) {
+  // A socket from elsewhere (systemd's are blocking) must not block the worker in accept.
+  int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || (!(flags & O_NONBLOCK) && ::fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK) < 0)) {
+    return fail_errno();
+  }
   auto socket = Socket::adopt(std::move(fd));
   if (!socket) return fail(socket.error());
   return TcpListener(std::move(*socket));

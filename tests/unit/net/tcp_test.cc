@@ -460,6 +460,46 @@ TEST(TcpServer, InheritedListenersServeTheConnectionsWaitingInTheirQueues) {
   ::close(early);
 }
 
+TEST(TcpServer, ABlockingInheritedListenerDoesNotBlockItsWorker) {
+  // systemd passes blocking sockets, without SO_REUSEPORT: adopted, the socket is made
+  // non-blocking, or the worker would sit in accept() while its connections wait.
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  Address loopback = Address::loopback_v4(0);
+  ASSERT_EQ(::bind(fd, loopback.data(), loopback.size()), 0);
+  ASSERT_EQ(::listen(fd, 16), 0);
+  sockaddr_storage local{};
+  socklen_t length = sizeof local;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length), 0);
+  Address address = *Address::from_sockaddr(reinterpret_cast<sockaddr*>(&local), length);
+
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  std::vector<UniqueFd> inherited;
+  inherited.emplace_back(fd);
+  auto server = TcpServer::start(
+      runtime, address,
+      [](TcpStream stream) {
+        char c = 0;
+        while (stream.read_exact({&c, 1}, Deadline::after(5s))) {
+          if (!stream.write_all(std::string_view(&c, 1))) break;
+        }
+      },
+      TcpServerOptions{}, std::move(inherited));
+  ASSERT_TRUE(server.has_value()) << server.error().message();
+  for (char sent : {'a', 'b', 'c'}) {  // one connection after the other, each answered
+    int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ASSERT_EQ(::connect(client, address.data(), address.size()), 0);
+    timeval timeout{.tv_sec = 5, .tv_usec = 0};
+    ::setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    ASSERT_EQ(::write(client, &sent, 1), 1);
+    char got = 0;
+    EXPECT_EQ(::read(client, &got, 1), 1);
+    EXPECT_EQ(got, sent);
+    ::close(client);
+  }
+  (*server)->stop();
+}
+
 FIBER_TEST(TcpStream, ClosingAStreamWakesAFiberParkedOnIt) {
   auto pair = connect_pair();
   auto reader = spawn([&] {
