@@ -7,11 +7,13 @@
 #   make soak    10,000 connections through the proxy for 3 minutes: errors, RSS, descriptors
 #   make fuzz    libFuzzer drivers (HTTP/1, chunked, responses, configuration, JWT; FUZZ_SECONDS each)
 #   make format  reformat every source file with clang-format
+#   make package the Debian package build/spindle_<version>_amd64.deb (lintian-checked)
+#   make install cmake --install build/release (PREFIX=/usr/local): headers, libraries, CMake package
 
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 
-.PHONY: run test build bench soak fuzz format format-check deps deps-test deps-bench debug asan tsan
+.PHONY: run test build bench soak fuzz format format-check deps deps-test deps-bench debug asan tsan package install
 
 deps:
 	@scripts/install-deps.sh build
@@ -25,6 +27,13 @@ build: deps
 
 debug: deps
 	@scripts/build.sh debug
+
+package: deps-test
+	@scripts/package.sh
+
+PREFIX ?= /usr/local
+install: build
+	cmake --install build/release --prefix $(PREFIX)
 
 run: build
 	build/release/bin/spindle serve
