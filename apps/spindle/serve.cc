@@ -219,6 +219,7 @@ int serve(const ServeFlags& flags) {
 
   // A spindle serving at the handover point hands its listening sockets over.
   std::optional<UniqueFd> predecessor;
+  bool socket_activated = false;
   if (!flags.handover.empty()) predecessor = connect_handover(flags.handover);
   if (predecessor) {
     auto inherited = take_listeners(predecessor->get());
@@ -234,6 +235,7 @@ int serve(const ServeFlags& flags) {
     // Socket activation: the listeners systemd holds, matched to the configuration by address.
     log_info("taking {} listening socket(s) from systemd", from_systemd.size());
     instance.inherit(std::move(from_systemd));
+    socket_activated = true;
   }
   if (auto started = instance.apply(std::move(config)); !started) {
     fmt::print(stderr, "spindle: {}\n", started.error());
@@ -363,8 +365,11 @@ int serve(const ServeFlags& flags) {
              instance.config().drain_timeout.count());
   }
   // After a handover, clients of idle connections may be sending right now: they get two
-  // seconds to, and their next response says Connection: close.
-  auto gentle = handed_over ? std::chrono::milliseconds(2000) : std::chrono::milliseconds(0);
+  // seconds to, and their next response says Connection: close. The same when systemd holds
+  // the sockets: a stop is then most likely a restart, and a client whose connection was
+  // accepted just before it must not see it closed unanswered.
+  auto gentle = handed_over || socket_activated ? std::chrono::milliseconds(2000)
+                                                : std::chrono::milliseconds(0);
   if (!instance.shutdown(gentle)) log_warn("drain time over: closing the remaining connections");
   return 0;
 }

@@ -89,6 +89,19 @@ Query Connection::send(const Statement* statement, std::string_view sql,
         error(broken_ ? Errc::kConnectionLost : Errc::kClosed, "the connection is closing"));
     return query;
   }
+  // What libpq cannot carry is refused before anything is queued on the connection.
+  if (params.size() > 65535) {
+    query.outcome_ = std::unexpected(error(Errc::kBadValue, "more than 65535 parameters"));
+    return query;
+  }
+  for (const Param& p : params) {
+    const auto* text = std::get_if<std::string_view>(&p);
+    if (text != nullptr && text->find('\0') != std::string_view::npos) {
+      query.outcome_ = std::unexpected(
+          error(Errc::kBadValue, "a text parameter holds a NUL byte (send bytes as pg::Bytes)"));
+      return query;
+    }
+  }
   std::string name;
   if (statement != nullptr) {
     name = statement_name(statement->id);
@@ -98,6 +111,7 @@ Query Connection::send(const Statement* statement, std::string_view sql,
       if (PQsendPrepare(conn_, name.c_str(), text.c_str(), 0, nullptr) != 1) {
         query.outcome_ =
             std::unexpected(error(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_))));
+        shut(Errc::kConnectionLost);
         return query;
       }
       prepared_[statement->id] = true;
@@ -149,6 +163,7 @@ Query Connection::send(const Statement* statement, std::string_view sql,
                                      lengths.data(), formats.data(), 0);
   if (sent != 1 || PQpipelineSync(conn_) != 1) {
     query.outcome_ = std::unexpected(error(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_))));
+    shut(Errc::kConnectionLost);
     return query;
   }
   fifo_.push_back(Entry{Entry::kExecute, &query, 0});
@@ -161,14 +176,18 @@ Query Connection::send(const Statement* statement, std::string_view sql,
 
 void Connection::flush() {
   // One fiber flushes at a time; what others add meanwhile goes out with its loop.
-  if (flushing_) return;
+  if (flushing_ || broken_) return;
+  if (PQflush(conn_) <= 0) return;  // all written, or broken (the driver fails the calls)
+  // The kernel took part of it: the rest is written by a fiber of its own, so that the caller
+  // (whose deadline runs in result()) does not wait for the socket.
   flushing_ = true;
-  while (!broken_) {
-    int rc = PQflush(conn_);
-    if (rc <= 0) break;  // all written, or broken (the driver finds out and fails the calls)
-    if (wait_ready(*slot_, IoDirection::kWrite, Deadline::never())) break;
-  }
-  flushing_ = false;
+  spawn([self = shared_from_this()] {
+    while (!self->broken_ && self->slot_ != nullptr) {
+      if (wait_ready(*self->slot_, IoDirection::kWrite, Deadline::never())) break;
+      if (self->broken_ || PQflush(self->conn_) <= 0) break;
+    }
+    self->flushing_ = false;
+  }).detach();
 }
 
 void Connection::drive() {

@@ -160,7 +160,16 @@ def test_socket_activation_a_restart_under_load_refuses_nothing(build_dir, tmp_p
             w.start()
         time.sleep(1)
         before = served[0]
+        # A client connected just before the stop, its request not sent yet: it is answered.
+        early = socket.create_connection(("127.0.0.1", port), timeout=10)
+        time.sleep(0.3)  # accepted by the first process
         first.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        early.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = early.recv(65536)
+        early.close()
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        assert b"\r\nConnection: close\r\n" in answer.split(b"\r\n\r\n")[0] + b"\r\n"
         assert first.wait(timeout=30) == 0
         gap_started = time.monotonic()
         time.sleep(0.5)  # nobody accepts for half a second: connection attempts queue

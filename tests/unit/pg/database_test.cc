@@ -362,3 +362,43 @@ TEST(PgDatabase, OverTlsLargeResultsOfPipelinedCallsAllArrive) {
     }
   });
 }
+
+TEST(PgDatabase, ParametersLibpqCannotCarryAreRefusedAndTheConnectionServesOn) {
+  REQUIRE_POSTGRES(postgres);
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  pg::Database db(runtime, options_for(*postgres, 1));
+  runtime.block_on([&] {
+    using namespace std::string_view_literals;
+    auto nul = db.query("SELECT $1::text", {pg::param("a\0b"sv)});
+    ASSERT_FALSE(nul.has_value());
+    EXPECT_EQ(nul.error().code, pg::Errc::kBadValue);
+    std::vector<pg::Param> many(70000, pg::param(1));
+    auto too_many = db.query("SELECT 1", many);
+    ASSERT_FALSE(too_many.has_value());
+    EXPECT_EQ(too_many.error().code, pg::Errc::kBadValue);
+    // The same bytes go as bytea; and the connection was never touched.
+    auto bytes = db.query("SELECT length($1::bytea)", {pg::Param(pg::Bytes{"a\0b"sv})});
+    ASSERT_TRUE(bytes.has_value()) << bytes.error().message;
+    EXPECT_EQ(*bytes->get<int>(0, 0), 3);
+    EXPECT_EQ(db.stats().opened, 1u);
+  });
+}
+
+TEST(PgDatabase, ALargeStatementIsWrittenWhileItsCallerWaitsOnlyForItsResult) {
+  REQUIRE_POSTGRES(postgres);
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  pg::Database db(runtime, options_for(*postgres, 1));
+  runtime.block_on([&] {
+    // 8 MiB of parameters: more than the socket takes at once, written by the flusher while
+    // the server reads; several such calls in flight at the same time.
+    std::string big(8 << 20, 'x');
+    std::vector<pg::Query> queries;
+    std::vector<pg::Param> p{pg::param(std::string_view(big))};
+    for (int i = 0; i < 3; ++i) queries.push_back(db.start("SELECT length($1::text)", p));
+    for (auto& q : queries) {
+      auto r = q.result(Deadline::after(30s));
+      ASSERT_TRUE(r.has_value()) << r.error().message;
+      EXPECT_EQ(*r->get<int>(0, 0), 8 << 20);
+    }
+  });
+}
