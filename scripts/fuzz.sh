@@ -10,12 +10,13 @@ CC=clang-19 CXX=clang++-19 cmake -S tests/fuzz -B build/fuzz -G Ninja >/dev/null
 ninja -C build/fuzz
 scripts/config_examples.py build/fuzz/seed/config docs/*.md
 status=0
-for name in http1_parser chunked response_parser config jwt exchange; do
+for name in http1_parser chunked response_parser config jwt exchange pg_values; do
   mkdir -p "build/fuzz/corpus/$name"
   seed=tests/fuzz/corpus/$name
   dict=tests/fuzz/http1.dict
   if [ "$name" = config ]; then seed=build/fuzz/seed/config; dict=tests/fuzz/config.dict; fi
   if [ "$name" = jwt ]; then dict=tests/fuzz/jwt.dict; fi
+  if [ "$name" = pg_values ]; then dict=tests/fuzz/pg.dict; fi
   echo "== fuzz $name for ${seconds}s =="
   set +e
   "build/fuzz/${name}_fuzz" -max_total_time="$seconds" -print_final_stats=1 -timeout=10 \
