@@ -65,11 +65,12 @@ for config in release asan; do
 done
 
 echo "== build (tsan) =="
-if scripts/build.sh tsan unit_fiber unit_sync unit_net >build-tsan.log 2>&1 || scripts/build.sh tsan unit_fiber unit_sync unit_net; then
+if scripts/build.sh tsan unit_fiber unit_sync unit_net unit_pg >build-tsan.log 2>&1 || scripts/build.sh tsan unit_fiber unit_sync unit_net unit_pg; then
   rm -f build-tsan.log
-  # The tests where fibers on different workers (and plain threads) wake each other.
+  # The tests where fibers on different workers (and plain threads) wake each other, and the
+  # database client (its connects and cancels run on helper threads).
   # The 100k-fiber test and the death test say nothing more under TSan and take long there.
-  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" run_ctest tsan -L 'fiber|sync|net' \
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" run_ctest tsan -L 'fiber|sync|net|pg' \
     -E 'HundredThousand|DeathTest|Integration'
 else
   failed_runs+=("tsan:build")
