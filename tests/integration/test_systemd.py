@@ -1,8 +1,8 @@
 """spindle under systemd's protocols, without systemd running: the notify protocol against a
 NOTIFY_SOCKET the test opens; socket activation from sockets the test holds (a restart under
 load refuses nothing) and from Debian's systemd-socket-activate; the unit checked with
-systemd-analyze verify; spindle running with what the unit leaves it (another user, no new
-privileges, CAP_NET_BIND_SERVICE alone)."""
+systemd-analyze verify; spindle running with what the unit leaves it (a read-only file system,
+another user, no new privileges, CAP_NET_BIND_SERVICE alone)."""
 import os
 import pwd
 import re
@@ -263,8 +263,8 @@ def test_the_unit_verifies(build_dir, tmp_path):
         assert directive in text
 
 
-def test_runs_as_the_unit_runs_it_another_user_no_new_privileges_one_capability(build_dir,
-                                                                                 tmp_path):
+def test_runs_as_the_unit_runs_it_read_only_another_user_no_new_privileges_one_capability(
+        build_dir, tmp_path):
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to drop to what the unit leaves spindle")
     user = pwd.getpwnam("nobody")
@@ -284,7 +284,14 @@ def test_runs_as_the_unit_runs_it_another_user_no_new_privileges_one_capability(
     caps = ["--inh-caps=-all,+net_bind_service", "--ambient-caps=-all,+net_bind_service",
             "--bounding-set=-all,+net_bind_service"]
     argv = [str(binary), "serve", "--listen", f"127.0.0.1:{port}", "--threads", "2"]
-    server = Server(base + caps + argv)
+    # ProtectSystem=strict: the whole file system read-only (a mount namespace of its own).
+    read_only = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+                 'mount --bind / / && mount -o remount,bind,ro / && exec "$@"', "sh"]
+    probe = subprocess.run(read_only + ["sh", "-c", "! touch /tmp/spindle-ro-probe"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a read-only mount namespace here: {probe.stderr.strip()}")
+    server = Server(read_only + base + caps + argv)
     try:
         assert get(port) == 200
         status = open(f"/proc/{server.proc.pid}/status").read()
