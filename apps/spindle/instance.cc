@@ -156,7 +156,12 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
     opened.emplace(address, std::move(*started));
   }
 
-  // Sockets handed over for a listener this configuration does not have are not needed.
+  // Sockets handed over for a listener this configuration does not have are not needed (from
+  // systemd, that is most likely a ListenStream= the configuration does not name: said).
+  for (const auto& [address, sockets] : inherited_) {
+    log_warn("{}: a listening socket was passed for it, but no server listens there: closed",
+             address);
+  }
   inherited_.clear();
 
   // 2. The switch. Nothing below fails. What /config shows changes first: a listener that

@@ -119,21 +119,26 @@ std::string fortunes_html(std::vector<Fortune> fortunes) {
   return out;
 }
 
-// New random numbers for `worlds`, the same for a row asked twice (one UPDATE sets one value),
-// sorted by id (concurrent updates then lock rows in one order: no deadlocks).
-std::vector<World> renumbered(std::vector<World> worlds) {
-  std::vector<World> sorted = worlds;
-  std::sort(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.id < b.id; });
-  sorted.erase(
-      std::unique(sorted.begin(), sorted.end(), [](auto& a, auto& b) { return a.id == b.id; }),
-      sorted.end());
-  for (World& w : sorted) w.number = random_id();
+// New random numbers for the rows read: `answer` as read, each row with its new number (the
+// same for a row read twice: one UPDATE sets one value), and `rows` the distinct rows sorted by
+// id (concurrent updates then lock rows in one order: no deadlocks), for the UPDATE.
+struct Renumbered {
+  std::vector<World> answer;
+  std::vector<World> rows;
+};
+
+Renumbered renumbered(std::vector<World> worlds) {
+  std::vector<World> rows = worlds;
+  std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.id < b.id; });
+  rows.erase(std::unique(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.id == b.id; }),
+             rows.end());
+  for (World& w : rows) w.number = random_id();
   for (World& w : worlds) {
-    w.number = std::lower_bound(sorted.begin(), sorted.end(), w.id, [](const World& s, int id) {
+    w.number = std::lower_bound(rows.begin(), rows.end(), w.id, [](const World& s, int id) {
                  return s.id < id;
                })->number;
   }
-  return worlds;
+  return {std::move(worlds), std::move(rows)};
 }
 
 // UPDATE world SET randomnumber = CASE id WHEN $1 THEN $2 ... END WHERE id IN ($1, $3, ...)
@@ -485,13 +490,9 @@ int main(int argc, char** argv) {
     return http::Response::html(fortunes_html(backend->fortunes()));
   });
   router.get("/updates", [&](http::Request& request) {
-    auto worlds = renumbered(backend->worlds(count_of(request.query(), "queries")));
-    std::vector<World> rows = worlds;
-    std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.id < b.id; });
-    rows.erase(std::unique(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.id == b.id; }),
-               rows.end());
-    backend->update(rows);
-    return http::Response::json(worlds_json(worlds));
+    auto updated = renumbered(backend->worlds(count_of(request.query(), "queries")));
+    backend->update(updated.rows);
+    return http::Response::json(worlds_json(updated.answer));
   });
   router.get("/cached-queries", [&](http::Request& request) {
     int n = count_of(request.query(), "count");

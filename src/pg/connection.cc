@@ -18,10 +18,6 @@
 namespace spindle::pg {
 namespace {
 
-Error error(Errc code, std::string message) {
-  return Error{make_error_code(code), {}, std::move(message)};
-}
-
 // libpq's messages end with a newline.
 std::string trimmed(const char* message) {
   std::string text = message ? message : "";
@@ -37,7 +33,8 @@ Expected<std::shared_ptr<Connection>> Connection::open(const Options& options,
                                                        std::shared_ptr<Catalog> catalog,
                                                        std::weak_ptr<Pool> pool) {
   Worker* worker = Worker::current();
-  if (worker == nullptr) return std::unexpected(error(Errc::kNotOnWorker, "not on a worker"));
+  if (worker == nullptr)
+    return std::unexpected(client_error(Errc::kNotOnWorker, "not on a worker"));
   // libpq connects blocking (name lookup, TLS): a helper thread waits for it, the fiber parks.
   std::string timeout = std::to_string(std::max<std::int64_t>(
       2, std::chrono::ceil<std::chrono::seconds>(options.connect_timeout).count()));
@@ -47,17 +44,17 @@ Expected<std::shared_ptr<Connection>> Connection::open(const Options& options,
     const char* values[] = {options.conninfo.c_str(), timeout.c_str(), nullptr};
     return PQconnectdbParams(keys, values, /*expand_dbname=*/1);
   });
-  if (conn == nullptr) return std::unexpected(error(Errc::kConnectFailed, "out of memory"));
+  if (conn == nullptr) return std::unexpected(client_error(Errc::kConnectFailed, "out of memory"));
   if (PQstatus(conn) != CONNECTION_OK || PQsetnonblocking(conn, 1) != 0 ||
       PQenterPipelineMode(conn) != 1) {
-    Error why = error(Errc::kConnectFailed, trimmed(PQerrorMessage(conn)));
+    Error why = client_error(Errc::kConnectFailed, trimmed(PQerrorMessage(conn)));
     PQfinish(conn);
     return std::unexpected(std::move(why));
   }
   auto slot = worker->reactor().add(PQsocket(conn));
   if (!slot) {
     PQfinish(conn);
-    return std::unexpected(error(Errc::kConnectFailed, slot.error().message()));
+    return std::unexpected(client_error(Errc::kConnectFailed, slot.error().message()));
   }
   std::shared_ptr<Connection> self(
       new Connection(conn, std::move(catalog), std::move(pool), options));
@@ -86,19 +83,19 @@ Query Connection::send(const Statement* statement, std::string_view sql,
   Query query;
   if (!usable()) {
     query.outcome_ = std::unexpected(
-        error(broken_ ? Errc::kConnectionLost : Errc::kClosed, "the connection is closing"));
+        client_error(broken_ ? Errc::kConnectionLost : Errc::kClosed, "the connection is closing"));
     return query;
   }
   // What libpq cannot carry is refused before anything is queued on the connection.
   if (params.size() > 65535) {
-    query.outcome_ = std::unexpected(error(Errc::kBadValue, "more than 65535 parameters"));
+    query.outcome_ = std::unexpected(client_error(Errc::kBadValue, "more than 65535 parameters"));
     return query;
   }
   for (const Param& p : params) {
     const auto* text = std::get_if<std::string_view>(&p);
     if (text != nullptr && text->find('\0') != std::string_view::npos) {
-      query.outcome_ = std::unexpected(
-          error(Errc::kBadValue, "a text parameter holds a NUL byte (send bytes as pg::Bytes)"));
+      query.outcome_ = std::unexpected(client_error(
+          Errc::kBadValue, "a text parameter holds a NUL byte (send bytes as pg::Bytes)"));
       return query;
     }
   }
@@ -110,7 +107,7 @@ Query Connection::send(const Statement* statement, std::string_view sql,
       std::string text = catalog_->sql(statement->id);
       if (PQsendPrepare(conn_, name.c_str(), text.c_str(), 0, nullptr) != 1) {
         query.outcome_ =
-            std::unexpected(error(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_))));
+            std::unexpected(client_error(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_))));
         shut(Errc::kConnectionLost);
         return query;
       }
@@ -162,7 +159,8 @@ Query Connection::send(const Statement* statement, std::string_view sql,
                  : PQsendQueryParams(conn_, std::string(sql).c_str(), count, nullptr, values.data(),
                                      lengths.data(), formats.data(), 0);
   if (sent != 1 || PQpipelineSync(conn_) != 1) {
-    query.outcome_ = std::unexpected(error(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_))));
+    query.outcome_ =
+        std::unexpected(client_error(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_))));
     shut(Errc::kConnectionLost);
     return query;
   }
@@ -283,17 +281,17 @@ bool Connection::take_results() {
         break;
       case PGRES_PIPELINE_ABORTED:
         PQclear(r);
-        e.outcome.emplace(std::unexpected(last_parse_error_.code
-                                              ? last_parse_error_
-                                              : error(Errc::kServerError, "pipeline aborted")));
+        e.outcome.emplace(std::unexpected(
+            last_parse_error_.code ? last_parse_error_
+                                   : client_error(Errc::kServerError, "pipeline aborted")));
         break;
       case PGRES_FATAL_ERROR:
         e.outcome.emplace(std::unexpected(server_error(r)));
         PQclear(r);
         break;
       default:
-        e.outcome.emplace(std::unexpected(
-            error(Errc::kServerError, fmt::format("unexpected result: {}", PQresStatus(status)))));
+        e.outcome.emplace(std::unexpected(client_error(
+            Errc::kServerError, fmt::format("unexpected result: {}", PQresStatus(status)))));
         PQclear(r);
         break;
     }
@@ -322,7 +320,7 @@ void Connection::fail_all(Errc why, const std::string& message) {
   first_sequence_ += entries.size();
   in_flight_ = 0;
   for (Entry& e : entries) {
-    if (e.kind == Entry::kExecute) deliver(e.owner, std::unexpected(error(why, message)));
+    if (e.kind == Entry::kExecute) deliver(e.owner, std::unexpected(client_error(why, message)));
   }
 }
 

@@ -26,6 +26,11 @@ namespace spindle::pg {
 
 class Pool;
 
+/// An Error of spindle's own (no SQLSTATE): `code` and what happened.
+inline Error client_error(Errc code, std::string message) {
+  return Error{make_error_code(code), {}, std::move(message)};
+}
+
 /// What a connection needs of its Database: the statements' SQL and the helper threads.
 struct Catalog {
   /// The SQL of statement `id` (registered with Database::prepare).

@@ -11,14 +11,6 @@
 #include "spindle/sync/blocking_pool.h"
 
 namespace spindle::pg {
-namespace {
-
-Error error(Errc code, std::string message) {
-  return Error{make_error_code(code), {}, std::move(message)};
-}
-
-}  // namespace
-
 struct Database::Shared : Catalog {
   explicit Shared(Options o) : options(std::move(o)) {}
 
@@ -82,11 +74,11 @@ Expected<Result> Query::result(Deadline deadline) {
       if (connection_) connection_->abandon(sequence_, /*cancel=*/true);
       connection_.reset();
       return std::unexpected(ec == std::errc::timed_out
-                                 ? error(Errc::kTimedOut, "the statement's deadline passed")
-                                 : error(Errc::kCanceled, "the calling fiber was canceled"));
+                                 ? client_error(Errc::kTimedOut, "the statement's deadline passed")
+                                 : client_error(Errc::kCanceled, "the calling fiber was canceled"));
     }
   }
-  if (!outcome_) return std::unexpected(error(Errc::kClosed, "no statement was sent"));
+  if (!outcome_) return std::unexpected(client_error(Errc::kClosed, "no statement was sent"));
   Expected<Result> out = std::move(*outcome_);
   outcome_.reset();
   return out;
@@ -114,12 +106,12 @@ void Transaction::release() {
 }
 
 Query Transaction::start(const Statement& statement, std::span<const Param> params) {
-  if (!connection_) return Query::failed(error(Errc::kClosed, "the transaction has ended"));
+  if (!connection_) return Query::failed(client_error(Errc::kClosed, "the transaction has ended"));
   return connection_->send(&statement, {}, params);
 }
 
 Query Transaction::start(std::string_view sql, std::span<const Param> params) {
-  if (!connection_) return Query::failed(error(Errc::kClosed, "the transaction has ended"));
+  if (!connection_) return Query::failed(client_error(Errc::kClosed, "the transaction has ended"));
   return connection_->send(nullptr, sql, params);
 }
 
@@ -183,8 +175,8 @@ Expected<std::shared_ptr<Connection>> Database::pick(bool exclusive, Deadline de
   if (pool == nullptr) {
     return std::unexpected(
         shared_->closed.load()
-            ? error(Errc::kClosed, "the database is closed")
-            : error(Errc::kNotOnWorker, "called outside a fiber of the database's runtime"));
+            ? client_error(Errc::kClosed, "the database is closed")
+            : client_error(Errc::kNotOnWorker, "called outside a fiber of the database's runtime"));
   }
   return pool->pick(exclusive, deadline);
 }

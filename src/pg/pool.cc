@@ -5,17 +5,9 @@
 #include "spindle/fiber/waiter.h"
 
 namespace spindle::pg {
-namespace {
-
-Error error(Errc code, std::string message) {
-  return Error{make_error_code(code), {}, std::move(message)};
-}
-
-}  // namespace
-
 Expected<std::shared_ptr<Connection>> Pool::pick(bool exclusive, Deadline deadline) {
   for (;;) {
-    if (closed_) return std::unexpected(error(Errc::kClosed, "the database is closed"));
+    if (closed_) return std::unexpected(client_error(Errc::kClosed, "the database is closed"));
     // Connections past their lifetime take no new calls; they close once answered.
     if (options_.max_lifetime.count() > 0) {
       auto now = std::chrono::steady_clock::now();
@@ -37,7 +29,7 @@ Expected<std::shared_ptr<Connection>> Pool::pick(bool exclusive, Deadline deadli
     if (best != nullptr && best->in_flight() == 0) return found(best);
     if (live_.size() + opening_ < std::max<std::size_t>(options_.connections, 1)) {
       auto catalog = catalog_.lock();
-      if (!catalog) return std::unexpected(error(Errc::kClosed, "the database is closed"));
+      if (!catalog) return std::unexpected(client_error(Errc::kClosed, "the database is closed"));
       ++opening_;
       auto opened = Connection::open(options_, std::move(catalog), weak_from_this());
       --opening_;
@@ -60,10 +52,11 @@ Expected<std::shared_ptr<Connection>> Pool::pick(bool exclusive, Deadline deadli
     std::error_code ec = park(waiter, deadline);
     std::erase(waiters_, &waiter);
     if (ec == std::errc::timed_out) {
-      return std::unexpected(error(Errc::kTimedOut, "no connection was free in time"));
+      return std::unexpected(client_error(Errc::kTimedOut, "no connection was free in time"));
     }
     if (ec)
-      return std::unexpected(error(Errc::kCanceled, "canceled while waiting for a connection"));
+      return std::unexpected(
+          client_error(Errc::kCanceled, "canceled while waiting for a connection"));
   }
 }
 

@@ -304,3 +304,32 @@ def test_runs_as_the_unit_runs_it_read_only_another_user_no_new_privileges_one_c
     out = subprocess.run(base + ["--inh-caps=-all", "--bounding-set=-all"] + argv,
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 1 and "Permission denied" in out.stderr
+
+
+def test_a_passed_socket_no_server_listens_on_is_said_and_closed(build_dir, tmp_path):
+    held = listening_socket()
+    port = held.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        other = s.getsockname()[1]
+    config = tmp_path / "spindle.yaml"
+    config.write_text(f"servers:\n  - listen: 127.0.0.1:{other}\n    default_site: true\n")
+    proc = activated(build_dir, held, config)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                assert get(other) == 200
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        held.close()
+    assert (f"127.0.0.1:{port}: a listening socket was passed for it, but no server listens "
+            "there: closed") in proc.stderr.read()

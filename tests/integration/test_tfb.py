@@ -17,17 +17,11 @@ import urllib.request
 import pytest
 
 from conftest import ROOT, Server
+from proxy_support import free_port
 
 POSTGRES = os.path.join(ROOT, "tests", "tools", "postgres.sh")
 SCHEMA = os.path.join(ROOT, "examples", "tfb", "schema.sql")
 ROADS = ["native", "hooked"]
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Postgres:
