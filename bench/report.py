@@ -337,12 +337,14 @@ def proxy_section(data, chart):
           "no figure. *user* is the part of the CPU time spent outside the kernel: every "
           "gateway makes the same four system calls per HTTP/1.1 request, so that is where they "
           "differ by their own code.\n",
-          "| set-up | gateway | req/s | CPU µs/req | of it user | errors |",
-          "|---|---|---:|---:|---:|---:|"]
+          "Each run follows a 2 s warm-up of its own shape, so that every gateway's upstream "
+          "pool is at its steady state; *upstream conns* is that pool at the end of the run.\n",
+          "| set-up | gateway | req/s | CPU µs/req | of it user | errors | upstream conns |",
+          "|---|---|---:|---:|---:|---:|---:|"]
     for r in results:
         md.append(f"| {r['workload']} | {r['server']} | {r['rps']:,.0f} | "
                   f"{r['cpu_us_per_request'] or 0:.2f} | {r.get('user_us_per_request') or 0:.2f} | "
-                  f"{r['errors']} |")
+                  f"{r['errors']} | {r.get('upstream_connections', '—')} |")
     md.append("")
     cpu = {(r["server"], r["workload"]): r["cpu_us_per_request"] for r in results}
     md.append("Goals (gateway CPU per request, same run):\n")
