@@ -2,7 +2,7 @@
 #
 #   bin/spindle                                  the server
 #   include/spindle/...                          the public headers (include/ only: nothing of src/)
-#   lib/libspindle{,_proxy,_hook,_pg}.a          the libraries
+#   lib/libspindle{,_h2,_proxy,_hook,_pg}.a      the libraries
 #   lib/cmake/spindle/spindleConfig.cmake        find_package(spindle 0.1 CONFIG REQUIRED)
 #   lib/pkgconfig/spindle.pc                     pkg-config --cflags --libs spindle
 #
@@ -12,7 +12,7 @@
 # 0.1.x only (SameMinorVersion); from 1.0 on, SameMajorVersion.
 include(CMakePackageConfigHelpers)
 
-install(TARGETS spindle spindle_proxy spindle_hook spindle_pg EXPORT spindleTargets
+install(TARGETS spindle spindle_h2 spindle_proxy spindle_hook spindle_pg EXPORT spindleTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS spindle_bin RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

@@ -1,0 +1,147 @@
+#pragma once
+/// HPACK (RFC 7541), header compression for HTTP/2: pure code, bytes in and fields out, fields
+/// in and bytes out; no I/O, no allocation per decoded field.
+///
+///   hpack::Decoder decoder;
+///   auto status = decoder.decode(block, [&](std::string_view name, std::string_view value) {
+///     ...  // views valid during the call only: copy what you keep
+///   });
+///
+///   hpack::Encoder encoder;
+///   std::string out;
+///   encoder.encode({{":status", "200"}, {"content-type", "text/plain"}}, out);
+///
+/// One Decoder per connection for what the peer sends, one Encoder for what we send: each keeps
+/// the dynamic table of its direction.
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+namespace spindle::h2::hpack {
+
+/// Why a header block could not be decoded (any of them is a connection error,
+/// COMPRESSION_ERROR, except kHeaderListTooLarge, which the caller may answer per stream).
+enum class Status {
+  kOk = 0,
+  kTruncated,           ///< the block ends inside a representation
+  kBadInteger,          ///< an integer longer than 32 bits
+  kBadIndex,            ///< index 0, or past the static and dynamic tables
+  kBadHuffman,          ///< bad padding, or the EOS symbol inside a string
+  kBadTableSizeUpdate,  ///< above the allowed size, or after the first field of a block
+  kHeaderListTooLarge,  ///< the decoded fields (name + value + 32 each) passed the limit
+};
+
+std::string_view to_string(Status status);
+
+/// One field to encode. `sensitive`: never indexed, here or by any intermediary (RFC 7541
+/// §7.1.3); authorization, cookie and set-cookie always are.
+struct Field {
+  std::string_view name;
+  std::string_view value;
+  bool sensitive = false;
+};
+
+/// Huffman coding (RFC 7541 Appendix B), table-driven both ways.
+namespace huffman {
+/// Bytes `text` takes Huffman-coded.
+std::size_t encoded_size(std::string_view text);
+/// Appends `text` Huffman-coded (padded with the EOS prefix) to `out`.
+void encode(std::string_view text, std::string& out);
+/// Appends the decoding of `code` to `out`; false if it is not a valid Huffman string.
+bool decode(std::span<const std::uint8_t> code, std::string& out);
+}  // namespace huffman
+
+/// The dynamic table of one direction: the newest entry is index 62 (after the 61 static
+/// ones); each entry counts name + value + 32 bytes against the size.
+class DynamicTable {
+ public:
+  explicit DynamicTable(std::size_t max_size) : max_size_(max_size) {}
+  /// Entry `index` (62 and up), or nullptr.
+  const std::pair<std::string, std::string>* get(std::size_t index) const;
+  /// Adds an entry, evicting the oldest to make room (an entry larger than the table empties
+  /// it and is not added).
+  void add(std::string name, std::string value);
+  void set_max_size(std::size_t max_size);
+  /// Evicts every entry.
+  void clear() { evict_to(0); }
+  std::size_t size() const { return size_; }
+  std::size_t max_size() const { return max_size_; }
+  std::size_t count() const { return entries_.size(); }
+  /// The index (62 and up) of an entry named `name` with `value` (0 if none); in `name_only`
+  /// the index of one named `name` (0 if none).
+  std::size_t find(std::string_view name, std::string_view value, std::size_t& name_only) const;
+
+ private:
+  void evict_to(std::size_t size);
+  std::deque<std::pair<std::string, std::string>> entries_;  ///< newest first
+  std::size_t size_ = 0;
+  std::size_t max_size_;
+};
+
+class Decoder {
+ public:
+  /// `max_table_size`: our SETTINGS_HEADER_TABLE_SIZE (the most a size update may ask);
+  /// `max_header_list`: the most the decoded fields of one block may add up to (name + value
+  /// + 32 each, as SETTINGS_MAX_HEADER_LIST_SIZE counts), so that a small block referencing
+  /// a large entry many times (an "HPACK bomb") stops at the limit, not after.
+  explicit Decoder(std::size_t max_table_size = 4096, std::size_t max_header_list = 65536)
+      : table_(max_table_size), max_table_size_(max_table_size), max_list_(max_header_list) {}
+
+  /// Decodes one whole header block, calling `on_field(name, value)` for each field in order
+  /// (views valid during that call). Stops at the first error; the fields before it were
+  /// delivered. After an error other than kHeaderListTooLarge the decoder's table may be out
+  /// of step with the peer's: the connection must end.
+  template <typename OnField>
+  Status decode(std::span<const std::uint8_t> block, OnField&& on_field) {
+    return decode_with(block, &on_field, [](void* sink, std::string_view n, std::string_view v) {
+      (*static_cast<std::remove_reference_t<OnField>*>(sink))(n, v);
+    });
+  }
+
+  /// Our SETTINGS_HEADER_TABLE_SIZE changed (acknowledged by the peer).
+  void set_max_table_size(std::size_t size) { max_table_size_ = size; }
+  const DynamicTable& table() const { return table_; }
+
+ private:
+  Status decode_with(std::span<const std::uint8_t> block, void* sink,
+                     void (*deliver)(void*, std::string_view, std::string_view));
+  DynamicTable table_;
+  std::size_t max_table_size_;
+  std::size_t max_list_;
+  std::string name_buffer_, value_buffer_;  ///< Huffman-decoded strings of the current field
+};
+
+class Encoder {
+ public:
+  /// `max_table_size`: the most this encoder uses of the table the peer allows.
+  explicit Encoder(std::size_t max_table_size = 4096)
+      : table_(max_table_size), own_limit_(max_table_size) {}
+
+  /// Appends the header block of `fields` to `out`.
+  void encode(std::span<const Field> fields, std::string& out);
+  void encode(std::initializer_list<Field> fields, std::string& out) {
+    encode(std::span<const Field>(fields.begin(), fields.size()), out);
+  }
+  /// The peer's SETTINGS_HEADER_TABLE_SIZE: the next block starts with a size update.
+  void set_peer_max_table_size(std::size_t size);
+  const DynamicTable& table() const { return table_; }
+
+ private:
+  DynamicTable table_;
+  std::size_t own_limit_;
+  bool update_pending_ = false;
+  std::size_t smallest_since_update_ = SIZE_MAX;
+};
+
+/// Appends an HPACK integer of `prefix_bits` bits, the byte's other bits `first_bits`.
+void encode_integer(std::uint64_t value, int prefix_bits, std::uint8_t first_bits,
+                    std::string& out);
+
+}  // namespace spindle::h2::hpack

@@ -1,0 +1,338 @@
+// HPACK (RFC 7541): the static table, integers and strings, the dynamic table, the decoder and
+// the encoder. Huffman coding is in huffman.cc.
+#include "spindle/h2/hpack.h"
+
+#include <array>
+
+namespace spindle::h2::hpack {
+namespace {
+
+struct StaticEntry {
+  std::string_view name;
+  std::string_view value;
+};
+
+// RFC 7541 Appendix A; index 1 is kStatic[0].
+constexpr std::array<StaticEntry, 61> kStatic = {{
+    {":authority", ""},
+    {":method", "GET"},
+    {":method", "POST"},
+    {":path", "/"},
+    {":path", "/index.html"},
+    {":scheme", "http"},
+    {":scheme", "https"},
+    {":status", "200"},
+    {":status", "204"},
+    {":status", "206"},
+    {":status", "304"},
+    {":status", "400"},
+    {":status", "404"},
+    {":status", "500"},
+    {"accept-charset", ""},
+    {"accept-encoding", "gzip, deflate"},
+    {"accept-language", ""},
+    {"accept-ranges", ""},
+    {"accept", ""},
+    {"access-control-allow-origin", ""},
+    {"age", ""},
+    {"allow", ""},
+    {"authorization", ""},
+    {"cache-control", ""},
+    {"content-disposition", ""},
+    {"content-encoding", ""},
+    {"content-language", ""},
+    {"content-length", ""},
+    {"content-location", ""},
+    {"content-range", ""},
+    {"content-type", ""},
+    {"cookie", ""},
+    {"date", ""},
+    {"etag", ""},
+    {"expect", ""},
+    {"expires", ""},
+    {"from", ""},
+    {"host", ""},
+    {"if-match", ""},
+    {"if-modified-since", ""},
+    {"if-none-match", ""},
+    {"if-range", ""},
+    {"if-unmodified-since", ""},
+    {"last-modified", ""},
+    {"link", ""},
+    {"location", ""},
+    {"max-forwards", ""},
+    {"proxy-authenticate", ""},
+    {"proxy-authorization", ""},
+    {"range", ""},
+    {"referer", ""},
+    {"refresh", ""},
+    {"retry-after", ""},
+    {"server", ""},
+    {"set-cookie", ""},
+    {"strict-transport-security", ""},
+    {"transfer-encoding", ""},
+    {"user-agent", ""},
+    {"vary", ""},
+    {"via", ""},
+    {"www-authenticate", ""},
+}};
+constexpr std::size_t kStaticCount = kStatic.size();
+constexpr std::size_t kEntryOverhead = 32;  // RFC 7541 §4.1
+
+// Reads an integer of `prefix_bits` at `at`; false if the block ends first or it passes 32 bits.
+Status read_integer(std::span<const std::uint8_t> in, std::size_t& at, int prefix_bits,
+                    std::uint64_t& value) {
+  if (at >= in.size()) return Status::kTruncated;
+  const std::uint8_t mask = static_cast<std::uint8_t>((1u << prefix_bits) - 1);
+  value = in[at++] & mask;
+  if (value < mask) return Status::kOk;
+  for (int shift = 0;; shift += 7) {
+    if (at >= in.size()) return Status::kTruncated;
+    std::uint8_t byte = in[at++];
+    if (shift > 28) return Status::kBadInteger;
+    value += static_cast<std::uint64_t>(byte & 0x7f) << shift;
+    if (value > UINT32_MAX) return Status::kBadInteger;
+    if ((byte & 0x80) == 0) return Status::kOk;
+  }
+}
+
+// Reads a string literal: a view into the block, or the Huffman decoding in `buffer`.
+Status read_string(std::span<const std::uint8_t> in, std::size_t& at, std::string& buffer,
+                   std::string_view& out) {
+  if (at >= in.size()) return Status::kTruncated;
+  const bool huffman = (in[at] & 0x80) != 0;
+  std::uint64_t length = 0;
+  if (Status s = read_integer(in, at, 7, length); s != Status::kOk) return s;
+  if (length > in.size() - at) return Status::kTruncated;
+  auto bytes = in.subspan(at, static_cast<std::size_t>(length));
+  at += bytes.size();
+  if (!huffman) {
+    out = std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    return Status::kOk;
+  }
+  buffer.clear();
+  if (!huffman::decode(bytes, buffer)) return Status::kBadHuffman;
+  out = buffer;
+  return Status::kOk;
+}
+
+bool always_sensitive(std::string_view name) {
+  return name == "authorization" || name == "cookie" || name == "set-cookie";
+}
+
+// A string literal, Huffman-coded when that is shorter.
+void write_string(std::string_view text, std::string& out) {
+  std::size_t coded = huffman::encoded_size(text);
+  if (coded < text.size()) {
+    encode_integer(coded, 7, 0x80, out);
+    huffman::encode(text, out);
+  } else {
+    encode_integer(text.size(), 7, 0x00, out);
+    out.append(text);
+  }
+}
+
+}  // namespace
+
+std::string_view to_string(Status status) {
+  switch (status) {
+    case Status::kOk:
+      return "ok";
+    case Status::kTruncated:
+      return "header block truncated";
+    case Status::kBadInteger:
+      return "integer too large";
+    case Status::kBadIndex:
+      return "bad table index";
+    case Status::kBadHuffman:
+      return "bad Huffman string";
+    case Status::kBadTableSizeUpdate:
+      return "bad dynamic table size update";
+    case Status::kHeaderListTooLarge:
+      return "header list too large";
+  }
+  return "unknown";
+}
+
+void encode_integer(std::uint64_t value, int prefix_bits, std::uint8_t first_bits,
+                    std::string& out) {
+  const std::uint64_t mask = (1u << prefix_bits) - 1;
+  if (value < mask) {
+    out.push_back(static_cast<char>(first_bits | value));
+    return;
+  }
+  out.push_back(static_cast<char>(first_bits | mask));
+  value -= mask;
+  while (value >= 0x80) {
+    out.push_back(static_cast<char>((value & 0x7f) | 0x80));
+    value >>= 7;
+  }
+  out.push_back(static_cast<char>(value));
+}
+
+// --- DynamicTable ------------------------------------------------------------------------
+
+const std::pair<std::string, std::string>* DynamicTable::get(std::size_t index) const {
+  if (index <= kStaticCount || index - kStaticCount - 1 >= entries_.size()) return nullptr;
+  return &entries_[index - kStaticCount - 1];
+}
+
+void DynamicTable::add(std::string name, std::string value) {
+  std::size_t entry = name.size() + value.size() + kEntryOverhead;
+  if (entry > max_size_) {
+    evict_to(0);  // RFC 7541 §4.4: an entry larger than the table empties it
+    return;
+  }
+  evict_to(max_size_ - entry);
+  size_ += entry;
+  entries_.emplace_front(std::move(name), std::move(value));
+}
+
+void DynamicTable::set_max_size(std::size_t max_size) {
+  max_size_ = max_size;
+  evict_to(max_size);
+}
+
+void DynamicTable::evict_to(std::size_t size) {
+  while (size_ > size && !entries_.empty()) {
+    const auto& oldest = entries_.back();
+    size_ -= oldest.first.size() + oldest.second.size() + kEntryOverhead;
+    entries_.pop_back();
+  }
+}
+
+std::size_t DynamicTable::find(std::string_view name, std::string_view value,
+                               std::size_t& name_only) const {
+  for (std::size_t i = 0; i < entries_.size(); ++i) {
+    if (entries_[i].first != name) continue;
+    if (entries_[i].second == value) return kStaticCount + 1 + i;
+    if (name_only == 0) name_only = kStaticCount + 1 + i;
+  }
+  return 0;
+}
+
+// --- Decoder -----------------------------------------------------------------------------
+
+Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
+                            void (*deliver)(void*, std::string_view, std::string_view)) {
+  std::size_t at = 0;
+  std::size_t list_size = 0;
+  bool field_seen = false;
+  while (at < in.size()) {
+    const std::uint8_t first = in[at];
+    if ((first & 0xe0) == 0x20) {  // 001xxxxx: dynamic table size update
+      // Only at the start of a block (RFC 7541 §4.2), and within our setting.
+      std::uint64_t size = 0;
+      if (Status s = read_integer(in, at, 5, size); s != Status::kOk) return s;
+      if (field_seen || size > max_table_size_) return Status::kBadTableSizeUpdate;
+      table_.set_max_size(static_cast<std::size_t>(size));
+      continue;
+    }
+    field_seen = true;
+    std::string_view name, value;
+    if (first & 0x80) {  // 1xxxxxxx: indexed field
+      std::uint64_t index = 0;
+      if (Status s = read_integer(in, at, 7, index); s != Status::kOk) return s;
+      if (index == 0) return Status::kBadIndex;
+      if (index <= kStaticCount) {
+        name = kStatic[index - 1].name;
+        value = kStatic[index - 1].value;
+      } else if (const auto* entry = table_.get(static_cast<std::size_t>(index))) {
+        name = entry->first;
+        value = entry->second;
+      } else {
+        return Status::kBadIndex;
+      }
+    } else {
+      // 01xxxxxx with indexing, 0001xxxx never indexed, 0000xxxx without indexing.
+      const bool indexing = (first & 0xc0) == 0x40;
+      std::uint64_t index = 0;
+      if (Status s = read_integer(in, at, indexing ? 6 : 4, index); s != Status::kOk) return s;
+      if (index == 0) {
+        if (Status s = read_string(in, at, name_buffer_, name); s != Status::kOk) return s;
+      } else if (index <= kStaticCount) {
+        name = kStatic[index - 1].name;
+      } else if (const auto* entry = table_.get(static_cast<std::size_t>(index))) {
+        name = entry->first;
+      } else {
+        return Status::kBadIndex;
+      }
+      if (Status s = read_string(in, at, value_buffer_, value); s != Status::kOk) return s;
+      if (indexing) {
+        if (name.size() + value.size() + kEntryOverhead > table_.max_size()) {
+          // Too large for the table, which it empties (RFC 7541 §4.4); the name may be one of
+          // the entries going, so it is kept aside first (the value is a literal: in the block
+          // or its buffer).
+          if (name.data() != name_buffer_.data()) name_buffer_.assign(name.data(), name.size());
+          name = name_buffer_;
+          table_.clear();
+        } else {
+          // Copied before the insertion evicts anything; then read from the new entry.
+          table_.add(std::string(name), std::string(value));
+          const auto* added = table_.get(kStaticCount + 1);
+          name = added->first;
+          value = added->second;
+        }
+      }
+    }
+    list_size += name.size() + value.size() + kEntryOverhead;
+    if (list_size > max_list_) return Status::kHeaderListTooLarge;
+    deliver(sink, name, value);
+  }
+  return Status::kOk;
+}
+
+// --- Encoder -----------------------------------------------------------------------------
+
+void Encoder::set_peer_max_table_size(std::size_t size) {
+  std::size_t use = std::min(size, own_limit_);
+  smallest_since_update_ = std::min(smallest_since_update_, use);
+  update_pending_ = true;
+  table_.set_max_size(use);
+}
+
+void Encoder::encode(std::span<const Field> fields, std::string& out) {
+  if (update_pending_) {
+    // The smallest size since the last block first (so the peer evicts as we did), then the
+    // size in force (RFC 7541 §4.2).
+    if (smallest_since_update_ < table_.max_size()) {
+      encode_integer(smallest_since_update_, 5, 0x20, out);
+    }
+    encode_integer(table_.max_size(), 5, 0x20, out);
+    update_pending_ = false;
+    smallest_since_update_ = SIZE_MAX;
+  }
+  for (const Field& f : fields) {
+    std::size_t static_name = 0, static_full = 0;
+    for (std::size_t i = 0; i < kStaticCount && static_full == 0; ++i) {
+      if (kStatic[i].name != f.name) continue;
+      if (static_name == 0) static_name = i + 1;
+      if (kStatic[i].value == f.value) static_full = i + 1;
+    }
+    const bool sensitive = f.sensitive || always_sensitive(f.name);
+    if (static_full != 0 && !sensitive) {
+      encode_integer(static_full, 7, 0x80, out);
+      continue;
+    }
+    std::size_t dynamic_name = 0;
+    std::size_t dynamic_full = sensitive ? 0 : table_.find(f.name, f.value, dynamic_name);
+    if (dynamic_full != 0) {
+      encode_integer(dynamic_full, 7, 0x80, out);
+      continue;
+    }
+    std::size_t name_index = static_name != 0 ? static_name : dynamic_name;
+    // Indexed for next time unless sensitive or too large to be worth a place in the table.
+    const bool indexing =
+        !sensitive && f.name.size() + f.value.size() + kEntryOverhead <= table_.max_size() / 2;
+    if (indexing) {
+      encode_integer(name_index, 6, 0x40, out);
+    } else {
+      encode_integer(name_index, 4, sensitive ? 0x10 : 0x00, out);
+    }
+    if (name_index == 0) write_string(f.name, out);
+    write_string(f.value, out);
+    if (indexing) table_.add(std::string(f.name), std::string(f.value));
+  }
+}
+
+}  // namespace spindle::h2::hpack

@@ -1,0 +1,46 @@
+// libFuzzer driver: spindle's HPACK decoder against nghttp2's (the oracle). The input is cut
+// into header blocks of one connection at each 0xff 0x00 pair. Each block is decoded by both;
+// they must agree, block after block: the same fields, or both refuse it (then the connection
+// would end: the rest is not compared). Every block both accept is then encoded by spindle's
+// encoder and decoded by a fresh nghttp2 decoder of that direction: the same fields again.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fuzz_checks.h"
+#include "spindle/h2/hpack.h"
+#include "unit/h2/nghttp2_oracle.h"
+
+using namespace spindle::h2::hpack;
+using spindle::testing::FieldList;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  std::string_view input(reinterpret_cast<const char*>(data), size);
+  Decoder ours(4096, SIZE_MAX);
+  spindle::testing::OracleInflater theirs;
+  Encoder encoder;
+  spindle::testing::OracleInflater round_trip;
+  std::size_t at = 0;
+  while (at <= input.size()) {
+    std::size_t cut = input.find(std::string_view("\xff\x00", 2), at);
+    if (cut == std::string_view::npos) cut = input.size();
+    std::string block(input.substr(at, cut - at));
+    at = cut + 2;
+    FieldList mine;
+    Status status =
+        ours.decode({reinterpret_cast<const std::uint8_t*>(block.data()), block.size()},
+                    [&](std::string_view n, std::string_view v) { mine.emplace_back(n, v); });
+    auto expected = theirs.inflate(block);
+    check((status == Status::kOk) == expected.has_value());
+    if (!expected) break;
+    check(mine == *expected);
+    std::vector<Field> fields;
+    for (const auto& [n, v] : mine) fields.push_back({n, v});
+    std::string encoded;
+    encoder.encode(fields, encoded);
+    auto back = round_trip.inflate(encoded);
+    check(back.has_value() && *back == mine);
+  }
+  return 0;
+}

@@ -1,0 +1,263 @@
+// HPACK: RFC 7541 Appendix C's examples, every Huffman symbol, the errors a peer can make, the
+// header list limit against an "HPACK bomb", and both directions against nghttp2's coder on
+// random field lists over many blocks (dynamic tables, evictions, size updates).
+#include "spindle/h2/hpack.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "nghttp2_oracle.h"
+
+using namespace spindle::h2::hpack;
+using spindle::testing::FieldList;
+using spindle::testing::OracleDeflater;
+using spindle::testing::OracleInflater;
+
+namespace {
+
+std::string from_hex(std::string_view hex) {
+  std::string out;
+  for (std::size_t i = 0; i + 1 < hex.size(); i += 2) {
+    if (hex[i] == ' ') {
+      --i;
+      continue;
+    }
+    out.push_back(static_cast<char>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16)));
+  }
+  return out;
+}
+
+std::span<const std::uint8_t> bytes(const std::string& s) {
+  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
+// Decodes `block`; the fields, and the status in `status`.
+FieldList decode(Decoder& decoder, const std::string& block, Status* status = nullptr) {
+  FieldList out;
+  Status s = decoder.decode(
+      bytes(block), [&](std::string_view n, std::string_view v) { out.emplace_back(n, v); });
+  if (status) *status = s;
+  return out;
+}
+
+}  // namespace
+
+TEST(Hpack, IntegersAsRfc7541C1) {
+  std::string out;
+  encode_integer(10, 5, 0, out);
+  EXPECT_EQ(out, from_hex("0a"));
+  out.clear();
+  encode_integer(1337, 5, 0, out);
+  EXPECT_EQ(out, from_hex("1f9a0a"));
+  out.clear();
+  encode_integer(42, 8, 0, out);
+  EXPECT_EQ(out, from_hex("2a"));
+}
+
+TEST(Hpack, HuffmanAsRfc7541C4) {
+  for (auto [text, hex] :
+       {std::pair{"www.example.com", "f1e3c2e5f23a6ba0ab90f4ff"},
+        std::pair{"no-cache", "a8eb10649cbf"}, std::pair{"custom-key", "25a849e95ba97d7f"},
+        std::pair{"custom-value", "25a849e95bb8e8b4bf"}}) {
+    std::string coded;
+    huffman::encode(text, coded);
+    EXPECT_EQ(coded, from_hex(hex)) << text;
+    EXPECT_EQ(huffman::encoded_size(text), coded.size());
+    std::string decoded;
+    ASSERT_TRUE(huffman::decode(bytes(coded), decoded));
+    EXPECT_EQ(decoded, text);
+  }
+}
+
+TEST(Hpack, EveryHuffmanSymbolThroughNghttp2sDecoder) {
+  // Each byte value alone and all 256 in one string, Huffman-coded by us (as the value of a
+  // literal field), decoded by nghttp2.
+  std::vector<std::string> texts;
+  std::string all;
+  for (int c = 0; c < 256; ++c) {
+    texts.emplace_back(3, static_cast<char>(c));
+    all.push_back(static_cast<char>(c));
+  }
+  texts.push_back(all);
+  OracleInflater oracle;
+  for (const std::string& text : texts) {
+    std::string code;
+    huffman::encode(text, code);
+    std::string block(
+        "\x00\x03"
+        "abc",
+        5);  // literal, not indexed, new name "abc"
+    encode_integer(code.size(), 7, 0x80, block);
+    block += code;
+    auto fields = oracle.inflate(block);
+    ASSERT_TRUE(fields.has_value()) << static_cast<int>(static_cast<unsigned char>(text[0]));
+    ASSERT_EQ(fields->size(), 1u);
+    EXPECT_EQ((*fields)[0].second, text);
+    std::string back;
+    ASSERT_TRUE(huffman::decode(bytes(code), back));
+    EXPECT_EQ(back, text);
+  }
+}
+
+TEST(Hpack, RequestsAsRfc7541C3AndC4) {
+  // C.3: without Huffman; C.4: with. Three requests on one connection, the table growing.
+  for (bool huffman_coded : {false, true}) {
+    Decoder decoder;
+    std::vector<std::string> blocks =
+        huffman_coded
+            ? std::vector<std::string>{from_hex("828684418cf1e3c2e5f23a6ba0ab90f4ff"),
+                                       from_hex("828684be5886a8eb10649cbf"),
+                                       from_hex("828785bf408825a849e95ba97d7f8925a849e95bb8e8b4bf")}
+            : std::vector<std::string>{
+                  from_hex("828684410f7777772e6578616d706c652e636f6d"),
+                  from_hex("828684be58086e6f2d6361636865"),
+                  from_hex("828785bf400a637573746f6d2d6b65790c637573746f6d2d76616c7565")};
+    std::vector<FieldList> expected = {{{":method", "GET"},
+                                        {":scheme", "http"},
+                                        {":path", "/"},
+                                        {":authority", "www.example.com"}},
+                                       {{":method", "GET"},
+                                        {":scheme", "http"},
+                                        {":path", "/"},
+                                        {":authority", "www.example.com"},
+                                        {"cache-control", "no-cache"}},
+                                       {{":method", "GET"},
+                                        {":scheme", "https"},
+                                        {":path", "/index.html"},
+                                        {":authority", "www.example.com"},
+                                        {"custom-key", "custom-value"}}};
+    std::vector<std::size_t> sizes = {57, 110, 164};
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      Status status;
+      EXPECT_EQ(decode(decoder, blocks[i], &status), expected[i]) << i;
+      EXPECT_EQ(status, Status::kOk);
+      EXPECT_EQ(decoder.table().size(), sizes[i]) << i;
+    }
+  }
+}
+
+TEST(Hpack, WhatAPeerGetsWrongIsAnError) {
+  struct Case {
+    const char* hex;
+    Status status;
+  };
+  for (Case c :
+       {Case{"80", Status::kBadIndex},                        // index 0
+        Case{"be", Status::kBadIndex},                        // dynamic entry 62, none yet
+        Case{"ff80808080808001", Status::kBadInteger},        // past 32 bits
+        Case{"ff", Status::kTruncated},                       // integer cut
+        Case{"0003616263", Status::kTruncated},               // value missing
+        Case{"000361626305616263", Status::kTruncated},       // value shorter than said
+        Case{"00036162638400ffffff", Status::kBadHuffman},    // "0a", then 22 bits of padding
+        Case{"0003616263 83 ff ff ff", Status::kBadHuffman},  // 24 bits of padding
+        Case{"8220", Status::kBadTableSizeUpdate},            // a size update after a field
+        Case{"3fe21f", Status::kBadTableSizeUpdate}}) {       // 4097 > 4096
+    Decoder decoder;
+    Status status;
+    (void)decode(decoder, from_hex(c.hex), &status);
+    EXPECT_EQ(status, c.status) << c.hex << ": " << to_string(status);
+  }
+}
+
+TEST(Hpack, AnHpackBombStopsAtTheHeaderListLimit) {
+  // One 4 KB field in the table, then a block that names it 16,000 times (16 KB on the wire,
+  // 64 MB decoded): decoding stops at the limit, having delivered what fits.
+  Decoder decoder(4096, 64 * 1024);
+  std::string block;
+  encode_integer(0, 6, 0x40, block);  // with indexing, new name
+  encode_integer(1, 7, 0, block);
+  block += "x";
+  encode_integer(4000, 7, 0, block);
+  block += std::string(4000, 'y');
+  Status status;
+  (void)decode(decoder, block, &status);
+  ASSERT_EQ(status, Status::kOk);
+  std::string bomb;
+  for (int i = 0; i < 16000; ++i) encode_integer(62, 7, 0x80, bomb);
+  std::size_t delivered = 0;
+  status = decoder.decode(bytes(bomb), [&](std::string_view, std::string_view) { ++delivered; });
+  EXPECT_EQ(status, Status::kHeaderListTooLarge);
+  EXPECT_EQ(delivered, 64 * 1024 / (4001 + 32));
+}
+
+TEST(Hpack, SensitiveFieldsAreNeverIndexed) {
+  Encoder encoder;
+  std::string block;
+  encoder.encode({{"authorization", "Basic YTpi"},
+                  {"cookie", "session=1"},
+                  {"x-token", "t", /*sensitive=*/true},
+                  {"x-plain", "p"}},
+                 block);
+  EXPECT_EQ(encoder.table().count(), 1u);  // x-plain only
+  OracleInflater oracle;
+  std::vector<std::string> never;
+  auto fields = oracle.inflate(block, &never);
+  ASSERT_TRUE(fields.has_value());
+  EXPECT_EQ(never, (std::vector<std::string>{"authorization", "cookie", "x-token"}));
+}
+
+TEST(Hpack, ATableSizeTheyAskForIsSaidAtTheNextBlock) {
+  Encoder encoder;
+  OracleInflater oracle;
+  std::string block;
+  encoder.encode({{"x-a", "1"}}, block);
+  ASSERT_TRUE(oracle.inflate(block).has_value());
+  encoder.set_peer_max_table_size(0);
+  encoder.set_peer_max_table_size(1024);
+  block.clear();
+  encoder.encode({{"x-b", "2"}}, block);
+  EXPECT_EQ(block.substr(0, 1), from_hex("20"));  // 0 first: the table emptied as ours was
+  EXPECT_EQ(encoder.table().max_size(), 1024u);
+  auto fields = oracle.inflate(block);
+  ASSERT_TRUE(fields.has_value());
+  EXPECT_EQ(*fields, (FieldList{{"x-b", "2"}}));
+}
+
+TEST(Hpack, BothDirectionsAgreeWithNghttp2OnRandomConnections) {
+  std::mt19937 random(20261125);
+  const std::vector<std::string> names = {
+      ":method",  ":path",        ":status",    "content-type",  "server",
+      "date",     "x-request-id", "set-cookie", "cache-control", "accept-encoding",
+      "x-custom", "via",          "etag",       "user-agent"};
+  auto random_text = [&](std::size_t max) {
+    std::string s(random() % (max + 1), '\0');
+    for (char& c : s)
+      c = static_cast<char>(random() % 4 == 0 ? random() % 256 : 'a' + random() % 26);
+    return s;
+  };
+  for (std::size_t table : {4096, 256, 0}) {
+    // nghttp2 encodes, spindle decodes.
+    OracleDeflater deflater(table);
+    Decoder decoder;
+    // spindle encodes, nghttp2 decodes.
+    Encoder encoder;
+    OracleInflater inflater;
+    encoder.set_peer_max_table_size(4096);
+    for (int block = 0; block < 400; ++block) {
+      FieldList fields;
+      int count = 1 + static_cast<int>(random() % 12);
+      for (int i = 0; i < count; ++i) {
+        // Repeats often, so that the dynamic tables are used and evicted.
+        std::string name = random() % 5 == 0 ? random_text(20) : names[random() % names.size()];
+        if (name.empty()) name = "n";
+        std::string value = random() % 3 == 0 ? std::to_string(random() % 8) : random_text(300);
+        fields.emplace_back(name, value);
+      }
+      Status status;
+      EXPECT_EQ(decode(decoder, deflater.deflate(fields), &status), fields) << block;
+      ASSERT_EQ(status, Status::kOk) << block;
+
+      std::vector<Field> ours;
+      for (const auto& [n, v] : fields) ours.push_back({n, v});
+      std::string out;
+      encoder.encode(ours, out);
+      auto back = inflater.inflate(out);
+      ASSERT_TRUE(back.has_value()) << block;
+      EXPECT_EQ(*back, fields) << block;
+      if (block % 97 == 96) encoder.set_peer_max_table_size(random() % 4097);
+    }
+  }
+}
