@@ -27,6 +27,8 @@ std::string trimmed(const char* message) {
 
 std::string statement_name(std::uint32_t id) { return fmt::format("spindle_{}", id); }
 
+constexpr std::size_t kMaxValue = std::size_t{1} << 30;
+
 }  // namespace
 
 Expected<std::shared_ptr<Connection>> Connection::open(const Options& options,
@@ -93,6 +95,13 @@ Query Connection::send(const Statement* statement, std::string_view sql,
   }
   for (const Param& p : params) {
     const auto* text = std::get_if<std::string_view>(&p);
+    const auto* raw = std::get_if<Bytes>(&p);
+    // PostgreSQL takes no value over 1 GiB (and libpq's lengths are ints).
+    if ((text != nullptr && text->size() >= kMaxValue) ||
+        (raw != nullptr && raw->data.size() >= kMaxValue)) {
+      query.outcome_ = std::unexpected(client_error(Errc::kBadValue, "a parameter over 1 GiB"));
+      return query;
+    }
     if (text != nullptr && text->find('\0') != std::string_view::npos) {
       query.outcome_ = std::unexpected(client_error(
           Errc::kBadValue, "a text parameter holds a NUL byte (send bytes as pg::Bytes)"));
@@ -169,7 +178,7 @@ Query Connection::send(const Statement* statement, std::string_view sql,
   query.connection_ = shared_from_this();
   query.sequence_ = first_sequence_ + fifo_.size() - 1;
   flush();
-  return query;  // NRVO: `query` is the caller's object, where the entry points
+  return query;  // elided, or moved: a Query's move points the entry at its new place
 }
 
 void Connection::flush() {

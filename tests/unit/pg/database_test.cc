@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <libpq-fe.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <chrono>
@@ -376,6 +377,19 @@ TEST(PgDatabase, ParametersLibpqCannotCarryAreRefusedAndTheConnectionServesOn) {
     auto too_many = db.query("SELECT 1", many);
     ASSERT_FALSE(too_many.has_value());
     EXPECT_EQ(too_many.error().code, pg::Errc::kBadValue);
+    // Over 1 GiB (PostgreSQL's limit): refused before a byte is read (a mapping never touched).
+    constexpr std::size_t kGiB = std::size_t{1} << 30;
+    void* huge =
+        ::mmap(nullptr, kGiB, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    ASSERT_NE(huge, MAP_FAILED);
+    std::string_view big(static_cast<const char*>(huge), kGiB);
+    for (auto p : {pg::param(big), pg::Param(pg::Bytes{big})}) {
+      auto refused = db.query("SELECT $1", {p});
+      ASSERT_FALSE(refused.has_value());
+      EXPECT_EQ(refused.error().code, pg::Errc::kBadValue);
+      EXPECT_EQ(refused.error().message, "a parameter over 1 GiB");
+    }
+    ::munmap(huge, kGiB);
     // The same bytes go as bytea; and the connection was never touched.
     auto bytes = db.query("SELECT length($1::bytea)", {pg::Param(pg::Bytes{"a\0b"sv})});
     ASSERT_TRUE(bytes.has_value()) << bytes.error().message;
