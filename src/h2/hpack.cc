@@ -218,6 +218,7 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
   std::size_t at = 0;
   std::size_t list_size = 0;
   bool field_seen = false;
+  bool over_limit = false;
   while (at < in.size()) {
     const std::uint8_t first = in[at];
     if ((first & 0xe0) == 0x20) {  // 001xxxxx: dynamic table size update
@@ -275,11 +276,16 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
         }
       }
     }
+    // Past the limit nothing more is delivered, but the block is read to its end: the table
+    // must stay in step with the peer's (the connection may go on).
     list_size += name.size() + value.size() + kEntryOverhead;
-    if (list_size > max_list_) return Status::kHeaderListTooLarge;
+    if (list_size > max_list_) {
+      over_limit = true;
+      continue;
+    }
     deliver(sink, name, value);
   }
-  return Status::kOk;
+  return over_limit ? Status::kHeaderListTooLarge : Status::kOk;
 }
 
 // --- Encoder -----------------------------------------------------------------------------

@@ -96,8 +96,9 @@ class Decoder {
 
   /// Decodes one whole header block, calling `on_field(name, value)` for each field in order
   /// (views valid during that call). Stops at the first error; the fields before it were
-  /// delivered. After an error other than kHeaderListTooLarge the decoder's table may be out
-  /// of step with the peer's: the connection must end.
+  /// delivered, and the decoder's table may be out of step with the peer's: the connection must
+  /// end. Past the header list limit the fields are no longer delivered but the block is read
+  /// to its end (the table stays in step): kHeaderListTooLarge, and the connection may go on.
   template <typename OnField>
   Status decode(std::span<const std::uint8_t> block, OnField&& on_field) {
     return decode_with(block, &on_field, [](void* sink, std::string_view n, std::string_view v) {

@@ -1,0 +1,132 @@
+#pragma once
+/// The server side of one HTTP/2 connection (RFC 9113), pure: bytes from the client in, events
+/// to a handler, frames out into an output buffer the driver writes. Stream states, flow control
+/// both ways, SETTINGS, PING, GOAWAY, header blocks across CONTINUATION, HPACK, and the checks of
+/// RFC 9113 §8 on requests (a malformed one is reset, the connection goes on). No I/O, no fibers.
+///
+/// Limits against the published attacks are the session's: a header block bounded in bytes and
+/// frames (CONTINUATION floods), the decoded header list bounded (HPACK bombs), output the
+/// client makes us queue without reading bounded (PING, SETTINGS and reset floods): past any of
+/// them, GOAWAY ENHANCE_YOUR_CALM.
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "spindle/h2/frame.h"
+#include "spindle/h2/hpack.h"
+
+namespace spindle::h2 {
+
+struct SessionLimits {
+  std::uint32_t max_concurrent_streams = 100;
+  /// Our receive window per stream (SETTINGS_INITIAL_WINDOW_SIZE).
+  std::uint32_t stream_window = 65535;
+  /// Our receive window for the whole connection (raised by WINDOW_UPDATE at the start).
+  std::uint32_t connection_window = 1 << 20;
+  std::uint32_t max_frame_size = kDefaultMaxFrameSize;
+  std::uint32_t max_header_list_size = 65536;
+  /// One header block (HEADERS and its CONTINUATIONs): bytes, and frames.
+  std::size_t max_header_block = 65536 + 16384;
+  std::size_t max_continuations = 32;
+  /// Output queued and not taken by the driver: past it the client is not reading.
+  std::size_t max_output = 1 << 20;
+  /// RFC 8441's SETTINGS_ENABLE_CONNECT_PROTOCOL.
+  bool enable_connect_protocol = false;
+};
+
+/// What the session tells its driver. Views are valid during the call only.
+class SessionHandler {
+ public:
+  virtual ~SessionHandler() = default;
+  /// One field of a request's (or its trailers') header block, already checked.
+  virtual void on_field(std::uint32_t stream, std::string_view name, std::string_view value) = 0;
+  /// The block is complete; `end_stream`: no body follows; `trailers`: it was the trailers.
+  virtual void on_headers(std::uint32_t stream, bool end_stream, bool trailers) = 0;
+  virtual void on_data(std::uint32_t stream, std::span<const std::uint8_t> data,
+                       bool end_stream) = 0;
+  /// The stream ended without its request complete: reset by the client, or malformed.
+  virtual void on_reset(std::uint32_t stream, ErrorCode code) = 0;
+  /// More may be sent on `stream` (0: on the connection) than before.
+  virtual void on_window(std::uint32_t stream) = 0;
+};
+
+class ServerSession {
+ public:
+  ServerSession(SessionLimits limits, SessionHandler& handler);
+
+  /// Takes bytes from the client (the preface first). False once the connection must end: a
+  /// GOAWAY saying why is in the output, to be written before closing.
+  bool receive(std::span<const std::uint8_t> bytes);
+
+  /// The frames to write, taken (the session starts a new buffer).
+  std::string take_output();
+  std::size_t output_size() const { return out_.size(); }
+
+  /// The response head (or trailers, with `end_stream`), on a stream whose request began.
+  void submit_headers(std::uint32_t stream, std::span<const hpack::Field> fields, bool end_stream);
+  /// As much of `data` as the windows allow now (all of it if they do); what was taken. With
+  /// `end_stream`, the stream ends when the last byte is taken.
+  std::size_t submit_data(std::uint32_t stream, std::string_view data, bool end_stream);
+  /// Bytes that may be sent on `stream` now (the smaller of its window and the connection's).
+  std::size_t send_window(std::uint32_t stream) const;
+  /// The driver consumed `n` bytes of the stream's DATA: the windows reopen (in batches).
+  void consumed(std::uint32_t stream, std::size_t n);
+  /// Resets a stream (its handler gave up, say).
+  void reset(std::uint32_t stream, ErrorCode code);
+  /// GOAWAY: no stream above the last one begun will be processed.
+  void goaway(ErrorCode code, std::string_view debug = {});
+
+  std::size_t open_streams() const { return streams_.size(); }
+  std::uint32_t last_stream_id() const { return last_peer_stream_; }
+  bool closing() const { return closing_; }
+
+ private:
+  struct Stream {
+    enum State { kOpen, kHalfClosedRemote, kHalfClosedLocal } state = kOpen;
+    std::int64_t send_window = 0;
+    std::int64_t receive_window = 0;
+    std::size_t unacked = 0;  ///< consumed, not yet given back by WINDOW_UPDATE
+    std::int64_t content_length = -1;
+    std::int64_t data_received = 0;
+    bool headers_done = false;  ///< the request head arrived (a later block is trailers)
+  };
+
+  bool on_frame(const Frame& f);
+  bool connection_error(ErrorCode code, std::string_view reason);
+  bool on_headers(const Frame& f);
+  bool end_header_block();
+  bool on_data(const Frame& f);
+  bool on_settings(const Frame& f);
+  bool on_window_update(const Frame& f);
+  void stream_error(std::uint32_t id, ErrorCode code);
+  void close_stream(std::uint32_t id);
+  bool check_output();
+
+  SessionLimits limits_;
+  SessionHandler& handler_;
+  FrameReader reader_;
+  hpack::Decoder decoder_;
+  hpack::Encoder encoder_;
+  std::string out_;
+  std::size_t preface_seen_ = 0;
+  bool settings_seen_ = false;
+  bool closing_ = false;
+  bool failed_ = false;
+  std::map<std::uint32_t, Stream> streams_;
+  std::uint32_t last_peer_stream_ = 0;
+  std::int64_t connection_send_window_ = 65535;
+  std::int64_t connection_receive_window_ = 65535;
+  std::size_t connection_unacked_ = 0;
+  std::uint32_t peer_initial_window_ = 65535;
+  std::uint32_t peer_max_frame_size_ = kDefaultMaxFrameSize;
+  // The header block being read (HEADERS then CONTINUATION).
+  std::uint32_t block_stream_ = 0;
+  bool block_end_stream_ = false;
+  std::string block_;
+  std::size_t block_frames_ = 0;
+};
+
+}  // namespace spindle::h2

@@ -1,0 +1,497 @@
+// The server side of an HTTP/2 connection (RFC 9113): see session.h.
+#include "spindle/h2/session.h"
+
+#include <algorithm>
+#include <charconv>
+
+namespace spindle::h2 {
+namespace {
+
+constexpr std::string_view kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+// Fields that belong to one HTTP/1.1 connection, never to an HTTP/2 message (RFC 9113 §8.2.2).
+bool connection_specific(std::string_view name) {
+  return name == "connection" || name == "keep-alive" || name == "proxy-connection" ||
+         name == "transfer-encoding" || name == "upgrade";
+}
+
+bool valid_name(std::string_view name) {
+  if (name.empty()) return false;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    unsigned char c = static_cast<unsigned char>(name[i]);
+    if (c == ':' && i == 0) continue;
+    // Lower-case token characters only (RFC 9113 §8.2.1).
+    if (c >= 'A' && c <= 'Z') return false;
+    if (c <= 0x20 || c >= 0x7f || c == ':' || c == '(' || c == ')' || c == ',' || c == '/' ||
+        c == ';' || c == '<' || c == '=' || c == '>' || c == '?' || c == '@' || c == '[' ||
+        c == '\\' || c == ']' || c == '{' || c == '}' || c == '"') {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool valid_value(std::string_view value) {
+  if (!value.empty() && (value.front() == ' ' || value.front() == '\t' || value.back() == ' ' ||
+                         value.back() == '\t')) {
+    return false;
+  }
+  for (char c : value) {
+    if (c == '\0' || c == '\r' || c == '\n') return false;
+  }
+  return true;
+}
+
+// What one request head has shown so far (RFC 9113 §8.3.1).
+struct HeadCheck {
+  bool regular_seen = false;
+  bool method = false, scheme = false, path = false, authority = false, protocol = false;
+  bool connect = false;
+  bool malformed = false;
+  std::int64_t content_length = -1;
+
+  void field(std::string_view name, std::string_view value, bool trailers, bool connect_protocol) {
+    if (!valid_name(name) || !valid_value(value)) {
+      malformed = true;
+      return;
+    }
+    if (name.front() == ':') {
+      if (trailers || regular_seen) {
+        malformed = true;
+        return;
+      }
+      bool* seen = name == ":method"                         ? &method
+                   : name == ":scheme"                       ? &scheme
+                   : name == ":path"                         ? &path
+                   : name == ":authority"                    ? &authority
+                   : name == ":protocol" && connect_protocol ? &protocol
+                                                             : nullptr;
+      if (seen == nullptr || *seen) {
+        malformed = true;  // unknown, or twice
+        return;
+      }
+      *seen = true;
+      if (name == ":method") connect = value == "CONNECT";
+      if (name == ":path" && value.empty()) malformed = true;
+      return;
+    }
+    regular_seen = true;
+    if (connection_specific(name) || (name == "te" && value != "trailers")) malformed = true;
+    if (name == "content-length" && !trailers) {
+      std::int64_t n = -1;
+      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (ec != std::errc() || end != value.data() + value.size() || n < 0 ||
+          (content_length >= 0 && content_length != n)) {
+        malformed = true;
+      }
+      content_length = n;
+    }
+  }
+
+  bool complete() const {
+    if (malformed || !method) return false;
+    if (connect && !protocol) return authority && !scheme && !path;  // RFC 9113 §8.5
+    if (protocol && !connect) return false;                          // RFC 8441 §4
+    return scheme && path;
+  }
+};
+
+}  // namespace
+
+ServerSession::ServerSession(SessionLimits limits, SessionHandler& handler)
+    : limits_(limits),
+      handler_(handler),
+      reader_(limits.max_frame_size),
+      decoder_(4096, limits.max_header_list_size),
+      connection_receive_window_(std::max<std::int64_t>(65535, limits.connection_window)) {
+  std::pair<SettingId, std::uint32_t> settings[] = {
+      {SettingId::kMaxConcurrentStreams, limits.max_concurrent_streams},
+      {SettingId::kInitialWindowSize, limits.stream_window},
+      {SettingId::kMaxFrameSize, limits.max_frame_size},
+      {SettingId::kMaxHeaderListSize, limits.max_header_list_size},
+      {SettingId::kEnableConnectProtocol, 1}};
+  write::settings(out_, std::span(settings, limits.enable_connect_protocol ? 5 : 4));
+  if (limits.connection_window > 65535) {
+    write::window_update(out_, 0, limits.connection_window - 65535);
+  }
+}
+
+bool ServerSession::receive(std::span<const std::uint8_t> bytes) {
+  if (failed_) return false;
+  while (preface_seen_ < kPreface.size() && !bytes.empty()) {
+    if (bytes[0] != static_cast<std::uint8_t>(kPreface[preface_seen_])) {
+      return connection_error(ErrorCode::kProtocolError, "not the HTTP/2 preface");
+    }
+    ++preface_seen_;
+    bytes = bytes.subspan(1);
+  }
+  if (bytes.empty()) return true;
+  auto error = reader_.feed(bytes, [this](const Frame& f) { return on_frame(f); });
+  if (error) return connection_error(error->code, error->reason);
+  return !failed_;
+}
+
+std::string ServerSession::take_output() {
+  std::string taken;
+  taken.swap(out_);
+  return taken;
+}
+
+bool ServerSession::connection_error(ErrorCode code, std::string_view reason) {
+  if (!failed_) {
+    write::goaway(out_, last_peer_stream_, code, reason);
+    failed_ = true;
+    closing_ = true;
+  }
+  return false;
+}
+
+bool ServerSession::check_output() {
+  if (out_.size() <= limits_.max_output) return true;
+  return connection_error(ErrorCode::kEnhanceYourCalm, "the client does not read");
+}
+
+void ServerSession::stream_error(std::uint32_t id, ErrorCode code) {
+  write::rst_stream(out_, id, code);
+  if (streams_.contains(id)) {
+    close_stream(id);
+    handler_.on_reset(id, code);
+  }
+}
+
+void ServerSession::close_stream(std::uint32_t id) { streams_.erase(id); }
+
+bool ServerSession::on_frame(const Frame& f) {
+  if (block_stream_ != 0 &&
+      (f.kind() != FrameType::kContinuation || f.stream_id != block_stream_)) {
+    return connection_error(ErrorCode::kProtocolError, "a header block interrupted");
+  }
+  if (!settings_seen_ && (f.kind() != FrameType::kSettings || f.has(flag::kAck))) {
+    return connection_error(ErrorCode::kProtocolError, "the client's first frame is not SETTINGS");
+  }
+  switch (f.kind()) {
+    case FrameType::kData:
+      return on_data(f);
+    case FrameType::kHeaders:
+      return on_headers(f);
+    case FrameType::kPriority:
+      if (f.stream_error) stream_error(f.stream_id, *f.stream_error);
+      return true;
+    case FrameType::kRstStream:
+      if (f.stream_id > last_peer_stream_ || (f.stream_id % 2) == 0) {
+        return connection_error(ErrorCode::kProtocolError, "RST_STREAM on an idle stream");
+      }
+      if (streams_.contains(f.stream_id)) {
+        close_stream(f.stream_id);
+        handler_.on_reset(f.stream_id, static_cast<ErrorCode>(f.error_code));
+      }
+      return true;
+    case FrameType::kSettings:
+      return on_settings(f);
+    case FrameType::kPushPromise:
+      return connection_error(ErrorCode::kProtocolError, "PUSH_PROMISE from a client");
+    case FrameType::kPing:
+      if (!f.has(flag::kAck)) {
+        write::ping(out_, std::span<const std::uint8_t, 8>(f.payload.data(), 8), true);
+        return check_output();
+      }
+      return true;
+    case FrameType::kGoaway:
+      closing_ = true;  // the client opens nothing more; what is open finishes
+      return true;
+    case FrameType::kWindowUpdate:
+      return on_window_update(f);
+    case FrameType::kContinuation: {
+      if (block_stream_ == 0)
+        return connection_error(ErrorCode::kProtocolError, "CONTINUATION alone");
+      block_.append(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+      if (block_.size() > limits_.max_header_block || ++block_frames_ > limits_.max_continuations) {
+        return connection_error(ErrorCode::kEnhanceYourCalm, "header block too large");
+      }
+      return f.has(flag::kEndHeaders) ? end_header_block() : true;
+    }
+  }
+  return true;  // an unknown frame type: ignored
+}
+
+bool ServerSession::on_headers(const Frame& f) {
+  const std::uint32_t id = f.stream_id;
+  if (id % 2 == 0)
+    return connection_error(ErrorCode::kProtocolError, "an even stream from a client");
+  if (id <= last_peer_stream_) {
+    auto it = streams_.find(id);
+    if (it == streams_.end()) {
+      return connection_error(ErrorCode::kStreamClosed, "HEADERS on a closed stream");
+    }
+    if (it->second.state == Stream::kHalfClosedRemote) {
+      // Its block must still be read (the decoder's table), then the stream is reset.
+      stream_error(id, ErrorCode::kStreamClosed);
+    }
+  } else {
+    last_peer_stream_ = id;
+    if (!closing_ && !f.stream_error) {
+      if (streams_.size() >= limits_.max_concurrent_streams) {
+        write::rst_stream(out_, id, ErrorCode::kRefusedStream);
+      } else {
+        Stream s;
+        s.send_window = peer_initial_window_;
+        s.receive_window = limits_.stream_window;
+        streams_.emplace(id, s);
+      }
+    }
+  }
+  if (f.stream_error) stream_error(id, *f.stream_error);
+  block_stream_ = id;
+  block_end_stream_ = f.has(flag::kEndStream);
+  block_.assign(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+  block_frames_ = 1;
+  if (block_.size() > limits_.max_header_block) {
+    return connection_error(ErrorCode::kEnhanceYourCalm, "header block too large");
+  }
+  return f.has(flag::kEndHeaders) ? end_header_block() : true;
+}
+
+bool ServerSession::end_header_block() {
+  const std::uint32_t id = block_stream_;
+  block_stream_ = 0;
+  auto it = streams_.find(id);
+  Stream* s = it != streams_.end() ? &it->second : nullptr;
+  const bool trailers = s != nullptr && s->headers_done;
+  HeadCheck check;
+  auto status = decoder_.decode(
+      std::span(reinterpret_cast<const std::uint8_t*>(block_.data()), block_.size()),
+      [&](std::string_view name, std::string_view value) {
+        if (s == nullptr) return;  // refused or reset: read only for the table
+        check.field(name, value, trailers, limits_.enable_connect_protocol);
+        if (!check.malformed) handler_.on_field(id, name, value);
+      });
+  if (status != hpack::Status::kOk && status != hpack::Status::kHeaderListTooLarge) {
+    return connection_error(ErrorCode::kCompressionError, hpack::to_string(status));
+  }
+  if (s == nullptr) return true;
+  if (status == hpack::Status::kHeaderListTooLarge) {
+    // Refused whole (RFC 9113 §10.5.1 lets a server answer 431 instead; the driver may).
+    stream_error(id, ErrorCode::kRefusedStream);
+    return true;
+  }
+  const bool end_stream = block_end_stream_;
+  if (trailers ? (!end_stream || check.malformed) : !check.complete()) {
+    stream_error(id, ErrorCode::kProtocolError);
+    return true;
+  }
+  if (!trailers) {
+    s->headers_done = true;
+    s->content_length = check.content_length;
+  }
+  if (end_stream && s->content_length >= 0 && s->content_length != s->data_received) {
+    stream_error(id, ErrorCode::kProtocolError);
+    return true;
+  }
+  handler_.on_headers(id, end_stream, trailers);
+  if (end_stream) {
+    if (s->state == Stream::kHalfClosedLocal) {
+      close_stream(id);
+    } else {
+      s->state = Stream::kHalfClosedRemote;
+    }
+  }
+  return true;
+}
+
+bool ServerSession::on_data(const Frame& f) {
+  const std::uint32_t id = f.stream_id;
+  if (id > last_peer_stream_)
+    return connection_error(ErrorCode::kProtocolError, "DATA on an idle stream");
+  if (f.length > connection_receive_window_) {
+    return connection_error(ErrorCode::kFlowControlError, "DATA past the connection window");
+  }
+  connection_receive_window_ -= f.length;
+  auto it = streams_.find(id);
+  if (it == streams_.end() || it->second.state == Stream::kHalfClosedRemote) {
+    consumed(0, f.length);  // the connection's window is given back all the same
+    if (it == streams_.end()) {
+      write::rst_stream(out_, id, ErrorCode::kStreamClosed);
+    } else {
+      stream_error(id, ErrorCode::kStreamClosed);
+    }
+    return check_output();
+  }
+  Stream& s = it->second;
+  if (!s.headers_done) {
+    stream_error(id, ErrorCode::kProtocolError);
+    return true;
+  }
+  if (f.length > s.receive_window) {
+    consumed(0, f.length);
+    stream_error(id, ErrorCode::kFlowControlError);
+    return true;
+  }
+  s.receive_window -= f.length;
+  s.data_received += static_cast<std::int64_t>(f.payload.size());
+  const bool end_stream = f.has(flag::kEndStream);
+  if (s.content_length >= 0 &&
+      (s.data_received > s.content_length || (end_stream && s.data_received != s.content_length))) {
+    consumed(0, f.length);
+    stream_error(id, ErrorCode::kProtocolError);
+    return true;
+  }
+  // Padding is flow-controlled but nobody consumes it: given back at once.
+  if (f.length > f.payload.size()) consumed(id, f.length - f.payload.size());
+  handler_.on_data(id, f.payload, end_stream);
+  if (end_stream) {
+    auto again = streams_.find(id);  // the handler may have reset it
+    if (again != streams_.end()) {
+      if (again->second.state == Stream::kHalfClosedLocal) {
+        close_stream(id);
+      } else {
+        again->second.state = Stream::kHalfClosedRemote;
+      }
+    }
+  }
+  return true;
+}
+
+bool ServerSession::on_settings(const Frame& f) {
+  if (f.has(flag::kAck)) return true;
+  settings_seen_ = true;
+  std::optional<FrameError> bad;
+  for_each_setting(f.payload, [&](std::uint16_t id, std::uint32_t value) {
+    if (bad) return;
+    if ((bad = check_setting(id, value))) return;
+    switch (static_cast<SettingId>(id)) {
+      case SettingId::kHeaderTableSize:
+        encoder_.set_peer_max_table_size(value);
+        break;
+      case SettingId::kInitialWindowSize: {
+        const std::int64_t delta = static_cast<std::int64_t>(value) - peer_initial_window_;
+        peer_initial_window_ = value;
+        for (auto& [sid, s] : streams_) {
+          s.send_window += delta;
+          if (s.send_window > kMaxWindow) {
+            bad = FrameError{ErrorCode::kFlowControlError, "a stream window past 2^31-1"};
+            return;
+          }
+        }
+        break;
+      }
+      case SettingId::kMaxFrameSize:
+        peer_max_frame_size_ = value;
+        break;
+      default:
+        break;
+    }
+  });
+  if (bad) return connection_error(bad->code, bad->reason);
+  write::settings_ack(out_);
+  for (const auto& [sid, s] : streams_) {
+    if (s.send_window > 0) handler_.on_window(sid);
+  }
+  return check_output();
+}
+
+bool ServerSession::on_window_update(const Frame& f) {
+  const std::uint32_t id = f.stream_id;
+  if (id == 0) {
+    connection_send_window_ += f.increment;
+    if (connection_send_window_ > kMaxWindow) {
+      return connection_error(ErrorCode::kFlowControlError, "the connection window past 2^31-1");
+    }
+    handler_.on_window(0);
+    return true;
+  }
+  if (id > last_peer_stream_) {
+    return connection_error(ErrorCode::kProtocolError, "WINDOW_UPDATE on an idle stream");
+  }
+  auto it = streams_.find(id);
+  if (it == streams_.end()) return true;  // closed: ignored
+  if (f.stream_error) {
+    stream_error(id, *f.stream_error);
+    return true;
+  }
+  it->second.send_window += f.increment;
+  if (it->second.send_window > kMaxWindow) {
+    stream_error(id, ErrorCode::kFlowControlError);
+    return true;
+  }
+  handler_.on_window(id);
+  return true;
+}
+
+void ServerSession::consumed(std::uint32_t stream, std::size_t n) {
+  connection_unacked_ += n;
+  if (connection_unacked_ >= limits_.connection_window / 2) {
+    write::window_update(out_, 0, static_cast<std::uint32_t>(connection_unacked_));
+    connection_receive_window_ += static_cast<std::int64_t>(connection_unacked_);
+    connection_unacked_ = 0;
+  }
+  auto it = streams_.find(stream);
+  if (it == streams_.end() || it->second.state == Stream::kHalfClosedRemote) return;
+  Stream& s = it->second;
+  s.unacked += n;
+  if (s.unacked >= limits_.stream_window / 2) {
+    write::window_update(out_, stream, static_cast<std::uint32_t>(s.unacked));
+    s.receive_window += static_cast<std::int64_t>(s.unacked);
+    s.unacked = 0;
+  }
+}
+
+std::size_t ServerSession::send_window(std::uint32_t stream) const {
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) return 0;
+  return static_cast<std::size_t>(
+      std::max<std::int64_t>(0, std::min(it->second.send_window, connection_send_window_)));
+}
+
+void ServerSession::submit_headers(std::uint32_t stream, std::span<const hpack::Field> fields,
+                                   bool end_stream) {
+  auto it = streams_.find(stream);
+  if (it == streams_.end() || failed_) return;
+  std::string block;
+  encoder_.encode(fields, block);
+  write::headers(out_, stream, block, end_stream, peer_max_frame_size_);
+  if (end_stream) {
+    if (it->second.state == Stream::kHalfClosedRemote) {
+      close_stream(stream);
+    } else {
+      it->second.state = Stream::kHalfClosedLocal;
+    }
+  }
+}
+
+std::size_t ServerSession::submit_data(std::uint32_t stream, std::string_view data,
+                                       bool end_stream) {
+  auto it = streams_.find(stream);
+  if (it == streams_.end() || failed_) return 0;
+  const std::size_t n = std::min(data.size(), send_window(stream));
+  const bool ends = end_stream && n == data.size();
+  if (n == 0 && !ends) return 0;
+  std::size_t at = 0;
+  do {
+    std::size_t piece = std::min<std::size_t>(n - at, peer_max_frame_size_);
+    write::data(out_, stream, data.substr(at, piece), ends && at + piece == n);
+    at += piece;
+  } while (at < n);
+  it->second.send_window -= static_cast<std::int64_t>(n);
+  connection_send_window_ -= static_cast<std::int64_t>(n);
+  if (ends) {
+    if (it->second.state == Stream::kHalfClosedRemote) {
+      close_stream(stream);
+    } else {
+      it->second.state = Stream::kHalfClosedLocal;
+    }
+  }
+  return n;
+}
+
+void ServerSession::reset(std::uint32_t stream, ErrorCode code) {
+  write::rst_stream(out_, stream, code);
+  close_stream(stream);
+}
+
+void ServerSession::goaway(ErrorCode code, std::string_view debug) {
+  if (failed_) return;
+  write::goaway(out_, last_peer_stream_, code, debug);
+  closing_ = true;
+}
+
+}  // namespace spindle::h2

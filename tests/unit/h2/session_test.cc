@@ -1,0 +1,432 @@
+// The server session against nghttp2's client (a real peer: many streams, bodies both ways
+// under flow control, bytes delivered whole or one at a time), and against hand-made frames for
+// each rule a client can break: malformed requests reset, connection errors with their GOAWAY,
+// and the floods (CONTINUATION, PING without reading, HPACK bomb) ended or bounded.
+#include "spindle/h2/session.h"
+
+#include <gtest/gtest.h>
+#include <nghttp2/nghttp2.h>
+
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+using namespace spindle::h2;
+
+namespace {
+
+// Answers every complete request with 200 and a body of `body_size` bytes (or echoes the
+// request body when there is one), sending as the windows allow.
+class EchoHandler : public SessionHandler {
+ public:
+  ServerSession* session = nullptr;
+  std::size_t body_size = 5;
+  std::map<std::uint32_t, std::string> bodies;   // request bodies received
+  std::map<std::uint32_t, std::string> pending;  // response bytes not yet sent
+  std::map<std::uint32_t, std::vector<std::pair<std::string, std::string>>> fields;
+  std::vector<std::pair<std::uint32_t, ErrorCode>> resets;
+
+  void on_field(std::uint32_t id, std::string_view n, std::string_view v) override {
+    fields[id].emplace_back(n, v);
+  }
+  void on_headers(std::uint32_t id, bool end_stream, bool) override {
+    if (end_stream) respond(id);
+  }
+  void on_data(std::uint32_t id, std::span<const std::uint8_t> d, bool end_stream) override {
+    bodies[id].append(reinterpret_cast<const char*>(d.data()), d.size());
+    session->consumed(id, d.size());
+    if (end_stream) respond(id);
+  }
+  void on_reset(std::uint32_t id, ErrorCode code) override {
+    resets.emplace_back(id, code);
+    pending.erase(id);
+  }
+  void on_window(std::uint32_t id) override {
+    if (id == 0) {
+      for (auto& [sid, _] : pending) push(sid);
+    } else if (pending.contains(id)) {
+      push(id);
+    }
+  }
+  void respond(std::uint32_t id) {
+    std::string body = bodies.contains(id) ? bodies[id] : std::string(body_size, 'r');
+    const hpack::Field head[] = {{":status", "200"}, {"content-type", "text/plain"}};
+    session->submit_headers(id, head, false);
+    pending[id] = std::move(body);
+    push(id);
+  }
+  void push(std::uint32_t id) {
+    std::string& left = pending[id];
+    std::size_t n = session->submit_data(id, left, true);
+    left.erase(0, n);
+    if (left.empty() && n >= 0 && session->send_window(id) >= 0) {
+      // Fully sent (end_stream went with the last byte).
+      pending.erase(id);
+    }
+  }
+};
+
+// nghttp2's client session, bytes exchanged with a ServerSession by hand.
+struct Client {
+  nghttp2_session* session = nullptr;
+  std::map<std::int32_t, std::string> status, body;
+  std::map<std::int32_t, std::uint32_t> closed;  // stream -> error code
+  std::string upload;                            // a request body, offered to every POST
+  std::map<std::int32_t, std::size_t> upload_at;
+
+  Client() {
+    nghttp2_session_callbacks* cb;
+    nghttp2_session_callbacks_new(&cb);
+    nghttp2_session_callbacks_set_on_header_callback(
+        cb, [](nghttp2_session*, const nghttp2_frame* f, const std::uint8_t* n, std::size_t nl,
+               const std::uint8_t* v, std::size_t vl, std::uint8_t, void* u) {
+          auto* c = static_cast<Client*>(u);
+          if (std::string_view(reinterpret_cast<const char*>(n), nl) == ":status") {
+            c->status[f->hd.stream_id] = std::string(reinterpret_cast<const char*>(v), vl);
+          }
+          return 0;
+        });
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(
+        cb, [](nghttp2_session*, std::uint8_t, std::int32_t id, const std::uint8_t* d,
+               std::size_t n, void* u) {
+          static_cast<Client*>(u)->body[id].append(reinterpret_cast<const char*>(d), n);
+          return 0;
+        });
+    nghttp2_session_callbacks_set_on_stream_close_callback(
+        cb, [](nghttp2_session*, std::int32_t id, std::uint32_t code, void* u) {
+          static_cast<Client*>(u)->closed[id] = code;
+          return 0;
+        });
+    nghttp2_session_client_new(&session, cb, this);
+    nghttp2_session_callbacks_del(cb);
+    nghttp2_submit_settings(session, NGHTTP2_FLAG_NONE, nullptr, 0);
+  }
+  ~Client() { nghttp2_session_del(session); }
+
+  std::int32_t get(std::string_view path) { return submit("GET", path, false); }
+  std::int32_t post(std::string_view path) { return submit("POST", path, true); }
+
+  std::int32_t submit(std::string_view method, std::string_view path, bool with_body) {
+    auto nv = [](std::string_view n, std::string_view v) {
+      return nghttp2_nv{(std::uint8_t*)n.data(), (std::uint8_t*)v.data(), n.size(), v.size(),
+                        NGHTTP2_NV_FLAG_NONE};
+    };
+    nghttp2_nv head[] = {nv(":method", method), nv(":scheme", "http"), nv(":path", path),
+                         nv(":authority", "test")};
+    nghttp2_data_provider provider{};
+    provider.read_callback = [](nghttp2_session*, std::int32_t id, std::uint8_t* buf,
+                                std::size_t length, std::uint32_t* flags, nghttp2_data_source*,
+                                void* u) -> ssize_t {
+      auto* c = static_cast<Client*>(u);
+      std::size_t& at = c->upload_at[id];
+      std::size_t n = std::min(length, c->upload.size() - at);
+      std::memcpy(buf, c->upload.data() + at, n);
+      at += n;
+      if (at == c->upload.size()) *flags |= NGHTTP2_DATA_FLAG_EOF;
+      return static_cast<ssize_t>(n);
+    };
+    return nghttp2_submit_request(session, nullptr, head, 4, with_body ? &provider : nullptr,
+                                  nullptr);
+  }
+};
+
+// Moves bytes both ways until neither side has anything to say; `piece` bytes at a time into
+// the server (0: all at once).
+void converse(Client& c, ServerSession& s, std::size_t piece = 0) {
+  for (int round = 0; round < 10000; ++round) {
+    std::string to_server;
+    for (;;) {
+      const std::uint8_t* data;
+      auto n = nghttp2_session_mem_send(c.session, &data);
+      ASSERT_GE(n, 0);
+      if (n == 0) break;
+      to_server.append(reinterpret_cast<const char*>(data), static_cast<std::size_t>(n));
+    }
+    const auto* p = reinterpret_cast<const std::uint8_t*>(to_server.data());
+    std::size_t step = piece == 0 ? std::max<std::size_t>(to_server.size(), 1) : piece;
+    for (std::size_t at = 0; at < to_server.size(); at += step) {
+      ASSERT_TRUE(s.receive({p + at, std::min(step, to_server.size() - at)}));
+    }
+    std::string to_client = s.take_output();
+    if (!to_client.empty()) {
+      auto n = nghttp2_session_mem_recv(
+          c.session, reinterpret_cast<const std::uint8_t*>(to_client.data()), to_client.size());
+      ASSERT_EQ(n, static_cast<ssize_t>(to_client.size()));
+    }
+    if (to_server.empty() && to_client.empty()) return;
+  }
+  FAIL() << "the conversation did not settle";
+}
+
+// Raw bytes a hand-made client sends: the preface and an empty SETTINGS first.
+std::string preface() {
+  std::string out = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  write::settings(out, {});
+  return out;
+}
+
+std::string request_block(std::vector<hpack::Field> fields) {
+  hpack::Encoder encoder;
+  std::string block;
+  encoder.encode(fields, block);
+  return block;
+}
+
+// What the server wrote, as frames.
+std::vector<Frame> frames_of(const std::string& out, std::vector<std::string>& keep) {
+  keep.push_back(out);
+  std::vector<Frame> frames;
+  FrameReader reader(1 << 24);
+  (void)reader.feed(
+      std::span(reinterpret_cast<const std::uint8_t*>(keep.back().data()), keep.back().size()),
+      [&](const Frame& f) {
+        frames.push_back(f);
+        return true;
+      });
+  return frames;
+}
+
+std::span<const std::uint8_t> bytes(const std::string& s) {
+  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
+// Runs `input` into a fresh session; the frames it wrote, and whether it wants to go on.
+struct Outcome {
+  bool alive;
+  std::vector<Frame> frames;
+  std::vector<std::string> keep;
+  EchoHandler handler;
+};
+
+std::unique_ptr<Outcome> run(const std::string& input, SessionLimits limits = {}) {
+  auto o = std::make_unique<Outcome>();
+  ServerSession session(limits, o->handler);
+  o->handler.session = &session;
+  o->alive = session.receive(bytes(input));
+  o->frames = frames_of(session.take_output(), o->keep);
+  return o;
+}
+
+const Frame* find(const Outcome& o, FrameType type) {
+  for (const Frame& f : o.frames) {
+    if (f.kind() == type) return &f;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST(H2Session, ManyStreamsFromNghttp2sClientAllAnswered) {
+  for (std::size_t piece : {std::size_t{0}, std::size_t{1}, std::size_t{7}}) {
+    Client client;
+    EchoHandler handler;
+    ServerSession session({}, handler);
+    handler.session = &session;
+    std::vector<std::int32_t> ids;
+    for (int i = 0; i < 50; ++i) ids.push_back(client.get("/item/" + std::to_string(i)));
+    converse(client, session, piece);
+    for (std::int32_t id : ids) {
+      EXPECT_EQ(client.status[id], "200") << id;
+      EXPECT_EQ(client.body[id], "rrrrr") << id;
+      EXPECT_EQ(client.closed[id], 0u) << id;
+    }
+    EXPECT_EQ(session.open_streams(), 0u);
+    EXPECT_EQ(handler.fields[1].size(), 4u);
+    EXPECT_EQ(handler.fields[1][2], (std::pair<std::string, std::string>{":path", "/item/0"}));
+  }
+}
+
+TEST(H2Session, LargeBodiesBothWaysUnderFlowControl) {
+  Client client;
+  client.upload = std::string(1 << 20, 'u');
+  for (std::size_t i = 0; i < client.upload.size(); i += 997) client.upload[i] = 'x';
+  EchoHandler handler;
+  SessionLimits limits;
+  limits.stream_window = 65535;
+  limits.connection_window = 65535;  // the smallest: every window refills many times
+  ServerSession session(limits, handler);
+  handler.session = &session;
+  auto a = client.post("/echo");
+  auto b = client.post("/echo");
+  converse(client, session);
+  EXPECT_EQ(handler.bodies[a], client.upload);
+  EXPECT_EQ(client.body[a], client.upload);  // echoed back through the client's 64 KiB windows
+  EXPECT_EQ(client.body[b], client.upload);
+  EXPECT_EQ(session.open_streams(), 0u);
+}
+
+TEST(H2Session, MalformedRequestsAreResetAndTheConnectionGoesOn) {
+  struct Case {
+    std::vector<hpack::Field> fields;
+    bool end_stream = true;
+  };
+  auto base = [](std::vector<hpack::Field> extra, bool drop_path = false) {
+    std::vector<hpack::Field> f = {{":method", "GET"}, {":scheme", "https"}, {":authority", "a"}};
+    if (!drop_path) f.push_back({":path", "/"});
+    for (auto& e : extra) f.push_back(e);
+    return f;
+  };
+  std::vector<Case> cases = {
+      {base({{"X-Upper", "1"}})},                 // upper-case name
+      {base({}, true)},                           // no :path
+      {base({{"connection", "close"}})},          // connection-specific
+      {base({{"te", "gzip"}})},                   // te other than trailers
+      {base({{":unknown", "1"}})},                // unknown pseudo-header
+      {base({{"a", "1"}, {":path", "/again"}})},  // pseudo after regular (and twice)
+      {base({{"content-length", "5"}}), true},    // says 5, sends none
+      {base({{"x", " padded"}})},                 // value with leading space
+      {{{":method", "CONNECT"}, {":authority", "a"}, {":path", "/"}}},  // CONNECT with :path
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    std::string in = preface();
+    write::headers(in, 1, request_block(cases[i].fields), cases[i].end_stream);
+    // A good request after it: the connection serves on.
+    write::headers(in, 3, request_block(base({})), true);
+    auto o = run(in);
+    EXPECT_TRUE(o->alive) << i;
+    const Frame* rst = find(*o, FrameType::kRstStream);
+    ASSERT_NE(rst, nullptr) << i;
+    EXPECT_EQ(rst->stream_id, 1u) << i;
+    EXPECT_EQ(rst->error_code, static_cast<std::uint32_t>(ErrorCode::kProtocolError)) << i;
+    const Frame* answer = find(*o, FrameType::kHeaders);
+    ASSERT_NE(answer, nullptr) << i;
+    EXPECT_EQ(answer->stream_id, 3u) << i;
+  }
+}
+
+TEST(H2Session, ConnectionErrorsEndWithTheirGoaway) {
+  std::string good = request_block(
+      {{":method", "GET"}, {":scheme", "https"}, {":path", "/"}, {":authority", "a"}});
+  struct Case {
+    std::string input;
+    ErrorCode code;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"PRI * HTTP/1.1\r\n", ErrorCode::kProtocolError});  // not the preface
+  {
+    std::string in = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    const std::uint8_t opaque[8] = {};
+    write::ping(in, opaque, false);  // SETTINGS must come first
+    cases.push_back({in, ErrorCode::kProtocolError});
+  }
+  {
+    std::string in = preface();
+    write::data(in, 1, "x", false);  // DATA on an idle stream
+    cases.push_back({in, ErrorCode::kProtocolError});
+  }
+  {
+    std::string in = preface();
+    write::headers(in, 2, good, true);  // an even stream
+    cases.push_back({in, ErrorCode::kProtocolError});
+  }
+  {
+    std::string in = preface();
+    write::headers(in, 1, std::string("\xff\xff\xff", 3), true);  // not HPACK
+    cases.push_back({in, ErrorCode::kCompressionError});
+  }
+  {
+    std::string in = preface();
+    write::window_update(in, 0, 0x7fffffff);  // past 2^31-1
+    cases.push_back({in, ErrorCode::kFlowControlError});
+  }
+  {
+    std::string in = preface();
+    write::headers(in, 1, good, true);
+    write::headers(in, 1, good, true);  // HEADERS again on a stream that is closed
+    cases.push_back({in, ErrorCode::kStreamClosed});
+  }
+  {
+    // A CONTINUATION flood: a header block that never ends.
+    std::string in = preface();
+    write::frame_header(in, 1, FrameType::kHeaders, 0, 1);
+    in += "\x82";
+    for (int i = 0; i < 100; ++i) {
+      write::frame_header(in, 1, FrameType::kContinuation, 0, 1);
+      in += "\x82";
+    }
+    cases.push_back({in, ErrorCode::kEnhanceYourCalm});
+  }
+  {
+    // Another frame inside a header block.
+    std::string in = preface();
+    write::frame_header(in, 1, FrameType::kHeaders, 0, 1);
+    in += "\x82";
+    write::window_update(in, 0, 1);
+    cases.push_back({in, ErrorCode::kProtocolError});
+  }
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    auto o = run(cases[i].input);
+    EXPECT_FALSE(o->alive) << i;
+    const Frame* goaway = find(*o, FrameType::kGoaway);
+    ASSERT_NE(goaway, nullptr) << i;
+    EXPECT_EQ(goaway->error_code, static_cast<std::uint32_t>(cases[i].code)) << i;
+  }
+}
+
+TEST(H2Session, APingFloodFromAClientThatDoesNotReadEndsTheConnection) {
+  SessionLimits limits;
+  limits.max_output = 64 * 1024;
+  EchoHandler handler;
+  ServerSession session(limits, handler);
+  handler.session = &session;
+  std::string in = preface();
+  const std::uint8_t opaque[8] = {1};
+  for (int i = 0; i < 10000; ++i) write::ping(in, opaque, false);
+  EXPECT_FALSE(session.receive(bytes(in)));
+  EXPECT_LT(session.output_size(), 64 * 1024 + 1024);  // bounded: not 10,000 acks
+  std::vector<std::string> keep;
+  auto frames = frames_of(session.take_output(), keep);
+  ASSERT_FALSE(frames.empty());
+  EXPECT_EQ(frames.back().kind(), FrameType::kGoaway);
+  EXPECT_EQ(frames.back().error_code, static_cast<std::uint32_t>(ErrorCode::kEnhanceYourCalm));
+}
+
+TEST(H2Session, AnHpackBombIsRefusedAndTheTablesStayInStep) {
+  SessionLimits limits;
+  limits.max_header_list_size = 16 * 1024;
+  hpack::Encoder encoder;
+  std::string in = preface();
+  // A request whose 4 KB field goes into the table, then one naming it 1,000 times.
+  std::string first;
+  std::vector<hpack::Field> head = {
+      {":method", "GET"}, {":scheme", "https"}, {":path", "/"}, {":authority", "a"}};
+  std::string big(4000, 'b');
+  auto with_big = head;
+  with_big.push_back({"x-big", big});
+  encoder.encode(with_big, first);
+  write::headers(in, 1, first, true);
+  std::string bomb;
+  encoder.encode(head, bomb);
+  for (int i = 0; i < 1000; ++i) hpack::encode_integer(62, 7, 0x80, bomb);
+  write::headers(in, 3, bomb, true, 1 << 20);
+  // And a plain request after it, encoded with the same (in step) table.
+  std::string after;
+  encoder.encode(head, after);
+  write::headers(in, 5, after, true);
+  auto o = run(in, limits);
+  EXPECT_TRUE(o->alive);
+  std::vector<std::uint32_t> answered, reset;
+  for (const Frame& f : o->frames) {
+    if (f.kind() == FrameType::kHeaders) answered.push_back(f.stream_id);
+    if (f.kind() == FrameType::kRstStream) reset.push_back(f.stream_id);
+  }
+  EXPECT_EQ(answered, (std::vector<std::uint32_t>{1, 5}));
+  EXPECT_EQ(reset, (std::vector<std::uint32_t>{3}));
+  EXPECT_LE(o->handler.fields[3].size(), 16u * 1024 / 4000);
+}
+
+TEST(H2Session, StreamsBeyondTheLimitAreRefused) {
+  SessionLimits limits;
+  limits.max_concurrent_streams = 2;
+  std::string in = preface();
+  std::string block = request_block(
+      {{":method", "POST"}, {":scheme", "https"}, {":path", "/"}, {":authority", "a"}});
+  for (std::uint32_t id : {1u, 3u, 5u}) write::headers(in, id, block, false);  // left open
+  auto o = run(in, limits);
+  EXPECT_TRUE(o->alive);
+  const Frame* rst = find(*o, FrameType::kRstStream);
+  ASSERT_NE(rst, nullptr);
+  EXPECT_EQ(rst->stream_id, 5u);
+  EXPECT_EQ(rst->error_code, static_cast<std::uint32_t>(ErrorCode::kRefusedStream));
+}
