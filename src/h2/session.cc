@@ -151,7 +151,13 @@ bool ServerSession::check_output() {
   return connection_error(ErrorCode::kEnhanceYourCalm, "the client does not read");
 }
 
+bool ServerSession::spend(std::size_t& count, std::size_t budget, std::string_view what) {
+  if (++count <= budget + completed_) return true;
+  return connection_error(ErrorCode::kEnhanceYourCalm, what);
+}
+
 void ServerSession::stream_error(std::uint32_t id, ErrorCode code) {
+  if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return;
   write::rst_stream(out_, id, code);
   if (streams_.contains(id)) {
     close_stream(id);
@@ -160,6 +166,11 @@ void ServerSession::stream_error(std::uint32_t id, ErrorCode code) {
 }
 
 void ServerSession::close_stream(std::uint32_t id) { streams_.erase(id); }
+
+void ServerSession::complete_stream(std::uint32_t id) {
+  streams_.erase(id);
+  ++completed_;
+}
 
 bool ServerSession::on_frame(const Frame& f) {
   if (block_stream_ != 0 &&
@@ -181,6 +192,7 @@ bool ServerSession::on_frame(const Frame& f) {
       if (f.stream_id > last_peer_stream_ || (f.stream_id % 2) == 0) {
         return connection_error(ErrorCode::kProtocolError, "RST_STREAM on an idle stream");
       }
+      if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return false;
       if (streams_.contains(f.stream_id)) {
         close_stream(f.stream_id);
         handler_.on_reset(f.stream_id, static_cast<ErrorCode>(f.error_code));
@@ -204,6 +216,10 @@ bool ServerSession::on_frame(const Frame& f) {
     case FrameType::kContinuation: {
       if (block_stream_ == 0)
         return connection_error(ErrorCode::kProtocolError, "CONTINUATION alone");
+      if (f.payload.empty() && !f.has(flag::kEndHeaders) &&
+          !spend(empty_frames_, limits_.empty_frame_budget, "too many empty frames")) {
+        return false;
+      }
       block_.append(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
       if (block_.size() > limits_.max_header_block || ++block_frames_ > limits_.max_continuations) {
         return connection_error(ErrorCode::kEnhanceYourCalm, "header block too large");
@@ -231,6 +247,7 @@ bool ServerSession::on_headers(const Frame& f) {
     last_peer_stream_ = id;
     if (!closing_ && !f.stream_error) {
       if (streams_.size() >= limits_.max_concurrent_streams) {
+        if (!spend(resets_, limits_.reset_budget, "too many streams refused")) return false;
         write::rst_stream(out_, id, ErrorCode::kRefusedStream);
       } else {
         Stream s;
@@ -241,6 +258,10 @@ bool ServerSession::on_headers(const Frame& f) {
     }
   }
   if (f.stream_error) stream_error(id, *f.stream_error);
+  if (f.payload.empty() && !f.has(flag::kEndHeaders) &&
+      !spend(empty_frames_, limits_.empty_frame_budget, "too many empty frames")) {
+    return false;
+  }
   block_stream_ = id;
   block_end_stream_ = f.has(flag::kEndStream);
   block_.assign(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
@@ -290,7 +311,7 @@ bool ServerSession::end_header_block() {
   handler_.on_headers(id, end_stream, trailers);
   if (end_stream) {
     if (s->state == Stream::kHalfClosedLocal) {
-      close_stream(id);
+      complete_stream(id);
     } else {
       s->state = Stream::kHalfClosedRemote;
     }
@@ -310,6 +331,7 @@ bool ServerSession::on_data(const Frame& f) {
   if (it == streams_.end() || it->second.state == Stream::kHalfClosedRemote) {
     consumed(0, f.length);  // the connection's window is given back all the same
     if (it == streams_.end()) {
+      if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return false;
       write::rst_stream(out_, id, ErrorCode::kStreamClosed);
     } else {
       stream_error(id, ErrorCode::kStreamClosed);
@@ -317,6 +339,10 @@ bool ServerSession::on_data(const Frame& f) {
     return check_output();
   }
   Stream& s = it->second;
+  if (f.length == 0 && !f.has(flag::kEndStream) &&
+      !spend(empty_frames_, limits_.empty_frame_budget, "too many empty frames")) {
+    return false;
+  }
   if (!s.headers_done) {
     stream_error(id, ErrorCode::kProtocolError);
     return true;
@@ -342,7 +368,7 @@ bool ServerSession::on_data(const Frame& f) {
     auto again = streams_.find(id);  // the handler may have reset it
     if (again != streams_.end()) {
       if (again->second.state == Stream::kHalfClosedLocal) {
-        close_stream(id);
+        complete_stream(id);
       } else {
         again->second.state = Stream::kHalfClosedRemote;
       }
@@ -354,6 +380,9 @@ bool ServerSession::on_data(const Frame& f) {
 bool ServerSession::on_settings(const Frame& f) {
   if (f.has(flag::kAck)) return true;
   settings_seen_ = true;
+  if (++settings_frames_ > limits_.settings_budget) {
+    return connection_error(ErrorCode::kEnhanceYourCalm, "too many SETTINGS");
+  }
   std::optional<FrameError> bad;
   for_each_setting(f.payload, [&](std::uint16_t id, std::uint32_t value) {
     if (bad) return;
@@ -451,7 +480,7 @@ void ServerSession::submit_headers(std::uint32_t stream, std::span<const hpack::
   write::headers(out_, stream, block, end_stream, peer_max_frame_size_);
   if (end_stream) {
     if (it->second.state == Stream::kHalfClosedRemote) {
-      close_stream(stream);
+      complete_stream(stream);
     } else {
       it->second.state = Stream::kHalfClosedLocal;
     }
@@ -475,7 +504,7 @@ std::size_t ServerSession::submit_data(std::uint32_t stream, std::string_view da
   connection_send_window_ -= static_cast<std::int64_t>(n);
   if (ends) {
     if (it->second.state == Stream::kHalfClosedRemote) {
-      close_stream(stream);
+      complete_stream(stream);
     } else {
       it->second.state = Stream::kHalfClosedLocal;
     }

@@ -6,8 +6,9 @@
 ///
 /// Limits against the published attacks are the session's: a header block bounded in bytes and
 /// frames (CONTINUATION floods), the decoded header list bounded (HPACK bombs), output the
-/// client makes us queue without reading bounded (PING, SETTINGS and reset floods): past any of
-/// them, GOAWAY ENHANCE_YOUR_CALM.
+/// client makes us queue without reading bounded (PING, SETTINGS and reset floods), resets,
+/// empty frames and SETTINGS budgeted per connection (Rapid Reset and the 2019 floods): past any
+/// of them, GOAWAY ENHANCE_YOUR_CALM.
 
 #include <cstdint>
 #include <map>
@@ -35,6 +36,15 @@ struct SessionLimits {
   std::size_t max_output = 1 << 20;
   /// RFC 8441's SETTINGS_ENABLE_CONNECT_PROTOCOL.
   bool enable_connect_protocol = false;
+  /// Resets a connection may cause beyond the streams it completes: RST_STREAM from the client
+  /// (Rapid Reset, CVE-2023-44487) and the resets its errors make us send (reset flood,
+  /// CVE-2019-9514). Each completed stream earns one more.
+  std::size_t reset_budget = 200;
+  /// Frames that carry nothing (empty DATA without END_STREAM, empty header fragments without
+  /// END_HEADERS: CVE-2019-9518), beyond the streams the connection completes.
+  std::size_t empty_frame_budget = 200;
+  /// SETTINGS frames per connection (settings flood, CVE-2019-9515).
+  std::size_t settings_budget = 100;
 };
 
 /// What the session tells its driver. Views are valid during the call only.
@@ -103,7 +113,11 @@ class ServerSession {
   bool on_window_update(const Frame& f);
   void stream_error(std::uint32_t id, ErrorCode code);
   void close_stream(std::uint32_t id);
+  /// Both sides ended it: it earns the connection budget.
+  void complete_stream(std::uint32_t id);
   bool check_output();
+  /// Counts one reset (received or caused) or empty frame against its budget.
+  bool spend(std::size_t& count, std::size_t budget, std::string_view what);
 
   SessionLimits limits_;
   SessionHandler& handler_;
@@ -127,6 +141,11 @@ class ServerSession {
   bool block_end_stream_ = false;
   std::string block_;
   std::size_t block_frames_ = 0;
+  // Budgets (SessionLimits): what was spent, and the streams completed that earn more.
+  std::size_t resets_ = 0;
+  std::size_t empty_frames_ = 0;
+  std::size_t settings_frames_ = 0;
+  std::size_t completed_ = 0;
 };
 
 }  // namespace spindle::h2

@@ -430,3 +430,84 @@ TEST(H2Session, StreamsBeyondTheLimitAreRefused) {
   EXPECT_EQ(rst->stream_id, 5u);
   EXPECT_EQ(rst->error_code, static_cast<std::uint32_t>(ErrorCode::kRefusedStream));
 }
+
+namespace {
+
+std::string get_block() {
+  return request_block(
+      {{":method", "GET"}, {":scheme", "https"}, {":path", "/"}, {":authority", "a"}});
+}
+
+ErrorCode goaway_code(const Outcome& o) {
+  const Frame* g = find(o, FrameType::kGoaway);
+  return g ? static_cast<ErrorCode>(g->error_code) : ErrorCode::kNoError;
+}
+
+}  // namespace
+
+TEST(H2Session, RapidResetEndsTheConnectionAfterItsBudget) {
+  // CVE-2023-44487: streams opened and reset at once, never completed.
+  std::string in = preface();
+  std::string block = request_block(
+      {{":method", "POST"}, {":scheme", "https"}, {":path", "/"}, {":authority", "a"}});
+  for (std::uint32_t id = 1; id < 2 * 5000; id += 2) {
+    write::headers(in, id, block, false);
+    write::rst_stream(in, id, ErrorCode::kCancel);
+  }
+  auto o = run(in);
+  EXPECT_FALSE(o->alive);
+  EXPECT_EQ(goaway_code(*o), ErrorCode::kEnhanceYourCalm);
+  EXPECT_LE(o->handler.resets.size(), SessionLimits{}.reset_budget + 1);
+}
+
+TEST(H2Session, CompletedStreamsEarnResetsSoNormalUseIsNeverCut) {
+  // A browser cancelling 1 stream in 4, over 2,000 streams: far more resets than the budget
+  // alone, but each completed stream earns one.
+  std::string in = preface();
+  std::string block = get_block();
+  for (std::uint32_t id = 1; id < 2 * 2000; id += 2) {
+    bool cancel = (id / 2) % 4 == 3;
+    write::headers(in, id, block, !cancel);
+    if (cancel) write::rst_stream(in, id, ErrorCode::kCancel);
+  }
+  auto o = run(in);
+  EXPECT_TRUE(o->alive);
+  EXPECT_EQ(find(*o, FrameType::kGoaway), nullptr);
+}
+
+TEST(H2Session, AResetFloodMadeOfBadFramesEndsTheConnection) {
+  // CVE-2019-9514: frames that each make us reset a stream.
+  std::string in = preface();
+  std::string block = request_block(
+      {{":method", "POST"}, {":scheme", "https"}, {":path", "/"}, {":authority", "a"}});
+  for (std::uint32_t id = 1; id < 2 * 1000; id += 2) {
+    write::headers(in, id, block, false);
+    write::frame_header(in, 4, FrameType::kPriority, 0, id);  // PRIORITY of 4 bytes: reset
+    in += std::string("\0\0\0\0", 4);
+  }
+  auto o = run(in);
+  EXPECT_FALSE(o->alive);
+  EXPECT_EQ(goaway_code(*o), ErrorCode::kEnhanceYourCalm);
+}
+
+TEST(H2Session, EmptyFrameAndSettingsFloodsEndTheConnection) {
+  {
+    // CVE-2019-9518: empty DATA frames on an open stream.
+    std::string in = preface();
+    std::string block = request_block(
+        {{":method", "POST"}, {":scheme", "https"}, {":path", "/"}, {":authority", "a"}});
+    write::headers(in, 1, block, false);
+    for (int i = 0; i < 1000; ++i) write::data(in, 1, "", false);
+    auto o = run(in);
+    EXPECT_FALSE(o->alive);
+    EXPECT_EQ(goaway_code(*o), ErrorCode::kEnhanceYourCalm);
+  }
+  {
+    // CVE-2019-9515: SETTINGS, each asking for an acknowledgement.
+    std::string in = preface();
+    for (int i = 0; i < 1000; ++i) write::settings(in, {});
+    auto o = run(in);
+    EXPECT_FALSE(o->alive);
+    EXPECT_EQ(goaway_code(*o), ErrorCode::kEnhanceYourCalm);
+  }
+}
