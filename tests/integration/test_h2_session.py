@@ -2,15 +2,13 @@
 session, no libnghttp2): h2spec --strict against tests/integration/h2_session_server.cc, and
 h2load's many streams through it. The nghttp2 driver's own run is in test_http2.py."""
 import os
-import re
 import shutil
 import subprocess
 
 import pytest
 
-from conftest import ROOT, Server
-
-H2SPEC = os.path.join(ROOT, "build", "tools", "h2spec")
+from conftest import Server
+from test_http2 import h2spec
 
 
 @pytest.fixture
@@ -21,15 +19,9 @@ def session_server(build_dir):
 
 
 def test_h2spec_strict_passes_every_case_on_the_session(session_server):
-    if not os.access(H2SPEC, os.X_OK):
-        pytest.fail(f"{H2SPEC} is missing: scripts/install-h2spec.sh builds it (make test runs it)")
-    out = subprocess.run([H2SPEC, "-h", session_server.host, "-p", str(session_server.port),
-                          "--strict", "-o", "5"], capture_output=True, text=True, timeout=600)
-    summary = re.search(r"(\d+) tests, (\d+) passed, (\d+) skipped, (\d+) failed", out.stdout)
-    assert summary, out.stdout[-2000:] + out.stderr
-    total, passed, skipped, failed = map(int, summary.groups())
+    total, passed, skipped, failed, out = h2spec(session_server)
     print(f"h2spec --strict on h2/session: {passed}/{total} passed")
-    assert total >= 146 and failed == 0 and skipped == 0 and passed == total, out.stdout[-3000:]
+    assert total >= 146 and failed == 0 and skipped == 0 and passed == total, out[-3000:]
 
 
 def test_many_streams_on_many_connections_all_answered(session_server):

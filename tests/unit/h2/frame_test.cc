@@ -8,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "h2_testing.h"
+
 using namespace spindle::h2;
+using spindle::testing::bytes;
 using namespace std::string_view_literals;
 
 namespace {
@@ -34,10 +37,6 @@ Seen seen(const Frame& f) {
           f.increment,
           f.depends_on,
           f.stream_error ? static_cast<int>(*f.stream_error) : -1};
-}
-
-std::span<const std::uint8_t> bytes(std::string_view s) {
-  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
 
 // Reads `input` cut at `cuts` (offsets); the frames, and the error if one came.

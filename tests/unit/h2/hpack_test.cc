@@ -9,9 +9,11 @@
 #include <string>
 #include <vector>
 
+#include "h2_testing.h"
 #include "nghttp2_oracle.h"
 
 using namespace spindle::h2::hpack;
+using spindle::testing::bytes;
 using spindle::testing::FieldList;
 using spindle::testing::OracleDeflater;
 using spindle::testing::OracleInflater;
@@ -28,10 +30,6 @@ std::string from_hex(std::string_view hex) {
     out.push_back(static_cast<char>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16)));
   }
   return out;
-}
-
-std::span<const std::uint8_t> bytes(const std::string& s) {
-  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
 
 // Decodes `block`; the fields, and the status in `status`.

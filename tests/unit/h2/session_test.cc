@@ -12,7 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "h2_testing.h"
+
 using namespace spindle::h2;
+using spindle::testing::bytes;
 
 namespace {
 
@@ -185,10 +188,6 @@ std::vector<Frame> frames_of(const std::string& out, std::vector<std::string>& k
         return true;
       });
   return frames;
-}
-
-std::span<const std::uint8_t> bytes(const std::string& s) {
-  return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
 }
 
 // Runs `input` into a fresh session; the frames it wrote, and whether it wants to go on.
