@@ -125,11 +125,17 @@ Query Connection::send(const Statement* statement, std::string_view sql,
     }
   }
   // Parameters go as text (NUL-terminated, one after another in one buffer), bytes in binary.
+  // Scratch of the connection's, reused: no allocation per statement once they have grown.
   std::size_t n = params.size();
-  std::vector<const char*> values(n);
-  std::vector<int> lengths(n), formats(n);
+  auto& values = param_values_;
+  auto& lengths = param_lengths_;
+  auto& formats = param_formats_;
+  auto& offsets = param_offsets_;
+  values.assign(n, nullptr);
+  lengths.assign(n, 0);
+  formats.assign(n, 0);
+  offsets.assign(n, std::string::npos);
   param_text_.clear();
-  std::vector<std::size_t> offsets(n, std::string::npos);
   for (std::size_t i = 0; i < n; ++i) {
     const Param& p = params[i];
     std::size_t at = param_text_.size();

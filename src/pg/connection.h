@@ -107,7 +107,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool retiring_ = false;
   bool shutting_ = false;
   Errc shut_reason_ = Errc::kClosed;
-  std::string param_text_;  ///< scratch for the text of parameters
+  std::string param_text_;                 ///< scratch for the text of parameters
+  std::vector<const char*> param_values_;  ///< scratch for libpq's parameter arrays
+  std::vector<int> param_lengths_, param_formats_;
+  std::vector<std::size_t> param_offsets_;
 };
 
 }  // namespace spindle::pg
