@@ -70,18 +70,21 @@ def test_a_cmake_project_builds_against_the_installed_package(prefix, tmp_path):
     assert serve_once(str(build / "consumer")) == "installed"
 
 
-def test_the_version_rule_refuses_another_minor_version(prefix, tmp_path):
+@pytest.mark.parametrize("asked", ["0.2", "0.0"])
+def test_the_version_rule_refuses_another_minor_version(prefix, tmp_path, asked):
+    # 0.0 tells the rule apart: an older minor version asked for is refused too (while 0.x, a
+    # minor version may change the API), where "any newer version" would take 0.1.
     project = tmp_path / "src"
     project.mkdir()
     text = open(os.path.join(CONSUMER, "CMakeLists.txt")).read()
     (project / "CMakeLists.txt").write_text(text.replace("find_package(spindle 0.1",
-                                                         "find_package(spindle 0.2"))
+                                                         f"find_package(spindle {asked}"))
     shutil.copy(os.path.join(CONSUMER, "main.cc"), project / "main.cc")
     out = subprocess.run(["cmake", "-S", str(project), "-B", str(tmp_path / "build"), "-G",
                           "Ninja", f"-DCMAKE_PREFIX_PATH={prefix}"], capture_output=True,
                          text=True)
     assert out.returncode != 0
-    assert "0.2" in out.stderr and "spindle" in out.stderr
+    assert asked in out.stderr and "spindle" in out.stderr
 
 
 def test_a_program_builds_with_pkg_config(prefix, tmp_path):
