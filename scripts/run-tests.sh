@@ -16,9 +16,9 @@ run_ctest() {
   local config=$1; shift
   local log=build/$config/ctest.log
   echo "== ctest ($config) =="
-  (cd "build/$config" && ctest --output-on-failure -j "$jobs" "$@") 2>&1 | tee "$log" | grep -E '\*\*\*(Failed|Timeout|Exception)|Not Run|tests passed|Total Test time'
+  (cd "build/$config" && ctest --output-on-failure -j "$jobs" "$@") 2>&1 | tee "$log" | grep -aE '\*\*\*(Failed|Timeout|Exception)|Not Run|tests passed|Total Test time'
   local summary passed failed ran
-  summary=$(grep -E 'tests passed, [0-9]+ tests failed out of [0-9]+' "$log" | tail -1)
+  summary=$(grep -aE 'tests passed, [0-9]+ tests failed out of [0-9]+' "$log" | tail -1)
   if [ -z "$summary" ]; then
     echo "run-tests: ctest ($config) printed no summary: treated as a failure"
     failed_runs+=("$config:no-summary"); return
@@ -41,8 +41,8 @@ run_pytest() {
     2>&1 | tee "$log" | tail -n 15
   local code=${PIPESTATUS[0]}
   local passed failed
-  passed=$(grep -oE '[0-9]+ passed' "$log" | tail -1 | cut -d' ' -f1)
-  failed=$(grep -oE '[0-9]+ (failed|error)' "$log" | awk '{s+=$1} END {print s+0}')
+  passed=$(grep -aoE '[0-9]+ passed' "$log" | tail -1 | cut -d' ' -f1)
+  failed=$(grep -aoE '[0-9]+ (failed|error)' "$log" | awk '{s+=$1} END {print s+0}')
   total_pass=$((total_pass + ${passed:-0}))
   total_fail=$((total_fail + failed))
   # Exit code 5 is pytest's "no tests collected": never a success.

@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/h2/session.h"
+#include "spindle/net/stream.h"
 #include "spindle/net/tcp_server.h"
 
 using namespace spindle;
@@ -65,16 +67,20 @@ int main(int argc, char** argv) {
         for (;;) {
           std::string out = session.take_output();
           if (!out.empty() && !stream.write_all(out)) return;
-          if (session.closing() && session.open_streams() == 0) return;
+          if (session.closing() && session.open_streams() == 0) break;
           auto n = stream.read(buffer, Deadline::after(std::chrono::seconds(30)));
           if (!n || *n == 0) return;
           bool alive = session.receive(
               {reinterpret_cast<const std::uint8_t*>(buffer), static_cast<std::size_t>(*n)});
           if (!alive) {
-            (void)stream.write_all(session.take_output());
-            return;
+            if (!stream.write_all(session.take_output())) return;
+            break;
           }
         }
+        // As the server's driver does: what the client still sends (a PING after its GOAWAY)
+        // is read and dropped, so that closing does not reset the connection under the
+        // answers just written.
+        Stream(std::move(stream)).linger(Deadline::after(std::chrono::seconds(1)));
       });
   if (!server) {
     std::fprintf(stderr, "h2_session_server: %s\n", server.error().message().c_str());
