@@ -137,6 +137,11 @@ std::string ServerSession::take_output() {
   return taken;
 }
 
+void ServerSession::take_output(std::string& into) {
+  into.clear();
+  into.swap(out_);
+}
+
 bool ServerSession::connection_error(ErrorCode code, std::string_view reason) {
   if (!failed_) {
     write::goaway(out_, last_peer_stream_, code, reason);
@@ -165,7 +170,21 @@ void ServerSession::stream_error(std::uint32_t id, ErrorCode code) {
   }
 }
 
-void ServerSession::close_stream(std::uint32_t id) { streams_.erase(id); }
+void ServerSession::close_stream(std::uint32_t id) {
+  if (streams_.erase(id) == 0) return;
+  recently_closed_[recently_closed_next_] = id;
+  recently_closed_next_ = (recently_closed_next_ + 1) % recently_closed_.size();
+}
+
+void ServerSession::forget_closed(std::uint32_t id) {
+  for (std::uint32_t& closed : recently_closed_) {
+    if (closed == id) closed = 0;
+  }
+}
+
+bool ServerSession::recently_closed(std::uint32_t id) const {
+  return id != 0 && std::ranges::find(recently_closed_, id) != recently_closed_.end();
+}
 
 void ServerSession::complete_stream(std::uint32_t id) {
   streams_.erase(id);
@@ -193,8 +212,8 @@ bool ServerSession::on_frame(const Frame& f) {
         return connection_error(ErrorCode::kProtocolError, "RST_STREAM on an idle stream");
       }
       if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return false;
-      if (streams_.contains(f.stream_id)) {
-        close_stream(f.stream_id);
+      forget_closed(f.stream_id);  // it knows now: what it sends on it next is an error
+      if (streams_.erase(f.stream_id) != 0) {
         handler_.on_reset(f.stream_id, static_cast<ErrorCode>(f.error_code));
       }
       return true;
@@ -207,6 +226,7 @@ bool ServerSession::on_frame(const Frame& f) {
         write::ping(out_, std::span<const std::uint8_t, 8>(f.payload.data(), 8), true);
         return check_output();
       }
+      handler_.on_ping_ack(std::span<const std::uint8_t, 8>(f.payload.data(), 8));
       return true;
     case FrameType::kGoaway:
       closing_ = true;  // the client opens nothing more; what is open finishes
@@ -237,9 +257,11 @@ bool ServerSession::on_headers(const Frame& f) {
   if (id <= last_peer_stream_) {
     auto it = streams_.find(id);
     if (it == streams_.end()) {
-      return connection_error(ErrorCode::kStreamClosed, "HEADERS on a closed stream");
-    }
-    if (it->second.state == Stream::kHalfClosedRemote) {
+      // Trailers of a stream we reset may have been on their way: read for the table only.
+      if (!recently_closed(id)) {
+        return connection_error(ErrorCode::kStreamClosed, "HEADERS on a closed stream");
+      }
+    } else if (it->second.state == Stream::kHalfClosedRemote) {
       // Its block must still be read (the decoder's table), then the stream is reset.
       stream_error(id, ErrorCode::kStreamClosed);
     }
@@ -279,6 +301,7 @@ bool ServerSession::end_header_block() {
   Stream* s = it != streams_.end() ? &it->second : nullptr;
   const bool trailers = s != nullptr && s->headers_done;
   HeadCheck check;
+  if (s != nullptr && !trailers) handler_.on_request_begin(id);
   auto status = decoder_.decode(
       std::span(reinterpret_cast<const std::uint8_t*>(block_.data()), block_.size()),
       [&](std::string_view name, std::string_view value) {
@@ -291,8 +314,15 @@ bool ServerSession::end_header_block() {
   }
   if (s == nullptr) return true;
   if (status == hpack::Status::kHeaderListTooLarge) {
-    // Refused whole (RFC 9113 §10.5.1 lets a server answer 431 instead; the driver may).
-    stream_error(id, ErrorCode::kRefusedStream);
+    // Each costs a response or a reset: a stream of HPACK bombs ends the connection.
+    if (!spend(resets_, limits_.reset_budget, "too many header lists too large")) return false;
+    if (trailers || !handler_.on_head_too_large(id, block_end_stream_)) {
+      stream_error(id, ErrorCode::kRefusedStream);
+      return true;
+    }
+    s->headers_done = true;
+    handler_.on_headers(id, block_end_stream_, false);
+    if (block_end_stream_) s->state = Stream::kHalfClosedRemote;
     return true;
   }
   const bool end_stream = block_end_stream_;
@@ -330,6 +360,7 @@ bool ServerSession::on_data(const Frame& f) {
   auto it = streams_.find(id);
   if (it == streams_.end() || it->second.state == Stream::kHalfClosedRemote) {
     consumed(0, f.length);  // the connection's window is given back all the same
+    if (it == streams_.end() && recently_closed(id)) return true;  // sent before it knew
     if (it == streams_.end()) {
       if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return false;
       write::rst_stream(out_, id, ErrorCode::kStreamClosed);
@@ -383,8 +414,17 @@ bool ServerSession::on_settings(const Frame& f) {
   if (++settings_frames_ > limits_.settings_budget) {
     return connection_error(ErrorCode::kEnhanceYourCalm, "too many SETTINGS");
   }
+  if (auto bad = apply_settings(f.payload)) return connection_error(bad->code, bad->reason);
+  write::settings_ack(out_);
+  for (const auto& [sid, s] : streams_) {
+    if (s.send_window > 0) handler_.on_window(sid);
+  }
+  return check_output();
+}
+
+std::optional<FrameError> ServerSession::apply_settings(std::span<const std::uint8_t> payload) {
   std::optional<FrameError> bad;
-  for_each_setting(f.payload, [&](std::uint16_t id, std::uint32_t value) {
+  for_each_setting(payload, [&](std::uint16_t id, std::uint32_t value) {
     if (bad) return;
     if ((bad = check_setting(id, value))) return;
     switch (static_cast<SettingId>(id)) {
@@ -410,12 +450,7 @@ bool ServerSession::on_settings(const Frame& f) {
         break;
     }
   });
-  if (bad) return connection_error(bad->code, bad->reason);
-  write::settings_ack(out_);
-  for (const auto& [sid, s] : streams_) {
-    if (s.send_window > 0) handler_.on_window(sid);
-  }
-  return check_output();
+  return bad;
 }
 
 bool ServerSession::on_window_update(const Frame& f) {
@@ -513,14 +548,37 @@ std::size_t ServerSession::submit_data(std::uint32_t stream, std::string_view da
 }
 
 void ServerSession::reset(std::uint32_t stream, ErrorCode code) {
+  if (failed_ || !streams_.contains(stream)) return;  // closed already: nothing to say
   write::rst_stream(out_, stream, code);
   close_stream(stream);
 }
 
 void ServerSession::goaway(ErrorCode code, std::string_view debug) {
+  goaway(code, last_peer_stream_, debug);
+}
+
+void ServerSession::goaway(ErrorCode code, std::uint32_t last_stream, std::string_view debug) {
   if (failed_) return;
-  write::goaway(out_, last_peer_stream_, code, debug);
+  write::goaway(out_, std::min(last_stream, last_peer_stream_), code, debug);
   closing_ = true;
+}
+
+void ServerSession::shutdown_notice(std::span<const std::uint8_t, 8> ping) {
+  if (failed_ || closing_) return;
+  write::goaway(out_, kMaxWindow, ErrorCode::kNoError);
+  write::ping(out_, ping, false);
+}
+
+bool ServerSession::upgrade(std::span<const std::uint8_t> settings) {
+  if (settings.size() % 6 != 0 || last_peer_stream_ != 0 || apply_settings(settings)) return false;
+  Stream s;
+  s.send_window = peer_initial_window_;
+  s.receive_window = limits_.stream_window;
+  s.headers_done = true;
+  s.state = Stream::kHalfClosedRemote;
+  streams_.emplace(1, s);
+  last_peer_stream_ = 1;
+  return true;
 }
 
 }  // namespace spindle::h2

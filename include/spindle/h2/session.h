@@ -10,8 +10,10 @@
 /// empty frames and SETTINGS budgeted per connection (Rapid Reset and the 2019 floods): past any
 /// of them, GOAWAY ENHANCE_YOUR_CALM.
 
+#include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -51,6 +53,8 @@ struct SessionLimits {
 class SessionHandler {
  public:
   virtual ~SessionHandler() = default;
+  /// A request's head begins (its fields follow, then on_headers).
+  virtual void on_request_begin(std::uint32_t /*stream*/) {}
   /// One field of a request's (or its trailers') header block, already checked.
   virtual void on_field(std::uint32_t stream, std::string_view name, std::string_view value) = 0;
   /// The block is complete; `end_stream`: no body follows; `trailers`: it was the trailers.
@@ -61,6 +65,13 @@ class SessionHandler {
   virtual void on_reset(std::uint32_t stream, ErrorCode code) = 0;
   /// More may be sent on `stream` (0: on the connection) than before.
   virtual void on_window(std::uint32_t stream) = 0;
+  /// The answer to a PING we sent (submit_ping, shutdown_notice).
+  virtual void on_ping_ack(std::span<const std::uint8_t, 8> /*payload*/) {}
+  /// A request head decoded past SETTINGS_MAX_HEADER_LIST_SIZE (its fields stopped at the
+  /// limit): true if the driver answers it itself (431, RFC 9113 §10.5.1), and the stream goes
+  /// on as a request whose head is complete (on_headers follows); false to have it reset
+  /// (REFUSED_STREAM).
+  virtual bool on_head_too_large(std::uint32_t /*stream*/, bool /*end_stream*/) { return false; }
 };
 
 class ServerSession {
@@ -73,7 +84,15 @@ class ServerSession {
 
   /// The frames to write, taken (the session starts a new buffer).
   std::string take_output();
+  /// The same into `into` (cleared first), whose buffer the session keeps for its next output:
+  /// two buffers take turns, and neither is allocated again.
+  void take_output(std::string& into);
   std::size_t output_size() const { return out_.size(); }
+
+  /// An h2c upgrade (RFC 9113 §3.1 of RFC 7540): the client's HTTP2-Settings, decoded, apply as
+  /// its first SETTINGS (no acknowledgement), and stream 1 is the request that asked, its head
+  /// and body complete. False if the settings are invalid (the upgrade must be refused).
+  bool upgrade(std::span<const std::uint8_t> settings);
 
   /// The response head (or trailers, with `end_stream`), on a stream whose request began.
   void submit_headers(std::uint32_t stream, std::span<const hpack::Field> fields, bool end_stream);
@@ -88,10 +107,20 @@ class ServerSession {
   void reset(std::uint32_t stream, ErrorCode code);
   /// GOAWAY: no stream above the last one begun will be processed.
   void goaway(ErrorCode code, std::string_view debug = {});
+  /// GOAWAY naming `last_stream` (at most the last one begun): the streams above it are
+  /// refused by the driver, and any new one is ignored.
+  void goaway(ErrorCode code, std::uint32_t last_stream, std::string_view debug = {});
+  /// RFC 9113 §6.8's graceful shutdown, first step: a GOAWAY that refuses nothing yet, and a
+  /// PING whose answer (on_ping_ack) tells that every stream the client opened before it heard
+  /// has arrived; then goaway(kNoError) names the last.
+  void shutdown_notice(std::span<const std::uint8_t, 8> ping);
 
   std::size_t open_streams() const { return streams_.size(); }
   std::uint32_t last_stream_id() const { return last_peer_stream_; }
+  /// A GOAWAY went or came: no new stream will be served.
   bool closing() const { return closing_; }
+  /// A connection error: its GOAWAY is in the output; the connection must end.
+  bool failed() const { return failed_; }
 
  private:
   struct Stream {
@@ -112,7 +141,13 @@ class ServerSession {
   bool on_settings(const Frame& f);
   bool on_window_update(const Frame& f);
   void stream_error(std::uint32_t id, ErrorCode code);
+  /// Applies one SETTINGS payload from the client.
+  std::optional<FrameError> apply_settings(std::span<const std::uint8_t> payload);
+  /// A stream ends here before the client ended it (we reset it): what the client sent before
+  /// it knew is ignored for a while, not an error (RFC 9113 §5.1, "closed").
   void close_stream(std::uint32_t id);
+  bool recently_closed(std::uint32_t id) const;
+  void forget_closed(std::uint32_t id);
   /// Both sides ended it: it earns the connection budget.
   void complete_stream(std::uint32_t id);
   bool check_output();
@@ -131,6 +166,9 @@ class ServerSession {
   bool failed_ = false;
   std::map<std::uint32_t, Stream> streams_;
   std::uint32_t last_peer_stream_ = 0;
+  /// The streams we closed before the client did, newest last (a bounded ring).
+  std::array<std::uint32_t, 64> recently_closed_{};
+  std::size_t recently_closed_next_ = 0;
   std::int64_t connection_send_window_ = 65535;
   std::int64_t connection_receive_window_ = 65535;
   std::size_t connection_unacked_ = 0;

@@ -63,10 +63,7 @@ class EchoHandler : public SessionHandler {
     std::string& left = pending[id];
     std::size_t n = session->submit_data(id, left, true);
     left.erase(0, n);
-    if (left.empty() && n >= 0 && session->send_window(id) >= 0) {
-      // Fully sent (end_stream went with the last byte).
-      pending.erase(id);
-    }
+    if (left.empty()) pending.erase(id);  // fully sent (end_stream went with the last byte)
   }
 };
 
@@ -508,5 +505,186 @@ TEST(H2Session, EmptyFrameAndSettingsFloodsEndTheConnection) {
     auto o = run(in);
     EXPECT_FALSE(o->alive);
     EXPECT_EQ(goaway_code(*o), ErrorCode::kEnhanceYourCalm);
+  }
+}
+
+namespace {
+
+std::vector<hpack::Field> get_head(std::string_view path = "/") {
+  return {{":method", "GET"}, {":scheme", "http"}, {":path", path}, {":authority", "a"}};
+}
+
+// A handler that answers nothing by itself: the test drives the session.
+class Recorder : public SessionHandler {
+ public:
+  std::vector<std::uint32_t> begun, heads, resets;
+  std::vector<std::string> pings;
+  bool answer_too_large = false;
+  void on_request_begin(std::uint32_t id) override { begun.push_back(id); }
+  void on_field(std::uint32_t, std::string_view, std::string_view) override {}
+  void on_headers(std::uint32_t id, bool, bool) override { heads.push_back(id); }
+  void on_data(std::uint32_t, std::span<const std::uint8_t>, bool) override {}
+  void on_reset(std::uint32_t id, ErrorCode) override { resets.push_back(id); }
+  void on_window(std::uint32_t) override {}
+  void on_ping_ack(std::span<const std::uint8_t, 8> p) override {
+    pings.emplace_back(reinterpret_cast<const char*>(p.data()), 8);
+  }
+  bool on_head_too_large(std::uint32_t, bool) override { return answer_too_large; }
+};
+
+std::vector<FrameType> kinds(const std::vector<Frame>& frames) {
+  std::vector<FrameType> out;
+  for (const Frame& f : frames) out.push_back(f.kind());
+  return out;
+}
+
+}  // namespace
+
+TEST(H2Session, AnH2cUpgradeAppliesTheClientsSettingsAndServesStreamOne) {
+  Recorder r;
+  ServerSession session({}, r);
+  (void)session.take_output();
+  std::string settings;  // HTTP2-Settings, decoded: INITIAL_WINDOW_SIZE = 10
+  for (std::uint8_t b : {0, 4, 0, 0, 0, 10}) settings += static_cast<char>(b);
+  ASSERT_TRUE(session.upgrade(bytes(settings)));
+  EXPECT_EQ(session.open_streams(), 1u);
+  EXPECT_EQ(session.send_window(1), 10u);  // the client's window, as its settings said
+  ASSERT_TRUE(session.receive(bytes(preface())));
+  const hpack::Field head[] = {{":status", "200"}};
+  session.submit_headers(1, head, false);
+  EXPECT_EQ(session.submit_data(1, "0123456789abc", true), 10u);
+  // Stream 1 was the upgrade request, its side closed: HEADERS on it again is a stream error.
+  (void)session.take_output();
+  std::string again;
+  write::headers(again, 1, request_block(get_head()), true);
+  ASSERT_TRUE(session.receive(bytes(again)));
+  std::vector<std::string> keep;
+  auto out = frames_of(session.take_output(), keep);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].kind(), FrameType::kRstStream);
+  EXPECT_EQ(out[0].error_code, static_cast<std::uint32_t>(ErrorCode::kStreamClosed));
+  EXPECT_TRUE(r.heads.empty());
+  // Settings that are not whole entries, or out of range, refuse the upgrade.
+  Recorder r2;
+  ServerSession bad({}, r2);
+  EXPECT_FALSE(bad.upgrade(bytes(settings.substr(0, 5))));
+  std::string too_wide;
+  for (std::uint8_t b : {0, 4, 0x80, 0, 0, 0}) too_wide += static_cast<char>(b);
+  EXPECT_FALSE(bad.upgrade(bytes(too_wide)));
+  EXPECT_EQ(bad.open_streams(), 0u);
+}
+
+TEST(H2Session, AGracefulShutdownAnnouncesThenNamesTheLastStream) {
+  Recorder r;
+  ServerSession session({}, r);
+  std::string in = preface();
+  write::headers(in, 1, request_block(get_head()), true);
+  ASSERT_TRUE(session.receive(bytes(in)));
+  (void)session.take_output();
+  const std::uint8_t ping[8] = {'s', 'h', 'u', 't', 'd', 'o', 'w', 'n'};
+  session.shutdown_notice(ping);
+  std::vector<std::string> keep;
+  auto notice = frames_of(session.take_output(), keep);
+  ASSERT_EQ(kinds(notice), (std::vector<FrameType>{FrameType::kGoaway, FrameType::kPing}));
+  EXPECT_EQ(notice[0].other_stream, kMaxWindow);  // refuses nothing yet
+  EXPECT_FALSE(session.closing());
+  // A stream the client opened before it heard is still served; the PING's answer is told.
+  std::string more;
+  write::headers(more, 3, request_block(get_head()), true);
+  write::ping(more, ping, true);
+  ASSERT_TRUE(session.receive(bytes(more)));
+  EXPECT_EQ(r.heads, (std::vector<std::uint32_t>{1, 3}));
+  EXPECT_EQ(r.pings, (std::vector<std::string>{"shutdown"}));
+  session.goaway(ErrorCode::kNoError);
+  auto last = frames_of(session.take_output(), keep);
+  ASSERT_EQ(kinds(last), (std::vector<FrameType>{FrameType::kGoaway}));
+  EXPECT_EQ(last[0].other_stream, 3u);
+  EXPECT_TRUE(session.closing());
+  // After it, a new stream is not begun (its block is still read, for the table).
+  std::string late;
+  write::headers(late, 5, request_block(get_head()), true);
+  ASSERT_TRUE(session.receive(bytes(late)));
+  EXPECT_EQ(r.begun, (std::vector<std::uint32_t>{1, 3}));
+}
+
+TEST(H2Session, AGoawayNamesAtMostTheLastStreamBegun) {
+  Recorder r;
+  ServerSession session({}, r);
+  std::string in = preface();
+  for (std::uint32_t id : {1u, 3u, 5u}) write::headers(in, id, request_block(get_head()), true);
+  ASSERT_TRUE(session.receive(bytes(in)));
+  (void)session.take_output();
+  session.goaway(ErrorCode::kEnhanceYourCalm, 3);
+  std::vector<std::string> keep;
+  auto out = frames_of(session.take_output(), keep);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].other_stream, 3u);
+  EXPECT_EQ(out[0].error_code, static_cast<std::uint32_t>(ErrorCode::kEnhanceYourCalm));
+  session.goaway(ErrorCode::kNoError, 99);  // never above the last begun
+  out = frames_of(session.take_output(), keep);
+  EXPECT_EQ(out[0].other_stream, 5u);
+}
+
+TEST(H2Session, WhatTheClientSentBeforeItKnewOfOurResetIsIgnoredNotAnError) {
+  Recorder r;
+  ServerSession session({}, r);
+  std::string in = preface();
+  write::headers(in, 1, request_block(get_head()), false);  // a body is coming
+  ASSERT_TRUE(session.receive(bytes(in)));
+  session.reset(1, ErrorCode::kCancel);
+  (void)session.take_output();
+  // In flight when we reset: body bytes and trailers. Ignored: no reset, no GOAWAY.
+  std::string late;
+  write::data(late, 1, "some body", false);
+  write::headers(late, 1, request_block({{"x-trailer", "t"}}), true);
+  ASSERT_TRUE(session.receive(bytes(late)));
+  std::vector<std::string> keep;
+  for (const Frame& f : frames_of(session.take_output(), keep)) {
+    EXPECT_NE(f.kind(), FrameType::kRstStream);
+    EXPECT_NE(f.kind(), FrameType::kGoaway);
+  }
+  // Once the client resets it too, it knows: DATA on it now is a stream error.
+  std::string after;
+  write::rst_stream(after, 1, ErrorCode::kCancel);
+  write::data(after, 1, "x", false);
+  ASSERT_TRUE(session.receive(bytes(after)));
+  auto out = frames_of(session.take_output(), keep);
+  const Frame* rst = nullptr;
+  for (const Frame& f : out) {
+    if (f.kind() == FrameType::kRstStream) rst = &f;
+  }
+  ASSERT_NE(rst, nullptr);
+  EXPECT_EQ(rst->error_code, static_cast<std::uint32_t>(ErrorCode::kStreamClosed));
+  // A stream never begun and closed is still a connection error.
+  std::string bogus;
+  write::headers(bogus, 1, request_block(get_head()), true);
+  EXPECT_FALSE(session.receive(bytes(bogus)));
+}
+
+TEST(H2Session, AHeadTooLargeGoesToTheDriverWhenItAnswersIt) {
+  for (bool answers : {false, true}) {
+    Recorder r;
+    r.answer_too_large = answers;
+    SessionLimits limits;
+    limits.max_header_list_size = 1024;
+    ServerSession session(limits, r);
+    std::string in = preface();
+    auto head = get_head();
+    std::string big(2000, 'b');
+    head.push_back({"x-big", big});
+    write::headers(in, 1, request_block(head), true);
+    ASSERT_TRUE(session.receive(bytes(in)));
+    std::vector<std::string> keep;
+    auto out = frames_of(session.take_output(), keep);
+    bool reset = false;
+    for (const Frame& f : out) reset = reset || f.kind() == FrameType::kRstStream;
+    EXPECT_EQ(reset, !answers);
+    EXPECT_EQ(r.heads.size(), answers ? 1u : 0u);
+    if (answers) {
+      // It is a stream whose request is complete: the driver's answer ends it.
+      const hpack::Field h431[] = {{":status", "431"}};
+      session.submit_headers(1, h431, true);
+      EXPECT_EQ(session.open_streams(), 0u);
+    }
   }
 }
