@@ -1,4 +1,4 @@
-// The server side of an HTTP/2 connection (RFC 9113): see session.h.
+// Both ends of an HTTP/2 connection (RFC 9113): see session.h.
 #include "spindle/h2/session.h"
 
 #include <algorithm>
@@ -42,6 +42,19 @@ bool valid_value(std::string_view value) {
   return true;
 }
 
+// A Content-Length value into `length` (which holds an earlier one, or -1): false if it is not
+// a number, or differs from the earlier one.
+bool take_content_length(std::string_view value, std::int64_t& length) {
+  std::int64_t n = -1;
+  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+  if (ec != std::errc() || end != value.data() + value.size() || n < 0 ||
+      (length >= 0 && length != n)) {
+    return false;
+  }
+  length = n;
+  return true;
+}
+
 // What one request head has shown so far (RFC 9113 §8.3.1).
 struct HeadCheck {
   bool regular_seen = false;
@@ -77,14 +90,8 @@ struct HeadCheck {
     }
     regular_seen = true;
     if (connection_specific(name) || (name == "te" && value != "trailers")) malformed = true;
-    if (name == "content-length" && !trailers) {
-      std::int64_t n = -1;
-      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-      if (ec != std::errc() || end != value.data() + value.size() || n < 0 ||
-          (content_length >= 0 && content_length != n)) {
-        malformed = true;
-      }
-      content_length = n;
+    if (name == "content-length" && !trailers && !take_content_length(value, content_length)) {
+      malformed = true;
     }
   }
 
@@ -96,27 +103,82 @@ struct HeadCheck {
   }
 };
 
+// What one response head has shown so far (RFC 9113 §8.3.2): one :status of three digits,
+// first; no request pseudo-field; no connection-specific field. 101 has no place in HTTP/2
+// (§8.6), and an interim head does not end the stream.
+struct ResponseCheck {
+  bool regular_seen = false;
+  bool status_seen = false;
+  bool malformed = false;
+  int status = 0;
+  std::int64_t content_length = -1;
+
+  void field(std::string_view name, std::string_view value, bool trailers) {
+    if (!valid_name(name) || !valid_value(value)) {
+      malformed = true;
+      return;
+    }
+    if (name.front() == ':') {
+      if (trailers || regular_seen || status_seen || name != ":status") {
+        malformed = true;
+        return;
+      }
+      status_seen = true;
+      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), status);
+      if (value.size() != 3 || ec != std::errc() || end != value.data() + value.size() ||
+          status < 100 || status > 599) {
+        malformed = true;
+      }
+      return;
+    }
+    regular_seen = true;
+    if (connection_specific(name)) malformed = true;
+    if (name == "content-length" && !trailers && !take_content_length(value, content_length)) {
+      malformed = true;
+    }
+  }
+  bool informational() const { return status >= 100 && status < 200; }
+  bool complete(bool end_stream) const {
+    return !malformed && status_seen && status != 101 && !(informational() && end_stream);
+  }
+};
+
 }  // namespace
 
-ServerSession::ServerSession(SessionLimits limits, SessionHandler& handler)
-    : limits_(limits),
+Session::Session(Role role, SessionLimits limits, SessionHandler& handler)
+    : role_(role),
+      limits_(limits),
       handler_(handler),
       reader_(limits.max_frame_size),
       decoder_(4096, limits.max_header_list_size),
       connection_receive_window_(std::max<std::int64_t>(65535, limits.connection_window)) {
-  std::pair<SettingId, std::uint32_t> settings[] = {
-      {SettingId::kMaxConcurrentStreams, limits.max_concurrent_streams},
-      {SettingId::kInitialWindowSize, limits.stream_window},
-      {SettingId::kMaxFrameSize, limits.max_frame_size},
-      {SettingId::kMaxHeaderListSize, limits.max_header_list_size},
-      {SettingId::kEnableConnectProtocol, 1}};
-  write::settings(out_, std::span(settings, limits.enable_connect_protocol ? 5 : 4));
+  if (role == Role::kClient) {
+    out_.assign(kPreface);
+    preface_seen_ = kPreface.size();  // none comes from a server
+    std::pair<SettingId, std::uint32_t> settings[] = {
+        {SettingId::kEnablePush, 0},
+        {SettingId::kInitialWindowSize, limits.stream_window},
+        {SettingId::kMaxFrameSize, limits.max_frame_size},
+        {SettingId::kMaxHeaderListSize, limits.max_header_list_size}};
+    write::settings(out_, settings);
+  } else {
+    std::pair<SettingId, std::uint32_t> settings[] = {
+        {SettingId::kMaxConcurrentStreams, limits.max_concurrent_streams},
+        {SettingId::kInitialWindowSize, limits.stream_window},
+        {SettingId::kMaxFrameSize, limits.max_frame_size},
+        {SettingId::kMaxHeaderListSize, limits.max_header_list_size},
+        {SettingId::kEnableConnectProtocol, 1}};
+    write::settings(out_, std::span(settings, limits.enable_connect_protocol ? 5 : 4));
+  }
   if (limits.connection_window > 65535) {
     write::window_update(out_, 0, limits.connection_window - 65535);
   }
 }
 
-bool ServerSession::receive(std::span<const std::uint8_t> bytes) {
+ClientSession::ClientSession(SessionLimits limits, SessionHandler& handler)
+    : Session(Role::kClient, limits, handler) {}
+
+bool Session::receive(std::span<const std::uint8_t> bytes) {
   if (failed_) return false;
   while (preface_seen_ < kPreface.size() && !bytes.empty()) {
     if (bytes[0] != static_cast<std::uint8_t>(kPreface[preface_seen_])) {
@@ -131,37 +193,37 @@ bool ServerSession::receive(std::span<const std::uint8_t> bytes) {
   return !failed_;
 }
 
-std::string ServerSession::take_output() {
+std::string Session::take_output() {
   std::string taken;
   taken.swap(out_);
   return taken;
 }
 
-void ServerSession::take_output(std::string& into) {
+void Session::take_output(std::string& into) {
   into.clear();
   into.swap(out_);
 }
 
-bool ServerSession::connection_error(ErrorCode code, std::string_view reason) {
+bool Session::connection_error(ErrorCode code, std::string_view reason) {
   if (!failed_) {
-    write::goaway(out_, last_peer_stream_, code, reason);
+    write::goaway(out_, role_ == Role::kServer ? last_stream_ : 0, code, reason);
     failed_ = true;
     closing_ = true;
   }
   return false;
 }
 
-bool ServerSession::check_output() {
+bool Session::check_output() {
   if (out_.size() <= limits_.max_output) return true;
   return connection_error(ErrorCode::kEnhanceYourCalm, "the client does not read");
 }
 
-bool ServerSession::spend(std::size_t& count, std::size_t budget, std::string_view what) {
+bool Session::spend(std::size_t& count, std::size_t budget, std::string_view what) {
   if (++count <= budget + completed_) return true;
   return connection_error(ErrorCode::kEnhanceYourCalm, what);
 }
 
-void ServerSession::stream_error(std::uint32_t id, ErrorCode code) {
+void Session::stream_error(std::uint32_t id, ErrorCode code) {
   if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return;
   write::rst_stream(out_, id, code);
   if (streams_.contains(id)) {
@@ -170,34 +232,34 @@ void ServerSession::stream_error(std::uint32_t id, ErrorCode code) {
   }
 }
 
-void ServerSession::close_stream(std::uint32_t id) {
+void Session::close_stream(std::uint32_t id) {
   if (streams_.erase(id) == 0) return;
   recently_closed_[recently_closed_next_] = id;
   recently_closed_next_ = (recently_closed_next_ + 1) % recently_closed_.size();
 }
 
-void ServerSession::forget_closed(std::uint32_t id) {
+void Session::forget_closed(std::uint32_t id) {
   for (std::uint32_t& closed : recently_closed_) {
     if (closed == id) closed = 0;
   }
 }
 
-bool ServerSession::recently_closed(std::uint32_t id) const {
+bool Session::recently_closed(std::uint32_t id) const {
   return id != 0 && std::ranges::find(recently_closed_, id) != recently_closed_.end();
 }
 
-void ServerSession::complete_stream(std::uint32_t id) {
+void Session::complete_stream(std::uint32_t id) {
   streams_.erase(id);
   ++completed_;
 }
 
-bool ServerSession::on_frame(const Frame& f) {
+bool Session::on_frame(const Frame& f) {
   if (block_stream_ != 0 &&
       (f.kind() != FrameType::kContinuation || f.stream_id != block_stream_)) {
     return connection_error(ErrorCode::kProtocolError, "a header block interrupted");
   }
   if (!settings_seen_ && (f.kind() != FrameType::kSettings || f.has(flag::kAck))) {
-    return connection_error(ErrorCode::kProtocolError, "the client's first frame is not SETTINGS");
+    return connection_error(ErrorCode::kProtocolError, "the peer's first frame is not SETTINGS");
   }
   switch (f.kind()) {
     case FrameType::kData:
@@ -208,7 +270,7 @@ bool ServerSession::on_frame(const Frame& f) {
       if (f.stream_error) stream_error(f.stream_id, *f.stream_error);
       return true;
     case FrameType::kRstStream:
-      if (f.stream_id > last_peer_stream_ || (f.stream_id % 2) == 0) {
+      if (f.stream_id > last_stream_ || (f.stream_id % 2) == 0) {
         return connection_error(ErrorCode::kProtocolError, "RST_STREAM on an idle stream");
       }
       if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return false;
@@ -220,7 +282,9 @@ bool ServerSession::on_frame(const Frame& f) {
     case FrameType::kSettings:
       return on_settings(f);
     case FrameType::kPushPromise:
-      return connection_error(ErrorCode::kProtocolError, "PUSH_PROMISE from a client");
+      return connection_error(ErrorCode::kProtocolError, role_ == Role::kServer
+                                                             ? "PUSH_PROMISE from a client"
+                                                             : "PUSH_PROMISE, push is off");
     case FrameType::kPing:
       if (!f.has(flag::kAck)) {
         write::ping(out_, std::span<const std::uint8_t, 8>(f.payload.data(), 8), true);
@@ -229,7 +293,8 @@ bool ServerSession::on_frame(const Frame& f) {
       handler_.on_ping_ack(std::span<const std::uint8_t, 8>(f.payload.data(), 8));
       return true;
     case FrameType::kGoaway:
-      closing_ = true;  // the client opens nothing more; what is open finishes
+      closing_ = true;  // no new stream; what is open finishes
+      if (role_ == Role::kClient) on_goaway(f);
       return true;
     case FrameType::kWindowUpdate:
       return on_window_update(f);
@@ -250,11 +315,17 @@ bool ServerSession::on_frame(const Frame& f) {
   return true;  // an unknown frame type: ignored
 }
 
-bool ServerSession::on_headers(const Frame& f) {
+bool Session::on_headers(const Frame& f) {
   const std::uint32_t id = f.stream_id;
-  if (id % 2 == 0)
-    return connection_error(ErrorCode::kProtocolError, "an even stream from a client");
-  if (id <= last_peer_stream_) {
+  if (id % 2 == 0) {
+    return connection_error(ErrorCode::kProtocolError, role_ == Role::kServer
+                                                           ? "an even stream from a client"
+                                                           : "a stream from the server");
+  }
+  if (role_ == Role::kClient && id > last_stream_) {
+    return connection_error(ErrorCode::kProtocolError, "HEADERS on an idle stream");
+  }
+  if (id <= last_stream_) {
     auto it = streams_.find(id);
     if (it == streams_.end()) {
       // Trailers of a stream we reset may have been on their way: read for the table only.
@@ -266,16 +337,13 @@ bool ServerSession::on_headers(const Frame& f) {
       stream_error(id, ErrorCode::kStreamClosed);
     }
   } else {
-    last_peer_stream_ = id;
+    last_stream_ = id;
     if (!closing_ && !f.stream_error) {
       if (streams_.size() >= limits_.max_concurrent_streams) {
         if (!spend(resets_, limits_.reset_budget, "too many streams refused")) return false;
         write::rst_stream(out_, id, ErrorCode::kRefusedStream);
       } else {
-        Stream s;
-        s.send_window = peer_initial_window_;
-        s.receive_window = limits_.stream_window;
-        streams_.emplace(id, s);
+        add_stream(id);
       }
     }
   }
@@ -294,20 +362,27 @@ bool ServerSession::on_headers(const Frame& f) {
   return f.has(flag::kEndHeaders) ? end_header_block() : true;
 }
 
-bool ServerSession::end_header_block() {
+bool Session::end_header_block() {
   const std::uint32_t id = block_stream_;
   block_stream_ = 0;
   auto it = streams_.find(id);
   Stream* s = it != streams_.end() ? &it->second : nullptr;
   const bool trailers = s != nullptr && s->headers_done;
+  const bool server = role_ == Role::kServer;
   HeadCheck check;
-  if (s != nullptr && !trailers) handler_.on_request_begin(id);
+  ResponseCheck response;
+  if (s != nullptr && !trailers && server) handler_.on_request_begin(id);
   auto status = decoder_.decode(
       std::span(reinterpret_cast<const std::uint8_t*>(block_.data()), block_.size()),
       [&](std::string_view name, std::string_view value) {
         if (s == nullptr) return;  // refused or reset: read only for the table
-        check.field(name, value, trailers, limits_.enable_connect_protocol);
-        if (!check.malformed) handler_.on_field(id, name, value);
+        if (server) {
+          check.field(name, value, trailers, limits_.enable_connect_protocol);
+          if (!check.malformed) handler_.on_field(id, name, value);
+        } else {
+          response.field(name, value, trailers);
+          if (!response.malformed) handler_.on_field(id, name, value);
+        }
       });
   if (status != hpack::Status::kOk && status != hpack::Status::kHeaderListTooLarge) {
     return connection_error(ErrorCode::kCompressionError, hpack::to_string(status));
@@ -316,6 +391,10 @@ bool ServerSession::end_header_block() {
   if (status == hpack::Status::kHeaderListTooLarge) {
     // Each costs a response or a reset: a stream of HPACK bombs ends the connection.
     if (!spend(resets_, limits_.reset_budget, "too many header lists too large")) return false;
+    if (!server) {
+      stream_error(id, ErrorCode::kProtocolError);  // the upstream did process it
+      return true;
+    }
     if (trailers || !handler_.on_head_too_large(id, block_end_stream_)) {
       stream_error(id, ErrorCode::kRefusedStream);
       return true;
@@ -326,13 +405,20 @@ bool ServerSession::end_header_block() {
     return true;
   }
   const bool end_stream = block_end_stream_;
-  if (trailers ? (!end_stream || check.malformed) : !check.complete()) {
+  const bool malformed = trailers ? !end_stream || (server ? check.malformed : response.malformed)
+                         : server ? !check.complete()
+                                  : !response.complete(end_stream);
+  if (malformed) {
     stream_error(id, ErrorCode::kProtocolError);
     return true;
   }
-  if (!trailers) {
+  if (!trailers && server) {
     s->headers_done = true;
     s->content_length = check.content_length;
+  } else if (!trailers && !response.informational()) {
+    s->headers_done = true;  // a 1xx head is followed by another
+    const bool no_body = s->head_request || response.status == 204 || response.status == 304;
+    s->content_length = no_body ? -1 : response.content_length;
   }
   if (end_stream && s->content_length >= 0 && s->content_length != s->data_received) {
     stream_error(id, ErrorCode::kProtocolError);
@@ -349,9 +435,9 @@ bool ServerSession::end_header_block() {
   return true;
 }
 
-bool ServerSession::on_data(const Frame& f) {
+bool Session::on_data(const Frame& f) {
   const std::uint32_t id = f.stream_id;
-  if (id > last_peer_stream_)
+  if (id > last_stream_)
     return connection_error(ErrorCode::kProtocolError, "DATA on an idle stream");
   if (f.length > connection_receive_window_) {
     return connection_error(ErrorCode::kFlowControlError, "DATA past the connection window");
@@ -408,7 +494,7 @@ bool ServerSession::on_data(const Frame& f) {
   return true;
 }
 
-bool ServerSession::on_settings(const Frame& f) {
+bool Session::on_settings(const Frame& f) {
   if (f.has(flag::kAck)) return true;
   settings_seen_ = true;
   if (++settings_frames_ > limits_.settings_budget) {
@@ -422,7 +508,7 @@ bool ServerSession::on_settings(const Frame& f) {
   return check_output();
 }
 
-std::optional<FrameError> ServerSession::apply_settings(std::span<const std::uint8_t> payload) {
+std::optional<FrameError> Session::apply_settings(std::span<const std::uint8_t> payload) {
   std::optional<FrameError> bad;
   for_each_setting(payload, [&](std::uint16_t id, std::uint32_t value) {
     if (bad) return;
@@ -446,6 +532,17 @@ std::optional<FrameError> ServerSession::apply_settings(std::span<const std::uin
       case SettingId::kMaxFrameSize:
         peer_max_frame_size_ = value;
         break;
+      case SettingId::kMaxConcurrentStreams:
+        peer_max_concurrent_ = value;
+        break;
+      case SettingId::kEnableConnectProtocol:
+        peer_connect_protocol_ = value == 1;
+        break;
+      case SettingId::kEnablePush:
+        if (role_ == Role::kClient && value == 1) {
+          bad = FrameError{ErrorCode::kProtocolError, "a server may not enable push"};
+        }
+        break;
       default:
         break;
     }
@@ -453,7 +550,7 @@ std::optional<FrameError> ServerSession::apply_settings(std::span<const std::uin
   return bad;
 }
 
-bool ServerSession::on_window_update(const Frame& f) {
+bool Session::on_window_update(const Frame& f) {
   const std::uint32_t id = f.stream_id;
   if (id == 0) {
     connection_send_window_ += f.increment;
@@ -463,7 +560,7 @@ bool ServerSession::on_window_update(const Frame& f) {
     handler_.on_window(0);
     return true;
   }
-  if (id > last_peer_stream_) {
+  if (id > last_stream_) {
     return connection_error(ErrorCode::kProtocolError, "WINDOW_UPDATE on an idle stream");
   }
   auto it = streams_.find(id);
@@ -481,7 +578,7 @@ bool ServerSession::on_window_update(const Frame& f) {
   return true;
 }
 
-void ServerSession::consumed(std::uint32_t stream, std::size_t n) {
+void Session::consumed(std::uint32_t stream, std::size_t n) {
   connection_unacked_ += n;
   if (connection_unacked_ >= limits_.connection_window / 2) {
     write::window_update(out_, 0, static_cast<std::uint32_t>(connection_unacked_));
@@ -499,20 +596,20 @@ void ServerSession::consumed(std::uint32_t stream, std::size_t n) {
   }
 }
 
-std::size_t ServerSession::send_window(std::uint32_t stream) const {
+std::size_t Session::send_window(std::uint32_t stream) const {
   auto it = streams_.find(stream);
   if (it == streams_.end()) return 0;
   return static_cast<std::size_t>(
       std::max<std::int64_t>(0, std::min(it->second.send_window, connection_send_window_)));
 }
 
-void ServerSession::submit_headers(std::uint32_t stream, std::span<const hpack::Field> fields,
-                                   bool end_stream) {
+void Session::submit_headers(std::uint32_t stream, std::span<const hpack::Field> fields,
+                             bool end_stream) {
   auto it = streams_.find(stream);
   if (it == streams_.end() || failed_) return;
-  std::string block;
-  encoder_.encode(fields, block);
-  write::headers(out_, stream, block, end_stream, peer_max_frame_size_);
+  encoded_.clear();
+  encoder_.encode(fields, encoded_);
+  write::headers(out_, stream, encoded_, end_stream, peer_max_frame_size_);
   if (end_stream) {
     if (it->second.state == Stream::kHalfClosedRemote) {
       complete_stream(stream);
@@ -522,8 +619,7 @@ void ServerSession::submit_headers(std::uint32_t stream, std::span<const hpack::
   }
 }
 
-std::size_t ServerSession::submit_data(std::uint32_t stream, std::string_view data,
-                                       bool end_stream) {
+std::size_t Session::submit_data(std::uint32_t stream, std::string_view data, bool end_stream) {
   auto it = streams_.find(stream);
   if (it == streams_.end() || failed_) return 0;
   const std::size_t n = std::min(data.size(), send_window(stream));
@@ -547,19 +643,19 @@ std::size_t ServerSession::submit_data(std::uint32_t stream, std::string_view da
   return n;
 }
 
-void ServerSession::reset(std::uint32_t stream, ErrorCode code) {
+void Session::reset(std::uint32_t stream, ErrorCode code) {
   if (failed_ || !streams_.contains(stream)) return;  // closed already: nothing to say
   write::rst_stream(out_, stream, code);
   close_stream(stream);
 }
 
-void ServerSession::goaway(ErrorCode code, std::string_view debug) {
-  goaway(code, last_peer_stream_, debug);
-}
+void Session::goaway(ErrorCode code, std::string_view debug) { goaway(code, last_stream_, debug); }
 
-void ServerSession::goaway(ErrorCode code, std::uint32_t last_stream, std::string_view debug) {
+void Session::goaway(ErrorCode code, std::uint32_t last_stream, std::string_view debug) {
   if (failed_) return;
-  write::goaway(out_, std::min(last_stream, last_peer_stream_), code, debug);
+  // A client names the last stream the server opened: none (push is off).
+  write::goaway(out_, role_ == Role::kServer ? std::min(last_stream, last_stream_) : 0, code,
+                debug);
   closing_ = true;
 }
 
@@ -570,15 +666,53 @@ void ServerSession::shutdown_notice(std::span<const std::uint8_t, 8> ping) {
 }
 
 bool ServerSession::upgrade(std::span<const std::uint8_t> settings) {
-  if (settings.size() % 6 != 0 || last_peer_stream_ != 0 || apply_settings(settings)) return false;
-  Stream s;
-  s.send_window = peer_initial_window_;
-  s.receive_window = limits_.stream_window;
+  if (settings.size() % 6 != 0 || last_stream_ != 0 || apply_settings(settings)) return false;
+  Stream& s = add_stream(1);
   s.headers_done = true;
   s.state = Stream::kHalfClosedRemote;
-  streams_.emplace(1, s);
-  last_peer_stream_ = 1;
+  last_stream_ = 1;
   return true;
+}
+
+}  // namespace spindle::h2
+
+namespace spindle::h2 {
+
+Session::Stream& Session::add_stream(std::uint32_t id) {
+  Stream& s = streams_[id];
+  s.send_window = peer_initial_window_;
+  s.receive_window = limits_.stream_window;
+  return s;
+}
+
+void Session::on_goaway(const Frame& f) {
+  goaway_last_ = std::min(goaway_last_, f.other_stream);
+  handler_.on_goaway(goaway_last_, static_cast<ErrorCode>(f.error_code));
+  // The streams above it were never processed: they end here, refused (safe to try again).
+  while (!streams_.empty() && streams_.rbegin()->first > goaway_last_) {
+    const std::uint32_t id = streams_.rbegin()->first;
+    streams_.erase(id);
+    handler_.on_reset(id, ErrorCode::kRefusedStream);
+  }
+}
+
+bool ClientSession::can_open() const {
+  return !failed_ && !closing_ && streams_.size() < peer_max_concurrent_ &&
+         last_stream_ + 2 <= kMaxWindow;
+}
+
+std::uint32_t ClientSession::open(std::span<const hpack::Field> fields, bool end_stream,
+                                  bool head_request) {
+  if (!can_open()) return 0;
+  const std::uint32_t id = last_stream_ == 0 ? 1 : last_stream_ + 2;
+  last_stream_ = id;
+  Stream& s = add_stream(id);
+  s.head_request = head_request;
+  if (end_stream) s.state = Stream::kHalfClosedLocal;
+  encoded_.clear();
+  encoder_.encode(fields, encoded_);
+  write::headers(out_, id, encoded_, end_stream, peer_max_frame_size_);
+  return id;
 }
 
 }  // namespace spindle::h2

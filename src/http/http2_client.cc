@@ -1,11 +1,10 @@
-// The HTTP/2 client session and its streaming exchanges. Everything runs on one worker: the
-// reader fiber feeds nghttp2, the writer fiber sends what nghttp2 produces, and each exchange
-// waits on its own stream's state. Request bodies are handed to nghttp2 through a deferred
-// data source (backpressure: write() waits while 64 KiB are still unsent); response bodies
-// are acknowledged (WINDOW_UPDATE) only as the exchange reads them, so a slow reader holds at
-// most one stream window of the upstream's bytes.
-#include <nghttp2/nghttp2.h>
-
+// The HTTP/2 client session and its streaming exchanges, on spindle's own protocol code
+// (h2::ClientSession: bytes in, events and frames out, no I/O). Everything runs on one worker:
+// the reader fiber feeds the session, the writer fiber frames the request bodies as the
+// windows allow and writes the session's output (one write per turn), and each exchange waits
+// on its own stream's state. write() waits while 64 KiB of its body are still unsent; response
+// bodies are acknowledged (WINDOW_UPDATE) only as the exchange reads them, so a slow reader
+// holds at most one stream window of the upstream's bytes.
 #include <algorithm>
 #include <charconv>
 #include <cstring>
@@ -13,34 +12,44 @@
 #include <unordered_map>
 
 #include "exchange_internal.h"
-#include "http2_frames.h"
 #include "spindle/base/ascii.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
+#include "spindle/h2/session.h"
 #include "spindle/http/rules.h"
 #include "spindle/sync/event.h"
 
 namespace spindle::http::detail {
 namespace {
 
+using h2::ErrorCode;
+
 // What a stream may receive ahead of its reader, and the connection as a whole.
-constexpr std::int32_t kStreamWindow = 256 * 1024;
-constexpr std::int32_t kConnectionWindow = 16 << 20;
+constexpr std::uint32_t kStreamWindow = 256 * 1024;
+constexpr std::uint32_t kConnectionWindow = 16 << 20;
+// The most the decoded fields of one response head (or trailers) may add up to.
+constexpr std::uint32_t kMaxHeaderList = 256 * 1024;
 // Request body bytes handed over but not yet sent, beyond which write() waits.
 constexpr std::size_t kMaxUnsent = 64 * 1024;
+// What one stream's body adds to a turn's frames before the next one's turn, and a turn.
+constexpr std::size_t kStreamSlice = 16 * 1024;
+constexpr std::size_t kTurnBytes = 64 * 1024;
 
 std::error_code error(ExchangeErrc e) { return make_error_code(e); }
 
-// One stream's state, shared by the session (until nghttp2 closes the stream) and its exchange.
+// One stream's state, shared by the session (until the stream ends) and its exchange.
 struct Call {
-  std::int32_t id = -1;
-  // The request body handed over and not yet taken by nghttp2; whether it ended.
+  std::uint32_t id = 0;
+  /// Its place in the order of opening: its HEADERS reached the socket once the writer has
+  /// written past it (Impl::written_).
+  std::uint64_t seq = 0;
+  // The request body handed over and not yet framed; whether it ended, and was all sent.
   std::string out;
   std::size_t out_pos = 0;
   bool out_end = false;
-  bool deferred = false;
+  bool out_done = false;
+  bool sending = false;
   HeaderMap out_trailers;
-  bool headers_sent = false;
   // The response.
   ClientResponseHead head;
   bool have_head = false;
@@ -50,35 +59,66 @@ struct Call {
   std::size_t in_pos = 0;
   bool in_end = false;
   HeaderMap trailers;
-  // Set when the stream is over (error_code says how, if badly).
+  // Set when the stream is over (error says how, if badly).
   bool closed = false;
   std::error_code error;
   // Set on any change an exchange may wait for.
   Event wake;
 };
 
+h2::SessionLimits client_limits() {
+  h2::SessionLimits limits;
+  limits.stream_window = kStreamWindow;
+  limits.connection_window = kConnectionWindow;
+  limits.max_header_list_size = kMaxHeaderList;
+  limits.max_header_block = kMaxHeaderList + 16384;
+  return limits;
+}
+
 }  // namespace
 
-struct Http2Session::Impl {
+struct Http2Session::Impl final : h2::SessionHandler {
   Stream stream;
-  nghttp2_session* session = nullptr;
-  std::unordered_map<std::int32_t, std::shared_ptr<Call>> calls;
+  h2::ClientSession session{client_limits(), *this};
+  std::unordered_map<std::uint32_t, std::shared_ptr<Call>> calls;
+  /// Calls with request body bytes (or its end) not yet framed.
+  std::vector<Call*> sending;
   Event writer_wake;
+  /// Set when a stream ends (an open() waiting for room may go on).
+  Event slot;
   bool broken = false;
   bool goaway = false;
-  std::int32_t goaway_last_id = INT32_MAX;
+  std::uint32_t goaway_last_id = UINT32_MAX;
+  /// Streams opened so far, and how many of them the writer has written.
+  std::uint64_t opened = 0;
+  std::uint64_t written = 0;
+  /// The fields of a request being opened (reused; the session encodes them at once).
+  std::vector<h2::hpack::Field> fields;
+  std::deque<std::string> field_text;
+  std::string out;
 
-  ~Impl() { nghttp2_session_del(session); }
-
-  Call* find(std::int32_t id) {
+  Call* find(std::uint32_t id) {
     auto it = calls.find(id);
     return it == calls.end() ? nullptr : it->second.get();
+  }
+  bool headers_sent(const Call& call) const { return call.seq <= written; }
+  /// The stream of `call` is over (cleanly unless `why`): it leaves the session's list.
+  void end_call(Call& call, std::error_code why = {}) {
+    call.closed = true;
+    if (!call.error) call.error = why;
+    call.wake.set();
+    if (call.sending) {
+      call.sending = false;
+      std::erase(sending, &call);
+    }
+    calls.erase(call.id);  // the exchange, if any, keeps its own reference
+    slot.set();
   }
   void fail_all() {
     for (auto& [id, call] : calls) {
       if (call->closed) continue;
       call->closed = true;
-      if (!call->headers_sent) {
+      if (!headers_sent(*call)) {
         call->error = error(ExchangeErrc::kClosedBeforeWrite);
       } else if (!call->have_head) {
         call->error = error(ExchangeErrc::kClosedBeforeResponse);
@@ -88,73 +128,54 @@ struct Http2Session::Impl {
       call->wake.set();
     }
     calls.clear();
+    sending.clear();
+    slot.set();
   }
+  void want_to_send(Call& call) {
+    if (!call.sending && !call.closed) {
+      call.sending = true;
+      sending.push_back(&call);
+    }
+    writer_wake.set();
+  }
+  /// Frames up to `budget` bytes of the request body of `call`; true once it is all sent.
+  bool frame_body(Call& call, std::size_t budget);
+  void frame_bodies();
   void read_loop();
   void write_loop();
+
+  // The session's events, on the reader's fiber.
+  void on_field(std::uint32_t id, std::string_view name, std::string_view value) override;
+  void on_headers(std::uint32_t id, bool end_stream, bool trailers) override;
+  void on_data(std::uint32_t id, std::span<const std::uint8_t> data, bool end_stream) override;
+  void on_reset(std::uint32_t id, ErrorCode code) override;
+  void on_window(std::uint32_t /*id*/) override {
+    if (!sending.empty()) writer_wake.set();
+  }
+  void on_goaway(std::uint32_t last_stream, ErrorCode /*code*/) override {
+    goaway = true;
+    goaway_last_id = last_stream;
+  }
 };
 
-namespace {
-
-Http2Session::Impl& impl(void* user) { return *static_cast<Http2Session::Impl*>(user); }
-
-ssize_t read_body(nghttp2_session* session, std::int32_t id, std::uint8_t* buf, std::size_t length,
-                  std::uint32_t* flags, nghttp2_data_source* source, void*) {
-  auto* call = static_cast<Call*>(source->ptr);
-  std::size_t n = std::min(length, call->out.size() - call->out_pos);
-  std::memcpy(buf, call->out.data() + call->out_pos, n);
-  call->out_pos += n;
-  if (call->out_pos == call->out.size()) {
-    call->out.clear();
-    call->out_pos = 0;
-    call->wake.set();  // room for the next piece
-    if (call->out_end) {
-      *flags |= NGHTTP2_DATA_FLAG_EOF;
-      submit_trailers(session, id, call->out_trailers, flags);
-    } else if (n == 0) {
-      call->deferred = true;
-      return NGHTTP2_ERR_DEFERRED;
-    }
-  }
-  return static_cast<ssize_t>(n);
-}
-
-int on_header(nghttp2_session*, const nghttp2_frame* frame, const std::uint8_t* name,
-              std::size_t name_length, const std::uint8_t* value, std::size_t value_length,
-              std::uint8_t, void* user) {
-  Call* call = impl(user).find(frame->hd.stream_id);
-  if (call == nullptr || frame->hd.type != NGHTTP2_HEADERS) return 0;
-  std::string_view n(reinterpret_cast<const char*>(name), name_length);
-  std::string_view v(reinterpret_cast<const char*>(value), value_length);
+void Http2Session::Impl::on_field(std::uint32_t id, std::string_view name, std::string_view value) {
+  Call* call = find(id);
+  if (call == nullptr) return;
   if (call->have_head) {
-    call->trailers.add(n, v);  // fields after the final head: trailers
-    return 0;
-  }
-  if (n == ":status") {
-    // Three digits, 100 to 599 (RFC 9110 15); anything else resets the stream: a 502.
-    int status = 0;
-    auto parsed = std::from_chars(v.data(), v.data() + v.size(), status);
-    if (v.size() != 3 || parsed.ptr != v.data() + v.size() || status < 100 || status > 599) {
-      return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
-    }
-    call->head.status = status;
+    call->trailers.add(name, value);  // fields after the final head: trailers
+  } else if (name == ":status") {
+    // The session checked it: three digits, 100 to 599.
+    std::from_chars(value.data(), value.data() + value.size(), call->head.status);
     call->head.headers.clear();
-  } else if (!n.starts_with(':')) {
-    call->head.headers.add(n, v);  // an interim head's fields too (on_frame_recv moves them)
+  } else {
+    call->head.headers.add(name, value);  // an interim head's fields too (on_headers moves them)
   }
-  return 0;
 }
 
-int on_frame_recv(nghttp2_session*, const nghttp2_frame* frame, void* user) {
-  Http2Session::Impl& s = impl(user);
-  if (frame->hd.type == NGHTTP2_GOAWAY) {
-    s.goaway = true;
-    s.goaway_last_id = frame->goaway.last_stream_id;
-    return 0;
-  }
-  Call* call = s.find(frame->hd.stream_id);
-  if (call == nullptr) return 0;
-  if (frame->hd.type == NGHTTP2_HEADERS && !call->have_head && call->head.status >= 100 &&
-      call->head.status < 200) {
+void Http2Session::Impl::on_headers(std::uint32_t id, bool end_stream, bool trailers) {
+  Call* call = find(id);
+  if (call == nullptr) return;
+  if (!trailers && call->head.status < 200) {
     // An interim head: the exchange passes it on from its own fiber (this is the reader's).
     if (call->head.status != 100) {
       ClientResponseHead& interim = call->interim.emplace_back();
@@ -162,68 +183,107 @@ int on_frame_recv(nghttp2_session*, const nghttp2_frame* frame, void* user) {
       interim.version = 20;
       interim.no_body = true;
       interim.headers = std::move(call->head.headers);
-      call->wake.set();
     }
     call->head.status = 0;
     call->head.headers.clear();
-    return 0;
+    call->wake.set();
+    return;
   }
-  if (frame->hd.type == NGHTTP2_HEADERS && !call->have_head && call->head.status >= 200) {
+  if (!trailers) {
     call->have_head = true;
     call->head.version = 20;
     if (auto length = call->head.headers.get("content-length")) {
       call->head.content_length = parse_content_length(*length);
     }
-    call->wake.set();
   }
-  if ((frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
-      (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0) {
+  if (end_stream) {
     call->in_end = true;
-    call->wake.set();
+    if (call->out_done) return end_call(*call);
   }
-  return 0;
+  call->wake.set();
 }
 
-int on_frame_send(nghttp2_session*, const nghttp2_frame* frame, void* user) {
-  if (frame->hd.type != NGHTTP2_HEADERS) return 0;
-  if (Call* call = impl(user).find(frame->hd.stream_id)) call->headers_sent = true;
-  return 0;
-}
-
-int on_data(nghttp2_session*, std::uint8_t, std::int32_t id, const std::uint8_t* data,
-            std::size_t length, void* user) {
-  Call* call = impl(user).find(id);
-  if (call == nullptr) return 0;
+void Http2Session::Impl::on_data(std::uint32_t id, std::span<const std::uint8_t> data,
+                                 bool end_stream) {
+  Call* call = find(id);
+  if (call == nullptr) {
+    session.consumed(id, data.size());  // nobody reads it: the windows open all the same
+    return;
+  }
   if (call->in_pos == call->in.size()) {
     call->in.clear();
     call->in_pos = 0;
   }
-  call->in.append(reinterpret_cast<const char*>(data), length);
+  call->in.append(reinterpret_cast<const char*>(data.data()), data.size());
+  if (end_stream) {
+    call->in_end = true;
+    if (call->out_done) return end_call(*call);
+  }
   call->wake.set();
-  return 0;
 }
 
-int on_close(nghttp2_session*, std::int32_t id, std::uint32_t code, void* user) {
-  Http2Session::Impl& s = impl(user);
-  auto it = s.calls.find(id);
-  if (it == s.calls.end()) return 0;
-  Call& call = *it->second;
-  call.closed = true;
-  if (!call.error) {
-    if (code == NGHTTP2_REFUSED_STREAM) {
-      call.error =
-          error(id > s.goaway_last_id ? ExchangeErrc::kAboveGoaway : ExchangeErrc::kRefusedStream);
-    } else if (!call.have_head) {
-      call.error = error(call.headers_sent ? ExchangeErrc::kClosedBeforeResponse
-                                           : ExchangeErrc::kClosedBeforeWrite);
-    } else if (!call.in_end) {
-      call.error = error(ExchangeErrc::kResponseCut);
+void Http2Session::Impl::on_reset(std::uint32_t id, ErrorCode code) {
+  Call* call = find(id);
+  if (call == nullptr) return;
+  std::error_code why;
+  if (code == ErrorCode::kRefusedStream) {
+    // Nothing of it was processed: REFUSED_STREAM, or above the last stream of a GOAWAY.
+    why = error(id > goaway_last_id ? ExchangeErrc::kAboveGoaway : ExchangeErrc::kRefusedStream);
+  } else if (!call->have_head) {
+    why = error(headers_sent(*call) ? ExchangeErrc::kClosedBeforeResponse
+                                    : ExchangeErrc::kClosedBeforeWrite);
+  } else if (!call->in_end) {
+    why = error(ExchangeErrc::kResponseCut);
+  }
+  end_call(*call, why);
+}
+
+bool Http2Session::Impl::frame_body(Call& call, std::size_t budget) {
+  if (call.closed) return true;
+  const bool has_trailers = !call.out_trailers.empty();
+  std::size_t buffered = call.out.size() - call.out_pos;
+  std::size_t n = std::min({buffered, budget, session.send_window(call.id)});
+  const bool body_ends = call.out_end && n == buffered;
+  if (n > 0 || (body_ends && !has_trailers)) {
+    call.out_pos += session.submit_data(call.id, std::string_view(call.out).substr(call.out_pos, n),
+                                        body_ends && !has_trailers);
+  }
+  if (call.out_pos == call.out.size()) {
+    call.out.clear();
+    call.out_pos = 0;
+  }
+  if (n > 0) call.wake.set();  // room for the next piece
+  if (!body_ends || call.out_pos != 0) return false;
+  if (has_trailers) {
+    fields.clear();
+    for (const Field& f : call.out_trailers) fields.push_back({f.name, f.value});
+    session.submit_headers(call.id, fields, true);
+  }
+  call.out_done = true;
+  return true;
+}
+
+void Http2Session::Impl::frame_bodies() {
+  bool progress = true;
+  while (progress && !sending.empty() && session.output_size() < kTurnBytes) {
+    progress = false;
+    for (std::size_t i = 0; i < sending.size() && session.output_size() < kTurnBytes;) {
+      Call& call = *sending[i];
+      const std::size_t before = session.output_size();
+      if (frame_body(call, kStreamSlice)) {
+        call.sending = false;
+        sending.erase(sending.begin() + static_cast<std::ptrdiff_t>(i));
+        progress = true;
+        if (call.in_end && !call.closed) end_call(call);
+        continue;
+      }
+      if (session.output_size() != before) progress = true;
+      ++i;
     }
   }
-  call.wake.set();
-  s.calls.erase(it);
-  return 0;
 }
+
+namespace {
 
 // One stream's exchange.
 class Http2Exchange final : public ClientExchange {
@@ -231,14 +291,10 @@ class Http2Exchange final : public ClientExchange {
   Http2Exchange(std::shared_ptr<Http2Session> owner, Http2Session::Impl& s,
                 std::shared_ptr<Call> call, const ExchangeTimeouts& timeouts, bool has_body)
       : owner_(std::move(owner)), s_(s), call_(std::move(call)), timeouts_(timeouts) {
-    if (!has_body) call_->out_end = true;
+    if (!has_body) call_->out_end = call_->out_done = true;
   }
   ~Http2Exchange() override {
-    if (!call_->closed) {
-      // Abandoned before its end: the upstream is told to stop.
-      nghttp2_submit_rst_stream(s_.session, NGHTTP2_FLAG_NONE, call_->id, NGHTTP2_CANCEL);
-      s_.writer_wake.set();
-    }
+    if (!call_->closed) abandon();  // before its end: the upstream is told to stop
   }
 
   Result<void> write(std::string_view data) override {
@@ -246,7 +302,7 @@ class Http2Exchange final : public ClientExchange {
     if (data.empty()) return {};
     if (call_->out_end) return fail(std::errc::invalid_argument);
     call_->out.append(data);
-    resume();
+    s_.want_to_send(*call_);
     Deadline deadline = Deadline::after(timeouts_.write);
     while (call_->out.size() - call_->out_pos > kMaxUnsent) {
       call_->wake.reset();
@@ -267,7 +323,7 @@ class Http2Exchange final : public ClientExchange {
       }
     }
     call_->out_end = true;
-    resume();
+    s_.want_to_send(*call_);
     return {};
   }
 
@@ -302,10 +358,8 @@ class Http2Exchange final : public ClientExchange {
         std::size_t n = std::min(buffer.size(), call_->in.size() - call_->in_pos);
         std::memcpy(buffer.data(), call_->in.data() + call_->in_pos, n);
         call_->in_pos += n;
-        if (!call_->closed) {
-          nghttp2_session_consume(s_.session, call_->id, n);  // the window opens as we read
-          s_.writer_wake.set();
-        }
+        s_.session.consumed(call_->id, n);  // the window opens as we read
+        s_.writer_wake.set();
         return n;
       }
       if (call_->in_end) return 0;
@@ -322,9 +376,7 @@ class Http2Exchange final : public ClientExchange {
   void cancel() override {
     if (call_->closed) return;
     call_->error = error(ExchangeErrc::kCancelled);
-    nghttp2_submit_rst_stream(s_.session, NGHTTP2_FLAG_NONE, call_->id, NGHTTP2_CANCEL);
-    s_.writer_wake.set();
-    call_->wake.set();
+    abandon();
   }
 
   Result<Stream> take_connection(std::string&) override {
@@ -343,11 +395,9 @@ class Http2Exchange final : public ClientExchange {
     }
     return {};
   }
-  void resume() {
-    if (call_->deferred) {
-      call_->deferred = false;
-      nghttp2_session_resume_data(s_.session, call_->id);
-    }
+  void abandon() {
+    s_.session.reset(call_->id, ErrorCode::kCancel);
+    s_.end_call(*call_, call_->error);
     s_.writer_wake.set();
   }
 
@@ -366,7 +416,9 @@ Http2Session::Http2Session(Stream stream) : impl_(std::make_unique<Impl>()) {
 
 Http2Session::~Http2Session() = default;
 
-bool Http2Session::usable() const { return !impl_->broken && !impl_->goaway; }
+bool Http2Session::usable() const {
+  return !impl_->broken && !impl_->goaway && !impl_->session.closing();
+}
 
 void Http2Session::close() {
   impl_->broken = true;
@@ -376,24 +428,6 @@ void Http2Session::close() {
 
 std::shared_ptr<Http2Session> Http2Session::start(Stream stream) {
   std::shared_ptr<Http2Session> self(new Http2Session(std::move(stream)));
-  Impl& s = *self->impl_;
-  nghttp2_session_callbacks* cb = nullptr;
-  nghttp2_session_callbacks_new(&cb);
-  nghttp2_session_callbacks_set_on_header_callback(cb, &Guarded<&on_header>::call);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, &Guarded<&on_frame_recv>::call);
-  nghttp2_session_callbacks_set_on_frame_send_callback(cb, &Guarded<&on_frame_send>::call);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, &Guarded<&on_data>::call);
-  nghttp2_session_callbacks_set_on_stream_close_callback(cb, &Guarded<&on_close>::call);
-  nghttp2_option* option = nullptr;
-  nghttp2_option_new(&option);
-  nghttp2_option_set_no_auto_window_update(option, 1);
-  nghttp2_session_client_new3(&s.session, cb, &s, option, block_memory());
-  nghttp2_option_del(option);
-  nghttp2_session_callbacks_del(cb);
-  nghttp2_settings_entry settings[] = {{NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
-                                       {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, kStreamWindow}};
-  nghttp2_submit_settings(s.session, NGHTTP2_FLAG_NONE, settings, std::size(settings));
-  nghttp2_session_set_local_window_size(s.session, NGHTTP2_FLAG_NONE, 0, kConnectionWindow);
   spawn([self] { self->impl_->read_loop(); }).detach();
   spawn([self] { self->impl_->write_loop(); }).detach();
   return self;
@@ -404,76 +438,82 @@ void Http2Session::Impl::read_loop() {
   while (!broken) {
     auto n = stream.read(buffer);
     if (!n || *n == 0) break;
-    if (nghttp2_session_mem_recv(session, reinterpret_cast<const std::uint8_t*>(buffer.data()),
-                                 *n) < 0) {
-      break;
-    }
+    bool ok = session.receive(
+        {reinterpret_cast<const std::uint8_t*>(buffer.data()), static_cast<std::size_t>(*n)});
     writer_wake.set();
-    if (!nghttp2_session_want_read(session) && !nghttp2_session_want_write(session)) break;
+    if (!ok) break;  // a connection error: its GOAWAY goes out, then the connection ends
+    if (session.closing() && calls.empty()) break;
   }
   broken = true;
   fail_all();
   writer_wake.set();
-  (void)stream.shutdown(TcpStream::Shutdown::kWrite);  // the server may be waiting for our FIN
 }
 
 void Http2Session::Impl::write_loop() {
-  std::string out;
-  while (!broken || nghttp2_session_want_write(session)) {
-    auto sent = send_frames(session, stream, out, Deadline::after(std::chrono::seconds(30)));
-    if (sent == FramesSent::kSent) continue;
-    if (sent == FramesSent::kFailed) {
-      broken = true;
-      (void)stream.shutdown(TcpStream::Shutdown::kBoth);
-      break;
+  for (;;) {
+    frame_bodies();
+    const std::uint64_t opened_now = opened;
+    session.take_output(out);
+    if (!out.empty()) {
+      if (!stream.write_all(out, Deadline::after(std::chrono::seconds(30)))) {
+        broken = true;
+        (void)stream.shutdown(TcpStream::Shutdown::kBoth);
+        break;
+      }
+      written = opened_now;
+      continue;
     }
     if (broken || this_fiber::stop_requested()) break;
-    wait_for_frames(writer_wake);
+    // Nobody ran since the output was taken: no wake-up can be missed.
+    writer_wake.reset();
+    (void)writer_wake.wait();
   }
+  (void)stream.shutdown(TcpStream::Shutdown::kWrite);  // the server may be waiting for our FIN
 }
 
 Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHead& head,
                                                            std::string_view authority,
                                                            const ExchangeTimeouts& timeouts) {
   Impl& s = *impl_;
+  // At the server's SETTINGS_MAX_CONCURRENT_STREAMS, a new stream waits for one to end.
+  Deadline deadline = Deadline::after(timeouts.write);
+  while (usable() && !s.session.can_open()) {
+    s.slot.reset();
+    if (s.slot.wait(deadline) == std::errc::timed_out) {
+      return fail(error(ExchangeErrc::kClosedBeforeWrite));
+    }
+  }
   if (!usable()) return fail(error(ExchangeErrc::kClosedBeforeWrite));
-  // Names and values made here; a deque, as nghttp2_nv points into them (no reallocation).
-  std::deque<std::string> storage;
-  std::vector<nghttp2_nv> nv;
-  auto add = [&](std::string name, std::string_view value) {
-    storage.push_back(std::move(name));
-    std::string& n = storage.back();
-    storage.emplace_back(value);
-    std::string& v = storage.back();
-    nv.push_back({reinterpret_cast<std::uint8_t*>(n.data()),
-                  reinterpret_cast<std::uint8_t*>(v.data()), n.size(), v.size(),
-                  NGHTTP2_NV_FLAG_NONE});
+  // Names lower-cased and numbers written into field_text (a deque: views stay put).
+  s.fields.clear();
+  s.field_text.clear();
+  auto text = [&](std::string value) -> std::string_view {
+    return s.field_text.emplace_back(std::move(value));
   };
-  add(":method", head.method);
-  add(":scheme", s.stream.tls() != nullptr ? "https" : "http");
-  add(":authority", authority);
-  add(":path", head.target);
+  s.fields.push_back({":method", head.method});
+  s.fields.push_back({":scheme", s.stream.tls() != nullptr ? "https" : "http"});
+  s.fields.push_back({":authority", authority});
+  s.fields.push_back({":path", head.target});
   NominatedFields nominated(head.headers);
   for (const Field& f : head.headers) {
     if (client_managed(nominated, f.name)) continue;
-    // TE is hop-by-hop, but "TE: trailers" must reach an HTTP/2 peer (gRPC asks for it).
-    add(ascii_lower(f.name), f.value);
+    s.fields.push_back({text(ascii_lower(f.name)), f.value});
   }
-  if (head.headers.has_token("te", "trailers")) add("te", "trailers");
-  if (head.content_length) add("content-length", std::to_string(*head.content_length));
+  // TE is hop-by-hop, but "TE: trailers" must reach an HTTP/2 peer (gRPC asks for it).
+  if (head.headers.has_token("te", "trailers")) s.fields.push_back({"te", "trailers"});
+  if (head.content_length) {
+    s.fields.push_back({"content-length", text(std::to_string(*head.content_length))});
+  }
   bool has_body = head.chunked || head.content_length.value_or(0) > 0;
-  auto call = std::make_shared<Call>();
-  nghttp2_data_provider provider{};
-  provider.source.ptr = call.get();
-  provider.read_callback = &read_body;
-  std::int32_t id = nghttp2_submit_request(s.session, nullptr, nv.data(), nv.size(),
-                                           has_body ? &provider : nullptr, nullptr);
-  if (id < 0) {
-    s.goaway = true;  // out of stream ids, or the session is going: no new streams on it
+  std::uint32_t id = s.session.open(s.fields, !has_body, head.method == "HEAD");
+  if (id == 0) {
+    s.goaway = true;  // out of stream ids: no new streams on it
     return fail(error(ExchangeErrc::kClosedBeforeWrite));
   }
+  auto call = std::make_shared<Call>();
   call->id = id;
-  s.calls[id] = call;  // the session keeps it (and its body) until the stream closes
+  call->seq = ++s.opened;
+  s.calls[id] = call;  // the session keeps it (and its body) until the stream ends
   s.writer_wake.set();
   auto exchange =
       std::make_unique<Http2Exchange>(shared_from_this(), s, std::move(call), timeouts, has_body);

@@ -1,14 +1,15 @@
 #pragma once
-/// The server side of one HTTP/2 connection (RFC 9113), pure: bytes from the client in, events
-/// to a handler, frames out into an output buffer the driver writes. Stream states, flow control
+/// One HTTP/2 connection (RFC 9113), either end, pure: bytes from the peer in, events to a
+/// handler, frames out into an output buffer the driver writes. Stream states, flow control
 /// both ways, SETTINGS, PING, GOAWAY, header blocks across CONTINUATION, HPACK, and the checks of
-/// RFC 9113 §8 on requests (a malformed one is reset, the connection goes on). No I/O, no fibers.
+/// RFC 9113 §8 on requests (ServerSession) and responses (ClientSession): a malformed message is
+/// reset, the connection goes on. No I/O, no fibers.
 ///
-/// Limits against the published attacks are the session's: a header block bounded in bytes and
-/// frames (CONTINUATION floods), the decoded header list bounded (HPACK bombs), output the
-/// client makes us queue without reading bounded (PING, SETTINGS and reset floods), resets,
-/// empty frames and SETTINGS budgeted per connection (Rapid Reset and the 2019 floods): past any
-/// of them, GOAWAY ENHANCE_YOUR_CALM.
+/// Limits against the published attacks are the session's, whichever end the peer is: a header
+/// block bounded in bytes and frames (CONTINUATION floods), the decoded header list bounded
+/// (HPACK bombs), output the peer makes us queue without reading bounded (PING, SETTINGS and
+/// reset floods), resets, empty frames and SETTINGS budgeted per connection (Rapid Reset and
+/// the 2019 floods): past any of them, GOAWAY ENHANCE_YOUR_CALM.
 
 #include <array>
 #include <cstdint>
@@ -24,6 +25,7 @@
 namespace spindle::h2 {
 
 struct SessionLimits {
+  /// Streams the peer may open at once (a server's SETTINGS_MAX_CONCURRENT_STREAMS).
   std::uint32_t max_concurrent_streams = 100;
   /// Our receive window per stream (SETTINGS_INITIAL_WINDOW_SIZE).
   std::uint32_t stream_window = 65535;
@@ -55,13 +57,16 @@ class SessionHandler {
   virtual ~SessionHandler() = default;
   /// A request's head begins (its fields follow, then on_headers).
   virtual void on_request_begin(std::uint32_t /*stream*/) {}
-  /// One field of a request's (or its trailers') header block, already checked.
+  /// One field of a message's (or its trailers') header block, already checked.
   virtual void on_field(std::uint32_t stream, std::string_view name, std::string_view value) = 0;
-  /// The block is complete; `end_stream`: no body follows; `trailers`: it was the trailers.
+  /// The block is complete; `end_stream`: no body follows; `trailers`: it was the trailers. (A
+  /// client gets each interim 1xx head this way too, before the final one.)
   virtual void on_headers(std::uint32_t stream, bool end_stream, bool trailers) = 0;
   virtual void on_data(std::uint32_t stream, std::span<const std::uint8_t> data,
                        bool end_stream) = 0;
-  /// The stream ended without its request complete: reset by the client, or malformed.
+  /// The stream ended without its message complete: reset by the peer, or malformed, or (on a
+  /// client) above the last stream of the server's GOAWAY (kRefusedStream: nothing of it was
+  /// processed).
   virtual void on_reset(std::uint32_t stream, ErrorCode code) = 0;
   /// More may be sent on `stream` (0: on the connection) than before.
   virtual void on_window(std::uint32_t stream) = 0;
@@ -72,14 +77,19 @@ class SessionHandler {
   /// on as a request whose head is complete (on_headers follows); false to have it reset
   /// (REFUSED_STREAM).
   virtual bool on_head_too_large(std::uint32_t /*stream*/, bool /*end_stream*/) { return false; }
+  /// The peer's GOAWAY: no stream above `last_stream` was or will be processed (they are
+  /// reset, on_reset, right after).
+  virtual void on_goaway(std::uint32_t /*last_stream*/, ErrorCode /*code*/) {}
 };
 
-class ServerSession {
+/// What both ends share; a ServerSession or a ClientSession is made.
+class Session {
  public:
-  ServerSession(SessionLimits limits, SessionHandler& handler);
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
-  /// Takes bytes from the client (the preface first). False once the connection must end: a
-  /// GOAWAY saying why is in the output, to be written before closing.
+  /// Takes bytes from the peer (a client's preface first). False once the connection must end:
+  /// a GOAWAY saying why is in the output, to be written before closing.
   bool receive(std::span<const std::uint8_t> bytes);
 
   /// The frames to write, taken (the session starts a new buffer).
@@ -89,12 +99,8 @@ class ServerSession {
   void take_output(std::string& into);
   std::size_t output_size() const { return out_.size(); }
 
-  /// An h2c upgrade (RFC 9113 §3.1 of RFC 7540): the client's HTTP2-Settings, decoded, apply as
-  /// its first SETTINGS (no acknowledgement), and stream 1 is the request that asked, its head
-  /// and body complete. False if the settings are invalid (the upgrade must be refused).
-  bool upgrade(std::span<const std::uint8_t> settings);
-
-  /// The response head (or trailers, with `end_stream`), on a stream whose request began.
+  /// A header block on an open stream: a response head (or an interim one), or trailers with
+  /// `end_stream`.
   void submit_headers(std::uint32_t stream, std::span<const hpack::Field> fields, bool end_stream);
   /// As much of `data` as the windows allow now (all of it if they do); what was taken. With
   /// `end_stream`, the stream ends when the last byte is taken.
@@ -103,26 +109,27 @@ class ServerSession {
   std::size_t send_window(std::uint32_t stream) const;
   /// The driver consumed `n` bytes of the stream's DATA: the windows reopen (in batches).
   void consumed(std::uint32_t stream, std::size_t n);
-  /// Resets a stream (its handler gave up, say).
+  /// Resets a stream (its handler gave up, say): what the peer sent on it before it knew is
+  /// ignored, not an error.
   void reset(std::uint32_t stream, ErrorCode code);
   /// GOAWAY: no stream above the last one begun will be processed.
   void goaway(ErrorCode code, std::string_view debug = {});
   /// GOAWAY naming `last_stream` (at most the last one begun): the streams above it are
   /// refused by the driver, and any new one is ignored.
   void goaway(ErrorCode code, std::uint32_t last_stream, std::string_view debug = {});
-  /// RFC 9113 §6.8's graceful shutdown, first step: a GOAWAY that refuses nothing yet, and a
-  /// PING whose answer (on_ping_ack) tells that every stream the client opened before it heard
-  /// has arrived; then goaway(kNoError) names the last.
-  void shutdown_notice(std::span<const std::uint8_t, 8> ping);
 
   std::size_t open_streams() const { return streams_.size(); }
-  std::uint32_t last_stream_id() const { return last_peer_stream_; }
+  /// The highest stream begun (by the client, whichever end we are).
+  std::uint32_t last_stream_id() const { return last_stream_; }
   /// A GOAWAY went or came: no new stream will be served.
   bool closing() const { return closing_; }
   /// A connection error: its GOAWAY is in the output; the connection must end.
   bool failed() const { return failed_; }
 
- private:
+ protected:
+  enum class Role { kServer, kClient };
+  Session(Role role, SessionLimits limits, SessionHandler& handler);
+
   struct Stream {
     enum State { kOpen, kHalfClosedRemote, kHalfClosedLocal } state = kOpen;
     std::int64_t send_window = 0;
@@ -130,15 +137,20 @@ class ServerSession {
     std::size_t unacked = 0;  ///< consumed, not yet given back by WINDOW_UPDATE
     std::int64_t content_length = -1;
     std::int64_t data_received = 0;
-    bool headers_done = false;  ///< the request head arrived (a later block is trailers)
+    bool headers_done = false;  ///< the (final) head arrived: a later block is trailers
+    bool head_request = false;  ///< a client's HEAD: its response has no body, whatever it says
   };
 
   bool on_frame(const Frame& f);
   bool connection_error(ErrorCode code, std::string_view reason);
   bool on_headers(const Frame& f);
   bool end_header_block();
+  /// A new stream of ours (client) or the peer's (server), its head sent or received.
+  Stream& add_stream(std::uint32_t id);
   bool on_data(const Frame& f);
   bool on_settings(const Frame& f);
+  /// A client's: the server's GOAWAY ends the streams above its last.
+  void on_goaway(const Frame& f);
   bool on_window_update(const Frame& f);
   void stream_error(std::uint32_t id, ErrorCode code);
   /// Applies one SETTINGS payload from the client.
@@ -154,18 +166,23 @@ class ServerSession {
   /// Counts one reset (received or caused) or empty frame against its budget.
   bool spend(std::size_t& count, std::size_t budget, std::string_view what);
 
+  Role role_;
   SessionLimits limits_;
   SessionHandler& handler_;
   FrameReader reader_;
   hpack::Decoder decoder_;
   hpack::Encoder encoder_;
   std::string out_;
+  std::string encoded_;  ///< a header block being encoded (reused)
   std::size_t preface_seen_ = 0;
   bool settings_seen_ = false;
   bool closing_ = false;
   bool failed_ = false;
   std::map<std::uint32_t, Stream> streams_;
-  std::uint32_t last_peer_stream_ = 0;
+  /// The highest stream begun; for a client, the last stream of the server's GOAWAY.
+  std::uint32_t last_stream_ = 0;
+  std::uint32_t goaway_last_ = kMaxWindow;
+  std::uint32_t peer_max_concurrent_ = 100;
   /// The streams we closed before the client did, newest last (a bounded ring).
   std::array<std::uint32_t, 64> recently_closed_{};
   std::size_t recently_closed_next_ = 0;
@@ -173,6 +190,7 @@ class ServerSession {
   std::int64_t connection_receive_window_ = 65535;
   std::size_t connection_unacked_ = 0;
   std::uint32_t peer_initial_window_ = 65535;
+  bool peer_connect_protocol_ = false;
   std::uint32_t peer_max_frame_size_ = kDefaultMaxFrameSize;
   // The header block being read (HEADERS then CONTINUATION).
   std::uint32_t block_stream_ = 0;
@@ -184,6 +202,40 @@ class ServerSession {
   std::size_t empty_frames_ = 0;
   std::size_t settings_frames_ = 0;
   std::size_t completed_ = 0;
+};
+
+/// The server's end of a connection.
+class ServerSession final : public Session {
+ public:
+  ServerSession(SessionLimits limits, SessionHandler& handler)
+      : Session(Role::kServer, limits, handler) {}
+
+  /// An h2c upgrade (RFC 7540 §3.2): the client's HTTP2-Settings, decoded, apply as its first
+  /// SETTINGS (no acknowledgement), and stream 1 is the request that asked, its head and body
+  /// complete. False if the settings are invalid (the upgrade must be refused).
+  bool upgrade(std::span<const std::uint8_t> settings);
+  /// RFC 9113 §6.8's graceful shutdown, first step: a GOAWAY that refuses nothing yet, and a
+  /// PING whose answer (on_ping_ack) tells that every stream the client opened before it heard
+  /// has arrived; then goaway(kNoError) names the last.
+  void shutdown_notice(std::span<const std::uint8_t, 8> ping);
+};
+
+/// The client's end of a connection (to an upstream): the preface and SETTINGS are in the
+/// output from the start; push is refused (SETTINGS_ENABLE_PUSH = 0).
+class ClientSession final : public Session {
+ public:
+  ClientSession(SessionLimits limits, SessionHandler& handler);
+
+  /// True if a new stream may be opened now: the server's SETTINGS_MAX_CONCURRENT_STREAMS is
+  /// not reached, no GOAWAY came, ids are left.
+  bool can_open() const;
+  /// Opens a stream with the request head `fields` (pseudo-fields first, names lower case);
+  /// `end_stream`: no body follows; `head_request`: the response has no body (HEAD). Its id,
+  /// or 0 if none can be opened (can_open).
+  std::uint32_t open(std::span<const hpack::Field> fields, bool end_stream,
+                     bool head_request = false);
+  /// The server allows extended CONNECT (RFC 8441's SETTINGS_ENABLE_CONNECT_PROTOCOL).
+  bool connect_protocol() const { return peer_connect_protocol_; }
 };
 
 }  // namespace spindle::h2
