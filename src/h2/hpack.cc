@@ -79,6 +79,39 @@ constexpr std::array<StaticEntry, 61> kStatic = {{
 constexpr std::size_t kStaticCount = kStatic.size();
 constexpr std::size_t kEntryOverhead = 32;  // RFC 7541 §4.1
 
+// The static table's names by hash (open addressing), so that the encoder finds a name's first
+// index in one or two compares rather than by walking the 61 entries.
+constexpr std::uint32_t name_hash(std::string_view name) {
+  std::uint32_t h = 2166136261u;  // FNV-1a
+  for (char c : name) h = (h ^ static_cast<std::uint8_t>(c)) * 16777619u;
+  return h;
+}
+constexpr std::size_t kNameSlots = 128;
+struct NameSlot {
+  std::string_view name;
+  std::uint8_t index = 0;  ///< the name's first entry, or 0 for an empty slot
+};
+constexpr std::array<NameSlot, kNameSlots> build_name_slots() {
+  std::array<NameSlot, kNameSlots> slots{};
+  for (std::size_t i = 0; i < kStaticCount; ++i) {
+    if (i > 0 && kStatic[i - 1].name == kStatic[i].name) continue;  // not the first of it
+    std::size_t at = name_hash(kStatic[i].name) % kNameSlots;
+    while (slots[at].index != 0) at = (at + 1) % kNameSlots;
+    slots[at] = {kStatic[i].name, static_cast<std::uint8_t>(i + 1)};
+  }
+  return slots;
+}
+constexpr std::array<NameSlot, kNameSlots> kNameIndex = build_name_slots();
+
+// The first static index named `name` (entries of one name are together), or 0.
+std::size_t static_name_index(std::string_view name) {
+  for (std::size_t at = name_hash(name) % kNameSlots; kNameIndex[at].index != 0;
+       at = (at + 1) % kNameSlots) {
+    if (kNameIndex[at].name == name) return kNameIndex[at].index;
+  }
+  return 0;
+}
+
 // Reads an integer of `prefix_bits` at `at`; false if the block ends first or it passes 32 bits.
 Status read_integer(std::span<const std::uint8_t> in, std::size_t& at, int prefix_bits,
                     std::uint64_t& value) {
@@ -309,11 +342,14 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
     smallest_since_update_ = SIZE_MAX;
   }
   for (const Field& f : fields) {
-    std::size_t static_name = 0, static_full = 0;
-    for (std::size_t i = 0; i < kStaticCount && static_full == 0; ++i) {
-      if (kStatic[i].name != f.name) continue;
-      if (static_name == 0) static_name = i + 1;
-      if (kStatic[i].value == f.value) static_full = i + 1;
+    const std::size_t static_name = static_name_index(f.name);
+    std::size_t static_full = 0;
+    for (std::size_t i = static_name; i != 0 && i <= kStaticCount && kStatic[i - 1].name == f.name;
+         ++i) {
+      if (kStatic[i - 1].value == f.value) {
+        static_full = i;
+        break;
+      }
     }
     const bool sensitive = f.sensitive || always_sensitive(f.name);
     if (static_full != 0 && !sensitive) {

@@ -2,6 +2,7 @@
 #include "spindle/h2/session.h"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 
 namespace spindle::h2 {
@@ -15,20 +16,21 @@ bool connection_specific(std::string_view name) {
          name == "transfer-encoding" || name == "upgrade";
 }
 
+// The characters of a field name in HTTP/2: token characters, lower case (RFC 9113 §8.2.1).
+constexpr std::array<bool, 256> kNameChars = [] {
+  std::array<bool, 256> ok{};
+  for (int c = 0x21; c < 0x7f; ++c) ok[c] = !(c >= 'A' && c <= 'Z');
+  for (char c : std::string_view(":(),/;<=>?@[\\]{}\"")) ok[static_cast<std::uint8_t>(c)] = false;
+  return ok;
+}();
+
 bool valid_name(std::string_view name) {
   if (name.empty()) return false;
-  for (std::size_t i = 0; i < name.size(); ++i) {
-    unsigned char c = static_cast<unsigned char>(name[i]);
-    if (c == ':' && i == 0) continue;
-    // Lower-case token characters only (RFC 9113 §8.2.1).
-    if (c >= 'A' && c <= 'Z') return false;
-    if (c <= 0x20 || c >= 0x7f || c == ':' || c == '(' || c == ')' || c == ',' || c == '/' ||
-        c == ';' || c == '<' || c == '=' || c == '>' || c == '?' || c == '@' || c == '[' ||
-        c == '\\' || c == ']' || c == '{' || c == '}' || c == '"') {
-      return false;
-    }
+  // A pseudo-field's ':' is allowed first only.
+  for (std::size_t i = name.front() == ':' ? 1 : 0; i < name.size(); ++i) {
+    if (!kNameChars[static_cast<std::uint8_t>(name[i])]) return false;
   }
-  return true;
+  return name.size() > 1 || name.front() != ':';
 }
 
 bool valid_value(std::string_view value) {

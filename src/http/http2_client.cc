@@ -94,7 +94,7 @@ struct Http2Session::Impl final : h2::SessionHandler {
   std::uint64_t written = 0;
   /// The fields of a request being opened (reused; the session encodes them at once).
   std::vector<h2::hpack::Field> fields;
-  std::deque<std::string> field_text;
+  std::string names;
   std::string out;
 
   Call* find(std::uint32_t id) {
@@ -484,12 +484,12 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
     }
   }
   if (!usable()) return fail(error(ExchangeErrc::kClosedBeforeWrite));
-  // Names lower-cased and numbers written into field_text (a deque: views stay put).
+  // Names lower-cased into one buffer, reserved whole first so that views into it stay put.
+  std::size_t name_bytes = 0;
+  for (const Field& f : head.headers) name_bytes += f.name.size();
+  s.names.clear();
+  s.names.reserve(name_bytes);
   s.fields.clear();
-  s.field_text.clear();
-  auto text = [&](std::string value) -> std::string_view {
-    return s.field_text.emplace_back(std::move(value));
-  };
   s.fields.push_back({":method", head.method});
   s.fields.push_back({":scheme", s.stream.tls() != nullptr ? "https" : "http"});
   s.fields.push_back({":authority", authority});
@@ -497,12 +497,14 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
   NominatedFields nominated(head.headers);
   for (const Field& f : head.headers) {
     if (client_managed(nominated, f.name)) continue;
-    s.fields.push_back({text(ascii_lower(f.name)), f.value});
+    s.fields.push_back({append_ascii_lower(s.names, f.name), f.value});
   }
   // TE is hop-by-hop, but "TE: trailers" must reach an HTTP/2 peer (gRPC asks for it).
   if (head.headers.has_token("te", "trailers")) s.fields.push_back({"te", "trailers"});
+  char length[24];
   if (head.content_length) {
-    s.fields.push_back({"content-length", text(std::to_string(*head.content_length))});
+    auto end = std::to_chars(length, length + sizeof length, *head.content_length).ptr;
+    s.fields.push_back({"content-length", {length, static_cast<std::size_t>(end - length)}});
   }
   bool has_body = head.chunked || head.content_length.value_or(0) > 0;
   std::uint32_t id = s.session.open(s.fields, !has_body, head.method == "HEAD");

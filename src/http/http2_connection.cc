@@ -35,23 +35,12 @@ namespace {
 
 using h2::ErrorCode;
 
-// Per-stream receive window: what a client may send ahead of the handler reading it.
-constexpr std::uint32_t kStreamWindow = 256 * 1024;
-// Connection receive window.
-constexpr std::uint32_t kConnectionWindow = 4 << 20;
-// Streams a client may have open at once.
-constexpr std::uint32_t kMaxConcurrentStreams = 100;
 // A streamed response body waits for the writer beyond this many buffered bytes.
 constexpr std::size_t kStreamedHighWater = 64 * 1024;
 // The frames one turn of the writer gathers before it writes, and what one stream may add to
 // them per pass (streams with bodies to send take turns).
 constexpr std::size_t kTurnBytes = 64 * 1024;
 constexpr std::size_t kStreamSlice = 16 * 1024;
-// Resets of streams whose handler had started (each may have cost an upstream request): so
-// many at once, and per second after that. (Resets of any stream: the session's budget.)
-constexpr double kCostlyResetBurst = 100;
-constexpr double kCostlyResetsPerSecond = 5;
-
 // A budget of events: `burst` at once, refilled at `rate` per second.
 class TokenBucket {
  public:
@@ -219,7 +208,8 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   /// The highest stream whose handler started, and the highest a GOAWAY sent allows.
   std::uint32_t last_started_id_ = 0;
   std::uint32_t goaway_last_id_ = std::numeric_limits<std::uint32_t>::max();
-  TokenBucket costly_resets_{kCostlyResetBurst, kCostlyResetsPerSecond};
+  /// Resets of streams whose handler runs (Http2Limits::running_reset_burst and _per_second).
+  TokenBucket costly_resets_;
   Fiber* reader_ = nullptr;
   std::string remote_;
   /// See request_context(); `local_` is what context_.local points to.
@@ -520,12 +510,18 @@ void Http2Connection::on_ping_ack(std::span<const std::uint8_t, 8> payload) {
 namespace {
 
 h2::SessionLimits session_limits(const ServerOptions& options) {
+  const ServerOptions::Http2Limits& h = options.http2_limits;
   h2::SessionLimits limits;
-  limits.max_concurrent_streams = kMaxConcurrentStreams;
-  limits.stream_window = kStreamWindow;
-  limits.connection_window = kConnectionWindow;
+  limits.max_concurrent_streams = h.max_concurrent_streams;
+  limits.stream_window = h.stream_window;
+  limits.connection_window = h.connection_window;
   limits.max_header_list_size = static_cast<std::uint32_t>(options.parser.max_head);
   limits.max_header_block = std::max<std::size_t>(options.parser.max_head, 65536) + 16384;
+  limits.max_continuations = h.max_header_frames;
+  limits.reset_budget = h.reset_budget;
+  limits.empty_frame_budget = h.empty_frame_budget;
+  limits.settings_budget = h.settings_budget;
+  limits.max_output = h.max_unread_output;
   // RFC 8441: WebSockets (and other upgrades a route allows) by extended CONNECT.
   limits.enable_connect_protocol = true;
   return limits;
@@ -537,7 +533,9 @@ Http2Connection::Http2Connection(Stream& stream, HttpServer::Shared& shared, Wor
     : stream_(stream),
       shared_(shared),
       worker_(worker),
-      session_(session_limits(shared.options), *this) {
+      session_(session_limits(shared.options), *this),
+      costly_resets_(static_cast<double>(shared.options.http2_limits.running_reset_burst),
+                     static_cast<double>(shared.options.http2_limits.running_resets_per_second)) {
   worker_.http2.push_back(this);
 }
 
@@ -772,11 +770,7 @@ void Http2Connection::submit_head(H2Stream& s, int status, const HeaderMap& fiel
   char code[8];
   auto code_end = std::to_chars(code, code + sizeof code, status).ptr;
   fields_.push_back({":status", {code, static_cast<std::size_t>(code_end - code)}});
-  for (const Field& f : fields) {
-    std::size_t at = names_.size();
-    for (char ch : f.name) names_ += ch >= 'A' && ch <= 'Z' ? static_cast<char>(ch + 32) : ch;
-    fields_.push_back({std::string_view(names_.data() + at, f.name.size()), f.value});
-  }
+  for (const Field& f : fields) fields_.push_back({append_ascii_lower(names_, f.name), f.value});
   session_.submit_headers(s.id, fields_, end_stream);
   if (end_stream) s.output_done = true;
   wake_writer();
@@ -795,9 +789,7 @@ void Http2Connection::submit_response(H2Stream& s, Response& response, bool head
   fields_.push_back({":status", {status, static_cast<std::size_t>(status_end - status)}});
   HandlerFields seen = each_response_field(response, [&](const Field& f) {
     if (is_hop_by_hop(f.name)) return;  // a 101's Upgrade and Connection mean nothing here
-    std::size_t at = names_.size();
-    for (char ch : f.name) names_ += ch >= 'A' && ch <= 'Z' ? static_cast<char>(ch + 32) : ch;
-    fields_.push_back({std::string_view(names_.data() + at, f.name.size()), f.value});
+    fields_.push_back({append_ascii_lower(names_, f.name), f.value});
   });
   if (!seen.has_date) fields_.push_back({"date", worker_.date.value()});
   if (!seen.has_server && !shared_.options.server_name.empty()) {

@@ -132,6 +132,38 @@ void read_http2(const ConfigReader& r, http::ServerOptions& http) {
   }
 }
 
+// http2_limits: an HTTP/2 connection's limits (ServerOptions::Http2Limits).
+void read_http2_limits(const ConfigReader& server, http::ServerOptions& http) {
+  if (!server.has("http2_limits")) return;
+  ConfigReader r = server.nested("http2_limits");
+  r.only({"max_concurrent_streams", "stream_window", "connection_window", "max_header_frames",
+          "reset_budget", "running_reset_burst", "running_resets_per_second", "empty_frame_budget",
+          "settings_budget", "max_unread_output"});
+  auto& h = http.http2_limits;
+  constexpr std::uint64_t kMaxWindow = 0x7fffffff;  // RFC 9113 §6.9.1
+  h.max_concurrent_streams = static_cast<std::uint32_t>(
+      r.number("max_concurrent_streams", h.max_concurrent_streams, 1'000'000));
+  h.stream_window = static_cast<std::uint32_t>(r.size("stream_window", h.stream_window));
+  h.connection_window =
+      static_cast<std::uint32_t>(r.size("connection_window", h.connection_window));
+  h.max_header_frames = r.number("max_header_frames", h.max_header_frames, 10'000);
+  h.reset_budget = r.number("reset_budget", h.reset_budget, 1'000'000'000);
+  h.running_reset_burst = r.number("running_reset_burst", h.running_reset_burst, 1'000'000'000);
+  h.running_resets_per_second =
+      r.number("running_resets_per_second", h.running_resets_per_second, 1'000'000'000);
+  h.empty_frame_budget = r.number("empty_frame_budget", h.empty_frame_budget, 1'000'000'000);
+  h.settings_budget = r.number("settings_budget", h.settings_budget, 1'000'000'000);
+  h.max_unread_output = r.size("max_unread_output", h.max_unread_output);
+  if (h.max_concurrent_streams == 0) r.fail_key("max_concurrent_streams", "must be at least 1");
+  if (r.size("stream_window", 65535) > kMaxWindow || h.stream_window == 0) {
+    r.fail_key("stream_window", "must be from 1 to 2^31-1 bytes");
+  }
+  if (r.size("connection_window", 65535) > kMaxWindow || h.connection_window < 65535) {
+    r.fail_key("connection_window", "must be from 64k-1 (65535) to 2^31-1 bytes");
+  }
+  if (h.max_unread_output < 65536) r.fail_key("max_unread_output", "must be at least 64k");
+}
+
 // paths: {escaped_slashes, merge_slashes}: how request paths are normalised (http/target.h).
 void read_paths(const ConfigReader& server, http::PathRules& paths) {
   if (!server.has("paths")) return;
@@ -180,7 +212,7 @@ Address read_listen(const ConfigReader& r) {
 
 ServerConfig read_server(const ConfigReader& r) {
   r.only({"name", "listen", "default_site", "root", "server_name", "compression", "limits",
-          "timeouts", "access_log", "tls", "http2", "trusted_proxies", "paths"});
+          "timeouts", "access_log", "tls", "http2", "http2_limits", "trusted_proxies", "paths"});
   ServerConfig server;
   server.name = r.string("name", "");
   for (const std::string& text : r.strings("trusted_proxies")) {
@@ -204,6 +236,7 @@ ServerConfig read_server(const ConfigReader& r) {
   read_timeouts(r, server.http);
   read_access_log(r, server.access_log);
   read_http2(r, server.http);
+  read_http2_limits(r, server.http);
   server.fingerprint = YAML::Dump(r.node());
   read_tls(r, server.http, server.fingerprint);
   return server;

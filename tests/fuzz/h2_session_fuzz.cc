@@ -1,10 +1,13 @@
-// libFuzzer driver for the HTTP/2 server session: after the preface and an empty SETTINGS,
-// the input goes to two sessions, whole to one and in pieces (of the first byte's size) to the
-// other; each answers every complete request. They must write the same bytes, tell their
-// handlers the same things, and agree on whether the connection goes on. Memory stays bounded:
-// the output is checked against the session's limit.
+// libFuzzer driver for the HTTP/2 sessions, server or client by the first byte's high bit. A
+// server gets the preface and an empty SETTINGS, then the input, and answers every complete
+// request; a client opens three streams (one with a body), gets an empty SETTINGS, then the
+// input (a hostile upstream). The input goes to two sessions, whole to one and in pieces (of
+// the first byte's size) to the other: they must write the same bytes, tell their handlers the
+// same things, and agree on whether the connection goes on. Memory stays bounded: the output
+// is checked against the session's limit.
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "fuzz_checks.h"
 #include "spindle/h2/session.h"
@@ -15,14 +18,15 @@ namespace {
 
 class Recorder : public SessionHandler {
  public:
-  ServerSession* session = nullptr;
+  Session* session = nullptr;
+  bool server = true;
   std::string log;
   void on_field(std::uint32_t id, std::string_view n, std::string_view v) override {
     log += "f" + std::to_string(id) + std::string(n) + ":" + std::string(v) + "\n";
   }
   void on_headers(std::uint32_t id, bool end_stream, bool trailers) override {
     log += "h" + std::to_string(id) + (end_stream ? "e" : "") + (trailers ? "t" : "") + "\n";
-    if (end_stream) {
+    if (end_stream && server) {
       const hpack::Field head[] = {{":status", "200"}};
       session->submit_headers(id, head, false);
       session->submit_data(id, "ok", true);
@@ -45,12 +49,26 @@ struct Run {
   bool alive = true;
 };
 
+template <typename Role>
 void feed(Run& r, std::span<const std::uint8_t> in, std::size_t piece) {
   SessionLimits limits;
   limits.max_output = 256 * 1024;
-  ServerSession session(limits, r.handler);
+  Role session(limits, r.handler);
   r.handler.session = &session;
-  std::string start = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  std::string start;
+  if constexpr (std::is_same_v<Role, ClientSession>) {
+    r.handler.server = false;
+    const hpack::Field get[] = {
+        {":method", "GET"}, {":scheme", "http"}, {":authority", "a"}, {":path", "/"}};
+    const hpack::Field post[] = {
+        {":method", "POST"}, {":scheme", "http"}, {":authority", "a"}, {":path", "/p"}};
+    session.open(get, true);
+    std::uint32_t with_body = session.open(post, false);
+    session.open(get, true, true);
+    session.submit_data(with_body, std::string(100000, 'b'), true);
+  } else {
+    start = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  }
   write::settings(start, {});
   r.alive = session.receive({reinterpret_cast<const std::uint8_t*>(start.data()), start.size()});
   for (std::size_t at = 0; at < in.size() && r.alive; at += piece) {
@@ -67,8 +85,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size < 1) return 0;
   std::span<const std::uint8_t> in(data + 1, size - 1);
   Run whole, pieces;
-  feed(whole, in, in.size() + 1);
-  feed(pieces, in, 1 + data[0] % 64);
+  if ((data[0] & 0x80) != 0) {
+    feed<ClientSession>(whole, in, in.size() + 1);
+    feed<ClientSession>(pieces, in, 1 + data[0] % 64);
+  } else {
+    feed<ServerSession>(whole, in, in.size() + 1);
+    feed<ServerSession>(pieces, in, 1 + data[0] % 64);
+  }
   // Output is taken after every piece, so the bytes may be cut differently but not differ.
   check(whole.out == pieces.out);
   check(whole.handler.log == pieces.handler.log);

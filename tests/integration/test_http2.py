@@ -327,3 +327,37 @@ def test_a_body_announced_over_max_body_gets_413_from_its_headers(test_server, p
     # An announced size within the limit is served as before.
     assert curl("--http2-prior-knowledge", "--data-binary", "hello",
                 f"http://127.0.0.1:{test_server.port}/echo").stdout == b"hello"
+
+
+def test_configured_http2_limits_reach_the_wire_and_cut_off_a_resetting_client(build_dir,
+                                                                               tmp_path):
+    config = tmp_path / "limits.yaml"
+    config.write_text("servers:\n  - listen: 127.0.0.1:0\n    default_site: true\n"
+                      "    http2: only\n    access_log: off\n"
+                      "    http2_limits: {max_concurrent_streams: 7, stream_window: 100000,\n"
+                      "                   reset_budget: 20}\n")
+    server = Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(config),
+                     "--threads", "1"])
+    try:
+        sock, conn = h2_client_socket(server)
+        try:
+            sock.settimeout(5)
+            while conn.remote_settings.max_concurrent_streams != 7:
+                conn.receive_data(sock.recv(65536))
+            assert conn.remote_settings.initial_window_size == 100000
+            # 60 streams opened and reset at once: past a budget of 20 (nothing completed).
+            for i in range(60):
+                conn.send_headers(1 + 2 * i, request_headers(), end_stream=True)
+                conn.reset_stream(1 + 2 * i)
+            try:
+                sock.sendall(conn.data_to_send())
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            events, closed = read_until_closed(sock, conn, 5)
+        finally:
+            sock.close()
+        goaways = [e for e in events if isinstance(e, h2.events.ConnectionTerminated)]
+        assert closed and goaways, "the budget did not end the connection"
+        assert goaways[0].error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    finally:
+        server.stop()

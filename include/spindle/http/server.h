@@ -59,6 +59,30 @@ struct ServerOptions {
   /// With http2: cleartext connections must be HTTP/2 by prior knowledge (an h2c-only
   /// service, as gRPC backends are); anything else is closed without an answer.
   bool http2_only = false;
+  /// An HTTP/2 connection's limits: what a client may do before it is refused or cut off
+  /// (GOAWAY ENHANCE_YOUR_CALM), against the published attacks.
+  struct Http2Limits {
+    /// Streams open at once (SETTINGS_MAX_CONCURRENT_STREAMS); beyond: REFUSED_STREAM.
+    std::uint32_t max_concurrent_streams = 100;
+    /// What a client may send ahead of the handler reading it: per stream, per connection.
+    std::uint32_t stream_window = 256 * 1024;
+    std::uint32_t connection_window = 4 << 20;
+    /// CONTINUATION frames of one header block (CONTINUATION floods).
+    std::size_t max_header_frames = 32;
+    /// Resets a connection may cause or send beyond the streams it completes (Rapid Reset,
+    /// CVE-2023-44487; reset floods, CVE-2019-9514): each completed stream earns one more.
+    std::size_t reset_budget = 200;
+    /// Resets of streams whose handler runs (each may have cost an upstream request): so many
+    /// at once, and so many per second after.
+    std::size_t running_reset_burst = 100;
+    std::size_t running_resets_per_second = 5;
+    /// Frames that carry nothing (CVE-2019-9518) beyond the streams completed, and SETTINGS
+    /// frames (CVE-2019-9515), per connection.
+    std::size_t empty_frame_budget = 200;
+    std::size_t settings_budget = 100;
+    /// Output queued for a client that does not read (PING and SETTINGS floods, CVE-2019-9512).
+    std::size_t max_unread_output = 1 << 20;
+  } http2_limits;
   /// Serve HTTPS with this context (nullptr: plain HTTP).
   std::shared_ptr<const TlsServerContext> tls;
   /// Time allowed for a TLS handshake; a client that stalls in it is closed.
