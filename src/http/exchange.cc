@@ -177,10 +177,8 @@ Result<Stream> connect_endpoint(const Endpoint& endpoint, Deadline deadline,
 // Fields the client never forwards as given: Host (sent from `authority`), framing, and the
 // hop-by-hop ones with those Connection names.
 bool client_managed(const NominatedFields& nominated, std::string_view name) {
-  if (iequals(name, "host") || iequals(name, "content-length") || is_hop_by_hop(name)) {
-    return true;
-  }
-  return nominated.contains(name);
+  constexpr std::uint16_t kOurs = field_flag::kHost | field_flag::kFraming | field_flag::kHopByHop;
+  return (field_flags(name) & kOurs) != 0 || nominated.contains(name);
 }
 
 }  // namespace detail
@@ -289,7 +287,11 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
     if (mode_ == BodyMode::kChunked) {
       tail = "0\r\n";
       if (trailers != nullptr) {
-        for (const Field& f : *trailers) tail.append(f.name).append(": ").append(f.value) += "\r\n";
+        for (const Field& f : *trailers) {
+          if (is_trailer_sendable(f.name, f.value)) {
+            tail.append(f.name).append(": ").append(f.value) += "\r\n";
+          }
+        }
       }
       tail += "\r\n";
     }

@@ -534,7 +534,7 @@ class ChunkWriter final : public BodyWriter {
   void set_trailers(const HeaderMap& trailers) override {
     trailers_.clear();
     for (const Field& f : trailers) {
-      if (is_hop_by_hop(f.name) || !is_field_name(f.name) || !is_field_value(f.value)) continue;
+      if (!is_trailer_sendable(f.name, f.value)) continue;
       trailers_.append(f.name).append(": ").append(f.value).append("\r\n");
     }
   }

@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <unordered_map>
 
 #include "exchange_internal.h"
@@ -18,6 +19,7 @@
 #include "spindle/h2/session.h"
 #include "spindle/http/rules.h"
 #include "spindle/sync/event.h"
+#include "spindle/sync/wait_list.h"
 
 namespace spindle::http::detail {
 namespace {
@@ -84,8 +86,11 @@ struct Http2Session::Impl final : h2::SessionHandler {
   /// Calls with request body bytes (or its end) not yet framed.
   std::vector<Call*> sending;
   Event writer_wake;
-  /// Set when a stream ends (an open() waiting for room may go on).
-  Event slot;
+  /// open() calls waiting for room under the server's SETTINGS_MAX_CONCURRENT_STREAMS, first
+  /// come first served: each stream that ends wakes one (waking them all would make every end
+  /// cost as much as the queue is long).
+  SpinLock room_lock;
+  WaitList room;
   bool broken = false;
   bool goaway = false;
   std::uint32_t goaway_last_id = UINT32_MAX;
@@ -112,7 +117,13 @@ struct Http2Session::Impl final : h2::SessionHandler {
       std::erase(sending, &call);
     }
     calls.erase(call.id);  // the exchange, if any, keeps its own reference
-    slot.set();
+    std::lock_guard guard(room_lock);
+    room.notify_one();
+  }
+  /// Wakes every open() waiting for room (the session can open no more).
+  void release_waiters() {
+    std::lock_guard guard(room_lock);
+    room.notify_all();
   }
   void fail_all() {
     for (auto& [id, call] : calls) {
@@ -129,7 +140,7 @@ struct Http2Session::Impl final : h2::SessionHandler {
     }
     calls.clear();
     sending.clear();
-    slot.set();
+    release_waiters();
   }
   void want_to_send(Call& call) {
     if (!call.sending && !call.closed) {
@@ -155,6 +166,7 @@ struct Http2Session::Impl final : h2::SessionHandler {
   void on_goaway(std::uint32_t last_stream, ErrorCode /*code*/) override {
     goaway = true;
     goaway_last_id = last_stream;
+    release_waiters();  // no new stream on this connection: they go elsewhere
   }
 };
 
@@ -319,7 +331,9 @@ class Http2Exchange final : public ClientExchange {
     if (call_->out_end) return {};
     if (trailers != nullptr && !trailers->empty()) {
       for (const Field& f : *trailers) {
-        if (!is_hop_by_hop(f.name)) call_->out_trailers.add(ascii_lower(f.name), f.value);
+        if (is_trailer_sendable(f.name, f.value)) {
+          call_->out_trailers.add(ascii_lower(f.name), f.value);
+        }
       }
     }
     call_->out_end = true;
@@ -422,6 +436,7 @@ bool Http2Session::usable() const {
 
 void Http2Session::close() {
   impl_->broken = true;
+  impl_->release_waiters();
   (void)impl_->stream.shutdown(TcpStream::Shutdown::kBoth);
   impl_->writer_wake.set();
 }
@@ -478,8 +493,8 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
   // At the server's SETTINGS_MAX_CONCURRENT_STREAMS, a new stream waits for one to end.
   Deadline deadline = Deadline::after(timeouts.write);
   while (usable() && !s.session.can_open()) {
-    s.slot.reset();
-    if (s.slot.wait(deadline) == std::errc::timed_out) {
+    std::unique_lock guard(s.room_lock);
+    if (s.room.wait(s.room_lock, deadline) == std::errc::timed_out) {
       return fail(error(ExchangeErrc::kClosedBeforeWrite));
     }
   }

@@ -360,8 +360,7 @@ class H2BodyWriter final : public BodyWriter {
   void set_trailers(const HeaderMap& trailers) override {
     s_.out_trailers.clear();
     for (const Field& f : trailers) {
-      if (is_hop_by_hop(f.name) || !is_field_name(f.name) || !is_field_value(f.value)) continue;
-      s_.out_trailers.add(ascii_lower(f.name), f.value);
+      if (is_trailer_sendable(f.name, f.value)) s_.out_trailers.add(ascii_lower(f.name), f.value);
     }
   }
 

@@ -60,11 +60,10 @@ HandlerFields each_response_field(const Response& response, Emit&& emit) {
       case 6:
         seen.has_server = seen.has_server || iequals(f.name, "server");
         break;
-      case 14:
-        if (iequals(f.name, "content-length")) continue;
-        break;
     }
-    if (is_hop_by_hop(f.name) || nominated.contains(f.name)) {
+    const std::uint16_t flags = field_flags(f.name);
+    if ((flags & field_flag::kFraming) != 0 && (flags & field_flag::kHopByHop) == 0) continue;
+    if ((flags & field_flag::kHopByHop) != 0 || nominated.contains(f.name)) {
       if (!upgrade || !(iequals(f.name, "upgrade") || iequals(f.name, "connection"))) continue;
     }
     emit(f);

@@ -94,26 +94,9 @@ std::string_view version_text(int version) {
 }
 
 // Fields the proxy sets itself: the client's own are dropped (those of a trusted proxy are
-// folded into ours). Compared by length first: this runs for every forwarded field.
+// folded into ours). The list is http/rules.cc's (field_flag::kSetByProxy).
 bool replaced_by_proxy(std::string_view name) {
-  switch (name.size()) {
-    case 3:
-      return http::iequals(name, "via");
-    case 6:
-      return http::iequals(name, "expect");
-    case 11:
-      return http::iequals(name, "traceparent");
-    case 12:
-      return http::iequals(name, "x-request-id");
-    case 15:
-      return http::iequals(name, "x-forwarded-for");
-    case 16:
-      return http::iequals(name, "x-forwarded-host");
-    case 17:
-      return http::iequals(name, "x-forwarded-proto");
-    default:
-      return false;
-  }
+  return (http::field_flags(name) & http::field_flag::kSetByProxy) != 0;
 }
 
 // Lower-case hex digits only.
@@ -1204,9 +1187,10 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   const http::HeaderMap& in = request.headers();
   http::NominatedFields nominated(in);
   for (const http::Field& f : in) {
-    if (http::is_hop_by_hop(f.name) || nominated.contains(f.name) ||
-        http::iequals(f.name, "content-length") || http::iequals(f.name, "expect") ||
-        http::iequals(f.name, "host") || replaced_by_proxy(f.name)) {
+    namespace flag = http::field_flag;
+    if ((http::field_flags(f.name) &
+         (flag::kHopByHop | flag::kFraming | flag::kHost | flag::kSetByProxy)) != 0 ||
+        nominated.contains(f.name)) {
       continue;
     }
     if (!auth.request_headers.empty() &&

@@ -136,13 +136,47 @@ inline std::size_t target_prefix_length(std::string_view s) {
 /// origin form ("/path?query"), asterisk form ("*"), or absolute or authority form.
 bool is_request_target(std::string_view s);
 
+// ---- field names with a rule -----------------------------------------------------------------
+
+/// What spindle's HTTP rules say of a field name: one table (rules.cc) holds every name with a
+/// rule, so that the hop-by-hop check, what a client, a server and the gateway leave out of
+/// what they forward, and what may be a trailer all decide from the same list.
+namespace field_flag {
+/// Describes one connection (RFC 9110 §7.6.1; RFC 9113 §8.2.2; HTTP2-Settings, §3.2.1).
+inline constexpr std::uint16_t kHopByHop = 1;
+/// Delimits the message's body (Content-Length, Transfer-Encoding): whoever sends a message
+/// writes its own.
+inline constexpr std::uint16_t kFraming = 2;
+/// Names the target's authority (Host): the client writes its own.
+inline constexpr std::uint16_t kHost = 4;
+/// Describes the message itself, never a trailer (RFC 9110 §6.5.1: Trailer, Content-Type,
+/// Content-Encoding, Content-Range, with the framing and Host).
+inline constexpr std::uint16_t kNotInTrailers = 8;
+/// Set by the gateway on what it forwards (Via, X-Forwarded-For/-Proto/-Host, X-Request-Id,
+/// traceparent; Expect, which it answers itself): a client's own are not passed on as sent.
+inline constexpr std::uint16_t kSetByProxy = 16;
+}  // namespace field_flag
+
+/// The field_flag bits of `name` (any case); 0 for a name no rule names.
+std::uint16_t field_flags(std::string_view name);
+
 // ---- fields that belong to one connection ----------------------------------------------------
 
 /// True for the fields that describe one connection and are never forwarded as they are:
 /// Connection, Proxy-Connection, Keep-Alive, TE, Transfer-Encoding, Upgrade (RFC 9110 §7.6.1;
 /// the same set is connection-specific in HTTP/2, RFC 9113 §8.2.2), and HTTP2-Settings (which
 /// only means something on the connection that asks for h2c, RFC 9113 §3.2.1).
-bool is_hop_by_hop(std::string_view name);
+inline bool is_hop_by_hop(std::string_view name) {
+  return (field_flags(name) & field_flag::kHopByHop) != 0;
+}
+
+/// True if a trailer field may be sent on (by the server to its client, by the client to an
+/// upstream; HTTP/1.1 chunked or HTTP/2): a valid name and value, not hop-by-hop, and none of
+/// the fields RFC 9110 §6.5.1 keeps out of trailers because a recipient would act on them as if
+/// they were in the head (framing: Content-Length, Transfer-Encoding, Trailer; routing: Host;
+/// the content's own description: Content-Encoding, Content-Type, Content-Range). The one rule
+/// for trailers, on every path.
+bool is_trailer_sendable(std::string_view name, std::string_view value);
 
 /// True if a Connection field of `headers` lists `name` (so it is hop-by-hop too).
 bool connection_nominates(const HeaderMap& headers, std::string_view name);

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
@@ -370,6 +372,46 @@ TEST(ExchangeErrors, AnHttp2StreamTheUpstreamRefusedReachedNothing) {
   });
 }
 
+TEST(ExchangeErrors, StreamsPastTheUpstreamsConcurrencyLimitWaitTheirTurn) {
+  // The upstream allows 2 streams at once; 20 fibers each open one on the one connection.
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  Router router;
+  std::size_t running = 0, most = 0;
+  router.get("/slow", [&](Request&) {
+    most = std::max(most, ++running);
+    (void)this_fiber::sleep_for(20ms);
+    --running;
+    return Response::text("done");
+  });
+  ServerOptions options;
+  options.http2 = true;
+  options.http2_limits.max_concurrent_streams = 2;
+  auto upstream = HttpServer::start(runtime, Address::loopback_v4(0), std::move(router), options);
+  ASSERT_TRUE(upstream.has_value());
+  UpstreamConnections pools(runtime);
+  std::vector<std::string> bodies(20);
+  runtime.block_on([&] {
+    Endpoint endpoint = endpoint_of((*upstream)->address(), WireProtocol::kH2c);
+    auto warm = pools.open(endpoint, head_for("GET", "/slow"), "u", {});  // the connection
+    ASSERT_TRUE(warm.has_value());
+    EXPECT_EQ(body_of(**warm), "done");
+    std::vector<JoinHandle<void>> fibers;
+    for (std::size_t i = 0; i < bodies.size(); ++i) {
+      fibers.push_back(spawn([&, i] {
+        auto ex = pools.open(endpoint, head_for("GET", "/slow"), "u", {});
+        if (!ex) return;
+        if (auto head = (*ex)->read_head(); head && (*head)->status == 200) {
+          bodies[i] = body_of(**ex);
+        }
+      }));
+    }
+    for (auto& f : fibers) f.join();
+  });
+  (*upstream)->drain(Deadline::after(5s));
+  for (const std::string& body : bodies) EXPECT_EQ(body, "done");  // none refused, none lost
+  EXPECT_EQ(most, 2u);  // and never more than the upstream allows at once
+}
+
 TEST(ExchangeErrors, AtTheConnectionLimitARequestWaitsForAConnectionThenGivesUp) {
   with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
     PoolLimits limits{.max_connections = 1, .max_pending = 1};
@@ -434,7 +476,13 @@ std::unique_ptr<HttpServer> start_streaming_server(Runtime& runtime) {
     Response response(200);
     response.stream = [](BodyWriter& w) {
       (void)w.write("body");
-      w.set_trailers(HeaderMap{{"grpc-status", "0"}});
+      // Only the first may go on: the others are framing, routing or hop-by-hop fields, or
+      // a value that could end the field early.
+      w.set_trailers(HeaderMap{{"grpc-status", "0"},
+                               {"Content-Length", "5"},
+                               {"Host", "elsewhere"},
+                               {"Connection", "close"},
+                               {"x-split", "a\r\nb"}});
     };
     return response;
   });
@@ -519,6 +567,7 @@ TEST(ExchangeTrailers, Http2TrailersReachTheClient) {
     ASSERT_TRUE((*ex)->read_head().has_value());
     EXPECT_EQ(body_of(**ex), "body");
     EXPECT_EQ((*ex)->trailers().get("grpc-status"), "0");
+    EXPECT_EQ((*ex)->trailers().size(), 1u);  // nothing but what may be sent on
   });
 }
 

@@ -101,6 +101,47 @@ TEST(HttpRules, HopByHopIsTheRfc9110SetAnyCase) {
   }
 }
 
+TEST(HttpRules, OneTableNamesEveryFieldWithARuleInAnyCase) {
+  using namespace field_flag;
+  EXPECT_EQ(field_flags("Transfer-Encoding"), kHopByHop | kFraming | kNotInTrailers);
+  EXPECT_EQ(field_flags("content-LENGTH"), kFraming | kNotInTrailers);
+  EXPECT_EQ(field_flags("Host"), kHost | kNotInTrailers);
+  for (std::string_view name : {"Via", "Expect", "traceparent", "X-Request-Id", "X-Forwarded-For",
+                                "x-forwarded-host", "X-FORWARDED-PROTO"}) {
+    EXPECT_EQ(field_flags(name), kSetByProxy) << name;
+  }
+  for (std::string_view name : {"HTTP2-Settings", "Keep-Alive", "Proxy-Connection"}) {
+    EXPECT_EQ(field_flags(name), kHopByHop) << name;
+  }
+  // Names of the same length as a ruled one, and longer than any, have none.
+  for (std::string_view name : {"", "tf", "vie", "hosts", "x-request-ix", "content-lengthy",
+                                "x-forwarded-protocol", "accept", "cookie"}) {
+    EXPECT_EQ(field_flags(name), 0) << name;
+  }
+}
+
+TEST(HttpRules, TrailersAreEndToEndFieldsThatDoNotDescribeTheMessage) {
+  for (auto [name, value] : std::initializer_list<std::pair<std::string_view, std::string_view>>{
+           {"grpc-status", "0"}, {"Server-Timing", "db;dur=53"}, {"ETag", "\"x\""}}) {
+    EXPECT_TRUE(is_trailer_sendable(name, value)) << name;
+  }
+  for (auto [name, value] : std::initializer_list<std::pair<std::string_view, std::string_view>>{
+           {"Content-Length", "5"},
+           {"transfer-encoding", "chunked"},
+           {"Trailer", "x"},
+           {"HOST", "a"},
+           {"Content-Type", "text/plain"},
+           {"content-encoding", "gzip"},
+           {"Content-Range", "bytes 0-1/2"},
+           {"Connection", "close"},
+           {"TE", "trailers"},
+           {"x-split", "a\r\nb"},
+           {"bad name", "v"},
+           {"", "v"}}) {
+    EXPECT_FALSE(is_trailer_sendable(name, value)) << name;
+  }
+}
+
 TEST(HttpRules, RemovesHopByHopFieldsAndThoseConnectionNames) {
   HeaderMap h = fields({{"Host", "a"},
                         {"Connection", "keep-alive, X-Secret, x-other"},
