@@ -103,6 +103,12 @@ constexpr std::array<NameSlot, kNameSlots> build_name_slots() {
 }
 constexpr std::array<NameSlot, kNameSlots> kNameIndex = build_name_slots();
 
+// Fields whose value is new in every message (the request id and trace context a gateway
+// writes): never indexed, as they would never be named again.
+bool unique_per_message(std::string_view name) {
+  return name == "x-request-id" || name == "traceparent";
+}
+
 // The first static index named `name` (entries of one name are together), or 0.
 std::size_t static_name_index(std::string_view name) {
   for (std::size_t at = name_hash(name) % kNameSlots; kNameIndex[at].index != 0;
@@ -356,16 +362,18 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
       encode_integer(static_full, 7, 0x80, out);
       continue;
     }
+    const bool unique = unique_per_message(f.name);
     std::size_t dynamic_name = 0;
-    std::size_t dynamic_full = sensitive ? 0 : table_.find(f.name, f.value, dynamic_name);
+    std::size_t dynamic_full = sensitive || unique ? 0 : table_.find(f.name, f.value, dynamic_name);
     if (dynamic_full != 0) {
       encode_integer(dynamic_full, 7, 0x80, out);
       continue;
     }
     std::size_t name_index = static_name != 0 ? static_name : dynamic_name;
-    // Indexed for next time unless sensitive or too large to be worth a place in the table.
-    const bool indexing =
-        !sensitive && f.name.size() + f.value.size() + kEntryOverhead <= table_.max_size() / 2;
+    // Indexed for next time unless sensitive, too large to be worth a place in the table, or
+    // unique to this message (an entry that would only push useful ones out).
+    const bool indexing = !sensitive && !unique &&
+                          f.name.size() + f.value.size() + kEntryOverhead <= table_.max_size() / 2;
     if (indexing) {
       encode_integer(name_index, 6, 0x40, out);
     } else {

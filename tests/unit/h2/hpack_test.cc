@@ -197,6 +197,24 @@ TEST(Hpack, SensitiveFieldsAreNeverIndexed) {
   EXPECT_EQ(never, (std::vector<std::string>{"authorization", "cookie", "x-token"}));
 }
 
+TEST(Hpack, FieldsUniqueToEachMessageDoNotChurnTheTable) {
+  // A gateway's request id and trace context are new in every request: indexing them would
+  // only push the fields that do repeat out of the table.
+  Encoder encoder;
+  OracleInflater oracle;
+  for (int i = 0; i < 50; ++i) {
+    std::string block;
+    encoder.encode({{"x-request-id", std::to_string(1000000 + i)},
+                    {"traceparent", "00-" + std::to_string(i) + "-01"},
+                    {"x-forwarded-proto", "https"}},
+                   block);
+    auto fields = oracle.inflate(block);
+    ASSERT_TRUE(fields.has_value());
+    EXPECT_EQ((*fields)[0].second, std::to_string(1000000 + i));
+  }
+  EXPECT_EQ(encoder.table().count(), 1u);  // x-forwarded-proto, indexed once and reused
+}
+
 TEST(Hpack, ATableSizeTheyAskForIsSaidAtTheNextBlock) {
   Encoder encoder;
   OracleInflater oracle;
