@@ -266,8 +266,9 @@ class H2Stream final : public BodySource, public InterimSink {
 
   /// Reset (by either side) or the connection ended: nothing more goes either way.
   bool closed = false;
-  /// Trailer fields a streamed body's producer set (sent after its last DATA).
-  HeaderMap out_trailers;
+  /// Trailer fields a streamed body's producer set (sent after its last DATA); made when a
+  /// producer sets some (few do: a HeaderMap is large).
+  std::unique_ptr<HeaderMap> out_trailers;
   /// What the handler asked to run if the client resets the stream (Request::on_client_gone).
   std::function<void()> on_gone;
   /// The handler has started, and has returned (its response is submitted).
@@ -358,9 +359,12 @@ class H2BodyWriter final : public BodyWriter {
     return s_.send(data, Deadline::after(s_.conn.options().write_timeout));
   }
   void set_trailers(const HeaderMap& trailers) override {
-    s_.out_trailers.clear();
+    if (s_.out_trailers == nullptr) s_.out_trailers = std::make_unique<HeaderMap>();
+    s_.out_trailers->clear();
     for (const Field& f : trailers) {
-      if (is_trailer_sendable(f.name, f.value)) s_.out_trailers.add(ascii_lower(f.name), f.value);
+      if (is_trailer_sendable(f.name, f.value)) {
+        s_.out_trailers->add(ascii_lower(f.name), f.value);
+      }
     }
   }
 
@@ -706,18 +710,21 @@ void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
   try {
     // The clock is read only for the access log's duration.
     auto started = shared_.options.access_log ? Clock::now() : Clock::time_point();
-    Response response;
-    bool head_only = s->method == "HEAD";
-    if (s->early_status != 0) {
-      response = Response::error(s->early_status);
-      if (shared_.options.access_log) log_access(*s, response, started, {});
-    } else {
-      Request request(s->head, *s);
-      request.set_context_source(this);
-      request.set_client_gone_slot(&s->on_gone);
-      request.set_interim_sink(s.get());
-      response = call_router(shared_.router, request);
-      if (shared_.options.access_log) log_access(*s, response, started, request.attributes());
+    const bool head_only = s->method == "HEAD";
+    // The response is made in place (a Response is several KiB: no move of it).
+    std::optional<Request> request;
+    if (s->early_status == 0) {
+      request.emplace(s->head, *s);
+      request->set_context_source(this);
+      request->set_client_gone_slot(&s->on_gone);
+      request->set_interim_sink(s.get());
+    }
+    Response response =
+        request ? call_router(shared_.router, *request) : Response::error(s->early_status);
+    if (shared_.options.access_log) {
+      log_access(
+          *s, response, started,
+          request ? request->attributes() : std::span<const std::pair<std::string, std::string>>());
     }
     if (!s->closed) submit_response(*s, response, head_only);
   } catch (...) {
@@ -874,7 +881,7 @@ void Http2Connection::log_access(H2Stream& s, const Response& response, Clock::t
 bool Http2Connection::frame_body(H2Stream& s, std::size_t budget) {
   if (s.closed) return true;
   const bool producing = s.streaming && !s.out_eof;
-  const bool has_trailers = !s.out_trailers.empty();
+  const bool has_trailers = s.out_trailers != nullptr && !s.out_trailers->empty();
   std::size_t window = session_.send_window(s.id);
   if (s.out_file) {
     // A file: read a slice into the chunk buffer, and frame it.
@@ -911,7 +918,7 @@ bool Http2Connection::frame_body(H2Stream& s, std::size_t budget) {
   if (has_trailers) {
     // The body ends here; the trailers' HEADERS frame ends the stream.
     fields_.clear();
-    for (const Field& f : s.out_trailers) fields_.push_back({f.name, f.value});
+    for (const Field& f : *s.out_trailers) fields_.push_back({f.name, f.value});
     session_.submit_headers(s.id, fields_, true);
   }
   s.output_done = true;
