@@ -178,7 +178,7 @@ Result<Stream> connect_endpoint(const Endpoint& endpoint, Deadline deadline,
 // hop-by-hop ones with those Connection names.
 bool client_managed(const NominatedFields& nominated, std::string_view name) {
   constexpr std::uint16_t kOurs = field_flag::kHost | field_flag::kFraming | field_flag::kHopByHop;
-  return (field_flags(name) & kOurs) != 0 || nominated.contains(name);
+  return field_flags(name, kOurs) != 0 || nominated.contains(name);
 }
 
 }  // namespace detail

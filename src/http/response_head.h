@@ -61,7 +61,7 @@ HandlerFields each_response_field(const Response& response, Emit&& emit) {
         seen.has_server = seen.has_server || iequals(f.name, "server");
         break;
     }
-    const std::uint16_t flags = field_flags(f.name);
+    const std::uint16_t flags = field_flags(f.name, field_flag::kFraming | field_flag::kHopByHop);
     if ((flags & field_flag::kFraming) != 0 && (flags & field_flag::kHopByHop) == 0) continue;
     if ((flags & field_flag::kHopByHop) != 0 || nominated.contains(f.name)) {
       if (!upgrade || !(iequals(f.name, "upgrade") || iequals(f.name, "connection"))) continue;

@@ -15,67 +15,9 @@ bool is_request_target(std::string_view s) {
   return s.find('/') == std::string_view::npos && s.find(':') != std::string_view::npos;
 }
 
-namespace {
-
-struct NamedRule {
-  std::string_view name;
-  std::uint16_t flags;
-};
-
-using namespace field_flag;
-// Every field name a rule of spindle's names, and its rules.
-constexpr NamedRule kRules[] = {
-    {"te", kHopByHop},
-    {"via", kSetByProxy},
-    {"host", kHost | kNotInTrailers},
-    {"expect", kSetByProxy},
-    {"upgrade", kHopByHop},
-    {"trailer", kNotInTrailers},
-    {"connection", kHopByHop},
-    {"keep-alive", kHopByHop},
-    {"traceparent", kSetByProxy},
-    {"x-request-id", kSetByProxy},
-    {"content-type", kNotInTrailers},
-    {"content-range", kNotInTrailers},
-    {"http2-settings", kHopByHop},
-    {"content-length", kFraming | kNotInTrailers},
-    {"x-forwarded-for", kSetByProxy},
-    {"proxy-connection", kHopByHop},
-    {"content-encoding", kNotInTrailers},
-    {"x-forwarded-host", kSetByProxy},
-    {"transfer-encoding", kHopByHop | kFraming | kNotInTrailers},
-    {"x-forwarded-proto", kSetByProxy},
-};
-
-// kRules by name length (at most three names share one): a lookup compares at most three.
-constexpr std::size_t kLongest = 17;
-constexpr auto kRulesByLength = [] {
-  std::array<std::array<NamedRule, 3>, kLongest + 1> rows{};
-  for (const NamedRule& rule : kRules) {
-    for (NamedRule& slot : rows[rule.name.size()]) {
-      if (slot.name.empty()) {
-        slot = rule;
-        break;
-      }
-    }
-  }
-  return rows;
-}();
-
-}  // namespace
-
-std::uint16_t field_flags(std::string_view name) {
-  if (name.size() > kLongest) return 0;
-  for (const NamedRule& rule : kRulesByLength[name.size()]) {
-    if (rule.name.empty()) break;
-    if (detail::iequals_same_size(rule.name, name)) return rule.flags;
-  }
-  return 0;
-}
-
 bool is_trailer_sendable(std::string_view name, std::string_view value) {
   return is_field_name(name) && is_field_value(value) &&
-         (field_flags(name) & (field_flag::kHopByHop | field_flag::kNotInTrailers)) == 0;
+         field_flags(name, field_flag::kHopByHop | field_flag::kNotInTrailers) == 0;
 }
 
 bool connection_nominates(const HeaderMap& headers, std::string_view name) {

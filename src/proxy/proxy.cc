@@ -93,12 +93,6 @@ std::string_view version_text(int version) {
   return version == 20 ? "2" : version == 10 ? "1.0" : "1.1";
 }
 
-// Fields the proxy sets itself: the client's own are dropped (those of a trusted proxy are
-// folded into ours). The list is http/rules.cc's (field_flag::kSetByProxy).
-bool replaced_by_proxy(std::string_view name) {
-  return (http::field_flags(name) & http::field_flag::kSetByProxy) != 0;
-}
-
 // Lower-case hex digits only.
 bool lower_hex(std::string_view text) {
   return std::ranges::all_of(
@@ -835,11 +829,15 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
     // Hop-by-hop fields stay here. The client's Connection field never goes: the fields it
     // names would be dropped upstream, and it may name those added here (X-Forwarded-For,
     // Via, ...). Its Upgrade goes only as offer_upgrade allows.
-    if (http::is_hop_by_hop(f.name) || nominated.contains(f.name)) {
+    const std::uint16_t flags =
+        http::field_flags(f.name, http::field_flag::kHopByHop | http::field_flag::kSetByProxy);
+    if ((flags & http::field_flag::kHopByHop) != 0 || nominated.contains(f.name)) {
       bool te_trailers = http::iequals(f.name, "te") && http::list_has_token(f.value, "trailers");
       if (!te_trailers) continue;
     }
-    if (replaced_by_proxy(f.name)) continue;
+    // Fields the proxy sets itself: the client's own are dropped (those of a trusted proxy are
+    // folded into ours).
+    if ((flags & http::field_flag::kSetByProxy) != 0) continue;
     // A trace started again here drops the old trace's vendor state.
     if (trace_restarted && f.name.size() == 10 && http::iequals(f.name, "tracestate")) continue;
     head.headers.add_view(f.name, f.value);
@@ -1188,8 +1186,8 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   http::NominatedFields nominated(in);
   for (const http::Field& f : in) {
     namespace flag = http::field_flag;
-    if ((http::field_flags(f.name) &
-         (flag::kHopByHop | flag::kFraming | flag::kHost | flag::kSetByProxy)) != 0 ||
+    if (http::field_flags(
+            f.name, flag::kHopByHop | flag::kFraming | flag::kHost | flag::kSetByProxy) != 0 ||
         nominated.contains(f.name)) {
       continue;
     }

@@ -157,8 +157,67 @@ inline constexpr std::uint16_t kNotInTrailers = 8;
 inline constexpr std::uint16_t kSetByProxy = 16;
 }  // namespace field_flag
 
-/// The field_flag bits of `name` (any case); 0 for a name no rule names.
-std::uint16_t field_flags(std::string_view name);
+namespace detail {
+struct NamedRule {
+  std::string_view name;  ///< lower case
+  std::uint16_t flags;
+};
+// Every field name a rule of spindle's names, and its rules.
+inline constexpr NamedRule kRules[] = {
+    {"te", field_flag::kHopByHop},
+    {"via", field_flag::kSetByProxy},
+    {"host", field_flag::kHost | field_flag::kNotInTrailers},
+    {"expect", field_flag::kSetByProxy},
+    {"upgrade", field_flag::kHopByHop},
+    {"trailer", field_flag::kNotInTrailers},
+    {"connection", field_flag::kHopByHop},
+    {"keep-alive", field_flag::kHopByHop},
+    {"traceparent", field_flag::kSetByProxy},
+    {"x-request-id", field_flag::kSetByProxy},
+    {"content-type", field_flag::kNotInTrailers},
+    {"content-range", field_flag::kNotInTrailers},
+    {"http2-settings", field_flag::kHopByHop},
+    {"content-length", field_flag::kFraming | field_flag::kNotInTrailers},
+    {"x-forwarded-for", field_flag::kSetByProxy},
+    {"proxy-connection", field_flag::kHopByHop},
+    {"content-encoding", field_flag::kNotInTrailers},
+    {"x-forwarded-host", field_flag::kSetByProxy},
+    {"transfer-encoding",
+     field_flag::kHopByHop | field_flag::kFraming | field_flag::kNotInTrailers},
+    {"x-forwarded-proto", field_flag::kSetByProxy},
+};
+// kRules by name length (at most three names share one).
+inline constexpr std::size_t kLongestRuledName = 17;
+inline constexpr auto kRulesByLength = [] {
+  std::array<std::array<NamedRule, 3>, kLongestRuledName + 1> rows{};
+  for (const NamedRule& rule : kRules) {
+    for (NamedRule& slot : rows[rule.name.size()]) {
+      if (slot.name.empty()) {
+        slot = rule;
+        break;
+      }
+    }
+  }
+  return rows;
+}();
+}  // namespace detail
+
+/// The field_flag bits of `name` (any case) among `wanted`; 0 for a name no rule names. Runs
+/// for every field forwarded or written: most names are none of these, and most are told apart
+/// by their length and first letter without a compare; names whose rules are not wanted are
+/// not compared at all.
+inline std::uint16_t field_flags(std::string_view name, std::uint16_t wanted = 0xffff) {
+  if (name.size() > detail::kLongestRuledName) return 0;
+  for (const detail::NamedRule& rule : detail::kRulesByLength[name.size()]) {
+    if (rule.name.empty()) return 0;
+    if ((rule.flags & wanted) == 0) continue;
+    if ((static_cast<unsigned char>(name[0]) | 0x20) == static_cast<unsigned char>(rule.name[0]) &&
+        detail::iequals_same_size(rule.name, name)) {
+      return rule.flags & wanted;
+    }
+  }
+  return 0;
+}
 
 // ---- fields that belong to one connection ----------------------------------------------------
 
@@ -167,7 +226,7 @@ std::uint16_t field_flags(std::string_view name);
 /// the same set is connection-specific in HTTP/2, RFC 9113 §8.2.2), and HTTP2-Settings (which
 /// only means something on the connection that asks for h2c, RFC 9113 §3.2.1).
 inline bool is_hop_by_hop(std::string_view name) {
-  return (field_flags(name) & field_flag::kHopByHop) != 0;
+  return field_flags(name, field_flag::kHopByHop) != 0;
 }
 
 /// True if a trailer field may be sent on (by the server to its client, by the client to an

@@ -106,6 +106,10 @@ TEST(HttpRules, OneTableNamesEveryFieldWithARuleInAnyCase) {
   EXPECT_EQ(field_flags("Transfer-Encoding"), kHopByHop | kFraming | kNotInTrailers);
   EXPECT_EQ(field_flags("content-LENGTH"), kFraming | kNotInTrailers);
   EXPECT_EQ(field_flags("Host"), kHost | kNotInTrailers);
+  // Asked for some rules only: those bits, or nothing.
+  EXPECT_EQ(field_flags("Transfer-Encoding", kFraming | kHost), kFraming);
+  EXPECT_EQ(field_flags("Content-Type", kHopByHop), 0);
+  EXPECT_EQ(field_flags("Via", kHopByHop | kSetByProxy), kSetByProxy);
   for (std::string_view name : {"Via", "Expect", "traceparent", "X-Request-Id", "X-Forwarded-For",
                                 "x-forwarded-host", "X-FORWARDED-PROTO"}) {
     EXPECT_EQ(field_flags(name), kSetByProxy) << name;
