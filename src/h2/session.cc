@@ -331,8 +331,12 @@ bool Session::on_headers(const Frame& f) {
     auto it = streams_.find(id);
     if (it == streams_.end()) {
       // Trailers of a stream we reset may have been on their way: read for the table only.
+      // One per stream is expected; each counts as a reset, so that a flood of them ends.
       if (!recently_closed(id)) {
         return connection_error(ErrorCode::kStreamClosed, "HEADERS on a closed stream");
+      }
+      if (!spend(resets_, limits_.reset_budget, "too many frames on closed streams")) {
+        return false;
       }
     } else if (it->second.state == Stream::kHalfClosedRemote) {
       // Its block must still be read (the decoder's table), then the stream is reset.
@@ -445,6 +449,12 @@ bool Session::on_data(const Frame& f) {
     return connection_error(ErrorCode::kFlowControlError, "DATA past the connection window");
   }
   connection_receive_window_ -= f.length;
+  // Frames that carry nothing count wherever they go (an empty-frame flood, CVE-2019-9518,
+  // aimed at a closed stream is one all the same).
+  if (f.length == 0 && !f.has(flag::kEndStream) &&
+      !spend(empty_frames_, limits_.empty_frame_budget, "too many empty frames")) {
+    return false;
+  }
   auto it = streams_.find(id);
   if (it == streams_.end() || it->second.state == Stream::kHalfClosedRemote) {
     consumed(0, f.length);  // the connection's window is given back all the same
@@ -458,10 +468,6 @@ bool Session::on_data(const Frame& f) {
     return check_output();
   }
   Stream& s = it->second;
-  if (f.length == 0 && !f.has(flag::kEndStream) &&
-      !spend(empty_frames_, limits_.empty_frame_budget, "too many empty frames")) {
-    return false;
-  }
   if (!s.headers_done) {
     stream_error(id, ErrorCode::kProtocolError);
     return true;

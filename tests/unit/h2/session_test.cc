@@ -688,3 +688,34 @@ TEST(H2Session, AHeadTooLargeGoesToTheDriverWhenItAnswersIt) {
     }
   }
 }
+
+TEST(H2Session, FloodsAimedAtAStreamWeResetStillEndTheConnection) {
+  // Frames on a stream we reset are ignored (the client sent them before it knew), but not
+  // for free: empty DATA frames count as empty frames, and header blocks as resets.
+  for (bool headers : {false, true}) {
+    Recorder r;
+    ServerSession session({}, r);
+    std::string in = preface();
+    write::headers(in, 1, request_block(get_head()), false);
+    ASSERT_TRUE(session.receive(bytes(in)));
+    session.reset(1, ErrorCode::kCancel);
+    (void)session.take_output();
+    std::string flood;
+    hpack::Encoder encoder;
+    for (int i = 0; i < 1000; ++i) {
+      if (headers) {
+        std::string block;
+        encoder.encode({{"x-t", "1"}}, block);
+        write::headers(flood, 1, block, true);
+      } else {
+        write::data(flood, 1, "", false);
+      }
+    }
+    EXPECT_FALSE(session.receive(bytes(flood))) << headers;
+    std::vector<std::string> keep;
+    auto out = frames_of(session.take_output(), keep);
+    ASSERT_FALSE(out.empty());
+    EXPECT_EQ(out.back().kind(), FrameType::kGoaway);
+    EXPECT_EQ(out.back().error_code, static_cast<std::uint32_t>(ErrorCode::kEnhanceYourCalm));
+  }
+}
