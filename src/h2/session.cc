@@ -674,7 +674,12 @@ void ServerSession::shutdown_notice(std::span<const std::uint8_t, 8> ping) {
 }
 
 bool ServerSession::upgrade(std::span<const std::uint8_t> settings) {
-  if (settings.size() % 6 != 0 || last_stream_ != 0 || apply_settings(settings)) return false;
+  if (last_stream_ != 0) return false;
+  // The 101 has gone: settings we cannot take end the connection with a GOAWAY saying why.
+  if (settings.size() % 6 != 0) {
+    return connection_error(ErrorCode::kFrameSizeError, "HTTP2-Settings is not whole entries");
+  }
+  if (auto bad = apply_settings(settings)) return connection_error(bad->code, bad->reason);
   Stream& s = add_stream(1);
   s.headers_done = true;
   s.state = Stream::kHalfClosedRemote;

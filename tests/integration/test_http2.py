@@ -361,3 +361,27 @@ def test_configured_http2_limits_reach_the_wire_and_cut_off_a_resetting_client(b
         assert goaways[0].error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
     finally:
         server.stop()
+
+
+def test_an_h2c_upgrade_with_settings_it_cannot_take_is_told_why(test_server):
+    """The 101 goes before the settings are applied; settings out of range then end the
+    connection with a GOAWAY naming the error (RFC 9113 §3.1 of RFC 7540: HTTP2-Settings is
+    read as a SETTINGS frame), not with a bare close."""
+    sock = socket.create_connection((test_server.host, test_server.port), timeout=5)
+    try:
+        # INITIAL_WINDOW_SIZE = 2^31: one past the largest window.
+        sock.sendall(b"GET /users/1 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+                     b"Upgrade: h2c\r\nHTTP2-Settings: AASAAAAA\r\n\r\n")
+        data = b""
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        sock.close()
+    assert data.startswith(b"HTTP/1.1 101"), data[:100]
+    frames = frames_of(data[data.index(b"\r\n\r\n") + 4:])
+    goaways = [f for f in frames if f[0] == 0x7]
+    assert goaways, frames
+    assert int.from_bytes(goaways[0][3][4:8], "big") == 0x3  # FLOW_CONTROL_ERROR

@@ -77,7 +77,8 @@ servers:
 def test_proxying_under_valgrind_has_no_error_and_frees_everything(build_dir, tmp_path):
     """The gateway's path under memcheck, at a lower load: a route with a header edit, a rate
     limit shared through Redis (a redis-server of the test's own) and a local one, compression
-    and a mirror, to an upstream; HTTP/1.1 and h2c clients; then SIGTERM."""
+    and a mirror, to an upstream over HTTP/1.1 and over h2c; HTTP/1.1 and h2c clients; then
+    SIGTERM."""
     import sys
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from proxy_support import upstream
@@ -97,6 +98,9 @@ servers:
   - listen: 127.0.0.1:0
     http2: true
 routes:
+  - name: h2
+    match: {{path_prefix: /, headers: {{x-upstream: h2c}}}}
+    service: b
   - name: api
     match: {{path_prefix: /}}
     middlewares:
@@ -108,6 +112,7 @@ routes:
     service: a
 services:
   a: {{url: "http://{up.host}:{up.port}"}}
+  b: {{url: "http://{up.host}:{up.port}", protocol: h2c}}
 """)
     log = tmp_path / "valgrind.log"
     server = under_memcheck(build_dir, config, log)
@@ -115,6 +120,9 @@ services:
         base = f"http://127.0.0.1:{server.port}"
         for args in (["-n", "600", "-c", "20", "--h1", f"{base}/plaintext"],
                      ["-n", "600", "-c", "10", "-m", "5", f"{base}/plaintext"],
+                     # Through the HTTP/2 upstream client (h2c to the same upstream).
+                     ["-n", "600", "-c", "10", "-m", "5", "-H", "x-upstream: h2c",
+                      f"{base}/plaintext"],
                      ["-n", "20", "-c", "4", "--h1", "-H", "Accept-Encoding: gzip", f"{base}/big"]):
             out = subprocess.run(["h2load", *args], capture_output=True, text=True, timeout=300)
             n = int(args[1])

@@ -212,7 +212,7 @@ class ServerSession final : public Session {
 
   /// An h2c upgrade (RFC 7540 §3.2): the client's HTTP2-Settings, decoded, apply as its first
   /// SETTINGS (no acknowledgement), and stream 1 is the request that asked, its head and body
-  /// complete. False if the settings are invalid (the upgrade must be refused).
+  /// complete. False if the settings are invalid: a GOAWAY saying why is in the output.
   bool upgrade(std::span<const std::uint8_t> settings);
   /// RFC 9113 §6.8's graceful shutdown, first step: a GOAWAY that refuses nothing yet, and a
   /// PING whose answer (on_ping_ack) tells that every stream the client opened before it heard

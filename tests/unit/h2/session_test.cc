@@ -564,14 +564,25 @@ TEST(H2Session, AnH2cUpgradeAppliesTheClientsSettingsAndServesStreamOne) {
   EXPECT_EQ(out[0].kind(), FrameType::kRstStream);
   EXPECT_EQ(out[0].error_code, static_cast<std::uint32_t>(ErrorCode::kStreamClosed));
   EXPECT_TRUE(r.heads.empty());
-  // Settings that are not whole entries, or out of range, refuse the upgrade.
-  Recorder r2;
-  ServerSession bad({}, r2);
-  EXPECT_FALSE(bad.upgrade(bytes(settings.substr(0, 5))));
+  // Settings that are not whole entries, or out of range, refuse the upgrade, and the client
+  // is told why (its 101 has gone).
   std::string too_wide;
   for (std::uint8_t b : {0, 4, 0x80, 0, 0, 0}) too_wide += static_cast<char>(b);
-  EXPECT_FALSE(bad.upgrade(bytes(too_wide)));
-  EXPECT_EQ(bad.open_streams(), 0u);
+  const std::pair<std::string, ErrorCode> refused[] = {
+      {settings.substr(0, 5), ErrorCode::kFrameSizeError},
+      {too_wide, ErrorCode::kFlowControlError}};  // a window past 2^31-1
+  for (const auto& [payload, code] : refused) {
+    Recorder r2;
+    ServerSession bad({}, r2);
+    (void)bad.take_output();
+    EXPECT_FALSE(bad.upgrade(bytes(payload)));
+    EXPECT_EQ(bad.open_streams(), 0u);
+    std::vector<std::string> kept;
+    auto said = frames_of(bad.take_output(), kept);
+    ASSERT_EQ(said.size(), 1u);
+    EXPECT_EQ(said[0].kind(), FrameType::kGoaway);
+    EXPECT_EQ(said[0].error_code, static_cast<std::uint32_t>(code));
+  }
 }
 
 TEST(H2Session, AGracefulShutdownAnnouncesThenNamesTheLastStream) {
