@@ -17,6 +17,7 @@
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/h2/session.h"
+#include "spindle/h2/turns.h"
 #include "spindle/http/rules.h"
 #include "spindle/sync/event.h"
 #include "spindle/sync/wait_list.h"
@@ -33,9 +34,6 @@ constexpr std::uint32_t kConnectionWindow = 16 << 20;
 constexpr std::uint32_t kMaxHeaderList = 256 * 1024;
 // Request body bytes handed over but not yet sent, beyond which write() waits.
 constexpr std::size_t kMaxUnsent = 64 * 1024;
-// What one stream's body adds to a turn's frames before the next one's turn, and a turn.
-constexpr std::size_t kStreamSlice = 16 * 1024;
-constexpr std::size_t kTurnBytes = 64 * 1024;
 
 std::error_code error(ExchangeErrc e) { return make_error_code(e); }
 
@@ -83,8 +81,9 @@ struct Http2Session::Impl final : h2::SessionHandler {
   Stream stream;
   h2::ClientSession session{client_limits(), *this};
   std::unordered_map<std::uint32_t, std::shared_ptr<Call>> calls;
-  /// Calls with request body bytes (or its end) not yet framed.
+  /// Calls with request body bytes (or its end) not yet framed, and whose turn is next.
   std::vector<Call*> sending;
+  std::size_t next_sender = 0;
   Event writer_wake;
   /// open() calls waiting for room under the server's SETTINGS_MAX_CONCURRENT_STREAMS, first
   /// come first served: each stream that ends wakes one (waking them all would make every end
@@ -276,23 +275,13 @@ bool Http2Session::Impl::frame_body(Call& call, std::size_t budget) {
 }
 
 void Http2Session::Impl::frame_bodies() {
-  bool progress = true;
-  while (progress && !sending.empty() && session.output_size() < kTurnBytes) {
-    progress = false;
-    for (std::size_t i = 0; i < sending.size() && session.output_size() < kTurnBytes;) {
-      Call& call = *sending[i];
-      const std::size_t before = session.output_size();
-      if (frame_body(call, kStreamSlice)) {
+  h2::take_turns(
+      session, sending, next_sender,
+      [this](Call& call, std::size_t slice) { return frame_body(call, slice); },
+      [this](Call& call) {
         call.sending = false;
-        sending.erase(sending.begin() + static_cast<std::ptrdiff_t>(i));
-        progress = true;
         if (call.in_end && !call.closed) end_call(call);
-        continue;
-      }
-      if (session.output_size() != before) progress = true;
-      ++i;
-    }
-  }
+      });
 }
 
 namespace {

@@ -27,6 +27,7 @@
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/h2/session.h"
+#include "spindle/h2/turns.h"
 #include "spindle/http/status.h"
 #include "spindle/sync/event.h"
 
@@ -37,10 +38,6 @@ using h2::ErrorCode;
 
 // A streamed response body waits for the writer beyond this many buffered bytes.
 constexpr std::size_t kStreamedHighWater = 64 * 1024;
-// The frames one turn of the writer gathers before it writes, and what one stream may add to
-// them per pass (streams with bodies to send take turns).
-constexpr std::size_t kTurnBytes = 64 * 1024;
-constexpr std::size_t kStreamSlice = 16 * 1024;
 // A budget of events: `burst` at once, refilled at `rate` per second.
 class TokenBucket {
  public:
@@ -926,26 +923,13 @@ bool Http2Connection::frame_body(H2Stream& s, std::size_t budget) {
 }
 
 void Http2Connection::frame_bodies() {
-  // Streams take turns, a slice each, until a turn's worth is framed or no window is open.
-  bool progress = true;
-  while (progress && !sending_.empty() && session_.output_size() < kTurnBytes) {
-    progress = false;
-    for (std::size_t k = 0; k < sending_.size() && session_.output_size() < kTurnBytes;) {
-      if (next_sender_ >= sending_.size()) next_sender_ = 0;
-      H2Stream& s = *sending_[next_sender_];
-      const std::size_t before = session_.output_size();
-      if (frame_body(s, kStreamSlice)) {
+  h2::take_turns(
+      session_, sending_, next_sender_,
+      [this](H2Stream& s, std::size_t slice) { return frame_body(s, slice); },
+      [this](H2Stream& s) {
         s.sending = false;
-        sending_.erase(sending_.begin() + static_cast<std::ptrdiff_t>(next_sender_));
-        progress = true;
         forget_if_done(s);
-        continue;
-      }
-      if (session_.output_size() != before) progress = true;
-      ++next_sender_;
-      ++k;
-    }
-  }
+      });
 }
 
 void Http2Connection::write_loop() {
