@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "handover.h"
+#include "spindle/client/exchange.h"
 #include "spindle/fiber/runtime.h"
-#include "spindle/http/exchange.h"
-#include "spindle/http/server.h"
 #include "spindle/proxy/config.h"
 #include "spindle/proxy/gateway.h"
 #include "spindle/proxy/metrics.h"
+#include "spindle/server/server.h"
 
 namespace spindle::app {
 

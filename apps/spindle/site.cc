@@ -2,8 +2,8 @@
 
 #include <fmt/format.h>
 
-#include "spindle/http/compression.h"
-#include "spindle/http/static_files.h"
+#include "spindle/handlers/compression.h"
+#include "spindle/handlers/static_files.h"
 
 namespace spindle::app {
 namespace {

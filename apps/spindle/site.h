@@ -4,8 +4,8 @@
 #include <expected>
 #include <string>
 
-#include "spindle/http/router.h"
 #include "spindle/proxy/config.h"
+#include "spindle/server/router.h"
 
 namespace spindle::app {
 

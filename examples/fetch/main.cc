@@ -7,8 +7,8 @@
 #include <cstring>
 #include <string>
 
+#include "spindle/client/client.h"
 #include "spindle/fiber/spawn.h"
-#include "spindle/http/client.h"
 #include "spindle/sync/wait_group.h"
 
 using namespace spindle;

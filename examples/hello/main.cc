@@ -1,8 +1,8 @@
 // A complete spindle web application: two routes, a middleware, graceful stop on Ctrl-C.
 #include <csignal>
 
-#include "spindle/http/server.h"
 #include "spindle/net/signal_set.h"
+#include "spindle/server/server.h"
 
 using namespace spindle;
 

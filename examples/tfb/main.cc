@@ -1,6 +1,6 @@
 // The TechEmpower Framework Benchmarks' test types on spindle, by two roads to PostgreSQL:
 //
-//   tfb --listen 127.0.0.1:8080 --db "host=/run/postgresql dbname=hello_world" \
+//   tfb --listen 127.0.0.1:8080 --db "host=/run/postgresql dbname=hello_world"
 //       [--threads N] [--connections N] [--road native|hooked]
 //
 // --road native (the default) uses spindle's client (pg/: pipelined, no hooks); --road hooked
@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "spindle/fiber/worker.h"
-#include "spindle/http/server.h"
 #include "spindle/net/signal_set.h"
 #include "spindle/pg/database.h"
+#include "spindle/server/server.h"
 #include "spindle/sync/semaphore.h"
 
 using namespace spindle;

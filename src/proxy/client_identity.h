@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "spindle/http/message.h"
 #include "spindle/net/cidr.h"
+#include "spindle/server/message.h"
 
 namespace spindle::proxy::detail {
 

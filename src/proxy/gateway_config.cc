@@ -11,7 +11,7 @@
 #include <set>
 
 #include "spindle/base/ascii.h"
-#include "spindle/http/compression.h"
+#include "spindle/handlers/compression.h"
 #include "spindle/http/rules.h"
 #include "spindle/proxy/jwt.h"
 

@@ -829,15 +829,12 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
     // Hop-by-hop fields stay here. The client's Connection field never goes: the fields it
     // names would be dropped upstream, and it may name those added here (X-Forwarded-For,
     // Via, ...). Its Upgrade goes only as offer_upgrade allows.
-    const std::uint16_t flags =
-        http::field_flags(f.name, http::field_flag::kHopByHop | http::field_flag::kSetByProxy);
-    if ((flags & http::field_flag::kHopByHop) != 0 || nominated.contains(f.name)) {
+    // Fields the proxy sets itself: the client's own are dropped (those of a trusted proxy are
+    // folded into ours).
+    if (!http::forwardable(f.name, nominated, http::FieldsFor::kProxiedRequest)) {
       bool te_trailers = http::iequals(f.name, "te") && http::list_has_token(f.value, "trailers");
       if (!te_trailers) continue;
     }
-    // Fields the proxy sets itself: the client's own are dropped (those of a trusted proxy are
-    // folded into ours).
-    if ((flags & http::field_flag::kSetByProxy) != 0) continue;
     // A trace started again here drops the old trace's vendor state.
     if (trace_restarted && f.name.size() == 10 && http::iequals(f.name, "tracestate")) continue;
     head.headers.add_view(f.name, f.value);
@@ -1185,12 +1182,7 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   const http::HeaderMap& in = request.headers();
   http::NominatedFields nominated(in);
   for (const http::Field& f : in) {
-    namespace flag = http::field_flag;
-    if (http::field_flags(
-            f.name, flag::kHopByHop | flag::kFraming | flag::kHost | flag::kSetByProxy) != 0 ||
-        nominated.contains(f.name)) {
-      continue;
-    }
+    if (!http::forwardable(f.name, nominated, http::FieldsFor::kAuthRequest)) continue;
     if (!auth.request_headers.empty() &&
         std::ranges::none_of(auth.request_headers,
                              [&](const std::string& n) { return http::iequals(n, f.name); })) {

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "spindle/http/chunked.h"
+#include "spindle/h1/chunked.h"
 
 using spindle::http::ChunkedDecoder;
 using Kind = ChunkedDecoder::Step::Kind;

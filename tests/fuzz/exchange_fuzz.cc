@@ -9,7 +9,7 @@
 #include <random>
 #include <string>
 
-#include "spindle/http/exchange.h"
+#include "spindle/client/exchange.h"
 #include "spindle/scripted_upstream.h"
 
 using namespace std::chrono_literals;

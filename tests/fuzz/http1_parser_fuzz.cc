@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "fuzz_checks.h"
-#include "spindle/http/http1_parser.h"
+#include "spindle/h1/parser.h"
 
 using spindle::http::ParseResult;
 using spindle::http::ParserLimits;

@@ -1,7 +1,7 @@
 // Serves "installed" on 127.0.0.1 (a free port, printed), for one request, then exits.
 #include <cstdio>
 
-#include "spindle/http/server.h"
+#include "spindle/server/server.h"
 #include "spindle/sync/event.h"
 
 using namespace spindle;

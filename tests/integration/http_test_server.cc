@@ -17,10 +17,10 @@
 #include <stdexcept>
 
 #include "spindle/fiber/this_fiber.h"
-#include "spindle/http/compression.h"
-#include "spindle/http/server.h"
+#include "spindle/handlers/compression.h"
 #include "spindle/http/websocket.h"
 #include "spindle/net/signal_set.h"
+#include "spindle/server/server.h"
 
 using namespace spindle;
 using namespace std::chrono_literals;

@@ -7,8 +7,8 @@
 #include <string>
 #include <string_view>
 
-#include "spindle/http/server.h"
 #include "spindle/net/tcp_stream.h"
+#include "spindle/server/server.h"
 
 namespace spindle::testing {
 

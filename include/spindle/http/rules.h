@@ -259,6 +259,33 @@ class NominatedFields {
   bool overflow_ = false;
 };
 
+/// Where the fields of a message are going, for forwardable(). Whoever sends a message writes
+/// some fields itself and leaves the given ones of those names out; every sender leaves out the
+/// hop-by-hop fields and those a Connection field names.
+enum class FieldsFor : std::uint16_t {
+  /// Any message an intermediary passes on: only what describes the connection stays.
+  kEndToEnd = field_flag::kHopByHop,
+  /// A request a client writes (HTTP/1.1 or HTTP/2): it writes Host (from the authority) and
+  /// the framing of the body it sends.
+  kRequest = field_flag::kHopByHop | field_flag::kFraming | field_flag::kHost,
+  /// A response a server writes: it writes the framing.
+  kResponse = field_flag::kHopByHop | field_flag::kFraming,
+  /// A request the gateway passes on to its upstream: it sets the forwarded fields itself
+  /// (kSetByProxy); the client it hands the request to then writes Host and the framing.
+  kProxiedRequest = field_flag::kHopByHop | field_flag::kSetByProxy,
+  /// A request the gateway makes of an auth service from its client's (forward_auth): none of
+  /// the client's Host, framing or forwarded fields go.
+  kAuthRequest = kRequest | field_flag::kSetByProxy,
+};
+
+/// True if the field `name` of a message goes on as given where `to` says: the one filter of
+/// what the client, the server and the gateway pass on, decided by the flags of the field rule
+/// table and the names the message's Connection fields list (`nominated`). The exceptions a
+/// sender makes stay with it (a 101 keeps Upgrade and Connection; TE: trailers goes upstream).
+inline bool forwardable(std::string_view name, const NominatedFields& nominated, FieldsFor to) {
+  return field_flags(name, static_cast<std::uint16_t>(to)) == 0 && !nominated.contains(name);
+}
+
 /// Removes every hop-by-hop field and every field the Connection fields name. Returns how many.
 std::size_t remove_hop_by_hop(HeaderMap& headers);
 
@@ -268,8 +295,7 @@ template <typename Fn>
 void for_each_end_to_end(const HeaderMap& headers, Fn&& fn) {
   NominatedFields nominated(headers);
   for (const Field& f : headers) {
-    if (is_hop_by_hop(f.name) || nominated.contains(f.name)) continue;
-    fn(f);
+    if (forwardable(f.name, nominated, FieldsFor::kEndToEnd)) fn(f);
   }
 }
 

@@ -4,10 +4,10 @@
 #include <functional>
 #include <string>
 
-#include "spindle/http/exchange.h"
-#include "spindle/http/router.h"
+#include "spindle/client/exchange.h"
 #include "spindle/proxy/gateway.h"
 #include "spindle/proxy/metrics.h"
+#include "spindle/server/router.h"
 
 namespace spindle::proxy {
 

@@ -14,9 +14,9 @@
 #include <utility>
 #include <vector>
 
-#include "spindle/http/server.h"
 #include "spindle/net/address.h"
 #include "spindle/net/cidr.h"
+#include "spindle/server/server.h"
 
 namespace re2 {
 class RE2;

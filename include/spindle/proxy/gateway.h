@@ -21,16 +21,16 @@
 #include <unordered_map>
 #include <vector>
 
+#include "spindle/client/exchange.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/spawn.h"
-#include "spindle/http/exchange.h"
-#include "spindle/http/router.h"
 #include "spindle/proxy/balancer.h"
 #include "spindle/proxy/config.h"
 #include "spindle/proxy/discovery.h"
 #include "spindle/proxy/metrics.h"
 #include "spindle/proxy/rate_limit.h"
 #include "spindle/proxy/route_table.h"
+#include "spindle/server/router.h"
 #include "spindle/sync/wait_group.h"
 
 namespace spindle::proxy {

@@ -16,8 +16,8 @@
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
-#include "spindle/http/server.h"
 #include "spindle/http_testing.h"
+#include "spindle/server/server.h"
 #include "spindle/services.h"
 
 using namespace std::chrono_literals;

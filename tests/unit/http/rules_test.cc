@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "spindle/http/http1_parser.h"
+#include "spindle/h1/parser.h"
 
 using namespace spindle::http;
 using Kind = BodyFraming::Kind;

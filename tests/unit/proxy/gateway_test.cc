@@ -6,10 +6,10 @@
 #include <string>
 #include <thread>
 
+#include "spindle/client/client.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
-#include "spindle/http/client.h"
-#include "spindle/http/server.h"
+#include "spindle/server/server.h"
 #include "spindle/sync/event.h"
 
 using namespace std::chrono_literals;

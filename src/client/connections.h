@@ -1,0 +1,80 @@
+#pragma once
+// What the client keeps per endpoint on each worker (private to src/client): the connections
+// to one target (idle HTTP/1.1 ones, the count of busy ones, the HTTP/2 session), the permits
+// of max_connections, and how a connection is made and watched while idle. Below both
+// exchanges (http1_exchange.h, http2_client.h) and the pools of exchange.cc above them.
+
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "spindle/client/exchange.h"
+#include "spindle/io/deadline.h"
+#include "spindle/sync/semaphore.h"
+
+namespace spindle::http::detail {
+
+class Http2Session;
+
+/// The connections of one worker to one endpoint.
+struct TargetState {
+  struct Idle {
+    Stream stream;
+    Clock::time_point since;
+  };
+  /// Idle HTTP/1.1 connections, the most recently used last.
+  std::vector<Idle> idle;
+  /// HTTP/1.1 connections carrying an exchange now.
+  std::size_t connections = 0;
+  /// The HTTP/2 connection, when the endpoint speaks it.
+  std::shared_ptr<Http2Session> http2;
+  /// The limits of the last open().
+  PoolLimits limits;
+  /// With max_connections: one permit per HTTP/1.1 exchange in flight; open() calls beyond
+  /// them wait here (pending of them), first come, first served.
+  std::unique_ptr<Semaphore> slots;
+  std::size_t pending = 0;
+
+  /// Connections open now (idle, busy, HTTP/2).
+  std::size_t open_count() const;
+
+  /// Keeps a connection for reuse (or closes it, beyond max_idle).
+  void put_idle(Stream stream);
+  /// The most recent idle connection that is still open, if any.
+  std::optional<Stream> take_idle();
+  /// Closes idle connections older than the idle timeout.
+  void drop_expired(Clock::time_point now);
+};
+
+/// One of a target's max_connections permits, given back when it goes.
+class Permit {
+ public:
+  Permit() = default;
+  explicit Permit(std::shared_ptr<TargetState> target) : target_(std::move(target)) {}
+  Permit(Permit&&) noexcept = default;
+  Permit& operator=(Permit&& other) noexcept {
+    reset();
+    target_ = std::move(other.target_);
+    return *this;
+  }
+  ~Permit() { reset(); }
+
+ private:
+  void reset();
+  std::shared_ptr<TargetState> target_;
+};
+
+/// Watches an idle connection: anything that arrives on it (the peer's close, or bytes
+/// unasked) is noted by the reactor, at no cost while nothing does.
+void watch_idle(Stream& stream);
+/// True if nothing has arrived on a watched idle connection: the peer has not closed it, nor
+/// sent anything unasked (which would make the next response ambiguous). Stops watching.
+bool stream_looks_alive(Stream& stream);
+
+/// Connects (and for TLS, handshakes) to `endpoint` by `deadline`; the protocol ALPN chose goes
+/// to `alpn_out` (valid while the stream lives). Errors are ExchangeErrc connect failures.
+Result<Stream> connect_endpoint(const Endpoint& endpoint, Deadline deadline,
+                                std::string_view* alpn_out);
+
+}  // namespace spindle::http::detail

@@ -1,0 +1,261 @@
+// Client exchanges by endpoint: the per-worker pools, which open each exchange on a connection
+// of the endpoint's (connections.h) as an HTTP/1.1 exchange (http1_exchange.cc) or a stream of
+// its HTTP/2 session (http2_client.cc), and the exchange errors.
+#include "spindle/client/exchange.h"
+
+#include <fmt/format.h>
+
+#include <unordered_map>
+#include <vector>
+
+#include "connections.h"
+#include "http1_exchange.h"
+#include "http2_client.h"
+#include "spindle/fiber/worker.h"
+#include "spindle/http/rules.h"
+#include "spindle/sync/wait_group.h"
+
+namespace spindle::http {
+namespace {
+
+class ExchangeCategory final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "upstream exchange"; }
+  std::string message(int value) const override {
+    switch (static_cast<ExchangeErrc>(value)) {
+      case ExchangeErrc::kRefused:
+        return "connection refused";
+      case ExchangeErrc::kConnectTimeout:
+        return "connect timed out";
+      case ExchangeErrc::kTlsFailed:
+        return "TLS handshake failed";
+      case ExchangeErrc::kConnectFailed:
+        return "cannot connect";
+      case ExchangeErrc::kClosedBeforeWrite:
+        return "connection closed before the request was written";
+      case ExchangeErrc::kClosedBeforeResponse:
+        return "connection closed before any response byte";
+      case ExchangeErrc::kRefusedStream:
+        return "stream refused (REFUSED_STREAM)";
+      case ExchangeErrc::kAboveGoaway:
+        return "stream above GOAWAY's last id";
+      case ExchangeErrc::kFirstByteTimeout:
+        return "no response within the first-byte timeout";
+      case ExchangeErrc::kReadTimeout:
+        return "response stalled past the read timeout";
+      case ExchangeErrc::kWriteTimeout:
+        return "request not taken within the write timeout";
+      case ExchangeErrc::kProtocolError:
+        return "malformed response";
+      case ExchangeErrc::kResponseCut:
+        return "response cut short";
+      case ExchangeErrc::kCancelled:
+        return "cancelled";
+      case ExchangeErrc::kNoCapacity:
+        return "connection limit reached";
+    }
+    return "unknown exchange error";
+  }
+  // Each code also compares equal to the generic condition it is a case of, so that callers
+  // that only care about "timed out" or "refused" can ask that.
+  std::error_condition default_error_condition(int value) const noexcept override {
+    switch (static_cast<ExchangeErrc>(value)) {
+      case ExchangeErrc::kRefused:
+        return std::errc::connection_refused;
+      case ExchangeErrc::kConnectTimeout:
+      case ExchangeErrc::kFirstByteTimeout:
+      case ExchangeErrc::kReadTimeout:
+      case ExchangeErrc::kWriteTimeout:
+        return std::errc::timed_out;
+      case ExchangeErrc::kClosedBeforeWrite:
+      case ExchangeErrc::kClosedBeforeResponse:
+      case ExchangeErrc::kResponseCut:
+        return std::errc::connection_reset;
+      case ExchangeErrc::kProtocolError:
+        return std::errc::protocol_error;
+      case ExchangeErrc::kCancelled:
+        return std::errc::operation_canceled;
+      case ExchangeErrc::kNoCapacity:
+        return std::errc::resource_unavailable_try_again;
+      default:
+        return {value, *this};
+    }
+  }
+};
+
+}  // namespace
+
+const std::error_category& exchange_category() {
+  static const ExchangeCategory category;
+  return category;
+}
+
+bool nothing_reached_upstream(std::error_code ec) {
+  if (ec.category() == tls_category()) return true;  // the handshake failed
+  if (ec.category() != exchange_category()) return false;
+  switch (static_cast<ExchangeErrc>(ec.value())) {
+    case ExchangeErrc::kRefused:
+    case ExchangeErrc::kConnectTimeout:
+    case ExchangeErrc::kTlsFailed:
+    case ExchangeErrc::kConnectFailed:
+    case ExchangeErrc::kClosedBeforeWrite:
+    case ExchangeErrc::kRefusedStream:
+    case ExchangeErrc::kAboveGoaway:
+    case ExchangeErrc::kNoCapacity:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool is_connect_failure(std::error_code ec) {
+  return ec.category() == tls_category() || ec == ExchangeErrc::kRefused ||
+         ec == ExchangeErrc::kConnectTimeout || ec == ExchangeErrc::kTlsFailed ||
+         ec == ExchangeErrc::kConnectFailed;
+}
+
+const std::string& Endpoint::key() const {
+  if (key_.empty()) {
+    const char* proto = protocol == WireProtocol::kHttp1   ? "h1"
+                        : protocol == WireProtocol::kHttp2 ? "h2"
+                                                           : "h2c";
+    key_ = fmt::format("{}|{}|{}|{}", address.to_string(), proto, server_name,
+                       static_cast<const void*>(tls.get()));
+  }
+  return key_;
+}
+
+using detail::Permit;
+using detail::TargetState;
+
+// ---- pools ------------------------------------------------------------------------------------
+
+struct UpstreamConnections::Pool {
+  std::unordered_map<std::string, std::shared_ptr<TargetState>> targets;
+
+  ~Pool() {
+    for (auto& [key, target] : targets) {
+      if (target->http2) target->http2->close();
+    }
+  }
+};
+
+UpstreamConnections::UpstreamConnections(Runtime& runtime)
+    : runtime_(runtime), pools_(runtime.size()) {}
+
+UpstreamConnections::~UpstreamConnections() {
+  // Each pool holds sockets of its worker: it is closed there.
+  WaitGroup closed;
+  for (std::size_t i = 0; i < pools_.size(); ++i) {
+    if (!pools_[i]) continue;
+    closed.add();
+    runtime_.worker(i).post([this, i, &closed] {
+      pools_[i].reset();
+      closed.done();
+    });
+  }
+  (void)closed.wait();
+}
+
+UpstreamConnections::Pool& UpstreamConnections::pool() {
+  Worker* worker = Worker::current();
+  auto& slot = pools_.at(worker->index());
+  if (!slot) slot = std::make_unique<Pool>();
+  return *slot;
+}
+
+const UpstreamConnections::Pool* UpstreamConnections::pool_if_any() const {
+  Worker* worker = Worker::current();
+  return worker == nullptr ? nullptr : pools_.at(worker->index()).get();
+}
+
+std::size_t UpstreamConnections::idle(const Endpoint& endpoint) const {
+  const Pool* p = pool_if_any();
+  if (p == nullptr) return 0;
+  auto it = p->targets.find(endpoint.key());
+  return it == p->targets.end() ? 0 : it->second->idle.size();
+}
+
+std::size_t UpstreamConnections::open_connections(const Endpoint& endpoint) const {
+  const Pool* p = pool_if_any();
+  if (p == nullptr) return 0;
+  auto it = p->targets.find(endpoint.key());
+  if (it == p->targets.end()) return 0;
+  const TargetState& t = *it->second;
+  return t.connections + t.idle.size() + (t.http2 && t.http2->usable() ? 1 : 0);
+}
+
+Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
+    const Endpoint& endpoint, const ClientRequestHead& head, std::string_view authority,
+    const ExchangeTimeouts& timeouts, const PoolLimits& limits, bool fresh) {
+  if (Worker::current() == nullptr) return fail(std::errc::operation_not_permitted);
+  if (!is_method(head.method) || !is_request_target(head.target)) {
+    return fail(std::errc::invalid_argument);
+  }
+  for (const Field& f : head.headers) {
+    if (!is_field_name(f.name) || !is_field_value(f.value))
+      return fail(std::errc::invalid_argument);
+  }
+  Pool& p = pool();
+  auto& slot = p.targets[endpoint.key()];
+  if (!slot) slot = std::make_shared<TargetState>();
+  std::shared_ptr<TargetState> target = slot;
+  target->limits = limits;
+
+  if (target->http2 && !target->http2->usable()) target->http2.reset();
+  if (target->http2) return target->http2->open(head, authority, timeouts);
+
+  // An HTTP/1.1 exchange holds one of the target's max_connections permits from here to its
+  // end: beyond them a request waits its turn (first come, first served), within the connect
+  // timeout and as one of at most max_pending.
+  Permit permit;
+  if (limits.max_connections != 0) {
+    if (!target->slots) target->slots = std::make_unique<Semaphore>(limits.max_connections);
+    if (!target->slots->try_acquire()) {
+      if (limits.max_pending != 0 && target->pending >= limits.max_pending) {
+        return fail(make_error_code(ExchangeErrc::kNoCapacity));
+      }
+      ++target->pending;
+      std::error_code waited = target->slots->acquire(Deadline::after(timeouts.connect));
+      --target->pending;
+      if (waited) return fail(make_error_code(ExchangeErrc::kNoCapacity));
+      if (target->http2 && target->http2->usable()) {
+        target->slots->release();  // the endpoint turned out to speak HTTP/2 meanwhile
+        return target->http2->open(head, authority, timeouts);
+      }
+    }
+    permit = Permit(target);
+  }
+  if (endpoint.protocol == WireProtocol::kHttp1 && !fresh) {
+    if (auto stream = target->take_idle()) {
+      return detail::start_http1_exchange(target, std::move(*stream), true, head, authority,
+                                          timeouts, std::move(permit));
+    }
+  }
+  auto started = Clock::now();
+  std::string_view alpn;
+  auto stream = detail::connect_endpoint(endpoint, Deadline::after(timeouts.connect), &alpn);
+  if (!stream) return fail(stream.error());
+  auto took = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started);
+  bool http2 = endpoint.protocol == WireProtocol::kH2c || (endpoint.tls && alpn == "h2");
+  if (endpoint.protocol == WireProtocol::kHttp2 && !http2) {
+    return fail(make_error_code(ExchangeErrc::kTlsFailed));  // the upstream would not speak h2
+  }
+  if (http2) {
+    // Another fiber may have connected meanwhile: one HTTP/2 connection per endpoint.
+    if (target->http2 && target->http2->usable()) {
+      return target->http2->open(head, authority, timeouts);
+    }
+    permit = {};  // streams on one connection: no HTTP/1.1 permit needed
+    target->http2 = detail::Http2Session::start(std::move(*stream));
+    auto exchange = target->http2->open(head, authority, timeouts);
+    if (exchange) (*exchange)->set_connect_time(took);
+    return exchange;
+  }
+  auto exchange = detail::start_http1_exchange(target, std::move(*stream), false, head, authority,
+                                               timeouts, std::move(permit));
+  exchange->set_connect_time(took);
+  return exchange;
+}
+
+}  // namespace spindle::http

@@ -1,0 +1,456 @@
+// The HTTP/1.1 exchange: the request head written in one pass, the body as given (sized or
+// chunked), the response parsed from reads of the connection as they come.
+#include "http1_exchange.h"
+
+#include <fmt/format.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <charconv>
+#include <cstring>
+
+#include "spindle/fiber/block_cache.h"
+#include "spindle/h1/chunked.h"
+#include "spindle/h1/head_writer.h"
+#include "spindle/http/rules.h"
+
+namespace spindle::http::detail {
+
+namespace {
+
+constexpr std::size_t kReadChunk = 16 * 1024;
+
+class Http1Exchange final : public ClientExchange, public BlockCached {
+ public:
+  Http1Exchange(std::shared_ptr<TargetState> target, Stream stream, bool reused,
+                const ClientRequestHead& head, std::string_view authority,
+                const ExchangeTimeouts& timeouts, Permit permit = {})
+      : permit_(std::move(permit)),
+        target_(std::move(target)),
+        stream_(std::move(stream)),
+        timeouts_(timeouts),
+        head_request_(head.method == "HEAD"),
+        connect_request_(head.method == "CONNECT") {
+    reused_ = reused;
+    ++target_->connections;
+    // A head with an Upgrade field asks to switch protocols: it goes with `Connection:
+    // upgrade`, written here (a Connection field of the head only names fields not to send).
+    auto upgrade = head.headers.get("upgrade");
+    bool upgrading = upgrade.has_value();
+    if (head.chunked) {
+      mode_ = BodyMode::kChunked;
+    } else if (head.content_length) {
+      mode_ = BodyMode::kLength;
+      body_left_ = *head.content_length;
+    }
+    // The head is written in one pass into room for its longest form, then cut to size.
+    constexpr std::size_t kFixed = 128;  // request line and Host punctuation, framing, ends
+    std::size_t room = kFixed + head.method.size() + head.target.size() + authority.size() +
+                       (upgrading ? upgrade->size() : 0);
+    for (const Field& f : head.headers) room += f.name.size() + f.value.size() + 4;
+    NominatedFields nominated(head.headers);
+    out_.resize_and_overwrite(room, [&](char* begin, std::size_t) {
+      HeadWriter w{begin};
+      w.put(head.method);
+      w.put(" ");
+      w.put(head.target);
+      w.put(" HTTP/1.1\r\n");
+      w.field("Host", authority);
+      for (const Field& f : head.headers) {
+        if (forwardable(f.name, nominated, FieldsFor::kRequest)) w.field(f.name, f.value);
+      }
+      // An upgrade (WebSocket) keeps its Upgrade and Connection fields: they are the request.
+      if (upgrading) {
+        w.field("Connection", "upgrade");
+        w.field("Upgrade", *upgrade);
+      }
+      if (mode_ == BodyMode::kChunked) {
+        w.field("Transfer-Encoding", "chunked");
+      } else if (mode_ == BodyMode::kLength) {
+        w.put("Content-Length: ");
+        w.number(*head.content_length);
+        w.put("\r\n");
+      }
+      w.put("\r\n");
+      return static_cast<std::size_t>(w.at - begin);
+    });
+  }
+
+  ~Http1Exchange() override {
+    --target_->connections;
+    if (reusable()) target_->put_idle(std::move(stream_));
+  }  // then the permit goes to the next request waiting, if any
+
+  Result<void> write(std::string_view data) override {
+    if (cancelled_) return fail(make_error_code(ExchangeErrc::kCancelled));
+    if (data.empty()) return {};
+    if (mode_ == BodyMode::kNone || (mode_ == BodyMode::kLength && data.size() > body_left_)) {
+      broken_ = true;
+      return fail(std::errc::invalid_argument);  // more body than the head announced
+    }
+    char size[24];
+    std::size_t size_length = 0;
+    if (mode_ == BodyMode::kChunked) {
+      size_length = fmt::format_to_n(size, sizeof size, "{:x}\r\n", data.size()).size;
+    }
+    iovec parts[4];
+    std::size_t n = 0;
+    if (!head_sent_) parts[n++] = {out_.data(), out_.size()};
+    if (size_length != 0) parts[n++] = {size, size_length};
+    parts[n++] = {const_cast<char*>(data.data()), data.size()};
+    if (mode_ == BodyMode::kChunked) parts[n++] = {const_cast<char*>("\r\n"), 2};
+    if (auto sent = send({parts, n}); !sent) return sent;
+    if (mode_ == BodyMode::kLength) body_left_ -= data.size();
+    return {};
+  }
+
+  Result<void> finish(const HeaderMap* trailers) override {
+    if (cancelled_) return fail(make_error_code(ExchangeErrc::kCancelled));
+    if (request_done_) return {};
+    if (mode_ == BodyMode::kLength && body_left_ != 0) {
+      broken_ = true;
+      return fail(std::errc::invalid_argument);  // less body than announced
+    }
+    std::string tail;
+    if (mode_ == BodyMode::kChunked) {
+      tail = "0\r\n";
+      if (trailers != nullptr) {
+        for (const Field& f : *trailers) {
+          if (is_trailer_sendable(f.name, f.value)) {
+            tail.append(f.name).append(": ").append(f.value) += "\r\n";
+          }
+        }
+      }
+      tail += "\r\n";
+    }
+    iovec parts[2];
+    std::size_t n = 0;
+    if (!head_sent_) parts[n++] = {out_.data(), out_.size()};
+    if (!tail.empty()) parts[n++] = {tail.data(), tail.size()};
+    if (n != 0) {
+      if (auto sent = send({parts, n}); !sent) return sent;
+    }
+    request_done_ = true;
+    return {};
+  }
+
+  Result<bool> await_continue(std::chrono::milliseconds wait) override {
+    if (have_head_) return false;
+    if (auto sent = send_head(); !sent) return fail(sent.error());
+    Deadline deadline = Deadline::after_coarse(std::min(wait, timeouts_.first_byte));
+    ResponseParser parser;
+    ResponseHead head;
+    for (;;) {
+      auto consumed = buffered_head(parser, head);
+      if (!consumed) return fail(consumed.error());
+      if (*consumed != 0) {
+        if (head.status >= 200 || head.status == 101) return false;  // read_head takes it
+        in_begin_ += *consumed;
+        if (head.status == 100) return true;
+        pass_interim(head);
+        continue;
+      }
+      auto more = read_more(deadline, true, /*soft_timeout=*/true);
+      if (!more && more.error() == std::errc::timed_out) return true;  // silence: go on
+      if (!more) return fail(more.error());
+    }
+  }
+
+  Result<const ClientResponseHead*> read_head() override {
+    if (have_head_) return &response_;
+    if (!head_sent_ && !broken_) {
+      if (auto sent = send_head(); !sent) return fail(sent.error());
+      request_done_ = mode_ == BodyMode::kNone;  // a request without a body is complete
+    }
+    Deadline deadline = Deadline::after_coarse(timeouts_.first_byte);
+    ResponseParser parser;
+    ResponseHead head;
+    std::string_view parsed_from;  // the bytes the final head was parsed from
+    for (;;) {
+      auto consumed = buffered_head(parser, head);
+      if (!consumed) return fail(consumed.error());
+      if (*consumed != 0) {
+        if (head.status < 200 && head.status != 101) {
+          pass_interim(head);
+          in_begin_ += *consumed;  // an interim answer: the final one follows
+          continue;
+        }
+        parsed_from = std::string_view(in_).substr(in_begin_, *consumed);
+        head_bytes_.assign(parsed_from);
+        in_begin_ += *consumed;
+        break;
+      }
+      if (auto more = read_more(deadline, true); !more) return fail(more.error());
+    }
+    // The head's views point into the read buffer, which the body will reuse: the fields are
+    // kept as views into the copy the exchange keeps (same offsets).
+    response_.status = head.status;
+    response_.version = head.minor_version == 0 ? 10 : 11;
+    auto kept = [&](std::string_view v) {
+      return v.empty()
+                 ? v
+                 : std::string_view(head_bytes_)
+                       .substr(static_cast<std::size_t>(v.data() - parsed_from.data()), v.size());
+    };
+    for (const Field& f : head.headers) response_.headers.add_view(kept(f.name), kept(f.value));
+    framing_ = head.framing;
+    keep_alive_ = head.keep_alive;
+    if (head_request_ ||
+        (framing_.kind == BodyFraming::Kind::kTunnel && !connect_request_ && head.status != 101)) {
+      framing_.kind = BodyFraming::Kind::kNone;
+    }
+    if (connect_request_ && head.status >= 200 && head.status < 300) {
+      framing_.kind = BodyFraming::Kind::kTunnel;
+    }
+    response_.no_body = framing_.kind == BodyFraming::Kind::kNone;
+    if (framing_.kind == BodyFraming::Kind::kLength) {
+      response_.content_length = framing_.length;
+      body_left_in_ = framing_.length;
+    } else if (head_request_) {
+      response_.content_length = head.content_length;  // what the GET would have had
+    }
+    if (framing_.kind == BodyFraming::Kind::kChunked) decoder_ = ChunkedDecoder();
+    // A body of length 0 is complete with the head (a read must not wait for bytes).
+    response_done_ = framing_.kind == BodyFraming::Kind::kNone ||
+                     (framing_.kind == BodyFraming::Kind::kLength && framing_.length == 0);
+    have_head_ = true;
+    return &response_;
+  }
+
+  Result<std::size_t> read(std::span<char> buffer) override {
+    if (!have_head_) {
+      if (auto head = read_head(); !head) return fail(head.error());
+    }
+    if (cancelled_) return fail(make_error_code(ExchangeErrc::kCancelled));
+    if (response_done_ || buffer.empty()) return 0;
+    Deadline deadline = Deadline::after_coarse(timeouts_.read);
+    switch (framing_.kind) {
+      case BodyFraming::Kind::kLength: {
+        std::size_t want = std::min<std::uint64_t>(buffer.size(), body_left_in_);
+        std::size_t n = take_buffered(buffer.first(want));
+        if (n == 0) {
+          auto got = stream_.read(buffer.first(want), deadline);
+          if (!got) return fail(read_error(got.error(), false));
+          if (*got == 0) return fail(cut());
+          n = *got;
+        }
+        body_left_in_ -= n;
+        if (body_left_in_ == 0) response_done_ = true;
+        return n;
+      }
+      case BodyFraming::Kind::kChunked:
+        for (;;) {
+          if (!pending_.empty()) {
+            std::size_t n = std::min(buffer.size(), pending_.size());
+            std::memcpy(buffer.data(), pending_.data(), n);
+            pending_.remove_prefix(n);
+            return n;
+          }
+          auto step = decoder_.next(std::string_view(in_).substr(in_begin_));
+          if (step.kind == ChunkedDecoder::Step::Kind::kError) {
+            broken_ = true;
+            return fail(make_error_code(ExchangeErrc::kProtocolError));
+          }
+          in_begin_ += step.consumed;
+          if (step.kind == ChunkedDecoder::Step::Kind::kData) {
+            pending_ = step.data;  // a view into in_, which stays put until handed out
+            continue;
+          }
+          if (step.kind == ChunkedDecoder::Step::Kind::kDone) {
+            response_done_ = true;
+            return 0;
+          }
+          if (auto more = read_more(deadline, false); !more) return fail(more.error());
+        }
+      case BodyFraming::Kind::kUntilClose: {
+        keep_alive_ = false;
+        std::size_t n = take_buffered(buffer);
+        if (n != 0) return n;
+        auto got = stream_.read(buffer, deadline);
+        if (!got) return fail(read_error(got.error(), false));
+        if (*got == 0) response_done_ = true;
+        return *got;
+      }
+      case BodyFraming::Kind::kNone:
+      case BodyFraming::Kind::kTunnel:
+        return 0;
+    }
+    return 0;
+  }
+
+  const HeaderMap& trailers() const override { return trailers_; }
+
+  void cancel() override {
+    if (cancelled_) return;
+    cancelled_ = true;
+    broken_ = true;
+    (void)stream_.shutdown(TcpStream::Shutdown::kBoth);  // wakes a fiber parked on it
+  }
+
+  Result<Stream> take_connection(std::string& early) override {
+    if (!have_head_ || framing_.kind != BodyFraming::Kind::kTunnel) {
+      return fail(std::errc::invalid_argument);
+    }
+    early.assign(std::string_view(in_).substr(in_begin_));
+    broken_ = true;  // the connection leaves the pool for good
+    return std::move(stream_);
+  }
+
+ private:
+  enum class BodyMode { kNone, kLength, kChunked };
+
+  bool reusable() const {
+    return !broken_ && !cancelled_ && request_done_ && response_done_ && keep_alive_ &&
+           framing_.kind != BodyFraming::Kind::kTunnel && in_begin_ == in_.size();
+  }
+
+  Result<void> send(std::span<const iovec> parts) {
+    const std::uint64_t before = stream_.bytes_sent();
+    auto sent = stream_.writev(parts, Deadline::after_coarse(timeouts_.write));
+    if (!sent) {
+      broken_ = true;
+      if (cancelled_) return fail(make_error_code(ExchangeErrc::kCancelled));
+      if (sent.error() == std::errc::timed_out)
+        return fail(make_error_code(ExchangeErrc::kWriteTimeout));
+      // Nothing of this request reached the upstream only if its first write failing (reset,
+      // broken pipe: the upstream had closed) took no byte at all. A write that took some and
+      // then failed may have delivered them: only an idempotent request may go again then.
+      bool reached = head_sent_ || stream_.bytes_sent() != before;
+      return fail(make_error_code(reached ? ExchangeErrc::kClosedBeforeResponse
+                                          : ExchangeErrc::kClosedBeforeWrite));
+    }
+    head_sent_ = true;
+    return {};
+  }
+
+  // Reads more response bytes onto in_. While waiting for the head, a close or reset before
+  // any response byte says whether the request went out.
+  // Reads more of the response onto in_. A timeout breaks the exchange unless `soft_timeout`
+  // (then it is plain std::errc::timed_out, and the exchange goes on).
+  Result<void> read_more(Deadline deadline, bool for_head, bool soft_timeout = false) {
+    if (in_begin_ == in_.size()) {
+      in_.clear();
+      in_begin_ = 0;
+      pending_ = {};
+    } else if (in_begin_ > kReadChunk && pending_.empty()) {
+      in_.erase(0, in_begin_);
+      in_begin_ = 0;
+    }
+    // Reads straight onto the end of in_, without zeroing the room first. The new bytes go
+    // where the old ones end: never derive that from the size resize_and_overwrite passes to
+    // its callback, which libstdc++ 12 gives as the grown capacity, not the size asked for.
+    Result<std::size_t> n = 0;
+    const std::size_t at = in_.size();
+    in_.resize_and_overwrite(at + kReadChunk, [&](char* data, std::size_t) {
+      n = stream_.read({data + at, kReadChunk}, deadline);
+      return at + (n ? *n : 0);
+    });
+    if (!n && soft_timeout && n.error() == std::errc::timed_out && !cancelled_) {
+      return fail(std::errc::timed_out);
+    }
+    if (!n) return fail(read_error(n.error(), for_head));
+    if (*n == 0) {
+      broken_ = true;
+      if (cancelled_) return fail(make_error_code(ExchangeErrc::kCancelled));
+      if (!got_response_byte_) return fail(make_error_code(ExchangeErrc::kClosedBeforeResponse));
+      return fail(for_head ? make_error_code(ExchangeErrc::kProtocolError) : cut());
+    }
+    got_response_byte_ = true;
+    return {};
+  }
+
+  std::error_code read_error(std::error_code ec, bool for_head) {
+    broken_ = true;
+    if (cancelled_) return make_error_code(ExchangeErrc::kCancelled);
+    if (ec == std::errc::timed_out) {
+      return make_error_code(got_response_byte_ ? ExchangeErrc::kReadTimeout
+                                                : ExchangeErrc::kFirstByteTimeout);
+    }
+    if (!got_response_byte_) return make_error_code(ExchangeErrc::kClosedBeforeResponse);
+    return for_head ? make_error_code(ExchangeErrc::kProtocolError) : cut();
+  }
+
+  // Sends the request head alone, unless it (or anything) went already.
+  Result<void> send_head() {
+    if (head_sent_ || broken_) return {};
+    iovec part{out_.data(), out_.size()};
+    return send({&part, 1});
+  }
+
+  // Parses a response head from the bytes buffered: how many it took (0: not whole yet), or
+  // kProtocolError (the exchange is then broken).
+  Result<std::size_t> buffered_head(ResponseParser& parser, ResponseHead& head) {
+    auto parsed = parser.parse(std::string_view(in_).substr(in_begin_), head);
+    if (parsed.state == ParseResult::State::kError) {
+      broken_ = true;
+      return fail(make_error_code(ExchangeErrc::kProtocolError));
+    }
+    return parsed.state == ParseResult::State::kComplete ? parsed.consumed : 0;
+  }
+
+  // An interim head read off the connection, to the on_informational callback.
+  void pass_interim(const ResponseHead& head) {
+    if (!informational_ || head.status == 100) return;
+    ClientResponseHead interim;
+    interim.status = head.status;
+    interim.version = head.minor_version == 0 ? 10 : 11;
+    for (const Field& f : head.headers) interim.headers.add_view(f.name, f.value);
+    interim.no_body = true;
+    informational(interim);
+  }
+
+  std::error_code cut() {
+    broken_ = true;
+    return make_error_code(cancelled_ ? ExchangeErrc::kCancelled : ExchangeErrc::kResponseCut);
+  }
+
+  std::size_t take_buffered(std::span<char> buffer) {
+    std::size_t n = std::min(buffer.size(), in_.size() - in_begin_);
+    std::memcpy(buffer.data(), in_.data() + in_begin_, n);
+    in_begin_ += n;
+    return n;
+  }
+
+  /// Released last (members go in reverse order): the connection is back in the pool first.
+  Permit permit_;
+  std::shared_ptr<TargetState> target_;
+  Stream stream_;
+  ExchangeTimeouts timeouts_;
+  bool head_request_;
+  bool connect_request_;
+  /// The request: its head (until sent), body framing and what is left of a sized body.
+  BlockString out_;
+  BodyMode mode_ = BodyMode::kNone;
+  std::uint64_t body_left_ = 0;
+  bool head_sent_ = false;
+  bool request_done_ = false;
+  /// The response: bytes read ([in_begin_, end) not yet used), the head's own bytes, the head.
+  /// The read buffer (16 KiB a read) comes from the block cache: an exchange per request.
+  BlockString in_;
+  std::size_t in_begin_ = 0;
+  std::string head_bytes_;
+  ClientResponseHead response_;
+  bool have_head_ = false;
+  bool got_response_byte_ = false;
+  BodyFraming framing_;
+  std::uint64_t body_left_in_ = 0;
+  ChunkedDecoder decoder_;
+  std::string_view pending_;
+  bool response_done_ = false;
+  bool keep_alive_ = true;
+  HeaderMap trailers_;
+  /// Set once the connection cannot carry another exchange.
+  bool broken_ = false;
+  bool cancelled_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<ClientExchange> start_http1_exchange(
+    std::shared_ptr<TargetState> target, Stream stream, bool reused, const ClientRequestHead& head,
+    std::string_view authority, const ExchangeTimeouts& timeouts, Permit permit) {
+  return std::make_unique<Http1Exchange>(std::move(target), std::move(stream), reused, head,
+                                         authority, timeouts, std::move(permit));
+}
+
+}  // namespace spindle::http::detail

@@ -1,0 +1,530 @@
+// The HTTP/2 client session and its streaming exchanges, on spindle's own protocol code
+// (h2::ClientSession: bytes in, events and frames out, no I/O). Everything runs on one worker:
+// the reader fiber feeds the session, the writer fiber frames the request bodies as the
+// windows allow and writes the session's output (one write per turn), and each exchange waits
+// on its own stream's state. write() waits while 64 KiB of its body are still unsent; response
+// bodies are acknowledged (WINDOW_UPDATE) only as the exchange reads them, so a slow reader
+// holds at most one stream window of the upstream's bytes.
+#include "http2_client.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <unordered_map>
+
+#include "spindle/base/ascii.h"
+#include "spindle/fiber/spawn.h"
+#include "spindle/fiber/this_fiber.h"
+#include "spindle/h2/session.h"
+#include "spindle/h2/turns.h"
+#include "spindle/http/rules.h"
+#include "spindle/sync/event.h"
+#include "spindle/sync/wait_list.h"
+
+namespace spindle::http::detail {
+namespace {
+
+using h2::ErrorCode;
+
+// What a stream may receive ahead of its reader, and the connection as a whole.
+constexpr std::uint32_t kStreamWindow = 256 * 1024;
+constexpr std::uint32_t kConnectionWindow = 16 << 20;
+// The most the decoded fields of one response head (or trailers) may add up to.
+constexpr std::uint32_t kMaxHeaderList = 256 * 1024;
+// Request body bytes handed over but not yet sent, beyond which write() waits.
+constexpr std::size_t kMaxUnsent = 64 * 1024;
+
+// One stream's state, shared by the session (until the stream ends) and its exchange.
+struct Call {
+  std::uint32_t id = 0;
+  /// Its place in the order of opening: its HEADERS reached the socket once the writer has
+  /// written past it (Impl::written_).
+  std::uint64_t seq = 0;
+  // The request body handed over and not yet framed; whether it ended, and was all sent.
+  std::string out;
+  std::size_t out_pos = 0;
+  bool out_end = false;
+  bool out_done = false;
+  bool sending = false;
+  HeaderMap out_trailers;
+  // The response.
+  ClientResponseHead head;
+  bool have_head = false;
+  // Interim (1xx) heads received and not yet passed to the exchange's callback.
+  std::deque<ClientResponseHead> interim;
+  std::string in;
+  std::size_t in_pos = 0;
+  bool in_end = false;
+  HeaderMap trailers;
+  // Set when the stream is over (error says how, if badly).
+  bool closed = false;
+  std::error_code error;
+  // Set on any change an exchange may wait for.
+  Event wake;
+};
+
+h2::SessionLimits client_limits() {
+  h2::SessionLimits limits;
+  limits.stream_window = kStreamWindow;
+  limits.connection_window = kConnectionWindow;
+  limits.max_header_list_size = kMaxHeaderList;
+  limits.max_header_block = kMaxHeaderList + 16384;
+  return limits;
+}
+
+}  // namespace
+
+struct Http2Session::Impl final : h2::SessionHandler {
+  Stream stream;
+  h2::ClientSession session{client_limits(), *this};
+  std::unordered_map<std::uint32_t, std::shared_ptr<Call>> calls;
+  /// Calls with request body bytes (or its end) not yet framed, and whose turn is next.
+  std::vector<Call*> sending;
+  std::size_t next_sender = 0;
+  Event writer_wake;
+  /// open() calls waiting for room under the server's SETTINGS_MAX_CONCURRENT_STREAMS, first
+  /// come first served: each stream that ends wakes one (waking them all would make every end
+  /// cost as much as the queue is long).
+  SpinLock room_lock;
+  WaitList room;
+  bool broken = false;
+  bool goaway = false;
+  std::uint32_t goaway_last_id = UINT32_MAX;
+  /// Streams opened so far, and how many of them the writer has written.
+  std::uint64_t opened = 0;
+  std::uint64_t written = 0;
+  /// The fields of a request being opened (reused; the session encodes them at once).
+  std::vector<h2::hpack::Field> fields;
+  std::string names;
+  std::string out;
+
+  Call* find(std::uint32_t id) {
+    auto it = calls.find(id);
+    return it == calls.end() ? nullptr : it->second.get();
+  }
+  bool headers_sent(const Call& call) const { return call.seq <= written; }
+  /// The stream of `call` is over (cleanly unless `why`): it leaves the session's list.
+  void end_call(Call& call, std::error_code why = {}) {
+    call.closed = true;
+    if (!call.error) call.error = why;
+    call.wake.set();
+    if (call.sending) {
+      call.sending = false;
+      std::erase(sending, &call);
+    }
+    calls.erase(call.id);  // the exchange, if any, keeps its own reference
+    std::lock_guard guard(room_lock);
+    room.notify_one();
+  }
+  /// Wakes every open() waiting for room (the session can open no more).
+  void release_waiters() {
+    std::lock_guard guard(room_lock);
+    room.notify_all();
+  }
+  void fail_all() {
+    for (auto& [id, call] : calls) {
+      if (call->closed) continue;
+      call->closed = true;
+      if (!headers_sent(*call)) {
+        call->error = make_error_code(ExchangeErrc::kClosedBeforeWrite);
+      } else if (!call->have_head) {
+        call->error = make_error_code(ExchangeErrc::kClosedBeforeResponse);
+      } else if (!call->in_end) {
+        call->error = make_error_code(ExchangeErrc::kResponseCut);
+      }
+      call->wake.set();
+    }
+    calls.clear();
+    sending.clear();
+    release_waiters();
+  }
+  void want_to_send(Call& call) {
+    if (!call.sending && !call.closed) {
+      call.sending = true;
+      sending.push_back(&call);
+    }
+    writer_wake.set();
+  }
+  /// Frames up to `budget` bytes of the request body of `call`; true once it is all sent.
+  bool frame_body(Call& call, std::size_t budget);
+  void frame_bodies();
+  void read_loop();
+  void write_loop();
+
+  // The session's events, on the reader's fiber.
+  void on_field(std::uint32_t id, std::string_view name, std::string_view value) override;
+  void on_headers(std::uint32_t id, bool end_stream, bool trailers) override;
+  void on_data(std::uint32_t id, std::span<const std::uint8_t> data, bool end_stream) override;
+  void on_reset(std::uint32_t id, ErrorCode code) override;
+  void on_window(std::uint32_t /*id*/) override {
+    if (!sending.empty()) writer_wake.set();
+  }
+  void on_goaway(std::uint32_t last_stream, ErrorCode /*code*/) override {
+    goaway = true;
+    goaway_last_id = last_stream;
+    release_waiters();  // no new stream on this connection: they go elsewhere
+  }
+};
+
+void Http2Session::Impl::on_field(std::uint32_t id, std::string_view name, std::string_view value) {
+  Call* call = find(id);
+  if (call == nullptr) return;
+  if (call->have_head) {
+    call->trailers.add(name, value);  // fields after the final head: trailers
+  } else if (name == ":status") {
+    // The session checked it: three digits, 100 to 599.
+    std::from_chars(value.data(), value.data() + value.size(), call->head.status);
+    call->head.headers.clear();
+  } else {
+    call->head.headers.add(name, value);  // an interim head's fields too (on_headers moves them)
+  }
+}
+
+void Http2Session::Impl::on_headers(std::uint32_t id, bool end_stream, bool trailers) {
+  Call* call = find(id);
+  if (call == nullptr) return;
+  if (!trailers && call->head.status < 200) {
+    // An interim head: the exchange passes it on from its own fiber (this is the reader's).
+    if (call->head.status != 100) {
+      ClientResponseHead& interim = call->interim.emplace_back();
+      interim.status = call->head.status;
+      interim.version = 20;
+      interim.no_body = true;
+      interim.headers = std::move(call->head.headers);
+    }
+    call->head.status = 0;
+    call->head.headers.clear();
+    call->wake.set();
+    return;
+  }
+  if (!trailers) {
+    call->have_head = true;
+    call->head.version = 20;
+    if (auto length = call->head.headers.get("content-length")) {
+      call->head.content_length = parse_content_length(*length);
+    }
+  }
+  if (end_stream) {
+    call->in_end = true;
+    if (call->out_done) return end_call(*call);
+  }
+  call->wake.set();
+}
+
+void Http2Session::Impl::on_data(std::uint32_t id, std::span<const std::uint8_t> data,
+                                 bool end_stream) {
+  Call* call = find(id);
+  if (call == nullptr) {
+    session.consumed(id, data.size());  // nobody reads it: the windows open all the same
+    return;
+  }
+  if (call->in_pos == call->in.size()) {
+    call->in.clear();
+    call->in_pos = 0;
+  }
+  call->in.append(reinterpret_cast<const char*>(data.data()), data.size());
+  if (end_stream) {
+    call->in_end = true;
+    if (call->out_done) return end_call(*call);
+  }
+  call->wake.set();
+}
+
+void Http2Session::Impl::on_reset(std::uint32_t id, ErrorCode code) {
+  Call* call = find(id);
+  if (call == nullptr) return;
+  std::error_code why;
+  if (code == ErrorCode::kRefusedStream) {
+    // Nothing of it was processed: REFUSED_STREAM, or above the last stream of a GOAWAY.
+    why = make_error_code(id > goaway_last_id ? ExchangeErrc::kAboveGoaway
+                                              : ExchangeErrc::kRefusedStream);
+  } else if (!call->have_head) {
+    why = make_error_code(headers_sent(*call) ? ExchangeErrc::kClosedBeforeResponse
+                                              : ExchangeErrc::kClosedBeforeWrite);
+  } else if (!call->in_end) {
+    why = make_error_code(ExchangeErrc::kResponseCut);
+  }
+  end_call(*call, why);
+}
+
+bool Http2Session::Impl::frame_body(Call& call, std::size_t budget) {
+  if (call.closed) return true;
+  const bool has_trailers = !call.out_trailers.empty();
+  std::size_t buffered = call.out.size() - call.out_pos;
+  std::size_t n = std::min({buffered, budget, session.send_window(call.id)});
+  const bool body_ends = call.out_end && n == buffered;
+  if (n > 0 || (body_ends && !has_trailers)) {
+    call.out_pos += session.submit_data(call.id, std::string_view(call.out).substr(call.out_pos, n),
+                                        body_ends && !has_trailers);
+  }
+  if (call.out_pos == call.out.size()) {
+    call.out.clear();
+    call.out_pos = 0;
+  }
+  if (n > 0) call.wake.set();  // room for the next piece
+  if (!body_ends || call.out_pos != 0) return false;
+  if (has_trailers) {
+    fields.clear();
+    for (const Field& f : call.out_trailers) fields.push_back({f.name, f.value});
+    session.submit_headers(call.id, fields, true);
+  }
+  call.out_done = true;
+  return true;
+}
+
+void Http2Session::Impl::frame_bodies() {
+  h2::take_turns(
+      session, sending, next_sender,
+      [this](Call& call, std::size_t slice) { return frame_body(call, slice); },
+      [this](Call& call) {
+        call.sending = false;
+        if (call.in_end && !call.closed) end_call(call);
+      });
+}
+
+namespace {
+
+// One stream's exchange.
+class Http2Exchange final : public ClientExchange {
+ public:
+  Http2Exchange(std::shared_ptr<Http2Session> owner, Http2Session::Impl& s,
+                std::shared_ptr<Call> call, const ExchangeTimeouts& timeouts, bool has_body)
+      : owner_(std::move(owner)), s_(s), call_(std::move(call)), timeouts_(timeouts) {
+    if (!has_body) call_->out_end = call_->out_done = true;
+  }
+  ~Http2Exchange() override {
+    if (!call_->closed) abandon();  // before its end: the upstream is told to stop
+  }
+
+  Result<void> write(std::string_view data) override {
+    if (auto failed = check()) return fail(failed);
+    if (data.empty()) return {};
+    if (call_->out_end) return fail(std::errc::invalid_argument);
+    call_->out.append(data);
+    s_.want_to_send(*call_);
+    Deadline deadline = Deadline::after(timeouts_.write);
+    while (call_->out.size() - call_->out_pos > kMaxUnsent) {
+      call_->wake.reset();
+      if (auto failed = check()) return fail(failed);
+      if (call_->wake.wait(deadline) == std::errc::timed_out) {
+        return fail(make_error_code(ExchangeErrc::kWriteTimeout));
+      }
+    }
+    return {};
+  }
+
+  Result<void> finish(const HeaderMap* trailers) override {
+    if (auto failed = check()) return fail(failed);
+    if (call_->out_end) return {};
+    if (trailers != nullptr && !trailers->empty()) {
+      for (const Field& f : *trailers) {
+        if (is_trailer_sendable(f.name, f.value)) {
+          call_->out_trailers.add(ascii_lower(f.name), f.value);
+        }
+      }
+    }
+    call_->out_end = true;
+    s_.want_to_send(*call_);
+    return {};
+  }
+
+  Result<const ClientResponseHead*> read_head() override {
+    Deadline deadline = Deadline::after(timeouts_.first_byte);
+    for (;;) {
+      while (!call_->interim.empty()) {
+        ClientResponseHead interim = std::move(call_->interim.front());
+        call_->interim.pop_front();
+        informational(interim);
+      }
+      if (call_->have_head) break;
+      if (auto failed = check()) return fail(failed);
+      call_->wake.reset();
+      if (call_->wake.wait(deadline) == std::errc::timed_out) {
+        return fail(make_error_code(ExchangeErrc::kFirstByteTimeout));
+      }
+    }
+    if (call_->head.status == 204 || call_->head.status == 304 || head_request_) {
+      call_->head.no_body = true;
+    }
+    return &call_->head;
+  }
+
+  Result<std::size_t> read(std::span<char> buffer) override {
+    if (!call_->have_head) {
+      if (auto head = read_head(); !head) return fail(head.error());
+    }
+    Deadline deadline = Deadline::after(timeouts_.read);
+    for (;;) {
+      if (call_->in_pos < call_->in.size()) {
+        std::size_t n = std::min(buffer.size(), call_->in.size() - call_->in_pos);
+        std::memcpy(buffer.data(), call_->in.data() + call_->in_pos, n);
+        call_->in_pos += n;
+        s_.session.consumed(call_->id, n);  // the window opens as we read
+        s_.writer_wake.set();
+        return n;
+      }
+      if (call_->in_end) return 0;
+      if (auto failed = check()) return fail(failed);
+      call_->wake.reset();
+      if (call_->wake.wait(deadline) == std::errc::timed_out) {
+        return fail(make_error_code(ExchangeErrc::kReadTimeout));
+      }
+    }
+  }
+
+  const HeaderMap& trailers() const override { return call_->trailers; }
+
+  void cancel() override {
+    if (call_->closed) return;
+    call_->error = make_error_code(ExchangeErrc::kCancelled);
+    abandon();
+  }
+
+  Result<Stream> take_connection(std::string&) override {
+    return fail(std::errc::operation_not_supported);
+  }
+
+  void set_head_request() { head_request_ = true; }
+
+ private:
+  // The error the stream ended with, or {} while it may go on. A stream closed cleanly after
+  // its whole response is not an error for reads.
+  std::error_code check() const {
+    if (call_->error) return call_->error;
+    if (call_->closed && !(call_->have_head && call_->in_end)) {
+      return make_error_code(ExchangeErrc::kResponseCut);
+    }
+    return {};
+  }
+  void abandon() {
+    s_.session.reset(call_->id, ErrorCode::kCancel);
+    s_.end_call(*call_, call_->error);
+    s_.writer_wake.set();
+  }
+
+  std::shared_ptr<Http2Session> owner_;
+  Http2Session::Impl& s_;
+  std::shared_ptr<Call> call_;
+  ExchangeTimeouts timeouts_;
+  bool head_request_ = false;
+};
+
+}  // namespace
+
+Http2Session::Http2Session(Stream stream) : impl_(std::make_unique<Impl>()) {
+  impl_->stream = std::move(stream);
+}
+
+Http2Session::~Http2Session() = default;
+
+bool Http2Session::usable() const {
+  return !impl_->broken && !impl_->goaway && !impl_->session.closing();
+}
+
+void Http2Session::close() {
+  impl_->broken = true;
+  impl_->release_waiters();
+  (void)impl_->stream.shutdown(TcpStream::Shutdown::kBoth);
+  impl_->writer_wake.set();
+}
+
+std::shared_ptr<Http2Session> Http2Session::start(Stream stream) {
+  std::shared_ptr<Http2Session> self(new Http2Session(std::move(stream)));
+  spawn([self] { self->impl_->read_loop(); }).detach();
+  spawn([self] { self->impl_->write_loop(); }).detach();
+  return self;
+}
+
+void Http2Session::Impl::read_loop() {
+  std::vector<char> buffer(16 * 1024);  // on the heap: fiber stacks are small
+  while (!broken) {
+    auto n = stream.read(buffer);
+    if (!n || *n == 0) break;
+    bool ok = session.receive(
+        {reinterpret_cast<const std::uint8_t*>(buffer.data()), static_cast<std::size_t>(*n)});
+    writer_wake.set();
+    if (!ok) break;  // a connection error: its GOAWAY goes out, then the connection ends
+    if (session.closing() && calls.empty()) break;
+  }
+  broken = true;
+  fail_all();
+  writer_wake.set();
+}
+
+void Http2Session::Impl::write_loop() {
+  for (;;) {
+    frame_bodies();
+    const std::uint64_t opened_now = opened;
+    session.take_output(out);
+    if (!out.empty()) {
+      if (!stream.write_all(out, Deadline::after(std::chrono::seconds(30)))) {
+        broken = true;
+        (void)stream.shutdown(TcpStream::Shutdown::kBoth);
+        break;
+      }
+      written = opened_now;
+      continue;
+    }
+    if (broken || this_fiber::stop_requested()) break;
+    // Nobody ran since the output was taken: no wake-up can be missed.
+    writer_wake.reset();
+    (void)writer_wake.wait();
+  }
+  (void)stream.shutdown(TcpStream::Shutdown::kWrite);  // the server may be waiting for our FIN
+}
+
+Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHead& head,
+                                                           std::string_view authority,
+                                                           const ExchangeTimeouts& timeouts) {
+  Impl& s = *impl_;
+  // At the server's SETTINGS_MAX_CONCURRENT_STREAMS, a new stream waits for one to end.
+  Deadline deadline = Deadline::after(timeouts.write);
+  while (usable() && !s.session.can_open()) {
+    std::unique_lock guard(s.room_lock);
+    if (s.room.wait(s.room_lock, deadline) == std::errc::timed_out) {
+      return fail(make_error_code(ExchangeErrc::kClosedBeforeWrite));
+    }
+  }
+  if (!usable()) return fail(make_error_code(ExchangeErrc::kClosedBeforeWrite));
+  // Names lower-cased into one buffer, reserved whole first so that views into it stay put.
+  std::size_t name_bytes = 0;
+  for (const Field& f : head.headers) name_bytes += f.name.size();
+  s.names.clear();
+  s.names.reserve(name_bytes);
+  s.fields.clear();
+  s.fields.push_back({":method", head.method});
+  s.fields.push_back({":scheme", s.stream.tls() != nullptr ? "https" : "http"});
+  s.fields.push_back({":authority", authority});
+  s.fields.push_back({":path", head.target});
+  NominatedFields nominated(head.headers);
+  for (const Field& f : head.headers) {
+    if (!forwardable(f.name, nominated, FieldsFor::kRequest)) continue;
+    s.fields.push_back({append_ascii_lower(s.names, f.name), f.value});
+  }
+  // TE is hop-by-hop, but "TE: trailers" must reach an HTTP/2 peer (gRPC asks for it).
+  if (head.headers.has_token("te", "trailers")) s.fields.push_back({"te", "trailers"});
+  char length[24];
+  if (head.content_length) {
+    auto end = std::to_chars(length, length + sizeof length, *head.content_length).ptr;
+    s.fields.push_back({"content-length", {length, static_cast<std::size_t>(end - length)}});
+  }
+  bool has_body = head.chunked || head.content_length.value_or(0) > 0;
+  std::uint32_t id = s.session.open(s.fields, !has_body, head.method == "HEAD");
+  if (id == 0) {
+    s.goaway = true;  // out of stream ids: no new streams on it
+    return fail(make_error_code(ExchangeErrc::kClosedBeforeWrite));
+  }
+  auto call = std::make_shared<Call>();
+  call->id = id;
+  call->seq = ++s.opened;
+  s.calls[id] = call;  // the session keeps it (and its body) until the stream ends
+  s.writer_wake.set();
+  auto exchange =
+      std::make_unique<Http2Exchange>(shared_from_this(), s, std::move(call), timeouts, has_body);
+  if (head.method == "HEAD") exchange->set_head_request();
+  return std::unique_ptr<ClientExchange>(std::move(exchange));
+}
+
+}  // namespace spindle::http::detail

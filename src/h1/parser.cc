@@ -1,0 +1,273 @@
+#include "spindle/h1/parser.h"
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+
+#include "spindle/http/rules.h"
+
+namespace spindle::http {
+namespace {
+
+using State = ParseResult::State;
+
+constexpr std::string_view kCrlf = "\r\n";
+
+ParseResult error(int status, std::string_view reason) {
+  return {State::kError, 0, status, reason};
+}
+
+// Request line: method SP request-target SP HTTP-version (without CRLF), in one pass.
+ParseResult parse_request_line(std::string_view line, RequestHead& head) {
+  std::size_t sp1 = 0;
+  while (sp1 < line.size() && is_tchar(line[sp1])) ++sp1;
+  if (sp1 < line.size() && line[sp1] != ' ') return error(400, "invalid character in method");
+  if (sp1 == 0 || sp1 == line.size()) return error(400, "malformed request line");
+  head.method = line.substr(0, sp1);
+  std::string_view rest = line.substr(sp1 + 1);
+  std::size_t sp2 = target_prefix_length(rest);
+  if (sp2 < rest.size() && rest[sp2] != ' ') {
+    return error(400, "invalid character in request target");
+  }
+  if (sp2 == 0 || sp2 == rest.size()) return error(400, "malformed request line");
+  head.target = rest.substr(0, sp2);
+  std::string_view version = rest.substr(sp2 + 1);
+  if (version.size() != 8 || !version.starts_with("HTTP/") || version[6] != '.' ||
+      version[5] < '0' || version[5] > '9' || version[7] < '0' || version[7] > '9') {
+    return error(400, "malformed HTTP version");
+  }
+  if (version[5] != '1') return error(505, "HTTP version not supported");
+  head.minor_version = version[7] == '0' ? 0 : 1;
+
+  // The four target forms, each only where it belongs (origin-form, the common one, first).
+  std::string_view t = head.target;
+  if (t.front() == '/') return {State::kComplete, 0, 0, {}};
+  bool absolute = t.find("://") != std::string_view::npos && is_tchar(t.front());
+  bool asterisk = t == "*" && head.method == "OPTIONS";
+  bool authority = head.method == "CONNECT" && t.find('/') == std::string_view::npos;
+  if (!absolute && !asterisk && !authority) return error(400, "invalid request target");
+  return {State::kComplete, 0, 0, {}};
+}
+
+// Notes which of "close" and "keep-alive" a Connection value lists.
+void note_connection_tokens(std::string_view value, bool& close, bool& keep_alive) {
+  while (!value.empty()) {
+    std::size_t comma = value.find(',');
+    std::string_view token = trim_ows(value.substr(0, comma));
+    close = close || iequals(token, "close");
+    keep_alive = keep_alive || iequals(token, "keep-alive");
+    if (comma == std::string_view::npos) break;
+    value.remove_prefix(comma + 1);
+  }
+}
+
+// What the header fields mean for framing and the connection: one pass over them, each name
+// compared only with the one of its length that matters here; the framing rules themselves are
+// rules.h's.
+ParseResult interpret_headers(RequestHead& head) {
+  FramingFields framing;
+  bool close = false;
+  bool keep_alive = false;
+  std::size_t hosts = 0;
+  std::optional<std::string_view> expect;
+  for (const Field& f : head.headers) {
+    switch (f.name.size()) {
+      case 4:
+        if (iequals(f.name, "host")) ++hosts;
+        break;
+      case 6:
+        if (!expect && iequals(f.name, "expect")) expect = f.value;
+        break;
+      case 10:
+        if (iequals(f.name, "connection")) note_connection_tokens(f.value, close, keep_alive);
+        break;
+      case 14:
+        if (iequals(f.name, "content-length")) framing.note_content_length(f.value);
+        break;
+      case 17:
+        framing.transfer_encoding =
+            framing.transfer_encoding || iequals(f.name, "transfer-encoding");
+        break;
+      default:
+        break;
+    }
+  }
+  BodyFraming body;
+  if (auto e = request_framing(head.headers, framing, head.minor_version, body)) {
+    return error(e->status, e->reason);
+  }
+  head.chunked = body.kind == BodyFraming::Kind::kChunked;
+  if (framing.content_length) head.content_length = framing.content_length;
+  if (hosts > 1) return error(400, "more than one Host");
+  if (hosts == 0 && head.minor_version == 1) return error(400, "missing Host");
+
+  if (head.minor_version == 1) {
+    head.keep_alive = !close;
+    if (expect) {
+      if (!iequals(*expect, "100-continue")) return error(417, "unsupported expectation");
+      head.expect_continue = true;
+    }
+  } else {
+    head.keep_alive = keep_alive && !close;
+  }
+  return {State::kComplete, 0, 0, {}};
+}
+
+// One header line (without CRLF), added to `headers`.
+ParseResult parse_field(std::string_view line, HeaderMap& headers) {
+  if (line.front() == ' ' || line.front() == '\t') return error(400, "obsolete line folding");
+  std::size_t colon = 0;
+  while (colon < line.size() && is_tchar(line[colon])) ++colon;
+  if (colon == line.size() || line[colon] != ':') {
+    return error(400, colon == line.size() ? "header line without colon"
+                                           : "invalid character in header name");
+  }
+  if (colon == 0) return error(400, "empty header name");
+  std::string_view value = line.substr(colon + 1);
+  if (!is_field_value(value)) return error(400, "invalid character in header value");
+  headers.add_view(line.substr(0, colon), trim_ows(value));
+  return {State::kComplete, 0, 0, {}};
+}
+
+}  // namespace
+
+ParseResult RequestParser::parse(std::string_view input, RequestHead& head) {
+  // RFC 9112 2.2: ignore empty lines before the request line.
+  std::size_t start = 0;
+  while (input.substr(start, 2) == kCrlf) start += 2;
+  std::string_view message = input.substr(start);
+  if (message.empty() || message == "\r") return {State::kIncomplete, 0, 0, {}};
+  // Called again after kIncomplete: the head is parsed once its end has arrived, which only
+  // the new bytes can hold (a client sending a byte at a time costs no rescan).
+  if (scanned_ != 0) {
+    std::size_t from = scanned_ > start + 3 ? scanned_ - start - 3 : 0;
+    if (message.find("\r\n\r\n", from) == std::string_view::npos) {
+      return wait_for_more(input, start);
+    }
+  }
+  ParseResult r = parse_head(message, head);
+  // A head that has not all arrived gets only wait_for_more's early verdicts, even where
+  // parse_head found an error in a line that is complete: how the bytes were split must not
+  // change the answer (the fuzz driver checks it). Errors are rare; the search is cheap then.
+  if (r.state == State::kIncomplete ||
+      (r.state == State::kError && message.find("\r\n\r\n") == std::string_view::npos)) {
+    return wait_for_more(input, start);
+  }
+  r.consumed += start;
+  return r;
+}
+
+ParseResult RequestParser::parse_head(std::string_view message, RequestHead& head) const {
+  // One pass, line by line: each line ends at its first CR, which must begin a CRLF.
+  std::size_t line_end = message.find('\r');
+  if (line_end == std::string_view::npos) return {State::kIncomplete, 0, 0, {}};
+  if (line_end > limits_.max_request_line) return error(414, "request line too long");
+  if (line_end + 1 == message.size()) return {State::kIncomplete, 0, 0, {}};
+  if (message[line_end + 1] != '\n') return error(400, "bare CR in request line");
+  head.clear();
+  if (auto r = parse_request_line(message.substr(0, line_end), head); r.state == State::kError) {
+    return r;
+  }
+  std::size_t pos = line_end + 2;
+  for (;;) {
+    if (message.size() - pos < 2) return {State::kIncomplete, 0, 0, {}};
+    if (message[pos] == '\r') {  // the empty line: the end of the head
+      if (message[pos + 1] != '\n') return error(400, "bare CR in header");
+      if (pos + 2 > limits_.max_head) return error(431, "request header too large");
+      if (auto r = interpret_headers(head); r.state == State::kError) return r;
+      return {State::kComplete, pos + 2, 0, {}};
+    }
+    std::size_t eol = message.find('\r', pos);
+    if (eol == std::string_view::npos || eol + 1 == message.size()) {
+      return {State::kIncomplete, 0, 0, {}};
+    }
+    if (message[eol + 1] != '\n') return error(400, "bare CR in header");
+    // The head holds at least this line, its CRLF and the empty line's.
+    if (eol + 4 > limits_.max_head) return error(431, "request header too large");
+    if (head.headers.size() == limits_.max_headers) return error(431, "too many header fields");
+    if (auto r = parse_field(message.substr(pos, eol - pos), head.headers);
+        r.state == State::kError) {
+      return r;
+    }
+    pos = eol + 2;
+  }
+}
+
+ParseResult RequestParser::wait_for_more(std::string_view input, std::size_t start) {
+  std::string_view message = input.substr(start);
+  std::size_t line_end = message.find(kCrlf);
+  if (line_end == std::string_view::npos) {
+    // Fail early on a request line that is already too long or already wrong.
+    if (message.size() > limits_.max_request_line) return error(414, "request line too long");
+    // Not even a method (a TLS handshake sent to a plain port, say): no need to wait.
+    for (char c : message.substr(0, message.find(' '))) {
+      if (!is_tchar(c)) return error(400, "invalid character in method");
+    }
+  } else if (scanned_ <= start + line_end + 2) {
+    // The request line arrived whole since the last call (or in this first one): check it
+    // once.
+    if (line_end > limits_.max_request_line) return error(414, "request line too long");
+    RequestHead probe;
+    auto r = parse_request_line(message.substr(0, line_end), probe);
+    if (r.state == State::kError) return r;
+  }
+  if (message.size() > limits_.max_head) return error(431, "request header too large");
+  scanned_ = input.size();
+  return {State::kIncomplete, 0, 0, {}};
+}
+
+ParseResult ResponseParser::parse(std::string_view input, ResponseHead& head) {
+  std::size_t end = input.find("\r\n\r\n");
+  if (end == std::string_view::npos) {
+    if (input.size() > limits_.max_head) return error(502, "response header too large");
+    return {State::kIncomplete, 0, 0, {}};
+  }
+  if (end + 4 > limits_.max_head) return error(502, "response header too large");
+  head.clear();
+  std::size_t line_end = input.find(kCrlf);
+  std::string_view line = input.substr(0, line_end);
+  // HTTP/1.x SP 3DIGIT SP reason
+  if (line.size() < 12 || !line.starts_with("HTTP/1.") || line[8] != ' ' ||
+      (line.size() > 12 && line[12] != ' ')) {
+    return error(502, "malformed status line");
+  }
+  if (line[7] != '0' && line[7] != '1') return error(502, "unsupported HTTP version");
+  head.minor_version = line[7] - '0';
+  int status = 0;
+  for (std::size_t i = 9; i < 12; ++i) {
+    if (line[i] < '0' || line[i] > '9') return error(502, "malformed status code");
+    status = status * 10 + (line[i] - '0');
+  }
+  // RFC 9110 15: a status code is 100 to 599; anything else is not HTTP.
+  if (status < 100 || status > 599) return error(502, "malformed status code");
+  head.status = status;
+  head.reason = line.size() > 13 ? line.substr(13) : std::string_view();
+  std::size_t pos = line_end + 2;
+  while (pos < end + 2) {
+    std::size_t eol = input.find(kCrlf, pos);
+    std::string_view field = input.substr(pos, eol - pos);
+    if (field.find('\r') != std::string_view::npos) return error(502, "bare CR in header");
+    if (head.headers.size() == limits_.max_headers) return error(502, "too many header fields");
+    if (auto r = parse_field(field, head.headers); r.state == State::kError) {
+      return error(502, r.reason);
+    }
+    pos = eol + 2;
+  }
+  FramingFields framing = collect_framing_fields(head.headers);
+  // The method is not known here: a HEAD or CONNECT caller re-decides with response_framing.
+  if (auto e = response_framing(head.headers, framing, head.status, "GET", head.framing)) {
+    return error(502, e->reason);
+  }
+  head.content_length = framing.content_length;
+  head.chunked = head.framing.kind == BodyFraming::Kind::kChunked;
+  if (framing.transfer_encoding) head.content_length.reset();  // the coding overrides it
+  if (head.framing.kind == BodyFraming::Kind::kUntilClose) head.keep_alive = false;
+  if (head.minor_version == 1) {
+    head.keep_alive = head.keep_alive && !head.headers.has_token("connection", "close");
+  } else {
+    head.keep_alive = head.headers.has_token("connection", "keep-alive");
+  }
+  return {State::kComplete, end + 4, 0, {}};
+}
+
+}  // namespace spindle::http

@@ -1,0 +1,172 @@
+#pragma once
+// What the HTTP/1 and HTTP/2 drivers of HttpServer share (private to src/http).
+
+#include <atomic>
+#include <cstddef>
+#include <ctime>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "spindle/fiber/idle_cache.h"
+#include "spindle/io/timer_queue.h"
+#include "spindle/net/stream.h"
+#include "spindle/server/server.h"
+#include "spindle/sync/wait_group.h"
+
+namespace spindle::http {
+namespace detail {
+
+/// The Date header line, formatted at most once per second per worker.
+struct alignas(64) DateCache {
+  std::time_t second = -1;
+  char text[40] = {};
+
+  /// "Date: <IMF-fixdate>\r\n" for now.
+  std::string_view line() {
+    std::time_t t = std::time(nullptr);
+    if (t != second) {
+      second = t;
+      std::tm tm{};
+      ::gmtime_r(&t, &tm);
+      std::strftime(text, sizeof text, "Date: %a, %d %b %Y %H:%M:%S GMT\r\n", &tm);
+    }
+    return {text, 37};
+  }
+  /// Just the date ("Sun, 22 Nov 2026 20:00:00 GMT").
+  std::string_view value() { return line().substr(6, 29); }
+};
+
+struct ConnectionState;
+class Http2Connection;
+
+/// A worker's HTTP/1 connection buffers kept for reuse: read buffers (max_head + 4 KiB) and
+/// response buffers with their capacity. The worker trims them with its own pools
+/// (Worker::keep_trimmed), so a burst of connections does not keep its buffers.
+struct ConnectionBuffers final : IdleCache {
+  static constexpr std::size_t kFloor = 16, kMax = 1024;
+  FreeList<std::vector<char>> reads{kFloor, kMax};
+  FreeList<std::string> outputs{kFloor, kMax};
+
+  bool over_floor() const override { return reads.over_floor() || outputs.over_floor(); }
+  std::size_t trim() override {
+    std::size_t bytes = 0;
+    reads.trim([&](std::vector<char> b) { bytes += b.capacity(); });
+    outputs.trim([&](std::string b) { bytes += b.capacity(); });
+    return bytes;
+  }
+};
+
+/// What a worker knows of its connections: the Date cache, read buffers to reuse, the idle
+/// HTTP/1 connections, those that woke and wait for a fiber, and the HTTP/2 ones (for
+/// draining). Touched only by its worker.
+struct alignas(64) WorkerState {
+  DateCache date;
+  std::shared_ptr<ConnectionBuffers> buffers;  // made by the worker's first connection
+  ConnectionState* idle_head = nullptr;        // intrusive list of idle connections
+  ConnectionState* ready_head = nullptr;       // woken idle connections, oldest first (same links)
+  ConnectionState* ready_tail = nullptr;
+  std::size_t runners_starting = 0;     // fibers spawned to serve them that have not begun
+  std::vector<Http2Connection*> http2;  // open HTTP/2 connections
+  std::size_t open = 0;                 // connections open on this worker
+};
+
+/// Runs the router for `request`, turning an exception into an error response (logged).
+Response call_router(const Router& router, Request& request);
+
+/// The HTTP/1.1 request that asked to switch to h2c (RFC 7540 3.2), answered as stream 1.
+struct Http2Upgrade {
+  const RequestHead* head = nullptr;
+  /// The HTTP2-Settings header, base64url-decoded.
+  std::string settings;
+  /// Its body (read whole before switching).
+  std::string body;
+};
+
+}  // namespace detail
+
+struct HttpServer::Shared {
+  Router router;
+  ServerOptions options;
+  std::string server_line;  // "Server: <name>\r\n", or "" for none
+  Runtime* runtime = nullptr;
+  std::vector<detail::WorkerState> workers;  // one per worker, touched only by that worker
+  WaitGroup active;                          // open connections
+  /// Set when its connections are to end: each HTTP/1 response says Connection: close, each
+  /// HTTP/2 connection gets GOAWAY.
+  std::atomic<bool> draining{false};
+  /// Set by a shutdown (not by a reconfigure): an HTTP/1 connection closes as soon as it has
+  /// nothing to do, even if its last response did not say so.
+  std::atomic<bool> closing_idle{false};
+};
+
+namespace detail {
+
+/// One client connection, from accept to close: its socket, and what it keeps between
+/// requests. The one owner of the connection (through ConnectionPtr, or a worker's idle or
+/// ready list while no fiber serves it); its constructor and destructor alone count it in the
+/// worker's `open` and the server's `active`, so whatever is thrown, a connection that ends is
+/// closed and uncounted. While it is idle this is all there is of it: no fiber, no stack, no
+/// read buffer.
+struct ConnectionState {
+  ConnectionState(Stream s, std::shared_ptr<HttpServer::Shared> sh, WorkerState& w);
+  /// Closes: TLS close_notify, the socket, the keep-alive timer; uncounts.
+  ~ConnectionState();
+  ConnectionState(const ConnectionState&) = delete;
+  ConnectionState& operator=(const ConnectionState&) = delete;
+
+  /// The socket (TCP or TLS).
+  Stream stream;
+  /// The server it belongs to (kept alive by its connections).
+  std::shared_ptr<HttpServer::Shared> shared;
+  /// Its worker's state.
+  WorkerState* worker;
+  /// Requests answered so far.
+  std::size_t requests = 0;
+  /// The client's address for the access log (looked up on first use).
+  std::string remote;
+  /// The request context's facts about the connection, looked up once (on first use), as a
+  /// connection's activations come and go with its idle periods. On the heap: an idle
+  /// connection that never needs them pays 8 bytes.
+  struct Facts {
+    RequestContext context;
+    std::optional<Address> peer, local;
+  };
+  std::unique_ptr<Facts> facts;
+  /// The keep-alive timer. It stays queued across requests (re-queued only when it fires
+  /// early), so a request costs no timer-heap work.
+  Timer idle_timer;
+  /// When the connection last went idle, and whether it is idle now.
+  Clock::time_point idle_since{};
+  bool idle = false;
+  /// Links in the worker's idle list (or its ready list: next_idle only).
+  ConnectionState* prev_idle = nullptr;
+  ConnectionState* next_idle = nullptr;
+};
+
+/// Owns a connection while a fiber serves it.
+using ConnectionPtr = std::unique_ptr<ConnectionState>;
+
+/// How one HTTP/1 activation of a connection ended.
+enum class Http1Outcome {
+  kClose,  ///< the connection is done (it lingered first if the client may still be sending)
+  kIdle,   ///< nothing to do: it waits in the reactor for its next request
+};
+
+/// Serves an HTTP/1 connection (switching to HTTP/2 if it asks) on the calling fiber until it
+/// closes or goes idle. May throw (the caller's ConnectionPtr then closes the connection).
+Http1Outcome serve_http1(ConnectionState& state);
+
+/// Serves one HTTP/2 connection on `stream` until it ends, on the calling fiber. `preread`:
+/// bytes already received (from the client preface on); `upgrade`: the h2c upgrade request,
+/// or nullptr.
+void serve_http2(Stream& stream, HttpServer::Shared& shared, WorkerState& worker,
+                 std::string_view preread, const Http2Upgrade* upgrade);
+
+/// Sends GOAWAY on every HTTP/2 connection of `worker` (draining); each ends once its
+/// streams are done.
+void shut_down_http2(WorkerState& worker);
+
+}  // namespace detail
+}  // namespace spindle::http

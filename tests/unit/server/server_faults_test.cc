@@ -1,0 +1,151 @@
+// The server when things go wrong inside it: a fiber that cannot start (no stack), handlers
+// and body producers that throw what is not a std::exception. Each ends only what it must, and
+// the server keeps serving, counting its connections right and draining promptly.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "spindle/client/client.h"
+#include "spindle/fiber/this_fiber.h"
+#include "spindle/http_testing.h"
+#include "spindle/server/server.h"
+#include "spindle/testing.h"
+
+using namespace std::chrono_literals;
+using namespace spindle;
+using namespace spindle::http;
+using spindle::testing::read_response;
+using namespace std::string_view_literals;
+
+namespace {
+
+constexpr std::string_view kGet = "GET /ok HTTP/1.1\r\nHost: x\r\n\r\n";
+
+Router fault_router() {
+  Router router;
+  router.get("/ok", [](Request&) { return Response::text("ok"); });
+  router.get("/throw-int", [](Request&) -> Response { throw 42; });
+  router.get("/producer-throws", [](Request&) {
+    Response r(200);
+    r.stream = [](BodyWriter& body) {
+      (void)body.write("first part\n");
+      throw 42;  // not a std::exception
+    };
+    return r;
+  });
+  return router;
+}
+
+// Waits up to a second for the server's connection count to reach `n`.
+bool connections_become(const HttpServer& server, std::size_t n) {
+  for (int i = 0; i < 100 && server.connections() != n; ++i) {
+    (void)this_fiber::sleep_for(10ms);
+  }
+  return server.connections() == n;
+}
+
+}  // namespace
+
+TEST(ServerFaults, AFailedRunnerSpawnAnswers503AndTheWorkerKeepsServingKeepAlive) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server = spindle::testing::start_http_server(runtime, fault_router());
+  runtime.block_on([&] {
+    auto a = TcpStream::connect(server->address(), Deadline::after(5s));
+    ASSERT_TRUE(a.has_value());
+    ASSERT_TRUE(a->write_all(kGet).has_value());
+    ASSERT_TRUE(read_response(*a).starts_with("HTTP/1.1 200"));
+    // `a` is idle now. Its next request wakes it, and the fiber that would serve it cannot
+    // get a stack.
+    Worker::current()->stacks().fail_next_allocations(1);
+    ASSERT_TRUE(a->write_all(kGet).has_value());
+    std::string refused = read_response(*a, 2s);
+    EXPECT_TRUE(refused.starts_with("HTTP/1.1 503")) << refused;
+    EXPECT_TRUE(connections_become(*server, 0));
+    // The worker goes on: a new connection, then its keep-alive requests, which need a
+    // runner fiber again.
+    auto b = TcpStream::connect(server->address(), Deadline::after(5s));
+    ASSERT_TRUE(b.has_value());
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(b->write_all(kGet).has_value());
+      std::string got = read_response(*b, 2s);
+      EXPECT_TRUE(got.starts_with("HTTP/1.1 200")) << "request " << i << ": " << got;
+    }
+  });
+  EXPECT_TRUE(server->drain(Deadline::after(1s)));
+}
+
+TEST(ServerFaults, AFailedHandlerSpawnRefusesOnlyThatHttp2Stream) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server =
+      spindle::testing::start_http_server(runtime, fault_router(), ServerOptions{.http2 = true});
+  {
+    HttpClient client(runtime, ClientOptions{.h2c_prior_knowledge = true, .request_timeout = 2s});
+    std::string url = "http://127.0.0.1:" + std::to_string(server->address().port()) + "/ok";
+    runtime.block_on([&] {
+      ASSERT_TRUE(client.send({.url = url}).has_value());  // the connection and its fibers
+      Worker::current()->stacks().fail_next_allocations(1);
+      auto refused = client.send({.url = url});
+      EXPECT_FALSE(refused.has_value());
+      auto again = client.send({.url = url});
+      ASSERT_TRUE(again.has_value()) << again.error().message();
+      EXPECT_EQ(again->body, "ok");
+      EXPECT_EQ(server->connections(), 1u);
+    });
+  }  // the client closes its connection
+  runtime.block_on([&] { EXPECT_TRUE(connections_become(*server, 0)); });
+  EXPECT_TRUE(server->drain(Deadline::after(1s)));
+}
+
+TEST(ServerFaults, NonStdExceptionsEndOnlyTheirRequestOnHttp1) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server = spindle::testing::start_http_server(runtime, fault_router());
+  runtime.block_on([&] {
+    auto c = TcpStream::connect(server->address(), Deadline::after(5s));
+    ASSERT_TRUE(c.has_value());
+    ASSERT_TRUE(c->write_all("GET /throw-int HTTP/1.1\r\nHost: x\r\n\r\n"sv).has_value());
+    EXPECT_TRUE(read_response(*c).starts_with("HTTP/1.1 500"));
+    // The same connection goes on; then a producer throws mid-body: the head is gone, so the
+    // connection ends without the last chunk (a truncation the client can see).
+    ASSERT_TRUE(c->write_all("GET /producer-throws HTTP/1.1\r\nHost: x\r\n\r\n"sv).has_value());
+    std::string got;
+    char buffer[4096];
+    while (auto n = c->read(buffer, Deadline::after(2s))) {
+      if (*n == 0) break;
+      got.append(buffer, *n);
+    }
+    EXPECT_NE(got.find("first part"), std::string::npos) << got;
+    EXPECT_EQ(got.find("0\r\n\r\n"), std::string::npos) << got;
+    EXPECT_TRUE(connections_become(*server, 0));
+    EXPECT_TRUE(spindle::testing::exchange_raw(
+                    server->address(), "GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                    .starts_with("HTTP/1.1 200"));
+  });
+  auto start = Clock::now();
+  EXPECT_TRUE(server->drain(Deadline::after(5s)));
+  EXPECT_LT(Clock::now() - start, 500ms);
+}
+
+TEST(ServerFaults, NonStdExceptionsEndOnlyTheirStreamOnHttp2) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server =
+      spindle::testing::start_http_server(runtime, fault_router(), ServerOptions{.http2 = true});
+  {
+    HttpClient client(runtime, ClientOptions{.h2c_prior_knowledge = true, .request_timeout = 2s});
+    std::string base = "http://127.0.0.1:" + std::to_string(server->address().port());
+    runtime.block_on([&] {
+      auto thrown = client.send({.url = base + "/throw-int"});
+      ASSERT_TRUE(thrown.has_value());
+      EXPECT_EQ(thrown->status, 500);
+      auto cut = client.send({.url = base + "/producer-throws"});
+      EXPECT_FALSE(cut.has_value());  // reset, never presented as a complete body
+      auto ok = client.send({.url = base + "/ok"});
+      ASSERT_TRUE(ok.has_value()) << ok.error().message();
+      EXPECT_EQ(ok->body, "ok");
+      EXPECT_EQ(server->connections(), 1u);  // all on one connection, which goes on
+    });
+  }
+  runtime.block_on([&] { EXPECT_TRUE(connections_become(*server, 0)); });
+  auto start = Clock::now();
+  EXPECT_TRUE(server->drain(Deadline::after(5s)));
+  EXPECT_LT(Clock::now() - start, 500ms);
+}
