@@ -51,14 +51,10 @@ ParseResult parse_request_line(std::string_view line, RequestHead& head) {
 
 // Notes which of "close" and "keep-alive" a Connection value lists.
 void note_connection_tokens(std::string_view value, bool& close, bool& keep_alive) {
-  while (!value.empty()) {
-    std::size_t comma = value.find(',');
-    std::string_view token = trim_ows(value.substr(0, comma));
+  for_each_list_item(value, [&](std::string_view token) {
     close = close || iequals(token, "close");
     keep_alive = keep_alive || iequals(token, "keep-alive");
-    if (comma == std::string_view::npos) break;
-    value.remove_prefix(comma + 1);
-  }
+  });
 }
 
 // What the header fields mean for framing and the connection: one pass over them, each name

@@ -211,20 +211,34 @@ void encode_integer(std::uint64_t value, int prefix_bits, std::uint8_t first_bit
 
 // --- DynamicTable ------------------------------------------------------------------------
 
-const std::pair<std::string, std::string>* DynamicTable::get(std::size_t index) const {
-  if (index <= kStaticCount || index - kStaticCount - 1 >= entries_.size()) return nullptr;
-  return &entries_[index - kStaticCount - 1];
+const DynamicTable::Entry* DynamicTable::get(std::size_t index) const {
+  if (index <= kStaticCount || index - kStaticCount - 1 >= count_) return nullptr;
+  return &at(index - kStaticCount - 1);
 }
 
-void DynamicTable::add(std::string name, std::string value) {
+void DynamicTable::add(std::string_view name, std::string_view value) {
   std::size_t entry = name.size() + value.size() + kEntryOverhead;
   if (entry > max_size_) {
     evict_to(0);  // RFC 7541 §4.4: an entry larger than the table empties it
     return;
   }
+  // Copied first: the name may be that of an entry the insertion evicts.
+  spare_.assign(name);
+  spare_.append(value);
   evict_to(max_size_ - entry);
+  if (count_ == ring_.size()) {
+    // Full: twice the slots, the entries in order from slot 0 (oldest first).
+    std::vector<Entry> grown(std::max<std::size_t>(8, ring_.size() * 2));
+    for (std::size_t i = 0; i < count_; ++i) grown[count_ - 1 - i] = std::move(at(i));
+    ring_ = std::move(grown);
+    newest_ = count_ == 0 ? ring_.size() - 1 : count_ - 1;
+  }
+  newest_ = (newest_ + 1) & (ring_.size() - 1);
+  Entry& slot = ring_[newest_];
+  slot.bytes.swap(spare_);  // the slot's old storage is the next entry's
+  slot.name_size = name.size();
+  ++count_;
   size_ += entry;
-  entries_.emplace_front(std::move(name), std::move(value));
 }
 
 void DynamicTable::set_max_size(std::size_t max_size) {
@@ -233,18 +247,20 @@ void DynamicTable::set_max_size(std::size_t max_size) {
 }
 
 void DynamicTable::evict_to(std::size_t size) {
-  while (size_ > size && !entries_.empty()) {
-    const auto& oldest = entries_.back();
-    size_ -= oldest.first.size() + oldest.second.size() + kEntryOverhead;
-    entries_.pop_back();
+  while (size_ > size && count_ != 0) {
+    Entry& oldest = at(count_ - 1);
+    size_ -= oldest.bytes.size() + kEntryOverhead;
+    oldest.bytes.clear();  // keeps its storage for a later entry
+    --count_;
   }
 }
 
 std::size_t DynamicTable::find(std::string_view name, std::string_view value,
                                std::size_t& name_only) const {
-  for (std::size_t i = 0; i < entries_.size(); ++i) {
-    if (entries_[i].first != name) continue;
-    if (entries_[i].second == value) return kStaticCount + 1 + i;
+  for (std::size_t i = 0; i < count_; ++i) {
+    const Entry& entry = at(i);
+    if (entry.name() != name) continue;
+    if (entry.value() == value) return kStaticCount + 1 + i;
     if (name_only == 0) name_only = kStaticCount + 1 + i;
   }
   return 0;
@@ -278,8 +294,8 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
         name = kStatic[index - 1].name;
         value = kStatic[index - 1].value;
       } else if (const auto* entry = table_.get(static_cast<std::size_t>(index))) {
-        name = entry->first;
-        value = entry->second;
+        name = entry->name();
+        value = entry->value();
       } else {
         return Status::kBadIndex;
       }
@@ -293,7 +309,7 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
       } else if (index <= kStaticCount) {
         name = kStatic[index - 1].name;
       } else if (const auto* entry = table_.get(static_cast<std::size_t>(index))) {
-        name = entry->first;
+        name = entry->name();
       } else {
         return Status::kBadIndex;
       }
@@ -307,11 +323,11 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
           name = name_buffer_;
           table_.clear();
         } else {
-          // Copied before the insertion evicts anything; then read from the new entry.
-          table_.add(std::string(name), std::string(value));
+          // Then read from the new entry (the name may have been one of those evicted).
+          table_.add(name, value);
           const auto* added = table_.get(kStaticCount + 1);
-          name = added->first;
-          value = added->second;
+          name = added->name();
+          value = added->value();
         }
       }
     }
@@ -381,7 +397,7 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
     }
     if (name_index == 0) write_string(f.name, out);
     write_string(f.value, out);
-    if (indexing) table_.add(std::string(f.name), std::string(f.value));
+    if (indexing) table_.add(f.name, f.value);
   }
 }
 

@@ -98,15 +98,13 @@ std::string etag_of(const struct stat& st, std::string_view variant) {
 
 // If-None-Match: "*" or a list of entity tags, compared weakly (W/ ignored).
 bool none_match_hits(std::string_view header, std::string_view etag) {
-  while (!header.empty()) {
-    std::size_t comma = header.find(',');
-    std::string_view tag = trim_ows(header.substr(0, comma));
+  bool hit = false;
+  for_each_list_item(header, [&](std::string_view tag) {
     if (tag.starts_with("W/")) tag.remove_prefix(2);
-    if (tag == "*" || tag == etag) return true;
-    if (comma == std::string_view::npos) break;
-    header.remove_prefix(comma + 1);
-  }
-  return false;
+    hit = tag == "*" || tag == etag;
+    return !hit;
+  });
+  return hit;
 }
 
 enum class RangeKind { kNone, kSatisfiable, kUnsatisfiable };

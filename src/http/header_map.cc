@@ -32,20 +32,16 @@ std::uint64_t word_at(std::string_view s, std::size_t at) {
 }  // namespace
 
 bool accepts_encoding(std::string_view header, std::string_view coding) {
-  while (!header.empty()) {
-    std::size_t comma = header.find(',');
-    std::string_view item = trim_ows(header.substr(0, comma));
+  bool accepted = false;
+  for_each_list_item(header, [&](std::string_view item) {
     std::size_t semi = item.find(';');
-    if (iequals(trim_ows(item.substr(0, semi)), coding)) {
-      if (semi == std::string_view::npos) return true;
-      std::string_view q = trim_ows(item.substr(semi + 1));
-      // "q=0", "q=0.0", "q=0.000": refused; any non-zero digit: accepted.
-      return !(q.starts_with("q=0") && q.find_first_of("123456789") == std::string_view::npos);
-    }
-    if (comma == std::string_view::npos) break;
-    header.remove_prefix(comma + 1);
-  }
-  return false;
+    if (!iequals(trim_ows(item.substr(0, semi)), coding)) return true;
+    std::string_view q = semi == std::string_view::npos ? "" : trim_ows(item.substr(semi + 1));
+    // "q=0", "q=0.0", "q=0.000": refused; any non-zero digit: accepted.
+    accepted = !(q.starts_with("q=0") && q.find_first_of("123456789") == std::string_view::npos);
+    return false;  // the first mention decides
+  });
+  return accepted;
 }
 
 bool detail::iequals_same_size(std::string_view a, std::string_view b) {

@@ -29,17 +29,15 @@ NominatedFields::NominatedFields(const HeaderMap& headers) : headers_(headers) {
     bool connection = f.name.size() == 10 && iequals(f.name, "connection");
     bool proxy_connection = f.name.size() == 16 && iequals(f.name, "proxy-connection");
     if (!connection && !proxy_connection) continue;
-    for (std::string_view rest = f.value; !rest.empty();) {
-      std::size_t comma = rest.find(',');
-      std::string_view token = trim_ows(rest.substr(0, comma));
-      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-      if (token.empty()) continue;
+    for_each_list_item(f.value, [&](std::string_view token) {
       if (count_ == kInline) {
         overflow_ = true;
-        return;
+        return false;
       }
       names_[count_++] = token;
-    }
+      return true;
+    });
+    if (overflow_) return;
   }
 }
 
@@ -59,16 +57,10 @@ std::size_t remove_hop_by_hop(HeaderMap& headers) {
       std::optional<std::string_view> nominated;
       for (const Field& f : headers) {
         if (!iequals(f.name, field)) continue;
-        std::string_view rest = f.value;
-        while (!rest.empty() && !nominated) {
-          std::size_t comma = rest.find(',');
-          std::string_view token = trim_ows(rest.substr(0, comma));
-          if (!token.empty() && !is_hop_by_hop(token) && headers.contains(token)) {
-            nominated = token;
-          }
-          if (comma == std::string_view::npos) break;
-          rest.remove_prefix(comma + 1);
-        }
+        for_each_list_item(f.value, [&](std::string_view token) {
+          if (!is_hop_by_hop(token) && headers.contains(token)) nominated = token;
+          return !nominated;
+        });
         if (nominated) break;
       }
       if (!nominated) break;

@@ -341,15 +341,12 @@ http::Response answer_preflight(const http::Request& request, const CorsConfig& 
   bool ok =
       cors_allows(cors, origin) && std::ranges::find(cors.methods, method) != cors.methods.end();
   // Every field it asks for must be allowed (names compared without regard to case).
-  for (std::string_view rest = asked; ok && !rest.empty();) {
-    auto comma = rest.find(',');
-    std::string_view name = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-    while (!name.empty() && (name.front() == ' ' || name.front() == '\t')) name.remove_prefix(1);
-    while (!name.empty() && (name.back() == ' ' || name.back() == '\t')) name.remove_suffix(1);
-    if (name.empty() || cors.any_header) continue;
-    ok = std::ranges::any_of(cors.headers,
-                             [&](const std::string& h) { return http::iequals(h, name); });
+  if (ok && !cors.any_header) {
+    http::for_each_list_item(asked, [&](std::string_view name) {
+      ok = std::ranges::any_of(cors.headers,
+                               [&](const std::string& h) { return http::iequals(h, name); });
+      return ok;
+    });
   }
   if (!ok) return http::Response::error(403, "cross-origin request not allowed");
   http::Response response(204);
@@ -610,7 +607,6 @@ class TriedTargets {
   std::vector<std::size_t> high_;
 };
 
-// A target of `upstream` by its balancer, among the healthy ones not tried yet.
 // A target of `upstream` by its balancer, among the healthy ones not tried yet; or, with
 // fewer healthy targets than the panic threshold, among all not tried yet (`panic` says so).
 std::optional<std::size_t> pick_target(Gateway::WorkerState& worker,
@@ -1246,6 +1242,416 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   return refusal;
 }
 
+namespace {
+
+// One request on its way through Proxy::forward, and the steps of its way: the head made for
+// the upstream (prepare), the body read as far as it may be kept (take_body), then attempts
+// until a target answers or the retries run out (run): each picks a target, exchanges with it
+// (exchange_with) and either answers the client (open_tunnel, pass_response) or tries again
+// (retry_allowed); when none answered, give_up says why.
+class Forwarding {
+ public:
+  Forwarding(http::Request& request, const std::shared_ptr<Gateway>& gateway,
+             const Gateway::Server& server, const RouteConfig& route,
+             const Gateway::Service& service, http::UpstreamConnections& connections,
+             Metrics* metrics)
+      : request_(request),
+        gateway_(gateway),
+        server_(server),
+        route_(route),
+        service_(service),
+        upstream_(*service.upstream),
+        retries_(service.config->retries),
+        worker_(gateway->worker_state()),
+        budget_(worker_.budgets[service.index]),
+        connections_(connections),
+        metrics_(metrics) {}
+
+  // The head for the upstream, with the route's middlewares and upgrades applied; an answer
+  // instead when the request cannot go on this route.
+  std::optional<http::Response> prepare();
+  // Reads a body up to request_buffering before any target is chosen: it can be sent again,
+  // and a client that dawdles costs no upstream anything. A chunked one is read that far to
+  // see whether it ends within it.
+  void take_body();
+  // Attempts until a target answers (what the client then gets) or none may be tried again.
+  http::Response run();
+
+ private:
+  // What one attempt got: the upstream's response head (on `exchange`), or why not.
+  struct Attempt {
+    std::shared_ptr<http::ClientExchange> exchange;
+    const http::ClientResponseHead* head = nullptr;
+    std::error_code failure;
+  };
+  Attempt exchange_with(const Gateway::Target& target);
+  // True if an attempt that failed or was answered 502/503 is tried again: `safe` to send
+  // again, attempts left, and a retry in the budget (spent here).
+  bool retry_allowed(bool safe, unsigned attempt);
+  // 101 (or CONNECT's 2xx): the connection becomes a tunnel between client and upstream.
+  http::Response open_tunnel(const Gateway::Target& target, Attempt& attempt);
+  // The upstream's response: its fields and its body, streamed to the client as it comes.
+  http::Response pass_response(const Gateway::Target& target, Attempt& attempt,
+                               Clock::duration first_byte_time);
+  // No target answered: the last failure, as a status.
+  http::Response give_up();
+
+  http::Request& request_;
+  const std::shared_ptr<Gateway>& gateway_;
+  const Gateway::Server& server_;
+  const RouteConfig& route_;
+  const Gateway::Service& service_;
+  const Gateway::Upstream& upstream_;
+  const RetryPolicy& retries_;
+  Gateway::WorkerState& worker_;
+  Gateway::WorkerState::Budget& budget_;
+  http::UpstreamConnections& connections_;
+  Metrics* metrics_;
+
+  std::shared_ptr<ForwardHead> forward_head_;
+  // CONNECT becomes a tunnel through the upstream (an HTTP proxy) once it answers 2xx.
+  bool connect_ = false;
+  // An HTTP/2 client's extended CONNECT (RFC 8441), sent upstream as an HTTP/1.1 upgrade.
+  bool extended_connect_ = false;
+  // What the access log shows of the proxying: noted only for a server that writes one.
+  bool logged_ = false;
+  bool has_body_ = false;
+  bool idempotent_ = false;
+  // The smallest max_body of the route's middlewares, for a body without a length.
+  std::optional<std::uint64_t> route_max_body_;
+  BodyState body_;
+  // The key consistent_hash hashes.
+  std::uint64_t key_hash_ = 0;
+  // The last attempt's failure and target, and whether its connection was a pooled one.
+  std::error_code last_error_;
+  std::string_view last_target_;
+  bool last_reused_ = false;
+};
+
+std::optional<http::Response> Forwarding::prepare() {
+  // Only an HTTP/1.1 connection can be taken over for CONNECT's tunnel.
+  connect_ = request_.method() == "CONNECT" && request_.head().protocol.empty();
+  if (connect_ && request_.context().major_version != 1) {
+    return http::Response::error(501, "CONNECT is forwarded from HTTP/1.1 clients only");
+  }
+  for (const MiddlewareConfig& m : route_.middlewares) {
+    if (m.kind == MiddlewareConfig::Kind::kMaxBody) {
+      route_max_body_ = std::min(route_max_body_.value_or(m.max_body), m.max_body);
+    }
+  }
+  forward_head_ = std::allocate_shared<ForwardHead>(BlockAllocator<ForwardHead>());
+  build_head(request_, *server_.config, *forward_head_);
+  apply_request_middlewares(request_, route_, *forward_head_);
+  // Upgrades go only where the route allows them.
+  extended_connect_ = !request_.head().protocol.empty();
+  if (extended_connect_) {
+    if (!extended_connect_as_upgrade(request_, route_, *forward_head_)) {
+      return http::Response::error(
+          501, fmt::format("no upgrade to '{}' on this route", request_.head().protocol));
+    }
+    if (upstream_.protocol != http::WireProtocol::kHttp1) {
+      return http::Response::error(501, "an extended CONNECT goes to HTTP/1.1 services only");
+    }
+  } else {
+    offer_upgrade(request_, route_, *forward_head_);
+  }
+  logged_ = server_.config->access_log.enabled;
+  if (logged_) {
+    request_.set_attribute("route", route_.name);
+    request_.set_attribute("request_id", forward_head_->request_id.view());
+    request_.set_attribute("trace_id", forward_head_->traceparent.view().substr(3, 32));
+  }
+  const http::RequestHead& head = forward_head_->head;
+  has_body_ = head.chunked || head.content_length.value_or(0) > 0;
+  idempotent_ = http::is_idempotent(head.method);
+  if (upstream_.config->balancer == BalancerKind::kConsistentHash) {
+    const HashKey& key = upstream_.config->hash;
+    std::string_view value = request_.context().remote;
+    if (key.by == HashKey::By::kHeader) {
+      value = request_.header(key.key);
+    } else if (key.by == HashKey::By::kCookie) {
+      value = cookie_value(request_, key.key);
+    }
+    key_hash_ = hash_key(value);
+  }
+  return std::nullopt;
+}
+
+void Forwarding::take_body() {
+  const http::RequestHead& head = forward_head_->head;
+  const std::uint64_t buffering = service_.config->request_buffering;
+  body_.replayable = !has_body_ || head.content_length.value_or(UINT64_MAX) <= buffering;
+  body_.unread = has_body_ && request_.head().expect_continue;
+  body_.complete = !has_body_;
+  if (has_body_ && !body_.unread) {
+    if (body_.replayable) {
+      body_.kept = request_.body();
+      body_.complete = true;
+    } else if (head.chunked && buffering > 0) {
+      body_.complete = body_.replayable = read_up_to(request_, buffering, body_.kept);
+    }
+  }
+}
+
+Forwarding::Attempt Forwarding::exchange_with(const Gateway::Target& target) {
+  Attempt attempt;
+  // After a pooled connection failed, a new one: the others idle as long may be closed too.
+  auto opened = connections_.open(target.endpoint, forward_head_->head, forward_head_->authority,
+                                  service_.timeouts, upstream_.limits, last_reused_);
+  last_reused_ = false;
+  if (!opened) {
+    attempt.failure = opened.error();
+    return attempt;
+  }
+  attempt.exchange = std::move(*opened);
+  http::ClientExchange& exchange = *attempt.exchange;
+  last_reused_ = exchange.reused();
+  // The client going away cancels the exchange (HTTP/2 RST_STREAM).
+  request_.on_client_gone([weak = std::weak_ptr(attempt.exchange)] {
+    if (auto e = weak.lock()) e->cancel();
+  });
+  // Interim answers (103 Early Hints) go on to the client as they come.
+  exchange.on_informational([this](const http::ClientResponseHead& interim) {
+    (void)request_.send_interim(interim.status, interim.headers);
+  });
+  auto sent = send_body(request_, exchange, body_, has_body_, route_max_body_);
+  // Even when the body could not all go out, the upstream may have answered (an early 413,
+  // say): its answer is what the client should see.
+  auto got = exchange.read_head();
+  exchange.on_informational(nullptr);
+  if (got) {
+    attempt.head = *got;
+  } else {
+    attempt.failure = sent ? got.error() : sent.error();
+  }
+  return attempt;
+}
+
+bool Forwarding::retry_allowed(bool safe, unsigned attempt) {
+  if (!safe || attempt >= retries_.attempts) return false;
+  if (budget_.milli < 1000) {
+    if (metrics_) metrics_->record_retry_denied(service_.series);
+    return false;
+  }
+  budget_.milli -= 1000;
+  if (metrics_) metrics_->record_retry(service_.series);
+  return true;
+}
+
+http::Response Forwarding::run() {
+  const http::RequestHead& head = forward_head_->head;
+  TriedTargets tried;
+  for (unsigned number = 1;; ++number) {
+    bool panic = false;
+    auto pick = pick_target(worker_, upstream_, tried, key_hash_, &panic);
+    if (panic && metrics_) metrics_->record_panic(service_.series);
+    if (!pick && number > 1 && last_reused_ && upstream_.targets.size() == 1) {
+      // Every target tried: the last failure stands. But a single target may be tried again
+      // when the failure was a pooled connection it had closed: no fault of the target.
+      pick = 0;
+    }
+    if (!pick) {
+      if (number == 1) {
+        log_warn("route {}: upstream {} has no healthy target: answered 503", route_.name,
+                 upstream_.config->name);
+        return http::Response::error(503, "no healthy upstream");
+      }
+      return give_up();
+    }
+    const Gateway::Target& target = upstream_.targets[*pick];
+    tried.add(*pick);
+    last_target_ = target.label;
+    forward_head_->in_flight.reset();
+    forward_head_->in_flight.emplace(worker_.in_flight[upstream_.index][*pick]);
+    auto started = Clock::now();
+    Attempt attempt = exchange_with(target);
+    if (attempt.head == nullptr) {
+      last_error_ = attempt.failure;
+      // A failure while the client's own body was still coming (stalled, cut, past the
+      // upstream's read deadline) may be the client's doing: it is not the target's.
+      if (counts_against_target(attempt.failure) && body_.complete) {
+        note_target_failure(upstream_, *pick, metrics_, service_.series);
+      }
+      // Safe to send again: nothing reached the upstream (whatever the method, if the body is
+      // still whole or not yet begun), or an idempotent request whose body is kept and whose
+      // connection closed before any answer.
+      bool body_whole = body_.replayable || !body_.streamed_beyond;
+      bool safe = (http::nothing_reached_upstream(attempt.failure) && body_whole) ||
+                  (idempotent_ && body_.replayable &&
+                   attempt.failure == ExchangeErrc::kClosedBeforeResponse);
+      if (retry_allowed(safe, number)) {
+        log_info("route {}: {} {} to {} failed ({}): trying again", route_.name, head.method,
+                 head.target, target.label, attempt.failure.message());
+        continue;
+      }
+      return give_up();
+    }
+    int status = attempt.head->status;
+    bool connected = connect_ && status >= 200 && status < 300;  // CONNECT's tunnel is open
+    if (status == 101 || connected) return open_tunnel(target, attempt);
+    if (extended_connect_ && status >= 200 && status < 300) {
+      // A 2xx opens the tunnel for an HTTP/2 client: an upstream that did not switch must not
+      // be passed on as one that did.
+      attempt.exchange->cancel();
+      log_warn("route {}: {} upgrade to {}: answered {} without switching: answered 502",
+               route_.name, head.target, target.label, status);
+      return http::Response::error(502, "the upstream did not switch protocols");
+    }
+    bool could_retry = (status == 502 || status == 503) && idempotent_ && body_.replayable &&
+                       upstream_.targets.size() > 1;
+    if (retry_allowed(could_retry, number)) {
+      last_error_ = {};
+      continue;  // another target may do better
+    }
+    target.health->record_success();
+    return pass_response(target, attempt, Clock::now() - started);
+  }
+}
+
+http::Response Forwarding::open_tunnel(const Gateway::Target& target, Attempt& attempt) {
+  const http::RequestHead& head = forward_head_->head;
+  const http::ClientResponseHead& response_head = *attempt.head;
+  if (logged_) request_.set_attribute("upstream", target.label);
+  if (auto refused = response_head.status == 101 ? switch_refused(*forward_head_, response_head)
+                                                 : std::nullopt) {
+    attempt.exchange->cancel();  // its connection is closed, never pooled
+    log_warn("route {}: {} {} to {}: {}: answered 502", route_.name, head.method, head.target,
+             target.label, *refused);
+    return http::Response::error(502, *refused);
+  }
+  target.health->record_success();
+  auto early = std::make_shared<std::string>();
+  auto taken = attempt.exchange->take_connection(*early);
+  if (!taken) return http::Response::error(502, taken.error().message());
+  // An HTTP/2 client's extended CONNECT is answered 200 (RFC 8441 5): its stream is the
+  // tunnel. The 101's proof of the key was ours to check, not the client's.
+  http::Response response(extended_connect_ ? 200 : response_head.status);
+  for (const http::Field& f : response_head.headers) {
+    if (extended_connect_ && http::iequals(f.name, "sec-websocket-accept")) continue;
+    response.headers.add(f.name, f.value);
+  }
+  auto upstream_stream = std::make_shared<Stream>(std::move(*taken));
+  response.takeover = [upstream_stream, early, forward_head = forward_head_, gateway = gateway_,
+                       timeouts = service_.config->timeouts](http::TunnelEnd& client,
+                                                             std::string_view from_client) {
+    http::StreamTunnelEnd upstream_end(*upstream_stream);
+    tunnel(client, upstream_end, from_client, *early, timeouts.idle, timeouts.tunnel);
+  };
+  return response;
+}
+
+http::Response Forwarding::pass_response(const Gateway::Target& target, Attempt& attempt,
+                                         Clock::duration first_byte_time) {
+  const http::RequestHead& head = forward_head_->head;
+  const http::ClientResponseHead& response_head = *attempt.head;
+  std::shared_ptr<http::ClientExchange> exchange = attempt.exchange;
+  if (metrics_) {
+    metrics_->record_upstream(service_.series,
+                              std::chrono::duration<double>(exchange->connect_time()).count(),
+                              std::chrono::duration<double>(first_byte_time).count());
+  }
+  if (logged_) {
+    auto first_byte = std::chrono::duration_cast<std::chrono::milliseconds>(first_byte_time);
+    request_.set_attribute("upstream", target.label);
+    request_.set_attribute("upstream_connect_ms", milliseconds_text(exchange->connect_time()));
+    request_.set_attribute("upstream_first_byte_ms", std::to_string(first_byte.count()));
+  }
+  // The upstream's fields (the server drops hop-by-hop ones and sets the framing), with our
+  // Via added to its.
+  http::Response response(response_head.status);
+  for (const http::Field& f : response_head.headers) {
+    if (f.name.size() == 3 && http::iequals(f.name, "via")) continue;
+    response.headers.add(f.name, f.value);
+  }
+  auto via = response_head.headers.get("via");
+  std::string our_via = via ? std::string(*via) + ", " : std::string();
+  our_via.append(version_text(response_head.version)).append(" spindle");
+  response.headers.add("Via", our_via);
+  if (request_.method() == "HEAD" || response_head.no_body) {
+    if (response_head.content_length) {
+      response.stream = [](http::BodyWriter&) {};
+      response.stream_length = response_head.content_length;
+    }
+    return response;
+  }
+  // The first piece is read here, before the head goes out: it then goes with the head in one
+  // write, a body that is all there needs no producer at all, and an upstream that cuts before
+  // its first byte still gets the client a 502.
+  std::string& first = response.body;
+  std::error_code failure;
+  {
+    BufferPool::Buffer piece = take_buffer();  // pooled: no 16 KiB allocation per request
+    auto n = exchange->read(piece.span().first(std::min(kFirstPiece, piece.span().size())));
+    if (n) {
+      first.assign(piece.span().data(), *n);
+    } else {
+      failure = n.error();
+    }
+  }
+  if (failure == ExchangeErrc::kCancelled) {
+    log_info("route {}: {} {} to {}: the client went away: upstream exchange abandoned",
+             route_.name, head.method, head.target, target.label);
+    return http::Response::error(499, failure.message());
+  }
+  if (failure) {
+    log_warn("route {}: {} {} to {}: {} before the body: answered 502", route_.name, head.method,
+             head.target, target.label, failure.message());
+    return http::Response::error(502, failure.message());
+  }
+  bool whole = first.empty() ||
+               (response_head.content_length && *response_head.content_length == first.size());
+  if (whole) {
+    char end;
+    auto n = exchange->read({&end, 1});  // the body's end: the connection goes back to the pool
+    if (n && *n == 0) {
+      if (exchange->trailers().empty()) return response;
+      // Trailers need a producer to carry them.
+      response.stream = [exchange](http::BodyWriter& writer) {
+        writer.set_trailers(exchange->trailers());
+      };
+      return response;
+    }
+  }
+  response.stream_length = response_head.content_length;
+  // The producer keeps the snapshot, the exchange and the in-flight count until the body is
+  // sent.
+  response.stream = [gateway = gateway_, exchange, forward_head = forward_head_,
+                     label = target.label, route = route_.name](http::BodyWriter& writer) {
+    BufferPool::Buffer buffer = take_buffer();
+    for (;;) {
+      auto n = exchange->read(buffer.span());
+      if (!n) {
+        // Cut mid-body: the client's connection or stream is aborted, never ended short.
+        throw std::runtime_error(
+            fmt::format("route {}: upstream {}: {}", route, label, n.error().message()));
+      }
+      if (*n == 0) break;
+      if (!writer.write(std::string_view(buffer.span().data(), *n))) {
+        exchange->cancel();  // the client is gone
+        return;
+      }
+    }
+    if (!exchange->trailers().empty()) writer.set_trailers(exchange->trailers());
+  };
+  return response;
+}
+
+http::Response Forwarding::give_up() {
+  const http::RequestHead& head = forward_head_->head;
+  int status = status_for(last_error_);
+  if (status == 499) {
+    log_info("route {}: {} {} to {}: the client went away: upstream exchange abandoned",
+             route_.name, head.method, head.target, last_target_);
+  } else {
+    log_warn("route {}: {} {} to {}: {}: answered {}", route_.name, head.method, head.target,
+             last_target_, last_error_.message(), status);
+  }
+  if (logged_) request_.set_attribute("upstream", last_target_);
+  return http::Response::error(status, last_error_.message());
+}
+
+}  // namespace
+
 http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gateway>& gateway,
                               const Gateway::Server& server, const RouteConfig& route,
                               std::string_view service_name) {
@@ -1253,318 +1659,14 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
   const Gateway::Service* service =
       gateway->service(service_name.empty() ? std::string_view(route.service) : service_name);
   if (service == nullptr) return http::Response::error(502, "no such service");
-  const Gateway::Upstream& upstream = *service->upstream;
-  const RetryPolicy& retries = service->config->retries;
-  Gateway::WorkerState& worker = gateway->worker_state();
-  auto& budget = worker.budgets[service->index];
+  // A retry budget grows with every request (capped), and each retry spends one.
+  auto& budget = gateway->worker_state().budgets[service->index];
   budget.milli = std::min<std::int64_t>(
-      budget.milli + static_cast<std::int64_t>(retries.budget * 1000), 100'000);
-
-  // CONNECT becomes a tunnel through the upstream (an HTTP proxy) once it answers 2xx; only an
-  // HTTP/1.1 connection can be taken over for it.
-  bool connect = request.method() == "CONNECT" && request.head().protocol.empty();
-  if (connect && request.context().major_version != 1) {
-    return http::Response::error(501, "CONNECT is forwarded from HTTP/1.1 clients only");
-  }
-  // The smallest max_body of the route's middlewares, for a body without a length.
-  std::optional<std::uint64_t> route_max_body;
-  for (const MiddlewareConfig& m : route.middlewares) {
-    if (m.kind == MiddlewareConfig::Kind::kMaxBody) {
-      route_max_body = std::min(route_max_body.value_or(m.max_body), m.max_body);
-    }
-  }
-  auto forward_head = std::allocate_shared<ForwardHead>(BlockAllocator<ForwardHead>());
-  build_head(request, *server.config, *forward_head);
-  apply_request_middlewares(request, route, *forward_head);
-  // Upgrades go only where the route allows them.
-  const bool extended_connect = !request.head().protocol.empty();
-  if (extended_connect) {
-    if (!extended_connect_as_upgrade(request, route, *forward_head)) {
-      return http::Response::error(
-          501, fmt::format("no upgrade to '{}' on this route", request.head().protocol));
-    }
-    if (upstream.protocol != http::WireProtocol::kHttp1) {
-      return http::Response::error(501, "an extended CONNECT goes to HTTP/1.1 services only");
-    }
-  } else {
-    offer_upgrade(request, route, *forward_head);
-  }
-  // What the access log shows of the proxying: noted only for a server that writes one.
-  const bool logged = server.config->access_log.enabled;
-  if (logged) {
-    request.set_attribute("route", route.name);
-    request.set_attribute("request_id", forward_head->request_id.view());
-    request.set_attribute("trace_id", forward_head->traceparent.view().substr(3, 32));
-  }
-  const http::RequestHead& head = forward_head->head;
-
-  // Bodies up to request_buffering are read whole before a target is chosen: they can be sent
-  // again, and a client that dawdles costs no upstream anything. A chunked one is read that far
-  // to see whether it ends within it.
-  bool has_body = head.chunked || head.content_length.value_or(0) > 0;
-  const std::uint64_t buffering = service->config->request_buffering;
-  BodyState body;
-  body.replayable = !has_body || head.content_length.value_or(UINT64_MAX) <= buffering;
-  body.unread = has_body && request.head().expect_continue;
-  body.complete = !has_body;
-  if (has_body && !body.unread) {
-    if (body.replayable) {
-      body.kept = request.body();
-      body.complete = true;
-    } else if (head.chunked && buffering > 0) {
-      body.complete = body.replayable = read_up_to(request, buffering, body.kept);
-    }
-  }
-  bool idempotent = http::is_idempotent(head.method);
-
-  // The key consistent_hash hashes.
-  std::uint64_t key_hash = 0;
-  if (upstream.config->balancer == BalancerKind::kConsistentHash) {
-    const HashKey& key = upstream.config->hash;
-    std::string_view value = request.context().remote;
-    if (key.by == HashKey::By::kHeader) {
-      value = request.header(key.key);
-    } else if (key.by == HashKey::By::kCookie) {
-      value = cookie_value(request, key.key);
-    }
-    key_hash = hash_key(value);
-  }
-
-  TriedTargets tried;
-  std::error_code last_error;
-  std::string_view last_target;
-  bool last_reused = false;
-  for (unsigned attempt = 1;; ++attempt) {
-    bool panic = false;
-    auto pick = pick_target(worker, upstream, tried, key_hash, &panic);
-    if (panic && metrics_) metrics_->record_panic(service->series);
-    if (!pick && attempt > 1 && last_reused && upstream.targets.size() == 1) {
-      // Every target tried: the last failure stands. But a single target may be tried again
-      // when the failure was a pooled connection it had closed: no fault of the target.
-      pick = 0;
-    }
-    if (!pick) {
-      if (attempt == 1) {
-        log_warn("route {}: upstream {} has no healthy target: answered 503", route.name,
-                 upstream.config->name);
-        return http::Response::error(503, "no healthy upstream");
-      }
-      break;
-    }
-    const Gateway::Target& target = upstream.targets[*pick];
-    tried.add(*pick);
-    last_target = target.label;
-    forward_head->in_flight.reset();
-    forward_head->in_flight.emplace(worker.in_flight[upstream.index][*pick]);
-    auto started = Clock::now();
-    // After a pooled connection failed, a new one: the others idle as long may be closed too.
-    auto opened = connections_.open(target.endpoint, head, forward_head->authority,
-                                    service->timeouts, upstream.limits, last_reused);
-    std::error_code failure;
-    std::shared_ptr<http::ClientExchange> exchange;
-    last_reused = false;
-    const http::ClientResponseHead* response_head = nullptr;
-    if (!opened) {
-      failure = opened.error();
-    } else {
-      exchange = std::move(*opened);
-      last_reused = exchange->reused();
-      // The client going away cancels the exchange (HTTP/2 RST_STREAM).
-      request.on_client_gone([weak = std::weak_ptr(exchange)] {
-        if (auto e = weak.lock()) e->cancel();
-      });
-      // Interim answers (103 Early Hints) go on to the client as they come.
-      exchange->on_informational([&request](const http::ClientResponseHead& interim) {
-        (void)request.send_interim(interim.status, interim.headers);
-      });
-      auto sent = send_body(request, *exchange, body, has_body, route_max_body);
-      // Even when the body could not all go out, the upstream may have answered (an early
-      // 413, say): its answer is what the client should see.
-      auto got = exchange->read_head();
-      exchange->on_informational(nullptr);
-      if (got) {
-        response_head = *got;
-      } else {
-        failure = sent ? got.error() : sent.error();
-      }
-    }
-    if (response_head == nullptr) {
-      last_error = failure;
-      // A failure while the client's own body was still coming (stalled, cut, past the
-      // upstream's read deadline) may be the client's doing: it is not the target's.
-      if (counts_against_target(failure) && body.complete) {
-        note_target_failure(upstream, *pick, metrics_, service->series);
-      }
-      // Safe to send again: nothing reached the upstream (whatever the method, if the body is
-      // still whole or not yet begun), or an idempotent request whose body is kept and whose
-      // connection closed before any answer.
-      bool body_whole = body.replayable || !body.streamed_beyond;
-      bool safe = (http::nothing_reached_upstream(failure) && body_whole) ||
-                  (idempotent && body.replayable && failure == ExchangeErrc::kClosedBeforeResponse);
-      if (safe && attempt < retries.attempts && budget.milli < 1000 && metrics_) {
-        metrics_->record_retry_denied(service->series);
-      }
-      if (safe && attempt < retries.attempts && budget.milli >= 1000) {
-        budget.milli -= 1000;
-        if (metrics_) metrics_->record_retry(service->series);
-        log_info("route {}: {} {} to {} failed ({}): trying again", route.name, head.method,
-                 head.target, target.label, failure.message());
-        continue;
-      }
-      break;
-    }
-    int status = response_head->status;
-    bool connected = connect && status >= 200 && status < 300;  // CONNECT's tunnel is open
-    if (status == 101 || connected) {
-      if (logged) request.set_attribute("upstream", target.label);
-      if (auto refused =
-              status == 101 ? switch_refused(*forward_head, *response_head) : std::nullopt) {
-        exchange->cancel();  // its connection is closed, never pooled
-        log_warn("route {}: {} {} to {}: {}: answered 502", route.name, head.method, head.target,
-                 target.label, *refused);
-        return http::Response::error(502, *refused);
-      }
-      target.health->record_success();
-      auto early = std::make_shared<std::string>();
-      auto taken = exchange->take_connection(*early);
-      if (!taken) return http::Response::error(502, taken.error().message());
-      // An HTTP/2 client's extended CONNECT is answered 200 (RFC 8441 5): its stream is the
-      // tunnel. The 101's proof of the key was ours to check, not the client's.
-      http::Response response(extended_connect ? 200 : status);
-      for (const http::Field& f : response_head->headers) {
-        if (extended_connect && http::iequals(f.name, "sec-websocket-accept")) continue;
-        response.headers.add(f.name, f.value);
-      }
-      auto upstream_stream = std::make_shared<Stream>(std::move(*taken));
-      response.takeover = [upstream_stream, early, forward_head, gateway,
-                           timeouts = service->config->timeouts](http::TunnelEnd& client,
-                                                                 std::string_view from_client) {
-        http::StreamTunnelEnd upstream_end(*upstream_stream);
-        tunnel(client, upstream_end, from_client, *early, timeouts.idle, timeouts.tunnel);
-      };
-      return response;
-    }
-    if (extended_connect && status >= 200 && status < 300) {
-      // A 2xx opens the tunnel for an HTTP/2 client: an upstream that did not switch must not
-      // be passed on as one that did.
-      exchange->cancel();
-      log_warn("route {}: {} upgrade to {}: answered {} without switching: answered 502",
-               route.name, head.target, target.label, status);
-      return http::Response::error(502, "the upstream did not switch protocols");
-    }
-    bool could_retry = (status == 502 || status == 503) && idempotent && body.replayable &&
-                       attempt < retries.attempts && upstream.targets.size() > 1;
-    if (could_retry && budget.milli < 1000 && metrics_) {
-      metrics_->record_retry_denied(service->series);
-    }
-    if (could_retry && budget.milli >= 1000) {
-      budget.milli -= 1000;
-      if (metrics_) metrics_->record_retry(service->series);
-      last_error = {};
-      continue;  // another target may do better
-    }
-    target.health->record_success();
-
-    // The response: the upstream's fields (the server drops hop-by-hop ones and sets the
-    // framing) and its body streamed to the client as it comes.
-    auto first_byte_time = Clock::now() - started;
-    if (metrics_) {
-      metrics_->record_upstream(service->series,
-                                std::chrono::duration<double>(exchange->connect_time()).count(),
-                                std::chrono::duration<double>(first_byte_time).count());
-    }
-    if (logged) {
-      auto first_byte = std::chrono::duration_cast<std::chrono::milliseconds>(first_byte_time);
-      request.set_attribute("upstream", target.label);
-      request.set_attribute("upstream_connect_ms", milliseconds_text(exchange->connect_time()));
-      request.set_attribute("upstream_first_byte_ms", std::to_string(first_byte.count()));
-    }
-    http::Response response(status);
-    for (const http::Field& f : response_head->headers) {
-      if (f.name.size() == 3 && http::iequals(f.name, "via")) continue;
-      response.headers.add(f.name, f.value);
-    }
-    auto via = response_head->headers.get("via");
-    std::string our_via = via ? std::string(*via) + ", " : std::string();
-    our_via.append(version_text(response_head->version)).append(" spindle");
-    response.headers.add("Via", our_via);
-    if (request.method() == "HEAD" || response_head->no_body) {
-      if (response_head->content_length) {
-        response.stream = [](http::BodyWriter&) {};
-        response.stream_length = response_head->content_length;
-      }
-      return response;
-    }
-    // The first piece is read here, before the head goes out: it then goes with the head in
-    // one write, a body that is all there needs no producer at all, and an upstream that cuts
-    // before its first byte still gets the client a 502.
-    std::string& first = response.body;
-    {
-      BufferPool::Buffer piece = take_buffer();  // pooled: no 16 KiB allocation per request
-      auto n = exchange->read(piece.span().first(std::min(kFirstPiece, piece.span().size())));
-      if (n) {
-        first.assign(piece.span().data(), *n);
-      } else {
-        failure = n.error();
-      }
-    }
-    if (failure == ExchangeErrc::kCancelled) {
-      log_info("route {}: {} {} to {}: the client went away: upstream exchange abandoned",
-               route.name, head.method, head.target, target.label);
-      return http::Response::error(499, failure.message());
-    }
-    if (failure) {
-      log_warn("route {}: {} {} to {}: {} before the body: answered 502", route.name, head.method,
-               head.target, target.label, failure.message());
-      return http::Response::error(502, failure.message());
-    }
-    bool whole = first.empty() ||
-                 (response_head->content_length && *response_head->content_length == first.size());
-    if (whole) {
-      char end;
-      auto n = exchange->read({&end, 1});  // the body's end: the connection goes back to the pool
-      if (n && *n == 0) {
-        if (exchange->trailers().empty()) return response;
-        // Trailers need a producer to carry them.
-        response.stream = [exchange](http::BodyWriter& writer) {
-          writer.set_trailers(exchange->trailers());
-        };
-        return response;
-      }
-    }
-    response.stream_length = response_head->content_length;
-    // The producer keeps the snapshot, the exchange and the in-flight count until the body
-    // is sent.
-    response.stream = [gateway, exchange, forward_head, label = target.label,
-                       route = route.name](http::BodyWriter& writer) {
-      BufferPool::Buffer buffer = take_buffer();
-      for (;;) {
-        auto n = exchange->read(buffer.span());
-        if (!n) {
-          // Cut mid-body: the client's connection or stream is aborted, never ended short.
-          throw std::runtime_error(
-              fmt::format("route {}: upstream {}: {}", route, label, n.error().message()));
-        }
-        if (*n == 0) break;
-        if (!writer.write(std::string_view(buffer.span().data(), *n))) {
-          exchange->cancel();  // the client is gone
-          return;
-        }
-      }
-      if (!exchange->trailers().empty()) writer.set_trailers(exchange->trailers());
-    };
-    return response;
-  }
-  int status = status_for(last_error);
-  if (status == 499) {
-    log_info("route {}: {} {} to {}: the client went away: upstream exchange abandoned", route.name,
-             head.method, head.target, last_target);
-  } else {
-    log_warn("route {}: {} {} to {}: {}: answered {}", route.name, head.method, head.target,
-             last_target, last_error.message(), status);
-  }
-  if (logged) request.set_attribute("upstream", last_target);
-  return http::Response::error(status, last_error.message());
+      budget.milli + static_cast<std::int64_t>(service->config->retries.budget * 1000), 100'000);
+  Forwarding forwarding(request, gateway, server, route, *service, connections_, metrics_);
+  if (auto answer = forwarding.prepare()) return std::move(*answer);
+  forwarding.take_body();
+  return forwarding.run();
 }
 
 }  // namespace spindle::proxy

@@ -16,13 +16,13 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <initializer_list>
 #include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace spindle::h2::hpack {
 
@@ -59,28 +59,48 @@ bool decode(std::span<const std::uint8_t> code, std::string& out);
 }  // namespace huffman
 
 /// The dynamic table of one direction: the newest entry is index 62 (after the 61 static
-/// ones); each entry counts name + value + 32 bytes against the size.
+/// ones); each entry counts name + value + 32 bytes against the size. A ring: entries are
+/// added at one end and evicted at the other, and the slot an entry leaves keeps its storage
+/// for a later one, so a connection's table allocates only while it grows.
 class DynamicTable {
  public:
+  /// One entry: the name's bytes, then the value's, in one string.
+  struct Entry {
+    std::string bytes;
+    std::size_t name_size = 0;
+    std::string_view name() const { return {bytes.data(), name_size}; }
+    std::string_view value() const { return std::string_view(bytes).substr(name_size); }
+  };
+
   explicit DynamicTable(std::size_t max_size) : max_size_(max_size) {}
-  /// Entry `index` (62 and up), or nullptr.
-  const std::pair<std::string, std::string>* get(std::size_t index) const;
+  /// Entry `index` (62 and up), or nullptr. Valid until the next add, eviction or resize.
+  const Entry* get(std::size_t index) const;
   /// Adds an entry, evicting the oldest to make room (an entry larger than the table empties
-  /// it and is not added).
-  void add(std::string name, std::string value);
+  /// it and is not added). `name` and `value` may be views into entries of the table.
+  void add(std::string_view name, std::string_view value);
   void set_max_size(std::size_t max_size);
   /// Evicts every entry.
   void clear() { evict_to(0); }
   std::size_t size() const { return size_; }
   std::size_t max_size() const { return max_size_; }
-  std::size_t count() const { return entries_.size(); }
+  std::size_t count() const { return count_; }
   /// The index (62 and up) of an entry named `name` with `value` (0 if none); in `name_only`
   /// the index of one named `name` (0 if none).
   std::size_t find(std::string_view name, std::string_view value, std::size_t& name_only) const;
 
  private:
   void evict_to(std::size_t size);
-  std::deque<std::pair<std::string, std::string>> entries_;  ///< newest first
+  /// Entry `i` of the ring, 0 the newest.
+  Entry& at(std::size_t i) { return ring_[(newest_ - i) & (ring_.size() - 1)]; }
+  const Entry& at(std::size_t i) const { return ring_[(newest_ - i) & (ring_.size() - 1)]; }
+
+  /// The slots (a power of two of them; count_ in use, the newest at newest_, older ones
+  /// before it, wrapping around).
+  std::vector<Entry> ring_;
+  std::size_t newest_ = 0;
+  std::size_t count_ = 0;
+  /// The next entry is made here before it takes a slot, whose storage then comes back here.
+  std::string spare_;
   std::size_t size_ = 0;
   std::size_t max_size_;
 };

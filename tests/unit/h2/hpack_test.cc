@@ -277,3 +277,67 @@ TEST(Hpack, BothDirectionsAgreeWithNghttp2OnRandomConnections) {
     }
   }
 }
+
+// The ring against the plainest model of RFC 7541 §4: a list, newest first, trimmed from the
+// old end. Entries of every size wrap around the ring, grow it, are evicted one or many at a
+// time, empty it (one too large), and are added from views into entries the same insertion
+// evicts (as a decoder does with an indexed name).
+TEST(Hpack, TheDynamicTableRingAgreesWithAListModel) {
+  std::mt19937 rng(7);
+  for (std::size_t max_size : {64u, 300u, 4096u}) {
+    DynamicTable table(max_size);
+    std::vector<std::pair<std::string, std::string>> model;  // newest first
+    std::size_t model_size = 0;
+    auto trim = [&](std::size_t to) {
+      while (model_size > to) {
+        model_size -= model.back().first.size() + model.back().second.size() + 32;
+        model.pop_back();
+      }
+    };
+    for (int step = 0; step < 3000; ++step) {
+      std::string name, value;
+      std::size_t index = 0;
+      if (table.count() != 0 && rng() % 3 == 0) {
+        // Named after an entry, maybe the oldest (evicted by this very insertion).
+        index = 62 + (rng() % 2 == 0 ? table.count() - 1 : rng() % table.count());
+        name = std::string(table.get(index)->name());
+      } else {
+        name = "n" + std::to_string(step % 97);
+      }
+      value = std::string(rng() % (max_size / 2), static_cast<char>('a' + step % 26));
+      if (rng() % 50 == 0) value.assign(max_size, 'z');  // larger than the table: empties it
+      if (index != 0) {
+        table.add(table.get(index)->name(), value);
+      } else {
+        table.add(name, value);
+      }
+      std::size_t entry = name.size() + value.size() + 32;
+      if (entry > max_size) {
+        trim(0);
+      } else {
+        trim(max_size - entry);
+        model.insert(model.begin(), {name, value});
+        model_size += entry;
+      }
+      if (rng() % 100 == 0) {
+        std::size_t smaller = rng() % max_size;
+        table.set_max_size(smaller);
+        trim(smaller);
+        table.set_max_size(max_size);
+      }
+      ASSERT_EQ(table.count(), model.size()) << step;
+      ASSERT_EQ(table.size(), model_size) << step;
+      for (std::size_t i = 0; i < model.size(); ++i) {
+        const DynamicTable::Entry* e = table.get(62 + i);
+        ASSERT_NE(e, nullptr);
+        ASSERT_EQ(e->name(), model[i].first) << step << " " << i;
+        ASSERT_EQ(e->value(), model[i].second) << step << " " << i;
+      }
+      EXPECT_EQ(table.get(62 + model.size()), nullptr);
+      if (!model.empty()) {
+        std::size_t name_only = 0;
+        EXPECT_EQ(table.find(model.back().first, model.back().second, name_only) >= 62, true);
+      }
+    }
+  }
+}

@@ -168,6 +168,41 @@ TEST(HttpRules, RemovesHopByHopFieldsAndThoseConnectionNames) {
   EXPECT_EQ(h[1].name, "X-Kept");
 }
 
+TEST(HttpRules, ForwardableDecidesWhatEachSenderPassesOnFromOneTable) {
+  HeaderMap h = fields({{"Host", "a"},
+                        {"Content-Length", "5"},
+                        {"Transfer-Encoding", "chunked"},
+                        {"Connection", "X-Named"},
+                        {"X-Named", "1"},
+                        {"TE", "trailers"},
+                        {"X-Forwarded-For", "10.0.0.1"},
+                        {"Via", "1.1 other"},
+                        {"X-Kept", "2"}});
+  NominatedFields nominated(h);
+  auto passed = [&](FieldsFor to) {
+    std::vector<std::string> names;
+    for (const Field& f : h) {
+      if (forwardable(f.name, nominated, to)) names.emplace_back(f.name);
+    }
+    return names;
+  };
+  using Names = std::vector<std::string>;
+  // Every sender: no hop-by-hop field, nothing Connection names.
+  EXPECT_EQ(passed(FieldsFor::kEndToEnd),
+            (Names{"Host", "Content-Length", "X-Forwarded-For", "Via", "X-Kept"}));
+  // A client writes its own Host and framing.
+  EXPECT_EQ(passed(FieldsFor::kRequest), (Names{"X-Forwarded-For", "Via", "X-Kept"}));
+  // A server writes its own framing.
+  EXPECT_EQ(passed(FieldsFor::kResponse), (Names{"Host", "X-Forwarded-For", "Via", "X-Kept"}));
+  // The gateway sets the forwarded fields itself (the client under it, Host and framing).
+  EXPECT_EQ(passed(FieldsFor::kProxiedRequest), (Names{"Host", "Content-Length", "X-Kept"}));
+  // forward_auth's request: none of the client's Host, framing or forwarded fields.
+  EXPECT_EQ(passed(FieldsFor::kAuthRequest), (Names{"X-Kept"}));
+  // Any case.
+  EXPECT_FALSE(forwardable("x-NAMED", nominated, FieldsFor::kEndToEnd));
+  EXPECT_FALSE(forwardable("HOST", nominated, FieldsFor::kRequest));
+}
+
 TEST(HttpRules, NominatedFieldsAreReadOnceAndAgreeWithConnectionNominates) {
   HeaderMap h = fields({{"Connection", "keep-alive, X-Secret,, x-other "},
                         {"X-Kept", "3"},
