@@ -10,12 +10,18 @@
 #include <vector>
 
 #include "spindle/client/exchange.h"
+#include "spindle/h1/parser.h"
 #include "spindle/io/deadline.h"
 #include "spindle/sync/semaphore.h"
 
 namespace spindle::http::detail {
 
 class Http2Session;
+
+/// The limits of an upstream's response head (and trailers), whichever protocol brings it:
+/// the same as of a request head at the server (ParserLimits: bytes, counted as name + value
+/// + 32 a field on HTTP/2, and fields).
+inline constexpr ParserLimits kResponseHeadLimits{};
 
 /// The connections of one worker to one endpoint.
 struct TargetState {

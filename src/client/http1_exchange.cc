@@ -138,7 +138,7 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
     if (have_head_) return false;
     if (auto sent = send_head(); !sent) return fail(sent.error());
     Deadline deadline = Deadline::after_coarse(std::min(wait, timeouts_.first_byte));
-    ResponseParser parser;
+    ResponseParser parser(kResponseHeadLimits);
     ResponseHead head;
     for (;;) {
       auto consumed = buffered_head(parser, head);
@@ -163,7 +163,7 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
       request_done_ = mode_ == BodyMode::kNone;  // a request without a body is complete
     }
     Deadline deadline = Deadline::after_coarse(timeouts_.first_byte);
-    ResponseParser parser;
+    ResponseParser parser(kResponseHeadLimits);
     ResponseHead head;
     std::string_view parsed_from;  // the bytes the final head was parsed from
     for (;;) {

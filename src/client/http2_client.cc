@@ -14,6 +14,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "connections.h"
 #include "spindle/base/ascii.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
@@ -31,8 +32,10 @@ using h2::ErrorCode;
 // What a stream may receive ahead of its reader, and the connection as a whole.
 constexpr std::uint32_t kStreamWindow = 256 * 1024;
 constexpr std::uint32_t kConnectionWindow = 16 << 20;
-// The most the decoded fields of one response head (or trailers) may add up to.
-constexpr std::uint32_t kMaxHeaderList = 256 * 1024;
+// The most the decoded fields of one response head (or trailers) may add up to: what the
+// HTTP/1.1 exchange allows a head, checked as the fields come (on_field). The session stops
+// decoding at twice that (an HPACK bomb costs no more), past which the stream is reset.
+constexpr auto kMaxHeaderList = static_cast<std::uint32_t>(kResponseHeadLimits.max_head);
 // Request body bytes handed over but not yet sent, beyond which write() waits.
 constexpr std::size_t kMaxUnsent = 64 * 1024;
 
@@ -52,6 +55,11 @@ struct Call {
   // The response.
   ClientResponseHead head;
   bool have_head = false;
+  // The fields of the head (or trailers) being received, counted against kResponseHeadLimits;
+  // past them the response is malformed.
+  std::size_t block_bytes = 0;
+  std::size_t block_fields = 0;
+  bool too_large = false;
   // Interim (1xx) heads received and not yet passed to the exchange's callback.
   std::deque<ClientResponseHead> interim;
   std::string in;
@@ -69,8 +77,8 @@ h2::SessionLimits client_limits() {
   h2::SessionLimits limits;
   limits.stream_window = kStreamWindow;
   limits.connection_window = kConnectionWindow;
-  limits.max_header_list_size = kMaxHeaderList;
-  limits.max_header_block = kMaxHeaderList + 16384;
+  limits.max_header_list_size = 2 * kMaxHeaderList;
+  limits.max_header_block = 2 * kMaxHeaderList + 16384;
   return limits;
 }
 
@@ -89,6 +97,8 @@ struct Http2Session::Impl final : h2::SessionHandler {
   /// cost as much as the queue is long).
   SpinLock room_lock;
   WaitList room;
+  /// Streams whose response was refused in the read being processed: reset after it.
+  std::vector<std::uint32_t> refused;
   bool broken = false;
   bool goaway = false;
   std::uint32_t goaway_last_id = UINT32_MAX;
@@ -170,7 +180,13 @@ struct Http2Session::Impl final : h2::SessionHandler {
 
 void Http2Session::Impl::on_field(std::uint32_t id, std::string_view name, std::string_view value) {
   Call* call = find(id);
-  if (call == nullptr) return;
+  if (call == nullptr || call->too_large) return;
+  call->block_bytes += name.size() + value.size() + 32;
+  call->block_fields += name.front() == ':' ? 0 : 1;
+  if (call->block_bytes > kMaxHeaderList || call->block_fields > kResponseHeadLimits.max_headers) {
+    call->too_large = true;
+    return;
+  }
   if (call->have_head) {
     call->trailers.add(name, value);  // fields after the final head: trailers
   } else if (name == ":status") {
@@ -185,6 +201,12 @@ void Http2Session::Impl::on_field(std::uint32_t id, std::string_view name, std::
 void Http2Session::Impl::on_headers(std::uint32_t id, bool end_stream, bool trailers) {
   Call* call = find(id);
   if (call == nullptr) return;
+  call->block_bytes = call->block_fields = 0;
+  if (call->too_large) {
+    // Reset once the session has finished with this read (not from inside its callback).
+    if (!end_stream) refused.push_back(id);
+    return end_call(*call, make_error_code(ExchangeErrc::kProtocolError));
+  }
   if (!trailers && call->head.status < 200) {
     // An interim head: the exchange passes it on from its own fiber (this is the reader's).
     if (call->head.status != 100) {
@@ -236,7 +258,9 @@ void Http2Session::Impl::on_reset(std::uint32_t id, ErrorCode code) {
   Call* call = find(id);
   if (call == nullptr) return;
   std::error_code why;
-  if (code == ErrorCode::kRefusedStream) {
+  if (call->too_large) {
+    why = make_error_code(ExchangeErrc::kProtocolError);  // past the session's limit too
+  } else if (code == ErrorCode::kRefusedStream) {
     // Nothing of it was processed: REFUSED_STREAM, or above the last stream of a GOAWAY.
     why = make_error_code(id > goaway_last_id ? ExchangeErrc::kAboveGoaway
                                               : ExchangeErrc::kRefusedStream);
@@ -444,6 +468,8 @@ void Http2Session::Impl::read_loop() {
     if (!n || *n == 0) break;
     bool ok = session.receive(
         {reinterpret_cast<const std::uint8_t*>(buffer.data()), static_cast<std::size_t>(*n)});
+    for (std::uint32_t id : refused) session.reset(id, ErrorCode::kProtocolError);
+    refused.clear();
     writer_wake.set();
     if (!ok) break;  // a connection error: its GOAWAY goes out, then the connection ends
     if (session.closing() && calls.empty()) break;

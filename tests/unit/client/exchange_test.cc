@@ -57,6 +57,15 @@ std::unique_ptr<HttpServer> start_upstream(Runtime& runtime) {
     return response;
   });
   router.get("/hello", [](Request&) { return Response::text("hello"); });
+  // /fields/N/SIZE: a response with N fields of SIZE bytes each.
+  router.get("/fields/{n}/{size}", [](Request& r) {
+    Response response = Response::text("fields");
+    std::size_t size = std::stoul(std::string(r.param("size")));
+    for (int i = 0, n = std::stoi(std::string(r.param("n"))); i < n; ++i) {
+      response.headers.add("x-field-" + std::to_string(i), std::string(size, 'v'));
+    }
+    return response;
+  });
   router.get("/slow", [](Request&) {
     (void)this_fiber::sleep_for(1s);
     return Response::text("late");
@@ -141,6 +150,32 @@ void with_server(Start start, Body body) {
 }
 
 class Exchange : public ::testing::TestWithParam<WireProtocol> {};
+
+// A response head meets the same limits whichever protocol brings it (those of a request head
+// at the server: 100 fields, 16 KiB): past them it is malformed, and the next exchange with the
+// upstream goes on as before.
+TEST_P(Exchange, AResponseHeadPastTheLimitsIsMalformedOnEitherProtocol) {
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
+    auto endpoint = endpoint_of(upstream.address(), GetParam());
+    auto head_of = [&](std::string target) -> Result<int> {
+      auto ex = pools.open(endpoint, head_for("GET", target), "u", {});
+      if (!ex) return fail(ex.error());
+      auto head = (*ex)->read_head();
+      if (!head) return fail(head.error());
+      return (*head)->status;
+    };
+    // Within: the server's own Date, Server, Content-Type and Content-Length come too.
+    EXPECT_EQ(head_of("/fields/90/10").value_or(0), 200);
+    EXPECT_EQ(head_of("/fields/6/2000").value_or(0), 200);
+    auto too_many = head_of("/fields/101/10");
+    ASSERT_FALSE(too_many.has_value());
+    EXPECT_EQ(too_many.error(), ExchangeErrc::kProtocolError) << too_many.error().message();
+    auto too_large = head_of("/fields/9/2000");
+    ASSERT_FALSE(too_large.has_value());
+    EXPECT_EQ(too_large.error(), ExchangeErrc::kProtocolError) << too_large.error().message();
+    EXPECT_EQ(head_of("/hello").value_or(0), 200);
+  });
+}
 
 TEST_P(Exchange, StreamsALargeBodyEachWayInPiecesAndReusesTheConnection) {
   with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
