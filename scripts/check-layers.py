@@ -19,7 +19,7 @@ BELOW = {
     "net": {"base", "io", "fiber", "sync"},
     "http": set(),
     "h1": {"http"},
-    "h2": set(),
+    "h2": {"http"},
     "server": RUNTIME | {"http", "h1", "h2"},
     "client": RUNTIME | {"http", "h1", "h2"},
     "handlers": RUNTIME | {"http", "h1", "h2", "server"},

@@ -57,7 +57,7 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
       w.put(" HTTP/1.1\r\n");
       w.field("Host", authority);
       for (const Field& f : head.headers) {
-        if (forwardable(f.name, nominated, FieldsFor::kRequest)) w.field(f.name, f.value);
+        if (forwardable(f, nominated, FieldsFor::kRequest)) w.field(f.name, f.value);
       }
       // An upgrade (WebSocket) keeps its Upgrade and Connection fields: they are the request.
       if (upgrading) {

@@ -526,7 +526,7 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
   s.fields.push_back({":path", head.target});
   NominatedFields nominated(head.headers);
   for (const Field& f : head.headers) {
-    if (!forwardable(f.name, nominated, FieldsFor::kRequest)) continue;
+    if (!forwardable(f, nominated, FieldsFor::kRequest)) continue;
     s.fields.push_back({append_ascii_lower(s.names, f.name), f.value});
   }
   // TE is hop-by-hop, but "TE: trailers" must reach an HTTP/2 peer (gRPC asks for it).

@@ -57,9 +57,8 @@ void note_connection_tokens(std::string_view value, bool& close, bool& keep_aliv
   });
 }
 
-// What the header fields mean for framing and the connection: one pass over them, each name
-// compared only with the one of its length that matters here; the framing rules themselves are
-// rules.h's.
+// What the header fields mean for framing and the connection: one pass over them, by their
+// tokens; the framing rules themselves are rules.h's.
 ParseResult interpret_headers(RequestHead& head) {
   FramingFields framing;
   bool close = false;
@@ -67,25 +66,17 @@ ParseResult interpret_headers(RequestHead& head) {
   std::size_t hosts = 0;
   std::optional<std::string_view> expect;
   for (const Field& f : head.headers) {
-    switch (f.name.size()) {
-      case 4:
-        if (iequals(f.name, "host")) ++hosts;
-        break;
-      case 6:
-        if (!expect && iequals(f.name, "expect")) expect = f.value;
-        break;
-      case 10:
-        if (iequals(f.name, "connection")) note_connection_tokens(f.value, close, keep_alive);
-        break;
-      case 14:
-        if (iequals(f.name, "content-length")) framing.note_content_length(f.value);
-        break;
-      case 17:
-        framing.transfer_encoding =
-            framing.transfer_encoding || iequals(f.name, "transfer-encoding");
-        break;
-      default:
-        break;
+    if (f.token == nullptr) continue;
+    if (f.token == &token::kHost) {
+      ++hosts;
+    } else if (f.token == &token::kExpect) {
+      if (!expect) expect = f.value;
+    } else if (f.token == &token::kConnection) {
+      note_connection_tokens(f.value, close, keep_alive);
+    } else if (f.token == &token::kContentLength) {
+      framing.note_content_length(f.value);
+    } else if (f.token == &token::kTransferEncoding) {
+      framing.transfer_encoding = true;
     }
   }
   BodyFraming body;

@@ -4,6 +4,8 @@
 
 #include <array>
 
+#include "spindle/http/tokens.h"
+
 namespace spindle::h2::hpack {
 namespace {
 
@@ -12,111 +14,27 @@ struct StaticEntry {
   std::string_view value;
 };
 
-// RFC 7541 Appendix A; index 1 is kStatic[0].
-constexpr std::array<StaticEntry, 61> kStatic = {{
-    {":authority", ""},
-    {":method", "GET"},
-    {":method", "POST"},
-    {":path", "/"},
-    {":path", "/index.html"},
-    {":scheme", "http"},
-    {":scheme", "https"},
-    {":status", "200"},
-    {":status", "204"},
-    {":status", "206"},
-    {":status", "304"},
-    {":status", "400"},
-    {":status", "404"},
-    {":status", "500"},
-    {"accept-charset", ""},
-    {"accept-encoding", "gzip, deflate"},
-    {"accept-language", ""},
-    {"accept-ranges", ""},
-    {"accept", ""},
-    {"access-control-allow-origin", ""},
-    {"age", ""},
-    {"allow", ""},
-    {"authorization", ""},
-    {"cache-control", ""},
-    {"content-disposition", ""},
-    {"content-encoding", ""},
-    {"content-language", ""},
-    {"content-length", ""},
-    {"content-location", ""},
-    {"content-range", ""},
-    {"content-type", ""},
-    {"cookie", ""},
-    {"date", ""},
-    {"etag", ""},
-    {"expect", ""},
-    {"expires", ""},
-    {"from", ""},
-    {"host", ""},
-    {"if-match", ""},
-    {"if-modified-since", ""},
-    {"if-none-match", ""},
-    {"if-range", ""},
-    {"if-unmodified-since", ""},
-    {"last-modified", ""},
-    {"link", ""},
-    {"location", ""},
-    {"max-forwards", ""},
-    {"proxy-authenticate", ""},
-    {"proxy-authorization", ""},
-    {"range", ""},
-    {"referer", ""},
-    {"refresh", ""},
-    {"retry-after", ""},
-    {"server", ""},
-    {"set-cookie", ""},
-    {"strict-transport-security", ""},
-    {"transfer-encoding", ""},
-    {"user-agent", ""},
-    {"vary", ""},
-    {"via", ""},
-    {"www-authenticate", ""},
-}};
+// RFC 7541 Appendix A: the static table's values by index (index 1 is the first); the names
+// are the token table's (http/tokens.h: each name's first index).
+constexpr std::array<std::string_view, 61> kStaticValues = {
+    "",    "GET", "POST", "/",   "/index.html", "http", "https", "200",
+    "204", "206", "304",  "400", "404",         "500",  "",      "gzip, deflate"};
+constexpr std::array<StaticEntry, 61> static_table() {
+  std::array<StaticEntry, 61> table{};
+  // The names in HPACK's order, last first: each runs from its first index to the next's.
+  for (std::size_t t = std::size(http::detail::kTokens); t-- > 0;) {
+    const http::Token& token = http::detail::kTokens[t];
+    if (token.hpack_index == 0) continue;
+    for (std::size_t i = token.hpack_index - 1; i < table.size() && table[i].name.empty(); ++i) {
+      table[i].name = token.name;
+      table[i].value = kStaticValues[i];
+    }
+  }
+  return table;
+}
+constexpr std::array<StaticEntry, 61> kStatic = static_table();
 constexpr std::size_t kStaticCount = kStatic.size();
 constexpr std::size_t kEntryOverhead = 32;  // RFC 7541 §4.1
-
-// The static table's names by hash (open addressing), so that the encoder finds a name's first
-// index in one or two compares rather than by walking the 61 entries.
-constexpr std::uint32_t name_hash(std::string_view name) {
-  std::uint32_t h = 2166136261u;  // FNV-1a
-  for (char c : name) h = (h ^ static_cast<std::uint8_t>(c)) * 16777619u;
-  return h;
-}
-constexpr std::size_t kNameSlots = 128;
-struct NameSlot {
-  std::string_view name;
-  std::uint8_t index = 0;  ///< the name's first entry, or 0 for an empty slot
-};
-constexpr std::array<NameSlot, kNameSlots> build_name_slots() {
-  std::array<NameSlot, kNameSlots> slots{};
-  for (std::size_t i = 0; i < kStaticCount; ++i) {
-    if (i > 0 && kStatic[i - 1].name == kStatic[i].name) continue;  // not the first of it
-    std::size_t at = name_hash(kStatic[i].name) % kNameSlots;
-    while (slots[at].index != 0) at = (at + 1) % kNameSlots;
-    slots[at] = {kStatic[i].name, static_cast<std::uint8_t>(i + 1)};
-  }
-  return slots;
-}
-constexpr std::array<NameSlot, kNameSlots> kNameIndex = build_name_slots();
-
-// Fields whose value is new in every message (the request id and trace context a gateway
-// writes): never indexed, as they would never be named again.
-bool unique_per_message(std::string_view name) {
-  return name == "x-request-id" || name == "traceparent";
-}
-
-// The first static index named `name` (entries of one name are together), or 0.
-std::size_t static_name_index(std::string_view name) {
-  for (std::size_t at = name_hash(name) % kNameSlots; kNameIndex[at].index != 0;
-       at = (at + 1) % kNameSlots) {
-    if (kNameIndex[at].name == name) return kNameIndex[at].index;
-  }
-  return 0;
-}
 
 // Reads an integer of `prefix_bits` at `at`; false if the block ends first or it passes 32 bits.
 Status read_integer(std::span<const std::uint8_t> in, std::size_t& at, int prefix_bits,
@@ -153,10 +71,6 @@ Status read_string(std::span<const std::uint8_t> in, std::size_t& at, std::strin
   if (!huffman::decode(bytes, buffer)) return Status::kBadHuffman;
   out = buffer;
   return Status::kOk;
-}
-
-bool always_sensitive(std::string_view name) {
-  return name == "authorization" || name == "cookie" || name == "set-cookie";
 }
 
 // A string literal, Huffman-coded when that is shorter.
@@ -364,7 +278,13 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
     smallest_since_update_ = SIZE_MAX;
   }
   for (const Field& f : fields) {
-    const std::size_t static_name = static_name_index(f.name);
+    // The token table gives the name's first static index (entries of one name are
+    // together) and whether its values are secrets or new in every message.
+    // (Names go as given: a name in another case than the token's is written as it is.)
+    const http::Token* token = http::find_token(f.name);
+    if (token != nullptr && token->name != f.name) token = nullptr;
+    const std::size_t static_name = token == nullptr ? 0 : token->hpack_index;
+    const std::uint16_t flags = token == nullptr ? 0 : token->flags;
     std::size_t static_full = 0;
     for (std::size_t i = static_name; i != 0 && i <= kStaticCount && kStatic[i - 1].name == f.name;
          ++i) {
@@ -373,12 +293,12 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
         break;
       }
     }
-    const bool sensitive = f.sensitive || always_sensitive(f.name);
+    const bool sensitive = f.sensitive || (flags & http::field_flag::kSensitive) != 0;
     if (static_full != 0 && !sensitive) {
       encode_integer(static_full, 7, 0x80, out);
       continue;
     }
-    const bool unique = unique_per_message(f.name);
+    const bool unique = (flags & http::field_flag::kUniquePerMessage) != 0;
     std::size_t dynamic_name = 0;
     std::size_t dynamic_full = sensitive || unique ? 0 : table_.find(f.name, f.value, dynamic_name);
     if (dynamic_full != 0) {

@@ -82,10 +82,11 @@ void HeaderMap::take(HeaderMap&& other) noexcept {
   };
   size_ = other.size_;
   for (std::size_t i = 0; i < std::min(size_, kInline); ++i) {
-    inline_.at[i] = {repoint(other.inline_.at[i].name), repoint(other.inline_.at[i].value)};
+    const Field& f = other.inline_.at[i];
+    inline_.at[i] = {repoint(f.name), repoint(f.value), f.token};
   }
   overflow_ = std::move(other.overflow_);
-  for (Field& f : overflow_) f = {repoint(f.name), repoint(f.value)};
+  for (Field& f : overflow_) f = {repoint(f.name), repoint(f.value), f.token};
   blocks_ = std::move(other.blocks_);
   block_free_ = other.block_free_;
   block_left_ = other.block_left_;
@@ -97,8 +98,8 @@ void HeaderMap::take(HeaderMap&& other) noexcept {
   other.block_left_ = 0;
 }
 
-void HeaderMap::add_overflow(std::string_view name, std::string_view value) {
-  overflow_.push_back({name, value});
+void HeaderMap::add_overflow(const Field& field) {
+  overflow_.push_back(field);
   ++size_;
 }
 
@@ -113,10 +114,11 @@ void HeaderMap::set(std::string_view name, std::string_view value) {
 }
 
 std::size_t HeaderMap::erase(std::string_view name) {
-  std::size_t kept = 0;
-  for (std::size_t i = 0; i < size_; ++i) {
-    if (!iequals(at(i).name, name)) at(kept++) = at(i);
-  }
+  const Token* token = find_token(name);
+  return erase_if([&](const Field& f) { return named(f, name, token); });
+}
+
+std::size_t HeaderMap::shrink_to(std::size_t kept) {
   std::size_t removed = size_ - kept;
   size_ = kept;
   if (size_ <= kInline) {
@@ -135,15 +137,17 @@ void HeaderMap::release_overflow() {
 }
 
 std::optional<std::string_view> HeaderMap::get(std::string_view name) const {
+  if (const Token* token = find_token(name)) return get(*token);
   for (const Field& f : *this) {
-    if (iequals(f.name, name)) return f.value;
+    if (f.token == nullptr && iequals(f.name, name)) return f.value;
   }
   return std::nullopt;
 }
 
 std::size_t HeaderMap::count(std::string_view name) const {
+  if (const Token* token = find_token(name)) return count(*token);
   std::size_t n = 0;
-  for (const Field& f : *this) n += iequals(f.name, name) ? 1 : 0;
+  for (const Field& f : *this) n += f.token == nullptr && iequals(f.name, name) ? 1 : 0;
   return n;
 }
 
@@ -157,8 +161,9 @@ bool list_has_token(std::string_view list, std::string_view token) {
 }
 
 bool HeaderMap::has_token(std::string_view name, std::string_view token) const {
+  const Token* known = find_token(name);
   for (const Field& f : *this) {
-    if (iequals(f.name, name) && list_has_token(f.value, token)) return true;
+    if (named(f, name, known) && list_has_token(f.value, token)) return true;
   }
   return false;
 }

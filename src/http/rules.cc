@@ -26,9 +26,7 @@ bool connection_nominates(const HeaderMap& headers, std::string_view name) {
 
 NominatedFields::NominatedFields(const HeaderMap& headers) : headers_(headers) {
   for (const Field& f : headers) {
-    bool connection = f.name.size() == 10 && iequals(f.name, "connection");
-    bool proxy_connection = f.name.size() == 16 && iequals(f.name, "proxy-connection");
-    if (!connection && !proxy_connection) continue;
+    if (f.token != &token::kConnection && f.token != &token::kProxyConnection) continue;
     for_each_list_item(f.value, [&](std::string_view token) {
       if (count_ == kInline) {
         overflow_ = true;
@@ -52,11 +50,11 @@ bool NominatedFields::contains(std::string_view name) const {
 std::size_t remove_hop_by_hop(HeaderMap& headers) {
   // The nominated names first: erasing Connection would lose them.
   std::size_t removed = 0;
-  for (const char* field : {"connection", "proxy-connection"}) {
+  for (const Token* field : {&token::kConnection, &token::kProxyConnection}) {
     for (;;) {
       std::optional<std::string_view> nominated;
       for (const Field& f : headers) {
-        if (!iequals(f.name, field)) continue;
+        if (f.token != field) continue;
         for_each_list_item(f.value, [&](std::string_view token) {
           if (!is_hop_by_hop(token) && headers.contains(token)) nominated = token;
           return !nominated;
@@ -69,11 +67,8 @@ std::size_t remove_hop_by_hop(HeaderMap& headers) {
       removed += headers.erase(name);
     }
   }
-  for (const char* name :
-       {"connection", "proxy-connection", "keep-alive", "te", "transfer-encoding", "upgrade"}) {
-    removed += headers.erase(name);
-  }
-  return removed;
+  return removed + headers.erase_if(
+                       [](const Field& f) { return field_flags(f, field_flag::kHopByHop) != 0; });
 }
 
 std::optional<std::uint64_t> parse_content_length(std::string_view value) {
@@ -107,9 +102,9 @@ void FramingFields::note_content_length(std::string_view value) {
 FramingFields collect_framing_fields(const HeaderMap& headers) {
   FramingFields fields;
   for (const Field& f : headers) {
-    if (iequals(f.name, "content-length")) {
+    if (f.token == &token::kContentLength) {
       fields.note_content_length(f.value);
-    } else if (iequals(f.name, "transfer-encoding")) {
+    } else if (f.token == &token::kTransferEncoding) {
       fields.transfer_encoding = true;
     }
   }
@@ -120,7 +115,7 @@ TransferCodings transfer_codings(const HeaderMap& headers) {
   TransferCodings t;
   bool chunked_seen = false;
   for (const Field& f : headers) {
-    if (!iequals(f.name, "transfer-encoding")) continue;
+    if (f.token != &token::kTransferEncoding) continue;
     t.present = true;
     std::string_view rest = f.value;
     while (true) {

@@ -24,7 +24,7 @@ ClientIdentity identify_client(const http::Request& request, const std::vector<C
   if (is_trusted(trusted, hops.back())) {
     std::vector<std::string_view> entries;
     for (const http::Field& f : request.headers()) {
-      if (!http::iequals(f.name, "x-forwarded-for")) continue;
+      if (f.token != &http::token::kXForwardedFor) continue;
       http::for_each_list_item(f.value, [&](std::string_view item) { entries.push_back(item); });
     }
     for (auto entry = entries.rbegin(); entry != entries.rend(); ++entry) {

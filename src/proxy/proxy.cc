@@ -259,7 +259,7 @@ std::optional<std::string> authenticated_user(const http::Request& request,
 std::string_view cookie_value(const http::Request& request, std::string_view name) {
   std::string_view value;
   for (const http::Field& f : request.headers()) {
-    if (!http::iequals(f.name, "cookie")) continue;
+    if (f.token != &http::token::kCookie) continue;
     for (std::string_view rest = f.value; !rest.empty();) {
       std::string_view pair = rest.substr(0, rest.find(';'));
       rest = pair.size() < rest.size() ? rest.substr(pair.size() + 1) : std::string_view{};
@@ -683,7 +683,7 @@ bool wants_upgrade(const http::Request& request) {
 void offer_upgrade(const http::Request& request, const RouteConfig& route, ForwardHead& out) {
   if (!wants_upgrade(request) || route.upgrades.empty()) return;
   for (const http::Field& f : request.headers()) {
-    if (!http::iequals(f.name, "upgrade")) continue;
+    if (f.token != &http::token::kUpgrade) continue;
     http::for_each_list_item(f.value, [&](std::string_view token) {
       std::string_view name = token.substr(0, token.find('/'));
       bool allowed = std::ranges::any_of(
@@ -827,12 +827,12 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
     // Via, ...). Its Upgrade goes only as offer_upgrade allows.
     // Fields the proxy sets itself: the client's own are dropped (those of a trusted proxy are
     // folded into ours).
-    if (!http::forwardable(f.name, nominated, http::FieldsFor::kProxiedRequest)) {
-      bool te_trailers = http::iequals(f.name, "te") && http::list_has_token(f.value, "trailers");
+    if (!http::forwardable(f, nominated, http::FieldsFor::kProxiedRequest)) {
+      bool te_trailers = f.token == &http::token::kTe && http::list_has_token(f.value, "trailers");
       if (!te_trailers) continue;
     }
     // A trace started again here drops the old trace's vendor state.
-    if (trace_restarted && f.name.size() == 10 && http::iequals(f.name, "tracestate")) continue;
+    if (trace_restarted && f.token == &http::token::kTracestate) continue;
     head.headers.add_view(f.name, f.value);
   }
   head.headers.add_view("X-Forwarded-For", out.forwarded_for);
@@ -1034,7 +1034,7 @@ void Proxy::mirror(http::Request& request, const std::shared_ptr<Gateway>& gatew
   copy->head.method = copy->method;
   copy->head.target = copy->target;
   for (const http::Field& f : built->head.headers) {
-    if (!http::iequals(f.name, "expect")) copy->head.headers.add(f.name, f.value);
+    if (f.token != &http::token::kExpect) copy->head.headers.add(f.name, f.value);
   }
   if (has_body) {
     copy->body = request.body();
@@ -1178,7 +1178,7 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   const http::HeaderMap& in = request.headers();
   http::NominatedFields nominated(in);
   for (const http::Field& f : in) {
-    if (!http::forwardable(f.name, nominated, http::FieldsFor::kAuthRequest)) continue;
+    if (!http::forwardable(f, nominated, http::FieldsFor::kAuthRequest)) continue;
     if (!auth.request_headers.empty() &&
         std::ranges::none_of(auth.request_headers,
                              [&](const std::string& n) { return http::iequals(n, f.name); })) {
@@ -1235,7 +1235,7 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   // A refusal (401, 403, a redirect to a login page, ...) is the client's answer as it is.
   http::Response refusal(answer.status);
   for (const http::Field& f : answer.headers) {
-    if (http::iequals(f.name, "content-length")) continue;
+    if (f.token == &http::token::kContentLength) continue;
     refusal.headers.add(f.name, f.value);
   }
   refusal.body = std::move(body);
@@ -1527,7 +1527,7 @@ http::Response Forwarding::open_tunnel(const Gateway::Target& target, Attempt& a
   // tunnel. The 101's proof of the key was ours to check, not the client's.
   http::Response response(extended_connect_ ? 200 : response_head.status);
   for (const http::Field& f : response_head.headers) {
-    if (extended_connect_ && http::iequals(f.name, "sec-websocket-accept")) continue;
+    if (extended_connect_ && f.token == &http::token::kSecWebSocketAccept) continue;
     response.headers.add(f.name, f.value);
   }
   auto upstream_stream = std::make_shared<Stream>(std::move(*taken));
@@ -1560,7 +1560,7 @@ http::Response Forwarding::pass_response(const Gateway::Target& target, Attempt&
   // Via added to its.
   http::Response response(response_head.status);
   for (const http::Field& f : response_head.headers) {
-    if (f.name.size() == 3 && http::iequals(f.name, "via")) continue;
+    if (f.token == &http::token::kVia) continue;
     response.headers.add(f.name, f.value);
   }
   auto via = response_head.headers.get("via");

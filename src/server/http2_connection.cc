@@ -608,7 +608,7 @@ void Http2Connection::start_handler(H2Stream& s) {
   if (auto host = s.head.headers.get("host"); host && !s.authority.empty()) {
     // RFC 9113 8.3.1: a Host naming another entity than :authority makes the request
     // malformed (which one would a handler, or an upstream, believe?).
-    if (!iequals(*host, s.authority) || s.head.headers.count("host") != 1) s.refuse(400);
+    if (!iequals(*host, s.authority) || s.head.headers.count(token::kHost) != 1) s.refuse(400);
   } else if (!s.authority.empty()) {
     s.head.headers.add(std::string_view("host"), s.authority);
   }
@@ -617,7 +617,7 @@ void Http2Connection::start_handler(H2Stream& s) {
     // between them for everything past HTTP/2 (HTTP/1.1 allows one Cookie line).
     std::string joined;
     for (const Field& f : s.head.headers) {
-      if (!iequals(f.name, "cookie")) continue;
+      if (f.token != &token::kCookie) continue;
       if (!joined.empty()) joined += "; ";
       joined += f.value;
     }

@@ -53,17 +53,11 @@ HandlerFields each_response_field(const Response& response, Emit&& emit) {
   NominatedFields nominated(response.headers);
   bool upgrade = response.status == 101;
   for (const Field& f : response.headers) {
-    switch (f.name.size()) {
-      case 4:
-        seen.has_date = seen.has_date || iequals(f.name, "date");
-        break;
-      case 6:
-        seen.has_server = seen.has_server || iequals(f.name, "server");
-        break;
-    }
-    if (!forwardable(f.name, nominated, FieldsFor::kResponse)) {
+    seen.has_date = seen.has_date || f.token == &token::kDate;
+    seen.has_server = seen.has_server || f.token == &token::kServer;
+    if (!forwardable(f, nominated, FieldsFor::kResponse)) {
       // A 101 keeps its Upgrade and Connection: they are the response.
-      if (!upgrade || !(iequals(f.name, "upgrade") || iequals(f.name, "connection"))) continue;
+      if (!upgrade || !(f.token == &token::kUpgrade || f.token == &token::kConnection)) continue;
     }
     emit(f);
   }

@@ -41,7 +41,8 @@ enum class Status {
 std::string_view to_string(Status status);
 
 /// One field to encode. `sensitive`: never indexed, here or by any intermediary (RFC 7541
-/// §7.1.3); authorization, cookie and set-cookie always are.
+/// §7.1.3); so always are the names the token table marks sensitive (authorization,
+/// proxy-authorization, cookie, set-cookie: http/tokens.h).
 struct Field {
   std::string_view name;
   std::string_view value;

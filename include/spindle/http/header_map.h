@@ -13,6 +13,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "spindle/http/tokens.h"
+
 namespace spindle::http {
 
 namespace detail {
@@ -64,6 +66,9 @@ struct Field {
   std::string_view name;
   /// The value, without surrounding whitespace.
   std::string_view value;
+  /// The name's token (tokens.h) when spindle knows the name, else nullptr: a field of a
+  /// HeaderMap always carries it, so `field.token == &token::kHost` is how to ask.
+  const Token* token = nullptr;
 };
 
 /// An ordered multimap of header fields.
@@ -88,12 +93,10 @@ class HeaderMap {
 
   /// Appends a field whose text outlives the map (a parsed buffer, a literal). No copy.
   void add_view(std::string_view name, std::string_view value) {
-    if (size_ < kInline) {
-      inline_.at[size_++] = {name, value};
-    } else {
-      add_overflow(name, value);
-    }
+    add_field({name, value, find_token(name)});
   }
+  /// Appends a field of a known name (written in lower case) whose value outlives the map.
+  void add_view(const Token& name, std::string_view value) { add_field({name.name, value, &name}); }
   /// Appends a field, copying name and value into the map.
   void add(std::string_view name, std::string_view value);
   /// Appends a field whose name outlives the map (a literal), copying only the value.
@@ -104,6 +107,15 @@ class HeaderMap {
   void set(std::string_view name, std::string_view value);
   /// Removes every field named `name`; returns how many.
   std::size_t erase(std::string_view name);
+  /// Removes every field for which `pred(field)` is true; returns how many.
+  template <typename Pred>
+  std::size_t erase_if(Pred&& pred) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < size_; ++i) {
+      if (!pred(at(i))) at(kept++) = at(i);
+    }
+    return shrink_to(kept);
+  }
   /// Removes everything (keeps the first arena block).
   void clear() {
     size_ = 0;
@@ -113,10 +125,23 @@ class HeaderMap {
 
   /// The first value of `name`, if present.
   std::optional<std::string_view> get(std::string_view name) const;
+  /// The first value of a known name: pointer compares.
+  std::optional<std::string_view> get(const Token& name) const {
+    for (const Field& f : *this) {
+      if (f.token == &name) return f.value;
+    }
+    return std::nullopt;
+  }
   /// True if a field named `name` is present.
   bool contains(std::string_view name) const { return get(name).has_value(); }
+  bool contains(const Token& name) const { return get(name).has_value(); }
   /// How many fields are named `name`.
   std::size_t count(std::string_view name) const;
+  std::size_t count(const Token& name) const {
+    std::size_t n = 0;
+    for (const Field& f : *this) n += f.token == &name ? 1 : 0;
+    return n;
+  }
   /// True if `name`'s comma-separated values contain `token` (case-insensitive), as for
   /// `Connection: keep-alive, Upgrade`.
   bool has_token(std::string_view name, std::string_view token) const;
@@ -154,8 +179,21 @@ class HeaderMap {
   static constexpr std::size_t kArenaInline = 1024;
 
   Field& at(std::size_t i) { return i < kInline ? inline_.at[i] : overflow_[i - kInline]; }
-  /// add_view beyond the inline fields.
-  void add_overflow(std::string_view name, std::string_view value);
+  void add_field(const Field& field) {
+    if (size_ < kInline) {
+      inline_.at[size_++] = field;
+    } else {
+      add_overflow(field);
+    }
+  }
+  /// Keeps the first `kept` fields; returns how many went.
+  std::size_t shrink_to(std::size_t kept);
+  /// add_field beyond the inline fields.
+  void add_overflow(const Field& field);
+  /// True if `f` is named `name`, whose token is `token` (nullptr for an unknown name).
+  static bool named(const Field& f, std::string_view name, const Token* token) {
+    return token != nullptr ? f.token == token : f.token == nullptr && iequals(f.name, name);
+  }
   /// clear() of the fields and text beyond the inline ones.
   void release_overflow();
   /// The move: fields, arena text (re-pointing views into it) and blocks.

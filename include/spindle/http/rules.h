@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "spindle/http/header_map.h"
+#include "spindle/http/tokens.h"
 
 namespace spindle::http {
 
@@ -138,85 +139,15 @@ bool is_request_target(std::string_view s);
 
 // ---- field names with a rule -----------------------------------------------------------------
 
-/// What spindle's HTTP rules say of a field name: one table (rules.cc) holds every name with a
-/// rule, so that the hop-by-hop check, what a client, a server and the gateway leave out of
-/// what they forward, and what may be a trailer all decide from the same list.
-namespace field_flag {
-/// Describes one connection (RFC 9110 §7.6.1; RFC 9113 §8.2.2; HTTP2-Settings, §3.2.1).
-inline constexpr std::uint16_t kHopByHop = 1;
-/// Delimits the message's body (Content-Length, Transfer-Encoding): whoever sends a message
-/// writes its own.
-inline constexpr std::uint16_t kFraming = 2;
-/// Names the target's authority (Host): the client writes its own.
-inline constexpr std::uint16_t kHost = 4;
-/// Describes the message itself, never a trailer (RFC 9110 §6.5.1: Trailer, Content-Type,
-/// Content-Encoding, Content-Range, with the framing and Host).
-inline constexpr std::uint16_t kNotInTrailers = 8;
-/// Set by the gateway on what it forwards (Via, X-Forwarded-For/-Proto/-Host, X-Request-Id,
-/// traceparent; Expect, which it answers itself): a client's own are not passed on as sent.
-inline constexpr std::uint16_t kSetByProxy = 16;
-}  // namespace field_flag
-
-namespace detail {
-struct NamedRule {
-  std::string_view name;  ///< lower case
-  std::uint16_t flags;
-};
-// Every field name a rule of spindle's names, and its rules.
-inline constexpr NamedRule kRules[] = {
-    {"te", field_flag::kHopByHop},
-    {"via", field_flag::kSetByProxy},
-    {"host", field_flag::kHost | field_flag::kNotInTrailers},
-    {"expect", field_flag::kSetByProxy},
-    {"upgrade", field_flag::kHopByHop},
-    {"trailer", field_flag::kNotInTrailers},
-    {"connection", field_flag::kHopByHop},
-    {"keep-alive", field_flag::kHopByHop},
-    {"traceparent", field_flag::kSetByProxy},
-    {"x-request-id", field_flag::kSetByProxy},
-    {"content-type", field_flag::kNotInTrailers},
-    {"content-range", field_flag::kNotInTrailers},
-    {"http2-settings", field_flag::kHopByHop},
-    {"content-length", field_flag::kFraming | field_flag::kNotInTrailers},
-    {"x-forwarded-for", field_flag::kSetByProxy},
-    {"proxy-connection", field_flag::kHopByHop},
-    {"content-encoding", field_flag::kNotInTrailers},
-    {"x-forwarded-host", field_flag::kSetByProxy},
-    {"transfer-encoding",
-     field_flag::kHopByHop | field_flag::kFraming | field_flag::kNotInTrailers},
-    {"x-forwarded-proto", field_flag::kSetByProxy},
-};
-// kRules by name length (at most three names share one).
-inline constexpr std::size_t kLongestRuledName = 17;
-inline constexpr auto kRulesByLength = [] {
-  std::array<std::array<NamedRule, 3>, kLongestRuledName + 1> rows{};
-  for (const NamedRule& rule : kRules) {
-    for (NamedRule& slot : rows[rule.name.size()]) {
-      if (slot.name.empty()) {
-        slot = rule;
-        break;
-      }
-    }
-  }
-  return rows;
-}();
-}  // namespace detail
-
-/// The field_flag bits of `name` (any case) among `wanted`; 0 for a name no rule names. Runs
-/// for every field forwarded or written: most names are none of these, and most are told apart
-/// by their length and first letter without a compare; names whose rules are not wanted are
-/// not compared at all.
+/// The field_flag bits of `name` (any case) among `wanted`; 0 for a name no rule names (the
+/// token table, tokens.h, holds them).
 inline std::uint16_t field_flags(std::string_view name, std::uint16_t wanted = 0xffff) {
-  if (name.size() > detail::kLongestRuledName) return 0;
-  for (const detail::NamedRule& rule : detail::kRulesByLength[name.size()]) {
-    if (rule.name.empty()) return 0;
-    if ((rule.flags & wanted) == 0) continue;
-    if ((static_cast<unsigned char>(name[0]) | 0x20) == static_cast<unsigned char>(rule.name[0]) &&
-        detail::iequals_same_size(rule.name, name)) {
-      return rule.flags & wanted;
-    }
-  }
-  return 0;
+  const Token* token = find_token(name);
+  return token == nullptr ? 0 : token->flags & wanted;
+}
+/// The same for a field, from the token it carries: one load.
+inline std::uint16_t field_flags(const Field& field, std::uint16_t wanted = 0xffff) {
+  return field.token == nullptr ? 0 : field.token->flags & wanted;
 }
 
 // ---- fields that belong to one connection ----------------------------------------------------
@@ -282,6 +213,10 @@ enum class FieldsFor : std::uint16_t {
 /// what the client, the server and the gateway pass on, decided by the flags of the field rule
 /// table and the names the message's Connection fields list (`nominated`). The exceptions a
 /// sender makes stay with it (a 101 keeps Upgrade and Connection; TE: trailers goes upstream).
+inline bool forwardable(const Field& field, const NominatedFields& nominated, FieldsFor to) {
+  return field_flags(field, static_cast<std::uint16_t>(to)) == 0 && !nominated.contains(field.name);
+}
+/// The same for a field known by its name only.
 inline bool forwardable(std::string_view name, const NominatedFields& nominated, FieldsFor to) {
   return field_flags(name, static_cast<std::uint16_t>(to)) == 0 && !nominated.contains(name);
 }
@@ -295,7 +230,7 @@ template <typename Fn>
 void for_each_end_to_end(const HeaderMap& headers, Fn&& fn) {
   NominatedFields nominated(headers);
   for (const Field& f : headers) {
-    if (forwardable(f.name, nominated, FieldsFor::kEndToEnd)) fn(f);
+    if (forwardable(f, nominated, FieldsFor::kEndToEnd)) fn(f);
   }
 }
 

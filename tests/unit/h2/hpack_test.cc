@@ -11,6 +11,7 @@
 
 #include "h2_testing.h"
 #include "nghttp2_oracle.h"
+#include "spindle/http/tokens.h"
 
 using namespace spindle::h2::hpack;
 using spindle::testing::bytes;
@@ -338,6 +339,37 @@ TEST(Hpack, TheDynamicTableRingAgreesWithAListModel) {
         std::size_t name_only = 0;
         EXPECT_EQ(table.find(model.back().first, model.back().second, name_only) >= 62, true);
       }
+    }
+  }
+}
+
+// The static table is built from the token table's names (http/tokens.h) and RFC 7541's values:
+// each of its 61 entries, referred to by index, decodes as nghttp2 decodes it; and the encoder
+// refers to each name and each whole entry by the same index nghttp2 would use.
+TEST(Hpack, TheStaticTableFromTheTokenTableIsRfc7541s) {
+  for (unsigned index = 1; index <= 61; ++index) {
+    std::string block(1, static_cast<char>(0x80 | index));
+    OracleInflater oracle;
+    auto theirs = oracle.inflate(block);
+    ASSERT_TRUE(theirs.has_value()) << index;
+    Decoder decoder;
+    Status status = Status::kOk;
+    FieldList ours = decode(decoder, block, &status);
+    ASSERT_EQ(status, Status::kOk) << index;
+    EXPECT_EQ(ours, *theirs) << index;
+    // Encoded, the entry is its own index again (sensitive names never are: a literal,
+    // never indexed, named by the same index).
+    Encoder encoder;
+    std::string out;
+    encoder.encode({{(*theirs)[0].first, (*theirs)[0].second}}, out);
+    const auto* token = spindle::http::find_token((*theirs)[0].first);
+    ASSERT_NE(token, nullptr) << index;
+    if ((token->flags & spindle::http::field_flag::kSensitive) != 0) {
+      EXPECT_EQ(out,
+                std::string({static_cast<char>(0x10 | 0x0f), static_cast<char>(index - 15), '\0'}))
+          << index;
+    } else {
+      EXPECT_EQ(out, block) << index;
     }
   }
 }

@@ -112,14 +112,19 @@ TEST(HttpRules, OneTableNamesEveryFieldWithARuleInAnyCase) {
   EXPECT_EQ(field_flags("Via", kHopByHop | kSetByProxy), kSetByProxy);
   for (std::string_view name : {"Via", "Expect", "traceparent", "X-Request-Id", "X-Forwarded-For",
                                 "x-forwarded-host", "X-FORWARDED-PROTO"}) {
-    EXPECT_EQ(field_flags(name), kSetByProxy) << name;
+    EXPECT_EQ(field_flags(name) & ~kUniquePerMessage, kSetByProxy) << name;
   }
+  // What HPACK reads from the same table: never indexed, and not worth indexing.
+  for (std::string_view name : {"Authorization", "proxy-authorization", "Cookie", "set-cookie"}) {
+    EXPECT_EQ(field_flags(name), kSensitive) << name;
+  }
+  EXPECT_EQ(field_flags("X-Request-Id", kUniquePerMessage), kUniquePerMessage);
   for (std::string_view name : {"HTTP2-Settings", "Keep-Alive", "Proxy-Connection"}) {
     EXPECT_EQ(field_flags(name), kHopByHop) << name;
   }
   // Names of the same length as a ruled one, and longer than any, have none.
   for (std::string_view name : {"", "tf", "vie", "hosts", "x-request-ix", "content-lengthy",
-                                "x-forwarded-protocol", "accept", "cookie"}) {
+                                "x-forwarded-protocol", "accept", "cookies"}) {
     EXPECT_EQ(field_flags(name), 0) << name;
   }
 }

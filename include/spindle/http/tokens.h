@@ -1,0 +1,200 @@
+#pragma once
+/// The field names spindle knows, each written once: the names of HPACK's static table (RFC
+/// 7541 Appendix A) and every name one of spindle's rules names, with what the rules say of
+/// it. A field parsed by the HTTP/1 parser, decoded by HPACK or added to a HeaderMap carries
+/// its name's token (Field::token) when it has one: whether it is a given known field is then
+/// one pointer compare, and what the rules say of it one load.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace spindle::http {
+
+/// What spindle's rules say of a field name (Token::flags).
+namespace field_flag {
+/// Describes one connection (RFC 9110 §7.6.1; RFC 9113 §8.2.2; HTTP2-Settings, §3.2.1).
+inline constexpr std::uint16_t kHopByHop = 1;
+/// Delimits the message's body (Content-Length, Transfer-Encoding): whoever sends a message
+/// writes its own.
+inline constexpr std::uint16_t kFraming = 2;
+/// Names the target's authority (Host): the client writes its own.
+inline constexpr std::uint16_t kHost = 4;
+/// Describes the message itself, never a trailer (RFC 9110 §6.5.1: Trailer, Content-Type,
+/// Content-Encoding, Content-Range, with the framing and Host).
+inline constexpr std::uint16_t kNotInTrailers = 8;
+/// Set by the gateway on what it forwards (Via, X-Forwarded-For/-Proto/-Host, X-Request-Id,
+/// traceparent; Expect, which it answers itself): a client's own are not passed on as sent.
+inline constexpr std::uint16_t kSetByProxy = 16;
+/// Its values are secrets (credentials, sessions): HPACK never indexes them (RFC 7541 §7.1.3).
+inline constexpr std::uint16_t kSensitive = 32;
+/// Its value is new in every message (the request id and trace context a gateway writes):
+/// HPACK does not index it, as it would never be named again.
+inline constexpr std::uint16_t kUniquePerMessage = 64;
+}  // namespace field_flag
+
+/// A known field name.
+struct Token {
+  /// Lower case.
+  std::string_view name;
+  /// field_flag bits.
+  std::uint16_t flags = 0;
+  /// Its first entry in HPACK's static table (entries of one name are together); 0 if none.
+  std::uint8_t hpack_index = 0;
+};
+
+namespace detail {
+namespace f = field_flag;
+// Every known name, once.
+inline constexpr Token kTokens[] = {
+    // HPACK's static table, its names in its order (RFC 7541 Appendix A).
+    {":authority", 0, 1},
+    {":method", 0, 2},
+    {":path", 0, 4},
+    {":scheme", 0, 6},
+    {":status", 0, 8},
+    {"accept-charset", 0, 15},
+    {"accept-encoding", 0, 16},
+    {"accept-language", 0, 17},
+    {"accept-ranges", 0, 18},
+    {"accept", 0, 19},
+    {"access-control-allow-origin", 0, 20},
+    {"age", 0, 21},
+    {"allow", 0, 22},
+    {"authorization", f::kSensitive, 23},
+    {"cache-control", 0, 24},
+    {"content-disposition", 0, 25},
+    {"content-encoding", f::kNotInTrailers, 26},
+    {"content-language", 0, 27},
+    {"content-length", f::kFraming | f::kNotInTrailers, 28},
+    {"content-location", 0, 29},
+    {"content-range", f::kNotInTrailers, 30},
+    {"content-type", f::kNotInTrailers, 31},
+    {"cookie", f::kSensitive, 32},
+    {"date", 0, 33},
+    {"etag", 0, 34},
+    {"expect", f::kSetByProxy, 35},
+    {"expires", 0, 36},
+    {"from", 0, 37},
+    {"host", f::kHost | f::kNotInTrailers, 38},
+    {"if-match", 0, 39},
+    {"if-modified-since", 0, 40},
+    {"if-none-match", 0, 41},
+    {"if-range", 0, 42},
+    {"if-unmodified-since", 0, 43},
+    {"last-modified", 0, 44},
+    {"link", 0, 45},
+    {"location", 0, 46},
+    {"max-forwards", 0, 47},
+    {"proxy-authenticate", 0, 48},
+    {"proxy-authorization", f::kSensitive, 49},
+    {"range", 0, 50},
+    {"referer", 0, 51},
+    {"refresh", 0, 52},
+    {"retry-after", 0, 53},
+    {"server", 0, 54},
+    {"set-cookie", f::kSensitive, 55},
+    {"strict-transport-security", 0, 56},
+    {"transfer-encoding", f::kHopByHop | f::kFraming | f::kNotInTrailers, 57},
+    {"user-agent", 0, 58},
+    {"vary", 0, 59},
+    {"via", f::kSetByProxy, 60},
+    {"www-authenticate", 0, 61},
+    // The names of spindle's rules HPACK's table does not have.
+    {":protocol", 0, 0},  // RFC 8441
+    {"connection", f::kHopByHop, 0},
+    {"proxy-connection", f::kHopByHop, 0},
+    {"keep-alive", f::kHopByHop, 0},
+    {"te", f::kHopByHop, 0},
+    {"upgrade", f::kHopByHop, 0},
+    {"http2-settings", f::kHopByHop, 0},
+    {"trailer", f::kNotInTrailers, 0},
+    {"x-forwarded-for", f::kSetByProxy, 0},
+    {"x-forwarded-proto", f::kSetByProxy, 0},
+    {"x-forwarded-host", f::kSetByProxy, 0},
+    {"x-request-id", f::kSetByProxy | f::kUniquePerMessage, 0},
+    {"traceparent", f::kSetByProxy | f::kUniquePerMessage, 0},
+    {"tracestate", 0, 0},
+    {"origin", 0, 0},
+    {"sec-websocket-key", 0, 0},
+    {"sec-websocket-accept", 0, 0},
+    {"sec-websocket-version", 0, 0},
+};
+
+// Lower-cases ASCII letters (field names are tokens: nothing else changes under it).
+constexpr unsigned char fold(char c) {
+  auto u = static_cast<unsigned char>(c);
+  return u >= 'A' && u <= 'Z' ? static_cast<unsigned char>(u | 0x20) : u;
+}
+// The slot a name starts at: from its length and its first and last letters, any case.
+inline constexpr std::size_t kTokenSlots = 256;
+constexpr std::size_t token_slot(std::string_view name) {
+  return (name.size() * 31 + fold(name.front()) * 7 + fold(name.back())) % kTokenSlots;
+}
+// kTokens by token_slot, open addressing (index + 1; 0 for an empty slot).
+inline constexpr auto kTokenIndex = [] {
+  std::array<std::uint8_t, kTokenSlots> slots{};
+  for (std::size_t i = 0; i < std::size(kTokens); ++i) {
+    std::size_t at = token_slot(kTokens[i].name);
+    while (slots[at] != 0) at = (at + 1) % kTokenSlots;
+    slots[at] = static_cast<std::uint8_t>(i + 1);
+  }
+  return slots;
+}();
+
+// True if `a` (lower case) and `b` are the same name, any case of `b`; same sizes.
+inline bool same_name(std::string_view lower, std::string_view name) {
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    if (fold(name[i]) != static_cast<unsigned char>(lower[i])) return false;
+  }
+  return true;
+}
+
+consteval const Token& named(std::string_view name) {
+  for (const Token& token : kTokens) {
+    if (token.name == name) return token;
+  }
+  throw "not a known field name";
+}
+}  // namespace detail
+
+/// The token of `name` (any case), or nullptr for a name spindle has no rule for. One slot,
+/// seldom two, are looked at; a compare only where the length matches.
+inline const Token* find_token(std::string_view name) {
+  if (name.empty()) return nullptr;
+  for (std::size_t at = detail::token_slot(name); detail::kTokenIndex[at] != 0;
+       at = (at + 1) % detail::kTokenSlots) {
+    const Token& token = detail::kTokens[detail::kTokenIndex[at] - 1];
+    if (token.name.size() == name.size() && detail::same_name(token.name, name)) return &token;
+  }
+  return nullptr;
+}
+
+/// The known names spindle's code refers to.
+namespace token {
+inline constexpr const Token& kAuthority = detail::named(":authority");
+inline constexpr const Token& kMethod = detail::named(":method");
+inline constexpr const Token& kPath = detail::named(":path");
+inline constexpr const Token& kScheme = detail::named(":scheme");
+inline constexpr const Token& kStatus = detail::named(":status");
+inline constexpr const Token& kProtocol = detail::named(":protocol");
+inline constexpr const Token& kConnection = detail::named("connection");
+inline constexpr const Token& kContentLength = detail::named("content-length");
+inline constexpr const Token& kCookie = detail::named("cookie");
+inline constexpr const Token& kDate = detail::named("date");
+inline constexpr const Token& kExpect = detail::named("expect");
+inline constexpr const Token& kHost = detail::named("host");
+inline constexpr const Token& kProxyConnection = detail::named("proxy-connection");
+inline constexpr const Token& kSecWebSocketAccept = detail::named("sec-websocket-accept");
+inline constexpr const Token& kServer = detail::named("server");
+inline constexpr const Token& kTe = detail::named("te");
+inline constexpr const Token& kTracestate = detail::named("tracestate");
+inline constexpr const Token& kTransferEncoding = detail::named("transfer-encoding");
+inline constexpr const Token& kUpgrade = detail::named("upgrade");
+inline constexpr const Token& kVia = detail::named("via");
+inline constexpr const Token& kXForwardedFor = detail::named("x-forwarded-for");
+}  // namespace token
+
+}  // namespace spindle::http
