@@ -95,7 +95,7 @@ Result<ClientResponse> read_whole(ClientExchange& exchange, std::size_t max_body
   ClientResponse response;
   response.status = (*head)->status;
   response.version = (*head)->version;
-  for (const Field& f : (*head)->headers) response.headers.add(f.name, f.value);
+  for (const Field& f : (*head)->headers) response.headers.add(f);
   if ((*head)->content_length && *(*head)->content_length > max_body) {
     return fail(std::errc::message_size);
   }
@@ -109,7 +109,7 @@ Result<ClientResponse> read_whole(ClientExchange& exchange, std::size_t max_body
     if (*n == 0) break;
     if (response.body.size() > max_body) return fail(std::errc::message_size);
   }
-  for (const Field& f : exchange.trailers()) response.headers.add(f.name, f.value);
+  for (const Field& f : exchange.trailers()) response.headers.add(f);
   return response;
 }
 
@@ -168,7 +168,7 @@ Result<ClientResponse> HttpClient::send(const ClientRequest& request) {
   RequestHead head;
   head.method = request.method;
   head.target = url->target;
-  for (const Field& f : request.headers) head.headers.add_view(f.name, f.value);
+  for (const Field& f : request.headers) head.headers.add_view(f);
   if (!request.body.empty() || request.method == "POST" || request.method == "PUT" ||
       request.method == "PATCH") {
     head.content_length = request.body.size();

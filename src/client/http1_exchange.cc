@@ -35,7 +35,7 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
     ++target_->connections;
     // A head with an Upgrade field asks to switch protocols: it goes with `Connection:
     // upgrade`, written here (a Connection field of the head only names fields not to send).
-    auto upgrade = head.headers.get("upgrade");
+    auto upgrade = head.headers.get(token::kUpgrade);
     bool upgrading = upgrade.has_value();
     if (head.chunked) {
       mode_ = BodyMode::kChunked;
@@ -394,7 +394,7 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
     ClientResponseHead interim;
     interim.status = head.status;
     interim.version = head.minor_version == 0 ? 10 : 11;
-    for (const Field& f : head.headers) interim.headers.add_view(f.name, f.value);
+    for (const Field& f : head.headers) interim.headers.add_view(f);
     interim.no_body = true;
     informational(interim);
   }

@@ -224,7 +224,7 @@ void Http2Session::Impl::on_headers(std::uint32_t id, bool end_stream, bool trai
   if (!trailers) {
     call->have_head = true;
     call->head.version = 20;
-    if (auto length = call->head.headers.get("content-length")) {
+    if (auto length = call->head.headers.get(token::kContentLength)) {
       call->head.content_length = parse_content_length(*length);
     }
   }
@@ -530,7 +530,7 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
     s.fields.push_back({append_ascii_lower(s.names, f.name), f.value});
   }
   // TE is hop-by-hop, but "TE: trailers" must reach an HTTP/2 peer (gRPC asks for it).
-  if (head.headers.has_token("te", "trailers")) s.fields.push_back({"te", "trailers"});
+  if (head.headers.has_token(token::kTe, "trailers")) s.fields.push_back({"te", "trailers"});
   char length[24];
   if (head.content_length) {
     auto end = std::to_chars(length, length + sizeof length, *head.content_length).ptr;

@@ -250,9 +250,9 @@ ParseResult ResponseParser::parse(std::string_view input, ResponseHead& head) {
   if (framing.transfer_encoding) head.content_length.reset();  // the coding overrides it
   if (head.framing.kind == BodyFraming::Kind::kUntilClose) head.keep_alive = false;
   if (head.minor_version == 1) {
-    head.keep_alive = head.keep_alive && !head.headers.has_token("connection", "close");
+    head.keep_alive = head.keep_alive && !head.headers.has_token(token::kConnection, "close");
   } else {
-    head.keep_alive = head.headers.has_token("connection", "keep-alive");
+    head.keep_alive = head.headers.has_token(token::kConnection, "keep-alive");
   }
   return {State::kComplete, end + 4, 0, {}};
 }

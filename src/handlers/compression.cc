@@ -155,9 +155,9 @@ class CompressingWriter final : public BodyWriter {
 
 // The Content-Encoding and tag changes of a compressed response.
 void mark_compressed(Response& response, std::string_view coding) {
-  response.headers.add_view("Content-Encoding", coding);
+  response.headers.add_view("Content-Encoding", token::kContentEncoding, coding);
   // The compressed body is not byte-identical to what a strong tag named (RFC 9110 8.8.3).
-  if (auto etag = response.headers.get("etag"); etag && !etag->starts_with("W/")) {
+  if (auto etag = response.headers.get(token::kEtag); etag && !etag->starts_with("W/")) {
     std::string weak = "W/" + std::string(*etag);
     response.headers.set(std::string_view("ETag"), weak);
   }
@@ -181,8 +181,9 @@ Middleware compression(CompressionOptions options) {
   return [options](Request& request, const Next& next) {
     Response response = next(request);
     bool streamed = static_cast<bool>(response.stream);
-    if (response.status != 200 || response.file || response.headers.contains("content-encoding") ||
-        !compressible_type(response.headers.get("content-type").value_or(""))) {
+    if (response.status != 200 || response.file ||
+        response.headers.contains(token::kContentEncoding) ||
+        !compressible_type(response.headers.get(token::kContentType).value_or(""))) {
       return response;
     }
     if (!streamed &&
@@ -193,8 +194,8 @@ Middleware compression(CompressionOptions options) {
     if (streamed && response.stream_length && *response.stream_length < options.min_size) {
       return response;
     }
-    response.headers.add_view("Vary", "Accept-Encoding");
-    std::string_view coding = choose_coding(request.header("accept-encoding"));
+    response.headers.add_view("Vary", token::kVary, "Accept-Encoding");
+    std::string_view coding = choose_coding(request.header(token::kAcceptEncoding));
     if (coding.empty()) return response;
     if (streamed) {
       // Each piece is compressed as the producer writes it, on its fiber.

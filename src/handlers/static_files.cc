@@ -351,13 +351,13 @@ Response StaticFiles::serve(const Request& request, std::string_view path) const
   if (!S_ISREG(entry->st.st_mode)) return Response::error(404);
 
   Response response(200);
-  std::string_view range_header = request.header("range");
+  std::string_view range_header = request.header(token::kRange);
   std::string_view type = mime_type(name);
   std::string etag = entry->etag;
   std::shared_ptr<const std::string> packed;  // the file compressed on the fly, if it is
   // Another encoding only for the whole file: a range addresses the file as it is.
   if (range_header.empty()) {
-    std::string_view accept = request.header("accept-encoding");
+    std::string_view accept = request.header(token::kAcceptEncoding);
     bool varies = false;
     for (auto [coding, suffix] : {std::pair{"br", ".br"}, std::pair{"gzip", ".gz"}}) {
       if (!options_.precompressed) break;
@@ -368,37 +368,37 @@ Response StaticFiles::serve(const Request& request, std::string_view path) const
       if (sibling && S_ISREG(sibling->st.st_mode)) {
         entry = std::move(sibling);
         etag = entry->etag;
-        response.headers.add_view("Content-Encoding", coding);
+        response.headers.add_view("Content-Encoding", token::kContentEncoding, coding);
         break;
       }
     }
     auto size = static_cast<std::size_t>(entry->st.st_size);
-    if (options_.compress && !response.headers.contains("content-encoding") &&
+    if (options_.compress && !response.headers.contains(token::kContentEncoding) &&
         compressible_type(type) && size >= options_.compress_min && size <= options_.compress_max) {
       varies = true;
       std::string_view coding = accepts_encoding(accept, "br")     ? "br"
                                 : accepts_encoding(accept, "gzip") ? "gzip"
                                                                    : "";
       if (!coding.empty() && (packed = compressed(relative, *entry, coding))) {
-        response.headers.add_view("Content-Encoding", coding);
+        response.headers.add_view("Content-Encoding", token::kContentEncoding, coding);
         // Its own tag: a compressed body is another representation than the file.
         etag = entry->etag.substr(0, entry->etag.size() - 1) + "-z" + std::string(coding) + '"';
       }
     }
-    if (varies) response.headers.add_view("Vary", "Accept-Encoding");
+    if (varies) response.headers.add_view("Vary", token::kVary, "Accept-Encoding");
   }
-  response.headers.add_view("Content-Type", type);
+  response.headers.add_view("Content-Type", token::kContentType, type);
   response.headers.add(std::string_view("ETag"), etag);
   response.headers.add(std::string_view("Last-Modified"), entry->last_modified);
-  response.headers.add_view("Accept-Ranges", "bytes");
+  response.headers.add_view("Accept-Ranges", token::kAcceptRanges, "bytes");
 
   // Conditional requests (RFC 9110 13.2.2): If-None-Match wins over If-Modified-Since.
-  if (auto inm = request.headers().get("if-none-match")) {
+  if (auto inm = request.headers().get(token::kIfNoneMatch)) {
     if (none_match_hits(*inm, etag)) {
       response.status = 304;
       return response;
     }
-  } else if (auto ims = request.headers().get("if-modified-since")) {
+  } else if (auto ims = request.headers().get(token::kIfModifiedSince)) {
     auto since = parse_http_date(*ims);
     if (since && entry->st.st_mtim.tv_sec <= *since) {
       response.status = 304;
@@ -410,7 +410,7 @@ Response StaticFiles::serve(const Request& request, std::string_view path) const
   std::uint64_t first = 0, last = size == 0 ? 0 : size - 1;
   RangeKind range = RangeKind::kNone;
   if (!range_header.empty()) {
-    auto if_range = request.headers().get("if-range");
+    auto if_range = request.headers().get(token::kIfRange);
     if (!if_range || *if_range == entry->etag || *if_range == entry->last_modified) {
       range = parse_range(range_header, size, first, last);
     }

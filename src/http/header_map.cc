@@ -168,6 +168,13 @@ bool HeaderMap::has_token(std::string_view name, std::string_view token) const {
   return false;
 }
 
+bool HeaderMap::has_token(const Token& name, std::string_view token) const {
+  for (const Field& f : *this) {
+    if (f.token == &name && list_has_token(f.value, token)) return true;
+  }
+  return false;
+}
+
 std::string_view HeaderMap::copy(std::string_view text) {
   if (text.empty()) return {};
   if (arena_used_ + text.size() <= kArenaInline) {

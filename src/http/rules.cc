@@ -21,7 +21,8 @@ bool is_trailer_sendable(std::string_view name, std::string_view value) {
 }
 
 bool connection_nominates(const HeaderMap& headers, std::string_view name) {
-  return headers.has_token("connection", name) || headers.has_token("proxy-connection", name);
+  return headers.has_token(token::kConnection, name) ||
+         headers.has_token(token::kProxyConnection, name);
 }
 
 NominatedFields::NominatedFields(const HeaderMap& headers) : headers_(headers) {

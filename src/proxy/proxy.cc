@@ -231,7 +231,7 @@ namespace {
 // password is right.
 std::optional<std::string> authenticated_user(const http::Request& request,
                                               const BasicAuthConfig& auth, PasswordCheck& check) {
-  std::string_view value = request.header("authorization");
+  std::string_view value = request.header(http::token::kAuthorization);
   if (value.size() < 6 || !http::iequals(value.substr(0, 6), "basic ")) return std::nullopt;
   std::string_view encoded = value.substr(6);
   while (!encoded.empty() && encoded.front() == ' ') encoded.remove_prefix(1);
@@ -319,8 +319,8 @@ std::string joined(const std::vector<std::string>& items) {
 
 // A CORS preflight: OPTIONS with Origin and Access-Control-Request-Method.
 bool is_preflight(const http::Request& request) {
-  return request.method() == "OPTIONS" && !request.header("origin").empty() &&
-         !request.header("access-control-request-method").empty();
+  return request.method() == "OPTIONS" && !request.header(http::token::kOrigin).empty() &&
+         !request.header(http::token::kAccessControlRequestMethod).empty();
 }
 
 // Whether `cors` lets pages from `origin` in.
@@ -335,9 +335,9 @@ std::string_view cors_origin(const CorsConfig& cors, std::string_view origin) {
 
 // The answer to a CORS preflight: 204 with what the page may do, or 403.
 http::Response answer_preflight(const http::Request& request, const CorsConfig& cors) {
-  std::string_view origin = request.header("origin");
-  std::string_view method = request.header("access-control-request-method");
-  std::string_view asked = request.header("access-control-request-headers");
+  std::string_view origin = request.header(http::token::kOrigin);
+  std::string_view method = request.header(http::token::kAccessControlRequestMethod);
+  std::string_view asked = request.header(http::token::kAccessControlRequestHeaders);
   bool ok =
       cors_allows(cors, origin) && std::ranges::find(cors.methods, method) != cors.methods.end();
   // Every field it asks for must be allowed (names compared without regard to case).
@@ -365,7 +365,7 @@ http::Response answer_preflight(const http::Request& request, const CorsConfig& 
 // The CORS fields of an answer to an actual (not preflight) cross-origin request.
 void add_cors_fields(const http::Request& request, const RouteConfig& route,
                      http::Response& response) {
-  std::string_view origin = request.header("origin");
+  std::string_view origin = request.header(http::token::kOrigin);
   if (origin.empty() || is_preflight(request)) return;
   for (const MiddlewareConfig& m : route.middlewares) {
     if (m.kind != MiddlewareConfig::Kind::kCors || !cors_allows(m.cors, origin)) continue;
@@ -382,7 +382,7 @@ void add_cors_fields(const http::Request& request, const RouteConfig& route,
 // The token of a request for `jwt`: from its cookie, or Authorization: Bearer.
 std::string_view bearer_token(const http::Request& request, const JwtConfig& jwt) {
   if (!jwt.cookie.empty()) return cookie_value(request, jwt.cookie);
-  std::string_view authorization = request.header("authorization");
+  std::string_view authorization = request.header(http::token::kAuthorization);
   if (authorization.size() < 7 || !http::iequals(authorization.substr(0, 7), "bearer ")) return {};
   std::string_view token = authorization.substr(7);
   while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
@@ -467,7 +467,7 @@ std::optional<http::Response> answer_first(http::Request& request, const RouteCo
         break;
       case MiddlewareConfig::Kind::kRedirect: {
         const http::RequestContext& context = request.context();
-        std::string_view authority = request.header("host");
+        std::string_view authority = request.header(http::token::kHost);
         std::string_view host = authority;
         std::string_view port;
         if (auto colon = authority.rfind(':');
@@ -672,8 +672,8 @@ std::string milliseconds_text(std::chrono::microseconds t) {
 // become a tunnel to the upstream.
 bool wants_upgrade(const http::Request& request) {
   return request.context().major_version == 1 && request.minor_version() == 1 &&
-         request.headers().contains("upgrade") &&
-         request.headers().has_token("connection", "upgrade");
+         request.headers().contains(http::token::kUpgrade) &&
+         request.headers().has_token(http::token::kConnection, "upgrade");
 }
 
 // The client's Upgrade tokens the route allows (RFC 9110 7.8: "name[/version]", a list over
@@ -693,7 +693,8 @@ void offer_upgrade(const http::Request& request, const RouteConfig& route, Forwa
       out.upgrade += token;
     });
   }
-  if (!out.upgrade.empty()) out.head.headers.add_view("Upgrade", out.upgrade);
+  if (!out.upgrade.empty())
+    out.head.headers.add_view("Upgrade", http::token::kUpgrade, out.upgrade);
 }
 
 // Why a 101 must not be passed on (nullopt: it may). It must switch to a protocol the request
@@ -702,7 +703,7 @@ void offer_upgrade(const http::Request& request, const RouteConfig& route, Forwa
 std::optional<std::string_view> switch_refused(const ForwardHead& out,
                                                const http::ClientResponseHead& answer) {
   if (out.upgrade.empty()) return "a 101 to a request that offered no upgrade";
-  std::string_view chosen = http::trim_ows(answer.headers.get("upgrade").value_or(""));
+  std::string_view chosen = http::trim_ows(answer.headers.get(http::token::kUpgrade).value_or(""));
   chosen = chosen.substr(0, chosen.find_first_of(", \t"));
   std::string_view name = chosen.substr(0, chosen.find('/'));
   bool offered = false;
@@ -712,8 +713,8 @@ std::optional<std::string_view> switch_refused(const ForwardHead& out,
   });
   if (name.empty() || !offered) return "a 101 to a protocol the request did not offer";
   if (http::iequals(name, "websocket")) {
-    auto key = out.head.headers.get("sec-websocket-key");
-    auto accept = answer.headers.get("sec-websocket-accept");
+    auto key = out.head.headers.get(http::token::kSecWebsocketKey);
+    auto accept = answer.headers.get(http::token::kSecWebsocketAccept);
     if (!key || !accept || *accept != http::websocket_accept(*key)) {
       return "a WebSocket 101 without the Sec-WebSocket-Accept of the request's key";
     }
@@ -734,13 +735,14 @@ bool extended_connect_as_upgrade(const http::Request& request, const RouteConfig
   out.head.content_length.reset();
   out.head.chunked = false;  // the stream's DATA are the tunnel's, not a body
   out.upgrade = std::string(protocol);
-  out.head.headers.add_view("Upgrade", out.upgrade);
+  out.head.headers.add_view("Upgrade", http::token::kUpgrade, out.upgrade);
   if (http::iequals(protocol, "websocket")) {
-    out.head.headers.erase("sec-websocket-key");
+    out.head.headers.erase(http::token::kSecWebsocketKey);
     out.websocket_key = http::websocket_key();
-    out.head.headers.add_view("Sec-WebSocket-Key", out.websocket_key);
-    if (!out.head.headers.contains("sec-websocket-version")) {
-      out.head.headers.add_view("Sec-WebSocket-Version", "13");
+    out.head.headers.add_view("Sec-WebSocket-Key", http::token::kSecWebsocketKey,
+                              out.websocket_key);
+    if (!out.head.headers.contains(http::token::kSecWebsocketVersion)) {
+      out.head.headers.add_view("Sec-WebSocket-Version", http::token::kSecWebsocketVersion, "13");
     }
   }
   return true;
@@ -789,28 +791,29 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   const http::HeaderMap& in = request.headers();
   bool from_proxy = trusted(server, context);
   // CONNECT names its authority as the target; otherwise Host does.
-  out.authority = request.method() == "CONNECT" ? std::string(request.target())
-                                                : std::string(in.get("host").value_or(""));
+  out.authority = request.method() == "CONNECT"
+                      ? std::string(request.target())
+                      : std::string(in.get(http::token::kHost).value_or(""));
   if (out.authority.empty() && context.local != nullptr) out.authority = context.local->to_string();
 
-  auto id = in.get("x-request-id");
+  auto id = in.get(http::token::kXRequestId);
   if (id && good_request_id(*id)) {
     out.request_id.assign(*id);
   } else {
     new_request_id(out.request_id);
   }
   bool trace_restarted = false;
-  next_traceparent(in.get("traceparent"), trace_restarted, out.traceparent);
+  next_traceparent(in.get(http::token::kTraceparent), trace_restarted, out.traceparent);
   // The client and the trusted proxies before us (note_client); anyone else's claim is gone.
   std::string_view forwarded_for = request.attribute(kForwardedForAttribute);
   out.forwarded_for = forwarded_for.empty() ? context.remote : forwarded_for;
-  auto proto = in.get("x-forwarded-proto");
+  auto proto = in.get(http::token::kXForwardedProto);
   out.forwarded_proto = proto && from_proxy ? std::string(*proto) : context.tls ? "https" : "http";
-  auto host = in.get("x-forwarded-host");
+  auto host = in.get(http::token::kXForwardedHost);
   out.forwarded_host = host && from_proxy ? std::string(*host) : out.authority;
   std::string_view version =
       version_text(context.major_version == 2 ? 20 : 10 + request.minor_version());
-  auto via = in.get("via");
+  auto via = in.get(http::token::kVia);
   out.via = via ? std::string(*via) + ", " : std::string();
   out.via.append(version).append(" spindle");
 
@@ -833,16 +836,18 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
     }
     // A trace started again here drops the old trace's vendor state.
     if (trace_restarted && f.token == &http::token::kTracestate) continue;
-    head.headers.add_view(f.name, f.value);
+    head.headers.add_view(f);
   }
-  head.headers.add_view("X-Forwarded-For", out.forwarded_for);
-  head.headers.add_view("X-Forwarded-Proto", out.forwarded_proto);
-  if (!out.forwarded_host.empty()) head.headers.add_view("X-Forwarded-Host", out.forwarded_host);
-  head.headers.add_view("Via", out.via);
-  head.headers.add_view("X-Request-Id", out.request_id.view());
-  head.headers.add_view("traceparent", out.traceparent.view());
+  head.headers.add_view("X-Forwarded-For", http::token::kXForwardedFor, out.forwarded_for);
+  head.headers.add_view("X-Forwarded-Proto", http::token::kXForwardedProto, out.forwarded_proto);
+  if (!out.forwarded_host.empty())
+    head.headers.add_view("X-Forwarded-Host", http::token::kXForwardedHost, out.forwarded_host);
+  head.headers.add_view("Via", http::token::kVia, out.via);
+  head.headers.add_view("X-Request-Id", http::token::kXRequestId, out.request_id.view());
+  head.headers.add_view("traceparent", http::token::kTraceparent, out.traceparent.view());
   // The upstream says whether the body is wanted (send_body waits for its word).
-  if (request.head().expect_continue) head.headers.add_view("Expect", "100-continue");
+  if (request.head().expect_continue)
+    head.headers.add_view("Expect", http::token::kExpect, "100-continue");
 }
 
 void apply_edits(const HeaderEdits& edits, http::HeaderMap& headers) {
@@ -1034,7 +1039,7 @@ void Proxy::mirror(http::Request& request, const std::shared_ptr<Gateway>& gatew
   copy->head.method = copy->method;
   copy->head.target = copy->target;
   for (const http::Field& f : built->head.headers) {
-    if (f.token != &http::token::kExpect) copy->head.headers.add(f.name, f.value);
+    if (f.token != &http::token::kExpect) copy->head.headers.add(f);
   }
   if (has_body) {
     copy->body = request.body();
@@ -1092,7 +1097,7 @@ http::Middleware Proxy::middleware(std::string server_key) {
     if (server != nullptr && server->routes.size() != 0) {
       // An extended CONNECT (RFC 8441) routes as the GET upgrade it stands for.
       std::string_view method = request.head().protocol.empty() ? request.method() : "GET";
-      route = server->routes.select(request.header("host"), request.target(), method,
+      route = server->routes.select(request.header(http::token::kHost), request.target(), method,
                                     request.headers());
     }
     // Built in place (a response is a few KiB: each move of one shows per request).
@@ -1184,15 +1189,17 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
                              [&](const std::string& n) { return http::iequals(n, f.name); })) {
       continue;
     }
-    head.headers.add_view(f.name, f.value);
+    head.headers.add_view(f);
   }
   const http::RequestContext& context = request.context();
   std::string client(client_text(request));
   head.headers.add_view("X-Forwarded-Method", request.method());
-  head.headers.add_view("X-Forwarded-Proto", context.tls ? "https" : "http");
-  head.headers.add_view("X-Forwarded-Host", request.header("host"));
+  head.headers.add_view("X-Forwarded-Proto", http::token::kXForwardedProto,
+                        context.tls ? "https" : "http");
+  head.headers.add_view("X-Forwarded-Host", http::token::kXForwardedHost,
+                        request.header(http::token::kHost));
   head.headers.add_view("X-Forwarded-Uri", request.target());
-  head.headers.add_view("X-Forwarded-For", client);
+  head.headers.add_view("X-Forwarded-For", http::token::kXForwardedFor, client);
   std::string authority = target.label;
 
   auto opened =
@@ -1236,7 +1243,7 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   http::Response refusal(answer.status);
   for (const http::Field& f : answer.headers) {
     if (f.token == &http::token::kContentLength) continue;
-    refusal.headers.add(f.name, f.value);
+    refusal.headers.add(f);
   }
   refusal.body = std::move(body);
   return refusal;
@@ -1527,8 +1534,8 @@ http::Response Forwarding::open_tunnel(const Gateway::Target& target, Attempt& a
   // tunnel. The 101's proof of the key was ours to check, not the client's.
   http::Response response(extended_connect_ ? 200 : response_head.status);
   for (const http::Field& f : response_head.headers) {
-    if (extended_connect_ && f.token == &http::token::kSecWebSocketAccept) continue;
-    response.headers.add(f.name, f.value);
+    if (extended_connect_ && f.token == &http::token::kSecWebsocketAccept) continue;
+    response.headers.add(f);
   }
   auto upstream_stream = std::make_shared<Stream>(std::move(*taken));
   response.takeover = [upstream_stream, early, forward_head = forward_head_, gateway = gateway_,
@@ -1561,9 +1568,9 @@ http::Response Forwarding::pass_response(const Gateway::Target& target, Attempt&
   http::Response response(response_head.status);
   for (const http::Field& f : response_head.headers) {
     if (f.token == &http::token::kVia) continue;
-    response.headers.add(f.name, f.value);
+    response.headers.add(f);
   }
-  auto via = response_head.headers.get("via");
+  auto via = response_head.headers.get(http::token::kVia);
   std::string our_via = via ? std::string(*via) + ", " : std::string();
   our_via.append(version_text(response_head.version)).append(" spindle");
   response.headers.add("Via", our_via);

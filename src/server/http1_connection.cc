@@ -214,13 +214,13 @@ std::optional<TargetError> Connection::normalize_target() {
 
 bool Connection::accept_h2c_upgrade() {
   if (!options_.http2 || stream_.tls() != nullptr || head_.minor_version != 1) return false;
-  if (!head_.headers.has_token("upgrade", "h2c") ||
-      !head_.headers.has_token("connection", "upgrade") ||
-      !head_.headers.has_token("connection", "http2-settings")) {
+  if (!head_.headers.has_token(token::kUpgrade, "h2c") ||
+      !head_.headers.has_token(token::kConnection, "upgrade") ||
+      !head_.headers.has_token(token::kConnection, "http2-settings")) {
     return false;
   }
-  auto settings = head_.headers.get("http2-settings");
-  if (!settings || head_.headers.count("http2-settings") != 1) return false;
+  auto settings = head_.headers.get(token::kHttp2Settings);
+  if (!settings || head_.headers.count(token::kHttp2Settings) != 1) return false;
   auto decoded = base64url_decode(*settings);
   // Only requests without a body switch (the body would have to be read first); others are
   // answered over HTTP/1.1, which the Upgrade rules allow.

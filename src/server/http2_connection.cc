@@ -288,7 +288,7 @@ bool H2Stream::send_interim(int status, const HeaderMap& fields) {
   if (closed) return false;
   HeaderMap sendable;
   for (const Field& f : fields) {
-    if (detail::interim_field_sendable(f)) sendable.add(f.name, f.value);
+    if (detail::interim_field_sendable(f)) sendable.add(f);
   }
   conn.submit_head(*this, status, sendable, false);
   return true;
@@ -605,14 +605,14 @@ void Http2Connection::start_handler(H2Stream& s) {
   s.head.method = s.method;
   s.head.target = s.path;
   s.head.minor_version = 1;
-  if (auto host = s.head.headers.get("host"); host && !s.authority.empty()) {
+  if (auto host = s.head.headers.get(token::kHost); host && !s.authority.empty()) {
     // RFC 9113 8.3.1: a Host naming another entity than :authority makes the request
     // malformed (which one would a handler, or an upstream, believe?).
     if (!iequals(*host, s.authority) || s.head.headers.count(token::kHost) != 1) s.refuse(400);
   } else if (!s.authority.empty()) {
     s.head.headers.add(std::string_view("host"), s.authority);
   }
-  if (s.head.headers.count("cookie") > 1) {
+  if (s.head.headers.count(token::kCookie) > 1) {
     // RFC 9113 8.2.3: cookie pairs may come as separate fields; they are one field with "; "
     // between them for everything past HTTP/2 (HTTP/1.1 allows one Cookie line).
     std::string joined;
@@ -621,7 +621,7 @@ void Http2Connection::start_handler(H2Stream& s) {
       if (!joined.empty()) joined += "; ";
       joined += f.value;
     }
-    s.head.headers.erase("cookie");
+    s.head.headers.erase(token::kCookie);
     s.head.headers.add("cookie", joined);
   }
   if (!s.protocol.empty()) {
@@ -791,7 +791,8 @@ void Http2Connection::submit_response(H2Stream& s, Response& response, bool head
   auto status_end = std::to_chars(status, status + sizeof status, response.status).ptr;
   fields_.push_back({":status", {status, static_cast<std::size_t>(status_end - status)}});
   HandlerFields seen = each_response_field(response, [&](const Field& f) {
-    if (is_hop_by_hop(f.name)) return;  // a 101's Upgrade and Connection mean nothing here
+    if (field_flags(f, field_flag::kHopByHop) != 0)
+      return;  // a 101's Upgrade and Connection mean nothing here
     fields_.push_back({append_ascii_lower(names_, f.name), f.value});
   });
   if (!seen.has_date) fields_.push_back({"date", worker_.date.value()});
@@ -1018,8 +1019,7 @@ void Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
       s.method = upgrade->head->method;
       s.path = upgrade->head->target;
       // Connection names HTTP2-Settings: it goes with the hop-by-hop fields.
-      for_each_end_to_end(upgrade->head->headers,
-                          [&](const Field& f) { s.head.headers.add(f.name, f.value); });
+      for_each_end_to_end(upgrade->head->headers, [&](const Field& f) { s.head.headers.add(f); });
       s.body_in = upgrade->body;
       s.body_done = true;
       s.head_complete = true;

@@ -23,7 +23,8 @@ namespace spindle::http::detail {
 /// True if a field of an interim response (Request::send_interim) goes out: a valid name and
 /// value, and not hop-by-hop.
 inline bool interim_field_sendable(const Field& f) {
-  return is_field_name(f.name) && is_field_value(f.value) && !is_hop_by_hop(f.name);
+  return is_field_name(f.name) && is_field_value(f.value) &&
+         field_flags(f, field_flag::kHopByHop) == 0;
 }
 
 /// What each_response_field saw of the handler's fields.

@@ -5,6 +5,7 @@
 /// need no allocation.
 
 #include <array>
+#include <cassert>
 #include <cstddef>
 #include <initializer_list>
 #include <memory>
@@ -16,11 +17,6 @@
 #include "spindle/http/tokens.h"
 
 namespace spindle::http {
-
-namespace detail {
-/// iequals for two views of the same size.
-bool iequals_same_size(std::string_view a, std::string_view b);
-}  // namespace detail
 
 /// True if `a` and `b` are equal ignoring ASCII case. (The size check is inline: most
 /// comparisons of field names end there.)
@@ -97,16 +93,33 @@ class HeaderMap {
   }
   /// Appends a field of a known name (written in lower case) whose value outlives the map.
   void add_view(const Token& name, std::string_view value) { add_field({name.name, value, &name}); }
+  /// Appends a field of a known name as `name` spells it ("Content-Type" for
+  /// token::kContentType: the same name, any case), whose text outlives the map. No lookup.
+  void add_view(std::string_view name, const Token& token, std::string_view value) {
+    assert(find_token(name) == &token);
+    add_field({name, value, &token});
+  }
+  /// Appends a field of another map whose text outlives this one (its token kept). No copy.
+  void add_view(const Field& field) { add_field(field); }
   /// Appends a field, copying name and value into the map.
   void add(std::string_view name, std::string_view value);
+  /// Appends a copy of a field of another map (its token kept).
+  void add(const Field& field) { add_field({copy(field.name), copy(field.value), field.token}); }
   /// Appends a field whose name outlives the map (a literal), copying only the value.
   void add_with_static_name(std::string_view name, std::string_view value) {
     add_view(name, copy(value));
+  }
+  /// The same for a known name as `name` spells it: no lookup.
+  void add_with_static_name(std::string_view name, const Token& token, std::string_view value) {
+    add_view(name, token, copy(value));
   }
   /// Replaces every field named `name` with one field (copied).
   void set(std::string_view name, std::string_view value);
   /// Removes every field named `name`; returns how many.
   std::size_t erase(std::string_view name);
+  std::size_t erase(const Token& name) {
+    return erase_if([&](const Field& f) { return f.token == &name; });
+  }
   /// Removes every field for which `pred(field)` is true; returns how many.
   template <typename Pred>
   std::size_t erase_if(Pred&& pred) {
@@ -145,6 +158,7 @@ class HeaderMap {
   /// True if `name`'s comma-separated values contain `token` (case-insensitive), as for
   /// `Connection: keep-alive, Upgrade`.
   bool has_token(std::string_view name, std::string_view token) const;
+  bool has_token(const Token& name, std::string_view token) const;
 
   /// Number of fields.
   std::size_t size() const { return size_; }

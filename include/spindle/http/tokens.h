@@ -46,6 +46,10 @@ struct Token {
 };
 
 namespace detail {
+/// True if `a` and `b`, of the same size, are equal without regard to ASCII case (header_map.cc:
+/// a word at a time).
+bool iequals_same_size(std::string_view a, std::string_view b);
+
 namespace f = field_flag;
 // Every known name, once.
 inline constexpr Token kTokens[] = {
@@ -118,20 +122,20 @@ inline constexpr Token kTokens[] = {
     {"traceparent", f::kSetByProxy | f::kUniquePerMessage, 0},
     {"tracestate", 0, 0},
     {"origin", 0, 0},
+    {"access-control-request-method", 0, 0},
+    {"access-control-request-headers", 0, 0},
     {"sec-websocket-key", 0, 0},
     {"sec-websocket-accept", 0, 0},
     {"sec-websocket-version", 0, 0},
 };
 
-// Lower-cases ASCII letters (field names are tokens: nothing else changes under it).
-constexpr unsigned char fold(char c) {
-  auto u = static_cast<unsigned char>(c);
-  return u >= 'A' && u <= 'Z' ? static_cast<unsigned char>(u | 0x20) : u;
-}
-// The slot a name starts at: from its length and its first and last letters, any case.
+// The slot a name starts at: from its length and its first and last bytes, any case (| 0x20
+// lower-cases letters and leaves the other bytes of known names as they are).
 inline constexpr std::size_t kTokenSlots = 256;
 constexpr std::size_t token_slot(std::string_view name) {
-  return (name.size() * 31 + fold(name.front()) * 7 + fold(name.back())) % kTokenSlots;
+  return (name.size() * 31 + (static_cast<unsigned char>(name.front()) | 0x20) * 7 +
+          (static_cast<unsigned char>(name.back()) | 0x20)) %
+         kTokenSlots;
 }
 // kTokens by token_slot, open addressing (index + 1; 0 for an empty slot).
 inline constexpr auto kTokenIndex = [] {
@@ -143,14 +147,6 @@ inline constexpr auto kTokenIndex = [] {
   }
   return slots;
 }();
-
-// True if `a` (lower case) and `b` are the same name, any case of `b`; same sizes.
-inline bool same_name(std::string_view lower, std::string_view name) {
-  for (std::size_t i = 0; i < name.size(); ++i) {
-    if (fold(name[i]) != static_cast<unsigned char>(lower[i])) return false;
-  }
-  return true;
-}
 
 consteval const Token& named(std::string_view name) {
   for (const Token& token : kTokens) {
@@ -167,34 +163,89 @@ inline const Token* find_token(std::string_view name) {
   for (std::size_t at = detail::token_slot(name); detail::kTokenIndex[at] != 0;
        at = (at + 1) % detail::kTokenSlots) {
     const Token& token = detail::kTokens[detail::kTokenIndex[at] - 1];
-    if (token.name.size() == name.size() && detail::same_name(token.name, name)) return &token;
+    if (token.name.size() == name.size() && detail::iequals_same_size(token.name, name))
+      return &token;
   }
   return nullptr;
 }
 
-/// The known names spindle's code refers to.
+/// Every known name, by name: `token::kContentLength` is "content-length".
 namespace token {
 inline constexpr const Token& kAuthority = detail::named(":authority");
 inline constexpr const Token& kMethod = detail::named(":method");
 inline constexpr const Token& kPath = detail::named(":path");
 inline constexpr const Token& kScheme = detail::named(":scheme");
 inline constexpr const Token& kStatus = detail::named(":status");
-inline constexpr const Token& kProtocol = detail::named(":protocol");
-inline constexpr const Token& kConnection = detail::named("connection");
+inline constexpr const Token& kAcceptCharset = detail::named("accept-charset");
+inline constexpr const Token& kAcceptEncoding = detail::named("accept-encoding");
+inline constexpr const Token& kAcceptLanguage = detail::named("accept-language");
+inline constexpr const Token& kAcceptRanges = detail::named("accept-ranges");
+inline constexpr const Token& kAccept = detail::named("accept");
+inline constexpr const Token& kAccessControlAllowOrigin =
+    detail::named("access-control-allow-origin");
+inline constexpr const Token& kAge = detail::named("age");
+inline constexpr const Token& kAllow = detail::named("allow");
+inline constexpr const Token& kAuthorization = detail::named("authorization");
+inline constexpr const Token& kCacheControl = detail::named("cache-control");
+inline constexpr const Token& kContentDisposition = detail::named("content-disposition");
+inline constexpr const Token& kContentEncoding = detail::named("content-encoding");
+inline constexpr const Token& kContentLanguage = detail::named("content-language");
 inline constexpr const Token& kContentLength = detail::named("content-length");
+inline constexpr const Token& kContentLocation = detail::named("content-location");
+inline constexpr const Token& kContentRange = detail::named("content-range");
+inline constexpr const Token& kContentType = detail::named("content-type");
 inline constexpr const Token& kCookie = detail::named("cookie");
 inline constexpr const Token& kDate = detail::named("date");
+inline constexpr const Token& kEtag = detail::named("etag");
 inline constexpr const Token& kExpect = detail::named("expect");
+inline constexpr const Token& kExpires = detail::named("expires");
+inline constexpr const Token& kFrom = detail::named("from");
 inline constexpr const Token& kHost = detail::named("host");
-inline constexpr const Token& kProxyConnection = detail::named("proxy-connection");
-inline constexpr const Token& kSecWebSocketAccept = detail::named("sec-websocket-accept");
+inline constexpr const Token& kIfMatch = detail::named("if-match");
+inline constexpr const Token& kIfModifiedSince = detail::named("if-modified-since");
+inline constexpr const Token& kIfNoneMatch = detail::named("if-none-match");
+inline constexpr const Token& kIfRange = detail::named("if-range");
+inline constexpr const Token& kIfUnmodifiedSince = detail::named("if-unmodified-since");
+inline constexpr const Token& kLastModified = detail::named("last-modified");
+inline constexpr const Token& kLink = detail::named("link");
+inline constexpr const Token& kLocation = detail::named("location");
+inline constexpr const Token& kMaxForwards = detail::named("max-forwards");
+inline constexpr const Token& kProxyAuthenticate = detail::named("proxy-authenticate");
+inline constexpr const Token& kProxyAuthorization = detail::named("proxy-authorization");
+inline constexpr const Token& kRange = detail::named("range");
+inline constexpr const Token& kReferer = detail::named("referer");
+inline constexpr const Token& kRefresh = detail::named("refresh");
+inline constexpr const Token& kRetryAfter = detail::named("retry-after");
 inline constexpr const Token& kServer = detail::named("server");
-inline constexpr const Token& kTe = detail::named("te");
-inline constexpr const Token& kTracestate = detail::named("tracestate");
+inline constexpr const Token& kSetCookie = detail::named("set-cookie");
+inline constexpr const Token& kStrictTransportSecurity = detail::named("strict-transport-security");
 inline constexpr const Token& kTransferEncoding = detail::named("transfer-encoding");
-inline constexpr const Token& kUpgrade = detail::named("upgrade");
+inline constexpr const Token& kUserAgent = detail::named("user-agent");
+inline constexpr const Token& kVary = detail::named("vary");
 inline constexpr const Token& kVia = detail::named("via");
+inline constexpr const Token& kWwwAuthenticate = detail::named("www-authenticate");
+inline constexpr const Token& kProtocol = detail::named(":protocol");
+inline constexpr const Token& kConnection = detail::named("connection");
+inline constexpr const Token& kProxyConnection = detail::named("proxy-connection");
+inline constexpr const Token& kKeepAlive = detail::named("keep-alive");
+inline constexpr const Token& kTe = detail::named("te");
+inline constexpr const Token& kUpgrade = detail::named("upgrade");
+inline constexpr const Token& kHttp2Settings = detail::named("http2-settings");
+inline constexpr const Token& kTrailer = detail::named("trailer");
 inline constexpr const Token& kXForwardedFor = detail::named("x-forwarded-for");
+inline constexpr const Token& kXForwardedProto = detail::named("x-forwarded-proto");
+inline constexpr const Token& kXForwardedHost = detail::named("x-forwarded-host");
+inline constexpr const Token& kXRequestId = detail::named("x-request-id");
+inline constexpr const Token& kTraceparent = detail::named("traceparent");
+inline constexpr const Token& kTracestate = detail::named("tracestate");
+inline constexpr const Token& kOrigin = detail::named("origin");
+inline constexpr const Token& kAccessControlRequestMethod =
+    detail::named("access-control-request-method");
+inline constexpr const Token& kAccessControlRequestHeaders =
+    detail::named("access-control-request-headers");
+inline constexpr const Token& kSecWebsocketKey = detail::named("sec-websocket-key");
+inline constexpr const Token& kSecWebsocketAccept = detail::named("sec-websocket-accept");
+inline constexpr const Token& kSecWebsocketVersion = detail::named("sec-websocket-version");
 }  // namespace token
 
 }  // namespace spindle::http

@@ -95,6 +95,7 @@ class Request {
   const RequestHead& head() const { return *head_; }
   /// The first value of a header field, or "".
   std::string_view header(std::string_view name) const { return headers().get(name).value_or(""); }
+  std::string_view header(const Token& name) const { return headers().get(name).value_or(""); }
   /// The whole body, read on the first call (so it may throw as `read` does); read() returns 0
   /// after it. After earlier `read` calls it holds only what they had not yet returned. Memory
   /// grows with the bytes received (kBodyStep at a time), never with the announced length.
@@ -280,7 +281,7 @@ struct Response {
   explicit Response(int s) : status(s) {}
   /// A response with `status`, a body and its Content-Type.
   Response(int s, std::string b, std::string_view content_type) : status(s), body(std::move(b)) {
-    headers.add_with_static_name("Content-Type", content_type);
+    headers.add_with_static_name("Content-Type", token::kContentType, content_type);
   }
 
   /// 200 with a text/plain body.
