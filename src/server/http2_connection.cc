@@ -24,6 +24,7 @@
 #include "spindle/base/ascii.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/block_cache.h"
+#include "spindle/fiber/buffer_pool.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/h2/session.h"
@@ -1028,7 +1029,17 @@ void Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
   }
   if (ok && !preread.empty()) ok = session_.receive(bytes_of(preread));
   if (ok) start_due_handlers();
-  std::vector<char> buffer(16 * 1024);  // on the heap: fiber stacks are small
+  // The read buffer is the worker's (16 KiB), held only while the connection is busy: idle (no
+  // stream open, nothing left to read), it goes back to the pool while the connection waits.
+  BufferPool::Buffer buffer;
+  auto read_some = [&](Deadline deadline) -> Result<std::size_t> {
+    if (open_.empty() && stream_.drained()) {
+      buffer = {};
+      if (auto ready = stream_.wait_readable(deadline); !ready) return fail(ready.error());
+    }
+    if (buffer.data() == nullptr) buffer = take_buffer();
+    return stream_.read(buffer.span(), deadline);
+  };
   while (ok && !writer_failed_) {
     wake_writer();
     if (shared_.draining.load(std::memory_order_acquire)) shut_down();
@@ -1038,7 +1049,7 @@ void Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
     Deadline deadline = open_.empty() && !notice_sent_
                             ? Deadline::after(shared_.options.keepalive_timeout)
                             : Deadline::never();
-    auto n = stream_.read(buffer, deadline);
+    auto n = read_some(deadline);
     if (!n) {
       // Idle too long: GOAWAY (which, with no stream open, also stops the reader).
       if (n.error() == std::errc::timed_out && open_.empty()) shut_down(true);

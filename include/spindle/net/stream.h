@@ -102,6 +102,13 @@ class Stream {
     if (const auto* t = std::get_if<TlsStream>(&s_)) return t->drained();
     return std::get<TcpStream>(s_).drained();
   }
+  /// Waits until a read would find something (bytes, or the peer's close), without reading:
+  /// at once unless drained(). See TcpStream::wait_readable.
+  [[nodiscard]] Result<void> wait_readable(Deadline deadline) {
+    if (!drained()) return {};
+    if (auto* t = std::get_if<TlsStream>(&s_)) return t->tcp().wait_readable(deadline);
+    return std::get<TcpStream>(s_).wait_readable(deadline);
+  }
 
  private:
   std::variant<TcpStream, TlsStream> s_;

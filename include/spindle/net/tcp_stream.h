@@ -83,6 +83,14 @@ class TcpStream {
   /// park (read() then waits without the system call), and an idle connection may be left to
   /// the reactor.
   bool drained() const { return socket_.drained(); }
+  /// Waits until bytes (or the peer's close) arrive, without reading them: at once unless the
+  /// last read found the socket empty (drained). A connection waits so when it holds no read
+  /// buffer while idle.
+  [[nodiscard]] Result<void> wait_readable(Deadline deadline) {
+    if (!socket_.drained()) return {};
+    if (auto ec = socket_.wait(IoDirection::kRead, deadline)) return fail(ec);
+    return {};
+  }
   /// For a layer above that reads the socket itself (OpenSSL): its read found it empty.
   void note_drained() { socket_.note_drained(); }
   /// True while on_readable is set and has not fired.
