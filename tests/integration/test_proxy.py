@@ -214,7 +214,8 @@ upstreams:
         assert request(gw, "GET", "/delay/10")[0] == 200
         # A lone target is never ejected passively (one always stays in): each request tries
         # it, and is a 502.
-        assert [request(gw, "GET", "/dead/x")[0] for _ in range(4)] == [502] * 4
+        statuses = [request(gw, "GET", "/dead/x")[0] for _ in range(4)]
+        assert statuses == [502] * 4, (statuses, gw.errors)
         # Found down by its active checks, with panic mode off: nothing healthy to try.
         assert wait_until(lambda: request(gw, "GET", "/ejecting/x")[0] == 503, seconds=3)
         assert logged(gw, "no healthy target"), gw.errors

@@ -100,11 +100,17 @@ class HeaderMap {
     add_field({name, value, &token});
   }
   /// Appends a field of another map whose text outlives this one (its token kept). No copy.
-  void add_view(const Field& field) { add_field(field); }
+  void add_view(const Field& field) {
+    assert(field.token == find_token(field.name));
+    add_field(field);
+  }
   /// Appends a field, copying name and value into the map.
   void add(std::string_view name, std::string_view value);
   /// Appends a copy of a field of another map (its token kept).
-  void add(const Field& field) { add_field({copy(field.name), copy(field.value), field.token}); }
+  void add(const Field& field) {
+    assert(field.token == find_token(field.name));
+    add_field({copy(field.name), copy(field.value), field.token});
+  }
   /// Appends a field whose name outlives the map (a literal), copying only the value.
   void add_with_static_name(std::string_view name, std::string_view value) {
     add_view(name, copy(value));
