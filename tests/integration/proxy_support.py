@@ -94,6 +94,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def held_dead_port():
+    """(socket, port): a port bound and never listened on, for an upstream that is down. A
+    connection to it is refused for as long as the socket lives; a port only found free (as
+    free_port's) can be handed to the next bind to port 0 meanwhile, the gateway's own listener
+    included, which makes the "dead" upstream the gateway itself (a loop, answered 503)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    return s, s.getsockname()[1]
+
+
 SERVER = """
 servers:
   - name: public

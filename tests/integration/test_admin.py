@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import Server
-from proxy_support import addr, free_port, request, upstream, wait_until
+from proxy_support import addr, free_port, held_dead_port, request, upstream, wait_until
 
 
 def start(build_dir, tmp_path, text):
@@ -77,7 +77,8 @@ upstreams:
 
 def test_metrics_count_requests_and_targets_in_the_prometheus_format(build_dir, tmp_path):
     a = upstream(build_dir, "a")
-    admin_port, port, dead_port = free_port(), free_port(), free_port()
+    admin_port, port = free_port(), free_port()
+    holder, dead_port = held_dead_port()  # noqa: F841 (held until the test ends)
     gw, path = start(build_dir, tmp_path, config(admin_port, port, a, dead_port))
     try:
         for _ in range(5):
@@ -148,7 +149,8 @@ def test_metrics_count_requests_and_targets_in_the_prometheus_format(build_dir, 
 
 def test_healthz_config_and_ready_while_draining(build_dir, tmp_path):
     a = upstream(build_dir, "a")
-    admin_port, port, dead_port = free_port(), free_port(), free_port()
+    admin_port, port = free_port(), free_port()
+    holder, dead_port = held_dead_port()  # noqa: F841 (held until the test ends)
     gw, _ = start(build_dir, tmp_path, config(admin_port, port, a, dead_port))
     try:
         assert admin_get(admin_port, "/healthz")[:1] == (200,)

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from conftest import Server
-from proxy_support import (SERVER, ScriptedUpstream, addr, all_to, free_port, gateway, logged,
-                           middleware_config_error, read_request_head, request, response_head,
-                           upstream, wait_until)
+from proxy_support import (SERVER, ScriptedUpstream, addr, all_to, free_port, gateway,
+                           held_dead_port, logged, middleware_config_error, read_request_head,
+                           request, response_head, upstream, wait_until)
 
 
 @pytest.fixture
@@ -189,7 +189,7 @@ def test_a_response_cut_mid_body_aborts_the_client_side(build_dir, tmp_path, two
 
 def test_timeouts_and_dead_upstreams_give_504_502_503(build_dir, tmp_path, two_upstreams):
     a, _ = two_upstreams
-    dead = free_port()
+    holder, dead = held_dead_port()  # noqa: F841 (held until the test ends)
     gw = gateway(build_dir, tmp_path, SERVER + f"""
 routes:
   - {{name: slow, match: {{path_prefix: /delay/}}, service: slow}}
@@ -321,7 +321,7 @@ def test_consistent_hash_keeps_a_key_on_one_target(build_dir, tmp_path, two_upst
 def test_requests_go_around_a_dead_target_and_posts_are_retried_only_when_safe(
         build_dir, tmp_path, two_upstreams):
     a, _ = two_upstreams
-    dead = free_port()
+    holder, dead = held_dead_port()  # noqa: F841 (held until the test ends)
     gw = gateway(build_dir, tmp_path, SERVER + f"""
 routes:
   - {{name: all, match: {{path_prefix: /}}, service: pool}}
