@@ -161,9 +161,9 @@ bool list_has_token(std::string_view list, std::string_view token) {
 }
 
 bool HeaderMap::has_token(std::string_view name, std::string_view token) const {
-  const Token* known = find_token(name);
+  if (const Token* known = find_token(name)) return has_token(*known, token);
   for (const Field& f : *this) {
-    if (named(f, name, known) && list_has_token(f.value, token)) return true;
+    if (f.token == nullptr && iequals(f.name, name) && list_has_token(f.value, token)) return true;
   }
   return false;
 }
