@@ -28,6 +28,7 @@ namespace spindle::http::detail {
 namespace {
 
 using h2::ErrorCode;
+using HpackField = h2::hpack::Field;
 
 // What a stream may receive ahead of its reader, and the connection as a whole.
 constexpr std::uint32_t kStreamWindow = 256 * 1024;
@@ -164,7 +165,7 @@ struct Http2Session::Impl final : h2::SessionHandler {
   void write_loop();
 
   // The session's events, on the reader's fiber.
-  void on_field(std::uint32_t id, std::string_view name, std::string_view value) override;
+  void on_field(std::uint32_t id, const Field& field) override;
   void on_headers(std::uint32_t id, bool end_stream, bool trailers) override;
   void on_data(std::uint32_t id, std::span<const std::uint8_t> data, bool end_stream) override;
   void on_reset(std::uint32_t id, ErrorCode code) override;
@@ -178,7 +179,8 @@ struct Http2Session::Impl final : h2::SessionHandler {
   }
 };
 
-void Http2Session::Impl::on_field(std::uint32_t id, std::string_view name, std::string_view value) {
+void Http2Session::Impl::on_field(std::uint32_t id, const Field& field) {
+  const auto& [name, value, token] = field;
   Call* call = find(id);
   if (call == nullptr || call->too_large) return;
   call->block_bytes += name.size() + value.size() + 32;
@@ -188,13 +190,13 @@ void Http2Session::Impl::on_field(std::uint32_t id, std::string_view name, std::
     return;
   }
   if (call->have_head) {
-    call->trailers.add(name, value);  // fields after the final head: trailers
-  } else if (name == ":status") {
+    call->trailers.add(field);  // fields after the final head: trailers
+  } else if (token == &token::kStatus) {
     // The session checked it: three digits, 100 to 599.
     std::from_chars(value.data(), value.data() + value.size(), call->head.status);
     call->head.headers.clear();
   } else {
-    call->head.headers.add(name, value);  // an interim head's fields too (on_headers moves them)
+    call->head.headers.add(field);  // an interim head's fields too (on_headers moves them)
   }
 }
 
@@ -290,8 +292,12 @@ bool Http2Session::Impl::frame_body(Call& call, std::size_t budget) {
   if (n > 0) call.wake.set();  // room for the next piece
   if (!body_ends || call.out_pos != 0) return false;
   if (has_trailers) {
+    std::size_t name_bytes = 0;
+    for (const Field& f : call.out_trailers) name_bytes += f.name.size();
+    names.clear();
+    names.reserve(name_bytes);  // views into it stay put
     fields.clear();
-    for (const Field& f : call.out_trailers) fields.push_back({f.name, f.value});
+    for (const Field& f : call.out_trailers) fields.push_back(HpackField::to_send(f, names));
     session.submit_headers(call.id, fields, true);
   }
   call.out_done = true;
@@ -520,21 +526,25 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
   s.names.clear();
   s.names.reserve(name_bytes);
   s.fields.clear();
-  s.fields.push_back({":method", head.method});
-  s.fields.push_back({":scheme", s.stream.tls() != nullptr ? "https" : "http"});
-  s.fields.push_back({":authority", authority});
-  s.fields.push_back({":path", head.target});
+  s.fields.push_back(HpackField::known(token::kMethod, head.method));
+  s.fields.push_back(
+      HpackField::known(token::kScheme, s.stream.tls() != nullptr ? "https" : "http"));
+  s.fields.push_back(HpackField::known(token::kAuthority, authority));
+  s.fields.push_back(HpackField::known(token::kPath, head.target));
   NominatedFields nominated(head.headers);
   for (const Field& f : head.headers) {
     if (!forwardable(f, nominated, FieldsFor::kRequest)) continue;
-    s.fields.push_back({append_ascii_lower(s.names, f.name), f.value});
+    s.fields.push_back(HpackField::to_send(f, s.names));
   }
   // TE is hop-by-hop, but "TE: trailers" must reach an HTTP/2 peer (gRPC asks for it).
-  if (head.headers.has_token(token::kTe, "trailers")) s.fields.push_back({"te", "trailers"});
+  if (head.headers.has_token(token::kTe, "trailers")) {
+    s.fields.push_back(HpackField::known(token::kTe, "trailers"));
+  }
   char length[24];
   if (head.content_length) {
     auto end = std::to_chars(length, length + sizeof length, *head.content_length).ptr;
-    s.fields.push_back({"content-length", {length, static_cast<std::size_t>(end - length)}});
+    s.fields.push_back(
+        HpackField::known(token::kContentLength, {length, static_cast<std::size_t>(end - length)}));
   }
   bool has_body = head.chunked || head.content_length.value_or(0) > 0;
   std::uint32_t id = s.session.open(s.fields, !has_body, head.method == "HEAD");

@@ -13,10 +13,9 @@ std::uint32_t read32(const std::uint8_t* p) {
 std::uint32_t read31(const std::uint8_t* p) { return read32(p) & 0x7fffffff; }
 
 void put32(std::string& out, std::uint32_t v) {
-  out.push_back(static_cast<char>(v >> 24));
-  out.push_back(static_cast<char>(v >> 16));
-  out.push_back(static_cast<char>(v >> 8));
-  out.push_back(static_cast<char>(v));
+  const char bytes[4] = {static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                         static_cast<char>(v >> 8), static_cast<char>(v)};
+  out.append(bytes, sizeof bytes);
 }
 
 std::optional<FrameError> error(ErrorCode code, std::string_view reason) {
@@ -198,12 +197,13 @@ namespace write {
 
 void frame_header(std::string& out, std::uint32_t length, FrameType type, std::uint8_t flags,
                   std::uint32_t stream_id) {
-  out.push_back(static_cast<char>(length >> 16));
-  out.push_back(static_cast<char>(length >> 8));
-  out.push_back(static_cast<char>(length));
-  out.push_back(static_cast<char>(type));
-  out.push_back(static_cast<char>(flags));
-  put32(out, stream_id & 0x7fffffff);
+  stream_id &= 0x7fffffff;
+  const char bytes[9] = {static_cast<char>(length >> 16),    static_cast<char>(length >> 8),
+                         static_cast<char>(length),          static_cast<char>(type),
+                         static_cast<char>(flags),           static_cast<char>(stream_id >> 24),
+                         static_cast<char>(stream_id >> 16), static_cast<char>(stream_id >> 8),
+                         static_cast<char>(stream_id)};
+  out.append(bytes, sizeof bytes);
 }
 
 void data(std::string& out, std::uint32_t stream_id, std::string_view data, bool end_stream) {

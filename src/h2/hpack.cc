@@ -3,6 +3,7 @@
 #include "spindle/h2/hpack.h"
 
 #include <array>
+#include <cassert>
 
 #include "spindle/http/tokens.h"
 
@@ -12,6 +13,7 @@ namespace {
 struct StaticEntry {
   std::string_view name;
   std::string_view value;
+  const http::Token* token = nullptr;
 };
 
 // RFC 7541 Appendix A: the static table's values by index (index 1 is the first); the names
@@ -28,6 +30,7 @@ constexpr std::array<StaticEntry, 61> static_table() {
     for (std::size_t i = token.hpack_index - 1; i < table.size() && table[i].name.empty(); ++i) {
       table[i].name = token.name;
       table[i].value = kStaticValues[i];
+      table[i].token = &token;
     }
   }
   return table;
@@ -78,7 +81,11 @@ void write_string(std::string_view text, std::string& out) {
   std::size_t coded = huffman::encoded_size(text);
   if (coded < text.size()) {
     encode_integer(coded, 7, 0x80, out);
-    huffman::encode(text, out);
+    const std::size_t start = out.size();
+    // (The size returned is the end written: g++ 12 may pass the grown capacity as n.)
+    out.resize_and_overwrite(start + coded, [&](char* p, std::size_t) {
+      return static_cast<std::size_t>(huffman::encode(text, p + start) - p);
+    });
   } else {
     encode_integer(text.size(), 7, 0x00, out);
     out.append(text);
@@ -114,13 +121,72 @@ void encode_integer(std::uint64_t value, int prefix_bits, std::uint8_t first_bit
     out.push_back(static_cast<char>(first_bits | value));
     return;
   }
-  out.push_back(static_cast<char>(first_bits | mask));
+  char bytes[12];  // 1 + ceil(64 / 7)
+  std::size_t n = 0;
+  bytes[n++] = static_cast<char>(first_bits | mask);
   value -= mask;
   while (value >= 0x80) {
-    out.push_back(static_cast<char>((value & 0x7f) | 0x80));
+    bytes[n++] = static_cast<char>((value & 0x7f) | 0x80);
     value >>= 7;
   }
-  out.push_back(static_cast<char>(value));
+  bytes[n++] = static_cast<char>(value);
+  out.append(bytes, n);
+}
+
+// --- RFC 9113 §8.2.1 ---------------------------------------------------------------------
+
+namespace {
+// The characters of a field name in HTTP/2: token characters, lower case.
+constexpr std::array<bool, 256> kNameChars = [] {
+  std::array<bool, 256> ok{};
+  for (int c = 0x21; c < 0x7f; ++c) ok[c] = !(c >= 'A' && c <= 'Z');
+  for (char c : std::string_view(":(),/;<=>?@[\\]{}\"")) ok[static_cast<std::uint8_t>(c)] = false;
+  return ok;
+}();
+// The characters a value may not hold.
+constexpr std::array<bool, 256> kValueStops = [] {
+  std::array<bool, 256> stop{};
+  stop['\0'] = stop['\r'] = stop['\n'] = true;
+  return stop;
+}();
+}  // namespace
+
+}  // namespace spindle::h2::hpack
+
+namespace spindle::h2 {
+
+bool valid_name(std::string_view name) {
+  if (name.empty()) return false;
+  // A pseudo-field's ':' is allowed first only.
+  for (std::size_t i = name.front() == ':' ? 1 : 0; i < name.size(); ++i) {
+    if (!hpack::kNameChars[static_cast<std::uint8_t>(name[i])]) return false;
+  }
+  return name.size() > 1 || name.front() != ':';
+}
+
+bool valid_value(std::string_view value) {
+  if (value.empty()) return true;
+  if (value.front() == ' ' || value.front() == '\t' || value.back() == ' ' ||
+      value.back() == '\t') {
+    return false;
+  }
+  for (char c : value) {
+    if (hpack::kValueStops[static_cast<std::uint8_t>(c)]) return false;
+  }
+  return true;
+}
+
+}  // namespace spindle::h2
+
+namespace spindle::h2::hpack {
+
+Field Field::to_send(const http::Field& f, std::string& names) {
+  if (f.token != nullptr) return known(*f.token, f.value);
+  const std::size_t at = names.size();
+  assert(names.capacity() >= at + f.name.size());  // views into it must stay put
+  for (char c : f.name)
+    names.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c);
+  return {std::string_view(names).substr(at), f.value};
 }
 
 // --- DynamicTable ------------------------------------------------------------------------
@@ -130,7 +196,8 @@ const DynamicTable::Entry* DynamicTable::get(std::size_t index) const {
   return &at(index - kStaticCount - 1);
 }
 
-void DynamicTable::add(std::string_view name, std::string_view value) {
+void DynamicTable::add(std::string_view name, std::string_view value, const http::Token* token,
+                       bool valid) {
   std::size_t entry = name.size() + value.size() + kEntryOverhead;
   if (entry > max_size_) {
     evict_to(0);  // RFC 7541 §4.4: an entry larger than the table empties it
@@ -151,7 +218,10 @@ void DynamicTable::add(std::string_view name, std::string_view value) {
   Entry& slot = ring_[newest_];
   slot.bytes.swap(spare_);  // the slot's old storage is the next entry's
   slot.name_size = name.size();
+  slot.token = token;
+  slot.valid = valid;
   ++count_;
+  ++added_;
   size_ += entry;
 }
 
@@ -169,11 +239,11 @@ void DynamicTable::evict_to(std::size_t size) {
   }
 }
 
-std::size_t DynamicTable::find(std::string_view name, std::string_view value,
-                               std::size_t& name_only) const {
+std::size_t DynamicTable::find(std::string_view name, const http::Token* token,
+                               std::string_view value, std::size_t& name_only) const {
   for (std::size_t i = 0; i < count_; ++i) {
     const Entry& entry = at(i);
-    if (entry.name() != name) continue;
+    if (entry.token != token || (token == nullptr && entry.name() != name)) continue;
     if (entry.value() == value) return kStaticCount + 1 + i;
     if (name_only == 0) name_only = kStaticCount + 1 + i;
   }
@@ -183,7 +253,7 @@ std::size_t DynamicTable::find(std::string_view name, std::string_view value,
 // --- Decoder -----------------------------------------------------------------------------
 
 Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
-                            void (*deliver)(void*, std::string_view, std::string_view)) {
+                            void (*deliver)(void*, const Decoded&)) {
   std::size_t at = 0;
   std::size_t list_size = 0;
   bool field_seen = false;
@@ -199,17 +269,19 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
       continue;
     }
     field_seen = true;
-    std::string_view name, value;
+    Decoded d;
+    http::Field& f = d.field;
     if (first & 0x80) {  // 1xxxxxxx: indexed field
       std::uint64_t index = 0;
       if (Status s = read_integer(in, at, 7, index); s != Status::kOk) return s;
       if (index == 0) return Status::kBadIndex;
       if (index <= kStaticCount) {
-        name = kStatic[index - 1].name;
-        value = kStatic[index - 1].value;
+        const StaticEntry& e = kStatic[index - 1];
+        f = {e.name, e.value, e.token};
+        d.checked = true;
       } else if (const auto* entry = table_.get(static_cast<std::size_t>(index))) {
-        name = entry->name();
-        value = entry->value();
+        f = {entry->name(), entry->value(), entry->token};
+        d.checked = entry->valid;
       } else {
         return Status::kBadIndex;
       }
@@ -219,40 +291,47 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
       std::uint64_t index = 0;
       if (Status s = read_integer(in, at, indexing ? 6 : 4, index); s != Status::kOk) return s;
       if (index == 0) {
-        if (Status s = read_string(in, at, name_buffer_, name); s != Status::kOk) return s;
+        if (Status s = read_string(in, at, name_buffer_, f.name); s != Status::kOk) return s;
+        f.token = http::find_token(f.name);
       } else if (index <= kStaticCount) {
-        name = kStatic[index - 1].name;
+        f.name = kStatic[index - 1].name;
+        f.token = kStatic[index - 1].token;
       } else if (const auto* entry = table_.get(static_cast<std::size_t>(index))) {
-        name = entry->name();
+        f.name = entry->name();
+        f.token = entry->token;
       } else {
         return Status::kBadIndex;
       }
-      if (Status s = read_string(in, at, value_buffer_, value); s != Status::kOk) return s;
+      if (Status s = read_string(in, at, value_buffer_, f.value); s != Status::kOk) return s;
       if (indexing) {
-        if (name.size() + value.size() + kEntryOverhead > table_.max_size()) {
+        if (f.name.size() + f.value.size() + kEntryOverhead > table_.max_size()) {
           // Too large for the table, which it empties (RFC 7541 §4.4); the name may be one of
           // the entries going, so it is kept aside first (the value is a literal: in the block
           // or its buffer).
-          if (name.data() != name_buffer_.data()) name_buffer_.assign(name.data(), name.size());
-          name = name_buffer_;
+          if (f.name.data() != name_buffer_.data()) {
+            name_buffer_.assign(f.name.data(), f.name.size());
+          }
+          f.name = name_buffer_;
           table_.clear();
         } else {
-          // Then read from the new entry (the name may have been one of those evicted).
-          table_.add(name, value);
+          // Checked once for every later reference to it; then read from the new entry (the
+          // name may have been one of those evicted).
+          d.checked = valid_name(f.name) && valid_value(f.value);
+          table_.add(f.name, f.value, f.token, d.checked);
           const auto* added = table_.get(kStaticCount + 1);
-          name = added->name();
-          value = added->value();
+          f.name = added->name();
+          f.value = added->value();
         }
       }
     }
     // Past the limit nothing more is delivered, but the block is read to its end: the table
     // must stay in step with the peer's (the connection may go on).
-    list_size += name.size() + value.size() + kEntryOverhead;
+    list_size += f.name.size() + f.value.size() + kEntryOverhead;
     if (list_size > max_list_) {
       over_limit = true;
       continue;
     }
-    deliver(sink, name, value);
+    deliver(sink, d);
   }
   return over_limit ? Status::kHeaderListTooLarge : Status::kOk;
 }
@@ -264,6 +343,25 @@ void Encoder::set_peer_max_table_size(std::size_t size) {
   smallest_since_update_ = std::min(smallest_since_update_, use);
   update_pending_ = true;
   table_.set_max_size(use);
+}
+
+namespace {
+std::size_t recent_slot(const http::Token* token) {
+  return static_cast<std::size_t>(token - http::detail::kTokens) % 16;
+}
+}  // namespace
+
+std::size_t Encoder::find(const Field& f, const http::Token* token, std::size_t& name_only) const {
+  if (token != nullptr) {
+    const Recent& recent = recent_[recent_slot(token)];
+    if (recent.token == token) {
+      if (std::size_t index = table_.index_of_added(recent.number); index != 0) {
+        const DynamicTable::Entry* entry = table_.get(index);
+        if (entry->token == token && entry->value() == f.value) return index;
+      }
+    }
+  }
+  return table_.find(f.name, token, f.value, name_only);
 }
 
 void Encoder::encode(std::span<const Field> fields, std::string& out) {
@@ -281,12 +379,16 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
     // The token table gives the name's first static index (entries of one name are
     // together) and whether its values are secrets or new in every message.
     // (Names go as given: a name in another case than the token's is written as it is.)
-    const http::Token* token = http::find_token(f.name);
-    if (token != nullptr && token->name != f.name) token = nullptr;
+    const http::Token* token = f.token;
+    if (token == nullptr) {
+      token = http::find_token(f.name);
+      if (token != nullptr && token->name != f.name) token = nullptr;
+    }
+    assert(token == nullptr || token->name == f.name);
     const std::size_t static_name = token == nullptr ? 0 : token->hpack_index;
     const std::uint16_t flags = token == nullptr ? 0 : token->flags;
     std::size_t static_full = 0;
-    for (std::size_t i = static_name; i != 0 && i <= kStaticCount && kStatic[i - 1].name == f.name;
+    for (std::size_t i = static_name; i != 0 && i <= kStaticCount && kStatic[i - 1].token == token;
          ++i) {
       if (kStatic[i - 1].value == f.value) {
         static_full = i;
@@ -300,7 +402,7 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
     }
     const bool unique = (flags & http::field_flag::kUniquePerMessage) != 0;
     std::size_t dynamic_name = 0;
-    std::size_t dynamic_full = sensitive || unique ? 0 : table_.find(f.name, f.value, dynamic_name);
+    std::size_t dynamic_full = sensitive || unique ? 0 : find(f, token, dynamic_name);
     if (dynamic_full != 0) {
       encode_integer(dynamic_full, 7, 0x80, out);
       continue;
@@ -317,7 +419,10 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
     }
     if (name_index == 0) write_string(f.name, out);
     write_string(f.value, out);
-    if (indexing) table_.add(f.name, f.value);
+    if (indexing) {
+      table_.add(f.name, f.value, token);
+      if (token != nullptr) recent_[recent_slot(token)] = {token, table_.added()};
+    }
   }
 }
 

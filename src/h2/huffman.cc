@@ -9,6 +9,7 @@
 // whether the bits so far may end the string (they are a prefix of EOS, all ones, at most 7).
 #include <algorithm>
 #include <array>
+#include <cassert>
 #include <cstdint>
 #include <vector>
 
@@ -45,17 +46,20 @@ struct Code {
   std::uint8_t length;
 };
 
-// One step of the decoder: from a state, by one nibble.
+// One step of the decoder: from a state, by one nibble. (The tree has 256 inner nodes: a
+// state fits a byte.)
 struct Step {
-  std::uint16_t next;    ///< the state after the nibble
-  std::uint16_t symbol;  ///< the symbol completed by it (kSymbols: none)
-  bool accepting;        ///< the string may end here (the pending bits are EOS padding)
-  bool fail;             ///< EOS was decoded: not allowed in a string
+  std::uint8_t next;    ///< the state after the nibble
+  std::uint8_t symbol;  ///< the byte completed by it, if `emit`
+  std::uint8_t emit;    ///< 1 if a symbol was completed
+  std::uint8_t fail;    ///< EOS was decoded: not allowed in a string
 };
 
 struct Tables {
   std::array<Code, kSymbols> codes{};
-  std::vector<std::array<Step, 16>> steps;  // by state (0: the root)
+  std::vector<Step> steps;      // by state * 16 + nibble (state 0: the root)
+  std::vector<bool> accepting;  // by state: a string may end there (the pending bits are
+                                // EOS padding: all ones, at most 7)
 };
 
 Tables make_tables() {
@@ -94,31 +98,34 @@ Tables make_tables() {
     }
   }
   // Each inner node is a state; its depth of all-one bits tells whether it can end a string.
+  assert(children.size() <= 256);
   std::vector<int> ones(children.size(), -1);  // -1: not on the all-ones path
   ones[0] = 0;
   for (int node = 0, depth = 0; children[node][1] > 0; ++depth) {
     node = children[node][1];
     ones[node] = depth + 1;
   }
-  t.steps.resize(children.size());
+  t.steps.resize(children.size() * 16);
+  t.accepting.resize(children.size());
   for (std::size_t state = 0; state < children.size(); ++state) {
+    t.accepting[state] = ones[state] >= 0 && ones[state] <= 7;
     for (int nibble = 0; nibble < 16; ++nibble) {
-      Step step{0, kSymbols, false, false};
+      Step step{0, 0, 0, 0};
       int node = static_cast<int>(state);
       for (int b = 3; b >= 0; --b) {
         int next = children[node][(nibble >> b) & 1];
         if (next < 0) {
           int symbol = -1 - next;
-          if (symbol == 256) step.fail = true;
-          step.symbol = static_cast<std::uint16_t>(symbol);  // at most one per nibble (codes
-          node = 0;                                          // are 5 bits or more)
+          if (symbol == 256) step.fail = 1;
+          step.symbol = static_cast<std::uint8_t>(symbol);  // at most one per nibble (codes
+          step.emit = 1;                                    // are 5 bits or more)
+          node = 0;
         } else {
           node = next;
         }
       }
-      step.next = static_cast<std::uint16_t>(node);
-      step.accepting = ones[node] >= 0 && ones[node] <= 7;
-      t.steps[state][nibble] = step;
+      step.next = static_cast<std::uint8_t>(node);
+      t.steps[state * 16 + nibble] = step;
     }
   }
   return t;
@@ -138,7 +145,7 @@ std::size_t encoded_size(std::string_view text) {
   return (bits + 7) / 8;
 }
 
-void encode(std::string_view text, std::string& out) {
+char* encode(std::string_view text, char* out) {
   const auto& codes = tables().codes;
   std::uint64_t pending = 0;  // bits not yet written, right-aligned
   int count = 0;
@@ -147,28 +154,49 @@ void encode(std::string_view text, std::string& out) {
     count += codes[c].length;
     while (count >= 8) {
       count -= 8;
-      out.push_back(static_cast<char>(pending >> count));
+      *out++ = static_cast<char>(pending >> count);
     }
   }
   if (count > 0) {  // padded with the most significant bits of EOS (all ones)
-    out.push_back(static_cast<char>((pending << (8 - count)) | (0xff >> count)));
+    *out++ = static_cast<char>((pending << (8 - count)) | (0xff >> count));
   }
+  return out;
+}
+
+void encode(std::string_view text, std::string& out) {
+  const std::size_t start = out.size();
+  const std::size_t size = encoded_size(text);
+  // (The size returned is the end written: g++ 12 may pass the grown capacity as n.)
+  out.resize_and_overwrite(start + size, [&](char* p, std::size_t) {
+    return static_cast<std::size_t>(encode(text, p + start) - p);
+  });
 }
 
 bool decode(std::span<const std::uint8_t> code, std::string& out) {
-  const auto& steps = tables().steps;
-  std::uint16_t state = 0;
-  bool accepting = true;
-  for (std::uint8_t byte : code) {
-    for (int nibble : {byte >> 4, byte & 0xf}) {
-      const Step& step = steps[state][nibble];
-      if (step.fail) return false;
-      if (step.symbol != kSymbols) out.push_back(static_cast<char>(step.symbol));
-      state = step.next;
-      accepting = step.accepting;
+  const Tables& t = tables();
+  const Step* steps = t.steps.data();
+  const std::size_t start = out.size();
+  std::uint8_t state = 0;
+  bool failed = false;
+  // At most one symbol per 5 bits (the shortest code): written in place, then cut to size.
+  out.resize_and_overwrite(start + code.size() * 8 / 5 + 1, [&](char* p, std::size_t) {
+    char* to = p + start;
+    for (std::uint8_t byte : code) {
+      const Step high = steps[state * 16 + (byte >> 4)];
+      *to = static_cast<char>(high.symbol);
+      to += high.emit;
+      const Step low = steps[high.next * 16 + (byte & 0xf)];
+      *to = static_cast<char>(low.symbol);
+      to += low.emit;
+      state = low.next;
+      if ((high.fail | low.fail) != 0) {
+        failed = true;
+        return start;
+      }
     }
-  }
-  return accepting;
+    return static_cast<std::size_t>(to - p);
+  });
+  return !failed && t.accepting[state];
 }
 
 }  // namespace spindle::h2::hpack::huffman

@@ -6,42 +6,22 @@
 #include <charconv>
 
 namespace spindle::h2 {
+namespace token = http::token;
+
 namespace {
 
 constexpr std::string_view kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 // Fields that belong to one HTTP/1.1 connection, never to an HTTP/2 message (RFC 9113 §8.2.2).
-bool connection_specific(std::string_view name) {
-  return name == "connection" || name == "keep-alive" || name == "proxy-connection" ||
-         name == "transfer-encoding" || name == "upgrade";
+bool connection_specific(const http::Token* token) {
+  return token == &token::kConnection || token == &token::kKeepAlive ||
+         token == &token::kProxyConnection || token == &token::kTransferEncoding ||
+         token == &token::kUpgrade;
 }
 
-// The characters of a field name in HTTP/2: token characters, lower case (RFC 9113 §8.2.1).
-constexpr std::array<bool, 256> kNameChars = [] {
-  std::array<bool, 256> ok{};
-  for (int c = 0x21; c < 0x7f; ++c) ok[c] = !(c >= 'A' && c <= 'Z');
-  for (char c : std::string_view(":(),/;<=>?@[\\]{}\"")) ok[static_cast<std::uint8_t>(c)] = false;
-  return ok;
-}();
-
-bool valid_name(std::string_view name) {
-  if (name.empty()) return false;
-  // A pseudo-field's ':' is allowed first only.
-  for (std::size_t i = name.front() == ':' ? 1 : 0; i < name.size(); ++i) {
-    if (!kNameChars[static_cast<std::uint8_t>(name[i])]) return false;
-  }
-  return name.size() > 1 || name.front() != ':';
-}
-
-bool valid_value(std::string_view value) {
-  if (!value.empty() && (value.front() == ' ' || value.front() == '\t' || value.back() == ' ' ||
-                         value.back() == '\t')) {
-    return false;
-  }
-  for (char c : value) {
-    if (c == '\0' || c == '\r' || c == '\n') return false;
-  }
-  return true;
+// A decoded field passes RFC 9113 §8.2.1 (the decoder has checked table entries already).
+bool valid_field(const hpack::Decoded& d) {
+  return d.checked || (valid_name(d.field.name) && valid_value(d.field.value));
 }
 
 // A Content-Length value into `length` (which holds an earlier one, or -1): false if it is not
@@ -65,34 +45,38 @@ struct HeadCheck {
   bool malformed = false;
   std::int64_t content_length = -1;
 
-  void field(std::string_view name, std::string_view value, bool trailers, bool connect_protocol) {
-    if (!valid_name(name) || !valid_value(value)) {
+  void field(const hpack::Decoded& d, bool trailers, bool connect_protocol) {
+    if (!valid_field(d)) {
       malformed = true;
       return;
     }
+    const auto& [name, value, token] = d.field;
     if (name.front() == ':') {
       if (trailers || regular_seen) {
         malformed = true;
         return;
       }
-      bool* seen = name == ":method"                         ? &method
-                   : name == ":scheme"                       ? &scheme
-                   : name == ":path"                         ? &path
-                   : name == ":authority"                    ? &authority
-                   : name == ":protocol" && connect_protocol ? &protocol
-                                                             : nullptr;
+      bool* seen = token == &token::kMethod                         ? &method
+                   : token == &token::kScheme                       ? &scheme
+                   : token == &token::kPath                         ? &path
+                   : token == &token::kAuthority                    ? &authority
+                   : token == &token::kProtocol && connect_protocol ? &protocol
+                                                                    : nullptr;
       if (seen == nullptr || *seen) {
         malformed = true;  // unknown, or twice
         return;
       }
       *seen = true;
-      if (name == ":method") connect = value == "CONNECT";
-      if (name == ":path" && value.empty()) malformed = true;
+      if (token == &token::kMethod) connect = value == "CONNECT";
+      if (token == &token::kPath && value.empty()) malformed = true;
       return;
     }
     regular_seen = true;
-    if (connection_specific(name) || (name == "te" && value != "trailers")) malformed = true;
-    if (name == "content-length" && !trailers && !take_content_length(value, content_length)) {
+    if (connection_specific(token) || (token == &token::kTe && value != "trailers")) {
+      malformed = true;
+    }
+    if (token == &token::kContentLength && !trailers &&
+        !take_content_length(value, content_length)) {
       malformed = true;
     }
   }
@@ -115,13 +99,14 @@ struct ResponseCheck {
   int status = 0;
   std::int64_t content_length = -1;
 
-  void field(std::string_view name, std::string_view value, bool trailers) {
-    if (!valid_name(name) || !valid_value(value)) {
+  void field(const hpack::Decoded& d, bool trailers) {
+    if (!valid_field(d)) {
       malformed = true;
       return;
     }
+    const auto& [name, value, token] = d.field;
     if (name.front() == ':') {
-      if (trailers || regular_seen || status_seen || name != ":status") {
+      if (trailers || regular_seen || status_seen || token != &token::kStatus) {
         malformed = true;
         return;
       }
@@ -134,8 +119,9 @@ struct ResponseCheck {
       return;
     }
     regular_seen = true;
-    if (connection_specific(name)) malformed = true;
-    if (name == "content-length" && !trailers && !take_content_length(value, content_length)) {
+    if (connection_specific(token)) malformed = true;
+    if (token == &token::kContentLength && !trailers &&
+        !take_content_length(value, content_length)) {
       malformed = true;
     }
   }
@@ -235,7 +221,7 @@ void Session::stream_error(std::uint32_t id, ErrorCode code) {
 }
 
 void Session::close_stream(std::uint32_t id) {
-  if (streams_.erase(id) == 0) return;
+  if (!streams_.erase(id)) return;
   recently_closed_[recently_closed_next_] = id;
   recently_closed_next_ = (recently_closed_next_ + 1) % recently_closed_.size();
 }
@@ -277,7 +263,7 @@ bool Session::on_frame(const Frame& f) {
       }
       if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return false;
       forget_closed(f.stream_id);  // it knows now: what it sends on it next is an error
-      if (streams_.erase(f.stream_id) != 0) {
+      if (streams_.erase(f.stream_id)) {
         handler_.on_reset(f.stream_id, static_cast<ErrorCode>(f.error_code));
       }
       return true;
@@ -311,7 +297,10 @@ bool Session::on_frame(const Frame& f) {
       if (block_.size() > limits_.max_header_block || ++block_frames_ > limits_.max_continuations) {
         return connection_error(ErrorCode::kEnhanceYourCalm, "header block too large");
       }
-      return f.has(flag::kEndHeaders) ? end_header_block() : true;
+      return f.has(flag::kEndHeaders)
+                 ? end_header_block(std::span(reinterpret_cast<const std::uint8_t*>(block_.data()),
+                                              block_.size()))
+                 : true;
     }
   }
   return true;  // an unknown frame type: ignored
@@ -328,8 +317,8 @@ bool Session::on_headers(const Frame& f) {
     return connection_error(ErrorCode::kProtocolError, "HEADERS on an idle stream");
   }
   if (id <= last_stream_) {
-    auto it = streams_.find(id);
-    if (it == streams_.end()) {
+    const Stream* open = streams_.find(id);
+    if (open == nullptr) {
       // Trailers of a stream we reset may have been on their way: read for the table only.
       // One per stream is expected; each counts as a reset, so that a flood of them ends.
       if (!recently_closed(id)) {
@@ -338,7 +327,7 @@ bool Session::on_headers(const Frame& f) {
       if (!spend(resets_, limits_.reset_budget, "too many frames on closed streams")) {
         return false;
       }
-    } else if (it->second.state == Stream::kHalfClosedRemote) {
+    } else if (open->state == Stream::kHalfClosedRemote) {
       // Its block must still be read (the decoder's table), then the stream is reset.
       stream_error(id, ErrorCode::kStreamClosed);
     }
@@ -360,39 +349,40 @@ bool Session::on_headers(const Frame& f) {
   }
   block_stream_ = id;
   block_end_stream_ = f.has(flag::kEndStream);
-  block_.assign(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
-  block_frames_ = 1;
-  if (block_.size() > limits_.max_header_block) {
+  if (f.payload.size() > limits_.max_header_block) {
     return connection_error(ErrorCode::kEnhanceYourCalm, "header block too large");
   }
-  return f.has(flag::kEndHeaders) ? end_header_block() : true;
+  // A whole block in one frame (the usual case) is decoded where it lies; else the pieces are
+  // gathered as they come.
+  if (f.has(flag::kEndHeaders)) return end_header_block(f.payload);
+  block_.assign(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+  block_frames_ = 1;
+  return true;
 }
 
-bool Session::end_header_block() {
+bool Session::end_header_block(std::span<const std::uint8_t> block) {
   const std::uint32_t id = block_stream_;
   block_stream_ = 0;
-  auto it = streams_.find(id);
-  Stream* s = it != streams_.end() ? &it->second : nullptr;
+  Stream* s = streams_.find(id);  // (found again after each handler call below)
   const bool trailers = s != nullptr && s->headers_done;
   const bool server = role_ == Role::kServer;
   HeadCheck check;
   ResponseCheck response;
   if (s != nullptr && !trailers && server) handler_.on_request_begin(id);
-  auto status = decoder_.decode(
-      std::span(reinterpret_cast<const std::uint8_t*>(block_.data()), block_.size()),
-      [&](std::string_view name, std::string_view value) {
-        if (s == nullptr) return;  // refused or reset: read only for the table
-        if (server) {
-          check.field(name, value, trailers, limits_.enable_connect_protocol);
-          if (!check.malformed) handler_.on_field(id, name, value);
-        } else {
-          response.field(name, value, trailers);
-          if (!response.malformed) handler_.on_field(id, name, value);
-        }
-      });
+  auto status = decoder_.decode(block, [&](const hpack::Decoded& d) {
+    if (s == nullptr) return;  // refused or reset: read only for the table
+    if (server) {
+      check.field(d, trailers, limits_.enable_connect_protocol);
+      if (!check.malformed) handler_.on_field(id, d.field);
+    } else {
+      response.field(d, trailers);
+      if (!response.malformed) handler_.on_field(id, d.field);
+    }
+  });
   if (status != hpack::Status::kOk && status != hpack::Status::kHeaderListTooLarge) {
     return connection_error(ErrorCode::kCompressionError, hpack::to_string(status));
   }
+  if (s != nullptr) s = streams_.find(id);  // (the handler's calls may have moved it)
   if (s == nullptr) return true;
   if (status == hpack::Status::kHeaderListTooLarge) {
     // Each costs a response or a reset: a stream of HPACK bombs ends the connection.
@@ -407,7 +397,9 @@ bool Session::end_header_block() {
     }
     s->headers_done = true;
     handler_.on_headers(id, block_end_stream_, false);
-    if (block_end_stream_) s->state = Stream::kHalfClosedRemote;
+    if (Stream* again = streams_.find(id); again != nullptr && block_end_stream_) {
+      again->state = Stream::kHalfClosedRemote;
+    }
     return true;
   }
   const bool end_stream = block_end_stream_;
@@ -431,7 +423,8 @@ bool Session::end_header_block() {
     return true;
   }
   handler_.on_headers(id, end_stream, trailers);
-  if (end_stream) {
+  s = streams_.find(id);  // the handler may have reset it
+  if (end_stream && s != nullptr) {
     if (s->state == Stream::kHalfClosedLocal) {
       complete_stream(id);
     } else {
@@ -455,11 +448,11 @@ bool Session::on_data(const Frame& f) {
       !spend(empty_frames_, limits_.empty_frame_budget, "too many empty frames")) {
     return false;
   }
-  auto it = streams_.find(id);
-  if (it == streams_.end() || it->second.state == Stream::kHalfClosedRemote) {
+  Stream* open = streams_.find(id);
+  if (open == nullptr || open->state == Stream::kHalfClosedRemote) {
     consumed(0, f.length);  // the connection's window is given back all the same
-    if (it == streams_.end() && recently_closed(id)) return true;  // sent before it knew
-    if (it == streams_.end()) {
+    if (open == nullptr && recently_closed(id)) return true;  // sent before it knew
+    if (open == nullptr) {
       if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return false;
       write::rst_stream(out_, id, ErrorCode::kStreamClosed);
     } else {
@@ -467,7 +460,7 @@ bool Session::on_data(const Frame& f) {
     }
     return check_output();
   }
-  Stream& s = it->second;
+  Stream& s = *open;
   if (!s.headers_done) {
     stream_error(id, ErrorCode::kProtocolError);
     return true;
@@ -490,12 +483,12 @@ bool Session::on_data(const Frame& f) {
   if (f.length > f.payload.size()) consumed(id, f.length - f.payload.size());
   handler_.on_data(id, f.payload, end_stream);
   if (end_stream) {
-    auto again = streams_.find(id);  // the handler may have reset it
-    if (again != streams_.end()) {
-      if (again->second.state == Stream::kHalfClosedLocal) {
+    Stream* again = streams_.find(id);  // the handler may have reset it
+    if (again != nullptr) {
+      if (again->state == Stream::kHalfClosedLocal) {
         complete_stream(id);
       } else {
-        again->second.state = Stream::kHalfClosedRemote;
+        again->state = Stream::kHalfClosedRemote;
       }
     }
   }
@@ -571,14 +564,14 @@ bool Session::on_window_update(const Frame& f) {
   if (id > last_stream_) {
     return connection_error(ErrorCode::kProtocolError, "WINDOW_UPDATE on an idle stream");
   }
-  auto it = streams_.find(id);
-  if (it == streams_.end()) return true;  // closed: ignored
+  Stream* open = streams_.find(id);
+  if (open == nullptr) return true;  // closed: ignored
   if (f.stream_error) {
     stream_error(id, *f.stream_error);
     return true;
   }
-  it->second.send_window += f.increment;
-  if (it->second.send_window > kMaxWindow) {
+  open->send_window += f.increment;
+  if (open->send_window > kMaxWindow) {
     stream_error(id, ErrorCode::kFlowControlError);
     return true;
   }
@@ -593,9 +586,9 @@ void Session::consumed(std::uint32_t stream, std::size_t n) {
     connection_receive_window_ += static_cast<std::int64_t>(connection_unacked_);
     connection_unacked_ = 0;
   }
-  auto it = streams_.find(stream);
-  if (it == streams_.end() || it->second.state == Stream::kHalfClosedRemote) return;
-  Stream& s = it->second;
+  Stream* open = streams_.find(stream);
+  if (open == nullptr || open->state == Stream::kHalfClosedRemote) return;
+  Stream& s = *open;
   s.unacked += n;
   if (s.unacked >= limits_.stream_window / 2) {
     write::window_update(out_, stream, static_cast<std::uint32_t>(s.unacked));
@@ -605,32 +598,33 @@ void Session::consumed(std::uint32_t stream, std::size_t n) {
 }
 
 std::size_t Session::send_window(std::uint32_t stream) const {
-  auto it = streams_.find(stream);
-  if (it == streams_.end()) return 0;
+  const Stream* open = streams_.find(stream);
+  if (open == nullptr) return 0;
   return static_cast<std::size_t>(
-      std::max<std::int64_t>(0, std::min(it->second.send_window, connection_send_window_)));
+      std::max<std::int64_t>(0, std::min(open->send_window, connection_send_window_)));
 }
 
 void Session::submit_headers(std::uint32_t stream, std::span<const hpack::Field> fields,
                              bool end_stream) {
-  auto it = streams_.find(stream);
-  if (it == streams_.end() || failed_) return;
+  Stream* open = streams_.find(stream);
+  if (open == nullptr || failed_) return;
   encoded_.clear();
   encoder_.encode(fields, encoded_);
   write::headers(out_, stream, encoded_, end_stream, peer_max_frame_size_);
   if (end_stream) {
-    if (it->second.state == Stream::kHalfClosedRemote) {
+    if (open->state == Stream::kHalfClosedRemote) {
       complete_stream(stream);
     } else {
-      it->second.state = Stream::kHalfClosedLocal;
+      open->state = Stream::kHalfClosedLocal;
     }
   }
 }
 
 std::size_t Session::submit_data(std::uint32_t stream, std::string_view data, bool end_stream) {
-  auto it = streams_.find(stream);
-  if (it == streams_.end() || failed_) return 0;
-  const std::size_t n = std::min(data.size(), send_window(stream));
+  Stream* open = streams_.find(stream);
+  if (open == nullptr || failed_) return 0;
+  const std::size_t n = std::min<std::size_t>(
+      data.size(), std::max<std::int64_t>(0, std::min(open->send_window, connection_send_window_)));
   const bool ends = end_stream && n == data.size();
   if (n == 0 && !ends) return 0;
   std::size_t at = 0;
@@ -639,13 +633,13 @@ std::size_t Session::submit_data(std::uint32_t stream, std::string_view data, bo
     write::data(out_, stream, data.substr(at, piece), ends && at + piece == n);
     at += piece;
   } while (at < n);
-  it->second.send_window -= static_cast<std::int64_t>(n);
+  open->send_window -= static_cast<std::int64_t>(n);
   connection_send_window_ -= static_cast<std::int64_t>(n);
   if (ends) {
-    if (it->second.state == Stream::kHalfClosedRemote) {
+    if (open->state == Stream::kHalfClosedRemote) {
       complete_stream(stream);
     } else {
-      it->second.state = Stream::kHalfClosedLocal;
+      open->state = Stream::kHalfClosedLocal;
     }
   }
   return n;
@@ -691,8 +685,30 @@ bool ServerSession::upgrade(std::span<const std::uint8_t> settings) {
 
 namespace spindle::h2 {
 
+const Session::Stream* Session::StreamTable::find(std::uint32_t id) const {
+  auto it = std::lower_bound(entries_.begin(), entries_.end(), id,
+                             [](const Entry& e, std::uint32_t id) { return e.id < id; });
+  return it != entries_.end() && it->id == id ? &it->stream : nullptr;
+}
+
+Session::Stream& Session::StreamTable::add(std::uint32_t id) {
+  if (entries_.empty() || entries_.back().id < id) return entries_.emplace_back(id).stream;
+  auto it = std::lower_bound(entries_.begin(), entries_.end(), id,
+                             [](const Entry& e, std::uint32_t id) { return e.id < id; });
+  if (it != entries_.end() && it->id == id) return it->stream;
+  return entries_.insert(it, Entry{id, {}})->stream;
+}
+
+bool Session::StreamTable::erase(std::uint32_t id) {
+  auto it = std::lower_bound(entries_.begin(), entries_.end(), id,
+                             [](const Entry& e, std::uint32_t id) { return e.id < id; });
+  if (it == entries_.end() || it->id != id) return false;
+  entries_.erase(it);
+  return true;
+}
+
 Session::Stream& Session::add_stream(std::uint32_t id) {
-  Stream& s = streams_[id];
+  Stream& s = streams_.add(id);
   s.send_window = peer_initial_window_;
   s.receive_window = limits_.stream_window;
   return s;
@@ -702,8 +718,8 @@ void Session::on_goaway(const Frame& f) {
   goaway_last_ = std::min(goaway_last_, f.other_stream);
   handler_.on_goaway(goaway_last_, static_cast<ErrorCode>(f.error_code));
   // The streams above it were never processed: they end here, refused (safe to try again).
-  while (!streams_.empty() && streams_.rbegin()->first > goaway_last_) {
-    const std::uint32_t id = streams_.rbegin()->first;
+  while (!streams_.empty() && streams_.highest() > goaway_last_) {
+    const std::uint32_t id = streams_.highest();
     streams_.erase(id);
     handler_.on_reset(id, ErrorCode::kRefusedStream);
   }

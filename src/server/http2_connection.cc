@@ -36,6 +36,7 @@ namespace spindle::http::detail {
 namespace {
 
 using h2::ErrorCode;
+using HpackField = h2::hpack::Field;
 
 // A streamed response body waits for the writer beyond this many buffered bytes.
 constexpr std::size_t kStreamedHighWater = 64 * 1024;
@@ -107,7 +108,7 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
 
   // The session's events (h2::SessionHandler), on the reader's fiber.
   void on_request_begin(std::uint32_t id) override { open_stream(id); }
-  void on_field(std::uint32_t id, std::string_view name, std::string_view value) override;
+  void on_field(std::uint32_t id, const Field& field) override;
   void on_headers(std::uint32_t id, bool end_stream, bool trailers) override;
   void on_data(std::uint32_t id, std::span<const std::uint8_t> data, bool end_stream) override;
   void on_reset(std::uint32_t id, ErrorCode code) override;
@@ -411,7 +412,8 @@ class H2TunnelEnd final : public TunnelEnd {
 
 // ---- the session's events ---------------------------------------------------------------
 
-void Http2Connection::on_field(std::uint32_t id, std::string_view name, std::string_view value) {
+void Http2Connection::on_field(std::uint32_t id, const Field& field) {
+  const auto& [name, value, token] = field;
   H2Stream* s = find(id);
   if (s == nullptr || s->head_complete) return;  // trailers of a request: not kept
   // The decoded size counts (an HPACK bomb is small on the wire, large here).
@@ -423,16 +425,21 @@ void Http2Connection::on_field(std::uint32_t id, std::string_view name, std::str
   }
   if (s->early_status != 0) return;
   if (name.front() != ':') {
-    s->head.headers.add(name, value);
-  } else if (name == ":method") {
+    // (Names are lower case in HTTP/2, the session checked: a known one is its token's.)
+    if (token != nullptr) {
+      s->head.headers.add_with_static_name(token->name, *token, value);
+    } else {
+      s->head.headers.add(field);
+    }
+  } else if (token == &token::kMethod) {
     s->method = value;
-  } else if (name == ":path") {
+  } else if (token == &token::kPath) {
     s->path = value;
-  } else if (name == ":authority") {
+  } else if (token == &token::kAuthority) {
     s->authority = value;
-  } else if (name == ":scheme") {
+  } else if (token == &token::kScheme) {
     s->scheme = value;
-  } else if (name == ":protocol") {
+  } else if (token == &token::kProtocol) {
     s->protocol = value;  // the session lets it through with CONNECT only (RFC 8441 §4)
   }
 }
@@ -773,8 +780,9 @@ void Http2Connection::submit_head(H2Stream& s, int status, const HeaderMap& fiel
   fields_.clear();
   char code[8];
   auto code_end = std::to_chars(code, code + sizeof code, status).ptr;
-  fields_.push_back({":status", {code, static_cast<std::size_t>(code_end - code)}});
-  for (const Field& f : fields) fields_.push_back({append_ascii_lower(names_, f.name), f.value});
+  fields_.push_back(
+      HpackField::known(token::kStatus, {code, static_cast<std::size_t>(code_end - code)}));
+  for (const Field& f : fields) fields_.push_back(HpackField::to_send(f, names_));
   session_.submit_headers(s.id, fields_, end_stream);
   if (end_stream) s.output_done = true;
   wake_writer();
@@ -790,20 +798,22 @@ void Http2Connection::submit_response(H2Stream& s, Response& response, bool head
   fields_.clear();
   char status[8];
   auto status_end = std::to_chars(status, status + sizeof status, response.status).ptr;
-  fields_.push_back({":status", {status, static_cast<std::size_t>(status_end - status)}});
+  fields_.push_back(
+      HpackField::known(token::kStatus, {status, static_cast<std::size_t>(status_end - status)}));
   HandlerFields seen = each_response_field(response, [&](const Field& f) {
     if (field_flags(f, field_flag::kHopByHop) != 0)
       return;  // a 101's Upgrade and Connection mean nothing here
-    fields_.push_back({append_ascii_lower(names_, f.name), f.value});
+    fields_.push_back(HpackField::to_send(f, names_));
   });
-  if (!seen.has_date) fields_.push_back({"date", worker_.date.value()});
+  if (!seen.has_date) fields_.push_back(HpackField::known(token::kDate, worker_.date.value()));
   if (!seen.has_server && !shared_.options.server_name.empty()) {
-    fields_.push_back({"server", shared_.options.server_name});
+    fields_.push_back(HpackField::known(token::kServer, shared_.options.server_name));
   }
   char length[24];
   if (plan.content_length) {
     auto end = std::to_chars(length, length + sizeof length, *plan.content_length).ptr;
-    fields_.push_back({"content-length", {length, static_cast<std::size_t>(end - length)}});
+    fields_.push_back(
+        HpackField::known(token::kContentLength, {length, static_cast<std::size_t>(end - length)}));
   }
   // A 2xx that opens a tunnel: the stream stays open for its bytes (run_tunnel).
   const bool opens_tunnel = s.tunnel && response.takeover && response.status >= 200 &&
@@ -916,8 +926,12 @@ bool Http2Connection::frame_body(H2Stream& s, std::size_t budget) {
   if (!body_ends || s.out_pos < s.out_body.size()) return false;
   if (has_trailers) {
     // The body ends here; the trailers' HEADERS frame ends the stream.
+    std::size_t name_bytes = 0;
+    for (const Field& f : *s.out_trailers) name_bytes += f.name.size();
+    names_.clear();
+    names_.reserve(name_bytes);  // views into it stay put
     fields_.clear();
-    for (const Field& f : *s.out_trailers) fields_.push_back({f.name, f.value});
+    for (const Field& f : *s.out_trailers) fields_.push_back(HpackField::to_send(f, names_));
     session_.submit_headers(s.id, fields_, true);
   }
   s.output_done = true;

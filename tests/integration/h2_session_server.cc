@@ -24,7 +24,7 @@ class Answer : public h2::SessionHandler {
   h2::ServerSession* session = nullptr;
   std::map<std::uint32_t, std::string> pending;
 
-  void on_field(std::uint32_t, std::string_view, std::string_view) override {}
+  void on_field(std::uint32_t, const spindle::http::Field&) override {}
   void on_headers(std::uint32_t id, bool end_stream, bool) override {
     if (end_stream) respond(id);
   }

@@ -3,8 +3,8 @@
 /// in and bytes out; no I/O, no allocation per decoded field.
 ///
 ///   hpack::Decoder decoder;
-///   auto status = decoder.decode(block, [&](std::string_view name, std::string_view value) {
-///     ...  // views valid during the call only: copy what you keep
+///   auto status = decoder.decode(block, [&](const hpack::Decoded& f) {
+///     ...  // f.field's views are valid during the call only: copy what you keep
 ///   });
 ///
 ///   hpack::Encoder encoder;
@@ -14,6 +14,7 @@
 /// One Decoder per connection for what the peer sends, one Encoder for what we send: each keeps
 /// the dynamic table of its direction.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -23,6 +24,18 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+
+#include "spindle/http/header_map.h"
+
+namespace spindle::h2 {
+
+/// RFC 9113 §8.2.1: a field name of HTTP/2 is token characters in lower case (a pseudo-field's
+/// ':' first only); a value holds no NUL, CR or LF and neither starts nor ends with a space or
+/// tab. The decoder checks each dynamic table entry once, when it is added (Decoded::checked).
+bool valid_name(std::string_view name);
+bool valid_value(std::string_view value);
+
+}  // namespace spindle::h2
 
 namespace spindle::h2::hpack {
 
@@ -43,10 +56,30 @@ std::string_view to_string(Status status);
 /// One field to encode. `sensitive`: never indexed, here or by any intermediary (RFC 7541
 /// §7.1.3); so always are the names the token table marks sensitive (authorization,
 /// proxy-authorization, cookie, set-cookie: http/tokens.h).
+/// `token`: the name's token (http/tokens.h), which must then be the name as given (lower
+/// case); left null, the encoder looks the name up itself.
 struct Field {
   std::string_view name;
   std::string_view value;
   bool sensitive = false;
+  const http::Token* token = nullptr;
+
+  /// A field of a known name.
+  static Field known(const http::Token& name, std::string_view value) {
+    return {name.name, value, false, &name};
+  }
+  /// A HeaderMap's field to send: a known name as its token's (lower case), another
+  /// lower-cased into `names` (reserved beforehand for every name, so that views stay put).
+  static Field to_send(const http::Field& f, std::string& names);
+};
+
+/// One decoded field: its views (into the block, the decoder's buffer or its table) valid
+/// during the call only; the name's token when it has one (found once: for a table entry when
+/// it was added). `checked`: the name and value are known to pass valid_name and valid_value
+/// (a static entry, or a dynamic one checked when added); otherwise the caller checks them.
+struct Decoded {
+  http::Field field;
+  bool checked = false;
 };
 
 /// Huffman coding (RFC 7541 Appendix B), table-driven both ways.
@@ -55,6 +88,8 @@ namespace huffman {
 std::size_t encoded_size(std::string_view text);
 /// Appends `text` Huffman-coded (padded with the EOS prefix) to `out`.
 void encode(std::string_view text, std::string& out);
+/// Writes `text` Huffman-coded at `out`: exactly encoded_size(text) bytes; returns their end.
+char* encode(std::string_view text, char* out);
 /// Appends the decoding of `code` to `out`; false if it is not a valid Huffman string.
 bool decode(std::span<const std::uint8_t> code, std::string& out);
 }  // namespace huffman
@@ -65,10 +100,13 @@ bool decode(std::span<const std::uint8_t> code, std::string& out);
 /// for a later one, so a connection's table allocates only while it grows.
 class DynamicTable {
  public:
-  /// One entry: the name's bytes, then the value's, in one string.
+  /// One entry: the name's bytes, then the value's, in one string; the name's token; whether
+  /// the entry passed valid_name and valid_value (set by the decoder, which checks).
   struct Entry {
     std::string bytes;
     std::size_t name_size = 0;
+    const http::Token* token = nullptr;
+    bool valid = false;
     std::string_view name() const { return {bytes.data(), name_size}; }
     std::string_view value() const { return std::string_view(bytes).substr(name_size); }
   };
@@ -78,16 +116,27 @@ class DynamicTable {
   const Entry* get(std::size_t index) const;
   /// Adds an entry, evicting the oldest to make room (an entry larger than the table empties
   /// it and is not added). `name` and `value` may be views into entries of the table.
-  void add(std::string_view name, std::string_view value);
+  void add(std::string_view name, std::string_view value, const http::Token* token = nullptr,
+           bool valid = false);
   void set_max_size(std::size_t max_size);
   /// Evicts every entry.
   void clear() { evict_to(0); }
   std::size_t size() const { return size_; }
   std::size_t max_size() const { return max_size_; }
   std::size_t count() const { return count_; }
+  /// Entries added since the table was made (the newest is number added()).
+  std::uint32_t added() const { return added_; }
+  /// The index (62 and up) of the entry that was number `number` to be added; 0 if it has
+  /// been evicted since.
+  std::size_t index_of_added(std::uint32_t number) const {
+    const std::uint32_t age = added_ - number;
+    return number != 0 && age < count_ ? 62 + age : 0;
+  }
   /// The index (62 and up) of an entry named `name` with `value` (0 if none); in `name_only`
-  /// the index of one named `name` (0 if none).
-  std::size_t find(std::string_view name, std::string_view value, std::size_t& name_only) const;
+  /// the index of one named `name` (0 if none). With a token, names are compared by it (entries
+  /// added with their tokens, as the encoder adds them).
+  std::size_t find(std::string_view name, const http::Token* token, std::string_view value,
+                   std::size_t& name_only) const;
 
  private:
   void evict_to(std::size_t size);
@@ -104,6 +153,7 @@ class DynamicTable {
   std::string spare_;
   std::size_t size_ = 0;
   std::size_t max_size_;
+  std::uint32_t added_ = 0;
 };
 
 class Decoder {
@@ -115,15 +165,21 @@ class Decoder {
   explicit Decoder(std::size_t max_table_size = 4096, std::size_t max_header_list = 65536)
       : table_(max_table_size), max_table_size_(max_table_size), max_list_(max_header_list) {}
 
-  /// Decodes one whole header block, calling `on_field(name, value)` for each field in order
-  /// (views valid during that call). Stops at the first error; the fields before it were
-  /// delivered, and the decoder's table may be out of step with the peer's: the connection must
-  /// end. Past the header list limit the fields are no longer delivered but the block is read
-  /// to its end (the table stays in step): kHeaderListTooLarge, and the connection may go on.
+  /// Decodes one whole header block, calling `on_field(const Decoded&)` (or
+  /// `on_field(name, value)`) for each field in order (views valid during that call). Stops at the
+  /// first error; the fields before it were delivered, and the decoder's table may be out of step
+  /// with the peer's: the connection must end. Past the header list limit the fields are no longer
+  /// delivered but the block is read to its end (the table stays in step): kHeaderListTooLarge, and
+  /// the connection may go on.
   template <typename OnField>
   Status decode(std::span<const std::uint8_t> block, OnField&& on_field) {
-    return decode_with(block, &on_field, [](void* sink, std::string_view n, std::string_view v) {
-      (*static_cast<std::remove_reference_t<OnField>*>(sink))(n, v);
+    return decode_with(block, &on_field, [](void* sink, const Decoded& f) {
+      auto& fn = *static_cast<std::remove_reference_t<OnField>*>(sink);
+      if constexpr (std::is_invocable_v<OnField&, const Decoded&>) {
+        fn(f);
+      } else {
+        fn(f.field.name, f.field.value);
+      }
     });
   }
 
@@ -133,7 +189,7 @@ class Decoder {
 
  private:
   Status decode_with(std::span<const std::uint8_t> block, void* sink,
-                     void (*deliver)(void*, std::string_view, std::string_view));
+                     void (*deliver)(void*, const Decoded&));
   DynamicTable table_;
   std::size_t max_table_size_;
   std::size_t max_list_;
@@ -156,7 +212,18 @@ class Encoder {
   const DynamicTable& table() const { return table_; }
 
  private:
+  /// The index in table_ of `value` named `token`, or of another value of that name in
+  /// `name_only` (0 if none).
+  std::size_t find(const Field& f, const http::Token* token, std::size_t& name_only) const;
+
   DynamicTable table_;
+  /// The newest entry of a few tokens (by token number, modulo): a response's repeated
+  /// fields (content-type, server, date) are found without a walk through the table.
+  struct Recent {
+    const http::Token* token = nullptr;
+    std::uint32_t number = 0;  ///< DynamicTable::added() just after its entry was added
+  };
+  std::array<Recent, 16> recent_{};
   std::size_t own_limit_;
   bool update_pending_ = false;
   std::size_t smallest_since_update_ = SIZE_MAX;

@@ -13,11 +13,12 @@
 
 #include <array>
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "spindle/h2/frame.h"
 #include "spindle/h2/hpack.h"
@@ -57,8 +58,9 @@ class SessionHandler {
   virtual ~SessionHandler() = default;
   /// A request's head begins (its fields follow, then on_headers).
   virtual void on_request_begin(std::uint32_t /*stream*/) {}
-  /// One field of a message's (or its trailers') header block, already checked.
-  virtual void on_field(std::uint32_t stream, std::string_view name, std::string_view value) = 0;
+  /// One field of a message's (or its trailers') header block, already checked, with its
+  /// name's token (views valid during the call only).
+  virtual void on_field(std::uint32_t stream, const http::Field& field) = 0;
   /// The block is complete; `end_stream`: no body follows; `trailers`: it was the trailers. (A
   /// client gets each interim 1xx head this way too, before the final one.)
   virtual void on_headers(std::uint32_t stream, bool end_stream, bool trailers) = 0;
@@ -141,10 +143,39 @@ class Session {
     bool head_request = false;  ///< a client's HEAD: its response has no body, whatever it says
   };
 
+  /// The open streams by id, ascending, in one vector (a new stream's id is above every open
+  /// one's, so it goes last). Adding or removing a stream moves the others: hold no Stream*
+  /// across a call that may (a handler's event).
+  class StreamTable {
+   public:
+    struct Entry {
+      std::uint32_t id;
+      Stream stream;
+    };
+    Stream* find(std::uint32_t id) { return const_cast<Stream*>(std::as_const(*this).find(id)); }
+    const Stream* find(std::uint32_t id) const;
+    bool contains(std::uint32_t id) const { return find(id) != nullptr; }
+    /// A new stream (value-initialised).
+    Stream& add(std::uint32_t id);
+    /// False if `id` was not open.
+    bool erase(std::uint32_t id);
+    std::size_t size() const { return entries_.size(); }
+    bool empty() const { return entries_.empty(); }
+    /// The highest open stream (the table is not empty).
+    std::uint32_t highest() const { return entries_.back().id; }
+    auto begin() { return entries_.begin(); }
+    auto end() { return entries_.end(); }
+    auto begin() const { return entries_.begin(); }
+    auto end() const { return entries_.end(); }
+
+   private:
+    std::vector<Entry> entries_;
+  };
+
   bool on_frame(const Frame& f);
   bool connection_error(ErrorCode code, std::string_view reason);
   bool on_headers(const Frame& f);
-  bool end_header_block();
+  bool end_header_block(std::span<const std::uint8_t> block);
   /// A new stream of ours (client) or the peer's (server), its head sent or received.
   Stream& add_stream(std::uint32_t id);
   bool on_data(const Frame& f);
@@ -178,7 +209,7 @@ class Session {
   bool settings_seen_ = false;
   bool closing_ = false;
   bool failed_ = false;
-  std::map<std::uint32_t, Stream> streams_;
+  StreamTable streams_;
   /// The highest stream begun; for a client, the last stream of the server's GOAWAY.
   std::uint32_t last_stream_ = 0;
   std::uint32_t goaway_last_ = kMaxWindow;

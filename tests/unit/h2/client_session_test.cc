@@ -27,8 +27,9 @@ struct Recorder : SessionHandler {
   std::uint32_t goaway_last = 0;
   bool goaway = false;
 
-  void on_field(std::uint32_t id, std::string_view n, std::string_view v) override {
-    fields[id].emplace_back(n, v);
+  void on_field(std::uint32_t id, const spindle::http::Field& f) override {
+    EXPECT_EQ(f.token, spindle::http::find_token(f.name)) << f.name;
+    fields[id].emplace_back(f.name, f.value);
   }
   void on_headers(std::uint32_t id, bool end_stream, bool) override {
     ++heads[id];
@@ -51,7 +52,7 @@ struct Recorder : SessionHandler {
 struct Echo : SessionHandler {
   ServerSession* session = nullptr;
   std::map<std::uint32_t, std::string> bodies, pending;
-  void on_field(std::uint32_t, std::string_view, std::string_view) override {}
+  void on_field(std::uint32_t, const spindle::http::Field&) override {}
   void on_headers(std::uint32_t id, bool end_stream, bool) override {
     if (end_stream) respond(id);
   }

@@ -283,6 +283,70 @@ TEST(Hpack, BothDirectionsAgreeWithNghttp2OnRandomConnections) {
 // old end. Entries of every size wrap around the ring, grow it, are evicted one or many at a
 // time, empty it (one too large), and are added from views into entries the same insertion
 // evicts (as a decoder does with an indexed name).
+// Each decoded field carries its name's token, however it was coded (static index, dynamic
+// index, literal name), and says whether the name and value are known good: a static entry
+// always, a dynamic one as it was found when added, a literal never (the caller checks).
+TEST(Hpack, DecodedFieldsCarryTheirTokenAndWhetherTheyWereChecked) {
+  Encoder encoder;
+  std::string block;
+  encoder.encode({{":method", "GET"},       // static, whole
+                  {"content-type", "a/b"},  // static name, literal value, indexed
+                  {"x-mine", "1"},          // literal name, indexed
+                  {"x-bad", " 1"},          // indexed, not valid
+                  {"authorization", "a"}},  // static name, never indexed
+                 block);
+  encoder.encode({{"content-type", "a/b"}, {"x-mine", "1"}, {"x-bad", " 1"}}, block);
+  struct Seen {
+    std::string name;
+    const spindle::http::Token* token;
+    bool checked;
+  };
+  std::vector<Seen> seen;
+  Decoder decoder;
+  ASSERT_EQ(decoder.decode(bytes(block),
+                           [&](const Decoded& d) {
+                             seen.push_back({std::string(d.field.name), d.field.token, d.checked});
+                           }),
+            Status::kOk);
+  namespace token = spindle::http::token;
+  ASSERT_EQ(seen.size(), 8u);
+  auto expect = [&](std::size_t i, std::string_view name, const spindle::http::Token* t,
+                    bool checked) {
+    EXPECT_EQ(seen[i].name, name) << i;
+    EXPECT_EQ(seen[i].token, t) << i;
+    EXPECT_EQ(seen[i].checked, checked) << i;
+  };
+  expect(0, ":method", &token::kMethod, true);
+  expect(1, "content-type", &token::kContentType, true);
+  expect(2, "x-mine", nullptr, true);
+  expect(3, "x-bad", nullptr, false);
+  expect(4, "authorization", &token::kAuthorization, false);
+  expect(5, "content-type", &token::kContentType, true);  // now by dynamic index
+  expect(6, "x-mine", nullptr, true);
+  expect(7, "x-bad", nullptr, false);
+}
+
+// The encoder finds a repeated field of a known name at once (the newest entry of its name),
+// however many entries of that name the table holds: a date a second, say.
+TEST(Hpack, RepeatedFieldsGoByIndexAmongManyOfTheirName) {
+  Encoder encoder;
+  OracleInflater inflater;
+  for (int second = 0; second < 40; ++second) {
+    std::string date = "Wed, 25 Nov 2026 10:00:" + std::to_string(10 + second) + " GMT";
+    for (int response = 0; response < 3; ++response) {
+      std::string out;
+      encoder.encode({{":status", "200"}, {"date", date}, {"server", "spindle"}}, out);
+      if (second > 0 && response > 0) {
+        EXPECT_EQ(out.size(), 3u) << second;  // each field one byte: an index
+      }
+      auto back = inflater.inflate(out);
+      ASSERT_TRUE(back.has_value());
+      EXPECT_EQ(*back, (FieldList{{":status", "200"}, {"date", date}, {"server", "spindle"}}));
+    }
+  }
+  EXPECT_GT(encoder.table().count(), 30u);  // the dates are all there
+}
+
 TEST(Hpack, TheDynamicTableRingAgreesWithAListModel) {
   std::mt19937 rng(7);
   for (std::size_t max_size : {64u, 300u, 4096u}) {
@@ -337,7 +401,8 @@ TEST(Hpack, TheDynamicTableRingAgreesWithAListModel) {
       EXPECT_EQ(table.get(62 + model.size()), nullptr);
       if (!model.empty()) {
         std::size_t name_only = 0;
-        EXPECT_EQ(table.find(model.back().first, model.back().second, name_only) >= 62, true);
+        EXPECT_EQ(table.find(model.back().first, nullptr, model.back().second, name_only) >= 62,
+                  true);
       }
     }
   }

@@ -30,8 +30,9 @@ class EchoHandler : public SessionHandler {
   std::map<std::uint32_t, std::vector<std::pair<std::string, std::string>>> fields;
   std::vector<std::pair<std::uint32_t, ErrorCode>> resets;
 
-  void on_field(std::uint32_t id, std::string_view n, std::string_view v) override {
-    fields[id].emplace_back(n, v);
+  void on_field(std::uint32_t id, const spindle::http::Field& f) override {
+    EXPECT_EQ(f.token, spindle::http::find_token(f.name)) << f.name;
+    fields[id].emplace_back(f.name, f.value);
   }
   void on_headers(std::uint32_t id, bool end_stream, bool) override {
     if (end_stream) respond(id);
@@ -291,6 +292,38 @@ TEST(H2Session, MalformedRequestsAreResetAndTheConnectionGoesOn) {
   }
 }
 
+// The decoder checks a dynamic table entry once, when it is added, and remembers the answer:
+// a bad field the client put in the table is as bad every time a later block refers to it.
+TEST(H2Session, ABadFieldInTheTableIsBadAtEveryReference) {
+  for (hpack::Field bad : {hpack::Field{"x-padded", " 1"}, hpack::Field{"X-Upper", "1"},
+                           hpack::Field{"x-nul", std::string_view("a\0b", 3)}}) {
+    hpack::Encoder encoder;  // one for the connection: the second block refers to the table
+    auto block = [&](bool with_bad) {
+      std::vector<hpack::Field> f = {
+          {":method", "GET"}, {":scheme", "https"}, {":authority", "a"}, {":path", "/"}};
+      if (with_bad) f.push_back(bad);
+      std::string out;
+      encoder.encode(f, out);
+      return out;
+    };
+    std::string in = preface();
+    std::string first = block(true), second = block(true);
+    write::headers(in, 1, first, true);
+    write::headers(in, 3, second, true);
+    write::headers(in, 5, block(false), true);
+    ASSERT_LT(second.size(), first.size()) << bad.name;  // the field went by its index
+    auto o = run(in);
+    EXPECT_TRUE(o->alive) << bad.name;
+    std::vector<std::uint32_t> reset, answered;
+    for (const Frame& f : o->frames) {
+      if (f.kind() == FrameType::kRstStream) reset.push_back(f.stream_id);
+      if (f.kind() == FrameType::kHeaders) answered.push_back(f.stream_id);
+    }
+    EXPECT_EQ(reset, (std::vector<std::uint32_t>{1, 3})) << bad.name;
+    EXPECT_EQ(answered, (std::vector<std::uint32_t>{5})) << bad.name;
+  }
+}
+
 TEST(H2Session, ConnectionErrorsEndWithTheirGoaway) {
   std::string good = request_block(
       {{":method", "GET"}, {":scheme", "https"}, {":path", "/"}, {":authority", "a"}});
@@ -521,7 +554,7 @@ class Recorder : public SessionHandler {
   std::vector<std::string> pings;
   bool answer_too_large = false;
   void on_request_begin(std::uint32_t id) override { begun.push_back(id); }
-  void on_field(std::uint32_t, std::string_view, std::string_view) override {}
+  void on_field(std::uint32_t, const spindle::http::Field&) override {}
   void on_headers(std::uint32_t id, bool, bool) override { heads.push_back(id); }
   void on_data(std::uint32_t, std::span<const std::uint8_t>, bool) override {}
   void on_reset(std::uint32_t id, ErrorCode) override { resets.push_back(id); }
