@@ -10,12 +10,11 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
-#include <deque>
 #include <mutex>
-#include <unordered_map>
 
 #include "connections.h"
 #include "spindle/base/ascii.h"
+#include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/h2/session.h"
@@ -52,7 +51,7 @@ struct Call {
   bool out_end = false;
   bool out_done = false;
   bool sending = false;
-  HeaderMap out_trailers;
+  std::unique_ptr<HeaderMap> out_trailers;  // made only for a request that has some
   // The response.
   ClientResponseHead head;
   bool have_head = false;
@@ -62,11 +61,11 @@ struct Call {
   std::size_t block_fields = 0;
   bool too_large = false;
   // Interim (1xx) heads received and not yet passed to the exchange's callback.
-  std::deque<ClientResponseHead> interim;
+  std::vector<ClientResponseHead> interim;
   std::string in;
   std::size_t in_pos = 0;
   bool in_end = false;
-  HeaderMap trailers;
+  std::unique_ptr<HeaderMap> trailers;  // made only for a response that has some
   // Set when the stream is over (error says how, if badly).
   bool closed = false;
   std::error_code error;
@@ -88,7 +87,7 @@ h2::SessionLimits client_limits() {
 struct Http2Session::Impl final : h2::SessionHandler {
   Stream stream;
   h2::ClientSession session{client_limits(), *this};
-  std::unordered_map<std::uint32_t, std::shared_ptr<Call>> calls;
+  h2::StreamTableOf<std::shared_ptr<Call>> calls;
   /// Calls with request body bytes (or its end) not yet framed, and whose turn is next.
   std::vector<Call*> sending;
   std::size_t next_sender = 0;
@@ -112,8 +111,8 @@ struct Http2Session::Impl final : h2::SessionHandler {
   std::string out;
 
   Call* find(std::uint32_t id) {
-    auto it = calls.find(id);
-    return it == calls.end() ? nullptr : it->second.get();
+    const std::shared_ptr<Call>* call = calls.find(id);
+    return call == nullptr ? nullptr : call->get();
   }
   bool headers_sent(const Call& call) const { return call.seq <= written; }
   /// The stream of `call` is over (cleanly unless `why`): it leaves the session's list.
@@ -190,7 +189,8 @@ void Http2Session::Impl::on_field(std::uint32_t id, const Field& field) {
     return;
   }
   if (call->have_head) {
-    call->trailers.add(field);  // fields after the final head: trailers
+    if (call->trailers == nullptr) call->trailers = std::make_unique<HeaderMap>();
+    call->trailers->add(field);  // fields after the final head: trailers
   } else if (token == &token::kStatus) {
     // The session checked it: three digits, 100 to 599.
     std::from_chars(value.data(), value.data() + value.size(), call->head.status);
@@ -277,7 +277,7 @@ void Http2Session::Impl::on_reset(std::uint32_t id, ErrorCode code) {
 
 bool Http2Session::Impl::frame_body(Call& call, std::size_t budget) {
   if (call.closed) return true;
-  const bool has_trailers = !call.out_trailers.empty();
+  const bool has_trailers = call.out_trailers != nullptr && !call.out_trailers->empty();
   std::size_t buffered = call.out.size() - call.out_pos;
   std::size_t n = std::min({buffered, budget, session.send_window(call.id)});
   const bool body_ends = call.out_end && n == buffered;
@@ -293,11 +293,11 @@ bool Http2Session::Impl::frame_body(Call& call, std::size_t budget) {
   if (!body_ends || call.out_pos != 0) return false;
   if (has_trailers) {
     std::size_t name_bytes = 0;
-    for (const Field& f : call.out_trailers) name_bytes += f.name.size();
+    for (const Field& f : *call.out_trailers) name_bytes += f.name.size();
     names.clear();
     names.reserve(name_bytes);  // views into it stay put
     fields.clear();
-    for (const Field& f : call.out_trailers) fields.push_back(HpackField::to_send(f, names));
+    for (const Field& f : *call.out_trailers) fields.push_back(HpackField::to_send(f, names));
     session.submit_headers(call.id, fields, true);
   }
   call.out_done = true;
@@ -351,7 +351,8 @@ class Http2Exchange final : public ClientExchange {
     if (trailers != nullptr && !trailers->empty()) {
       for (const Field& f : *trailers) {
         if (is_trailer_sendable(f.name, f.value)) {
-          call_->out_trailers.add(ascii_lower(f.name), f.value);
+          if (call_->out_trailers == nullptr) call_->out_trailers = std::make_unique<HeaderMap>();
+          call_->out_trailers->add(ascii_lower(f.name), f.value);
         }
       }
     }
@@ -365,7 +366,7 @@ class Http2Exchange final : public ClientExchange {
     for (;;) {
       while (!call_->interim.empty()) {
         ClientResponseHead interim = std::move(call_->interim.front());
-        call_->interim.pop_front();
+        call_->interim.erase(call_->interim.begin());
         informational(interim);
       }
       if (call_->have_head) break;
@@ -404,7 +405,10 @@ class Http2Exchange final : public ClientExchange {
     }
   }
 
-  const HeaderMap& trailers() const override { return call_->trailers; }
+  const HeaderMap& trailers() const override {
+    static const HeaderMap kNone{};
+    return call_->trailers != nullptr ? *call_->trailers : kNone;
+  }
 
   void cancel() override {
     if (call_->closed) return;
@@ -552,10 +556,10 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
     s.goaway = true;  // out of stream ids: no new streams on it
     return fail(make_error_code(ExchangeErrc::kClosedBeforeWrite));
   }
-  auto call = std::make_shared<Call>();
+  auto call = std::allocate_shared<Call>(BlockAllocator<Call>());
   call->id = id;
   call->seq = ++s.opened;
-  s.calls[id] = call;  // the session keeps it (and its body) until the stream ends
+  s.calls.add(id) = call;  // the session keeps it (and its body) until the stream ends
   s.writer_wake.set();
   auto exchange =
       std::make_unique<Http2Exchange>(shared_from_this(), s, std::move(call), timeouts, has_body);

@@ -351,17 +351,21 @@ std::size_t recent_slot(const http::Token* token) {
 }
 }  // namespace
 
-std::size_t Encoder::find(const Field& f, const http::Token* token, std::size_t& name_only) const {
+std::size_t Encoder::find(const Field& f, const http::Token* token, std::size_t& name_only,
+                          bool whole_table) const {
   if (token != nullptr) {
     const Recent& recent = recent_[recent_slot(token)];
     if (recent.token == token) {
       if (std::size_t index = table_.index_of_added(recent.number); index != 0) {
         const DynamicTable::Entry* entry = table_.get(index);
-        if (entry->token == token && entry->value() == f.value) return index;
+        if (entry->token == token) {
+          if (entry->value() == f.value) return index;
+          name_only = index;
+        }
       }
     }
   }
-  return table_.find(f.name, token, f.value, name_only);
+  return whole_table ? table_.find(f.name, token, f.value, name_only) : 0;
 }
 
 void Encoder::encode(std::span<const Field> fields, std::string& out) {
@@ -401,16 +405,19 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
       continue;
     }
     const bool unique = (flags & http::field_flag::kUniquePerMessage) != 0;
+    // (A value unique to its message is not looked for, but its name is: see below.)
     std::size_t dynamic_name = 0;
-    std::size_t dynamic_full = sensitive || unique ? 0 : find(f, token, dynamic_name);
+    std::size_t dynamic_full = sensitive ? 0 : find(f, token, dynamic_name, !unique);
     if (dynamic_full != 0) {
       encode_integer(dynamic_full, 7, 0x80, out);
       continue;
     }
     std::size_t name_index = static_name != 0 ? static_name : dynamic_name;
-    // Indexed for next time unless sensitive, too large to be worth a place in the table, or
-    // unique to this message (an entry that would only push useful ones out).
-    const bool indexing = !sensitive && !unique &&
+    // Indexed for next time unless sensitive or too large to be worth a place in the table. A
+    // value unique to its message is not (an entry that would only push useful ones out),
+    // except while its name is nowhere in the tables: one entry then lets every later message
+    // refer to the name (x-request-id, traceparent) instead of spelling it out.
+    const bool indexing = !sensitive && (!unique || name_index == 0) &&
                           f.name.size() + f.value.size() + kEntryOverhead <= table_.max_size() / 2;
     if (indexing) {
       encode_integer(name_index, 6, 0x40, out);

@@ -11,6 +11,7 @@
 #include <array>
 #include <cassert>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "spindle/h2/hpack.h"
@@ -147,18 +148,31 @@ std::size_t encoded_size(std::string_view text) {
 
 char* encode(std::string_view text, char* out) {
   const auto& codes = tables().codes;
-  std::uint64_t pending = 0;  // bits not yet written, right-aligned
+  // Codes gather left-aligned in a 64-bit word; each time 32 bits are whole they are written
+  // at once (a code is at most 30 bits, so it always fits behind fewer than 32).
+  std::uint64_t bits = 0;
   int count = 0;
   for (unsigned char c : text) {
-    pending = (pending << codes[c].length) | codes[c].bits;
-    count += codes[c].length;
-    while (count >= 8) {
-      count -= 8;
-      *out++ = static_cast<char>(pending >> count);
+    const Code code = codes[c];
+    bits |= static_cast<std::uint64_t>(code.bits) << (64 - count - code.length);
+    count += code.length;
+    if (count >= 32) {
+      const auto word = static_cast<std::uint32_t>(bits >> 32);
+      const char bytes[4] = {static_cast<char>(word >> 24), static_cast<char>(word >> 16),
+                             static_cast<char>(word >> 8), static_cast<char>(word)};
+      std::memcpy(out, bytes, 4);
+      out += 4;
+      bits <<= 32;
+      count -= 32;
     }
   }
-  if (count > 0) {  // padded with the most significant bits of EOS (all ones)
-    *out++ = static_cast<char>((pending << (8 - count)) | (0xff >> count));
+  // The rest, padded with the most significant bits of EOS (all ones).
+  if (count > 0) {
+    bits |= ~std::uint64_t{0} >> count;
+    for (; count > 0; count -= 8) {
+      *out++ = static_cast<char>(bits >> 56);
+      bits <<= 8;
+    }
   }
   return out;
 }

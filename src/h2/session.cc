@@ -685,28 +685,6 @@ bool ServerSession::upgrade(std::span<const std::uint8_t> settings) {
 
 namespace spindle::h2 {
 
-const Session::Stream* Session::StreamTable::find(std::uint32_t id) const {
-  auto it = std::lower_bound(entries_.begin(), entries_.end(), id,
-                             [](const Entry& e, std::uint32_t id) { return e.id < id; });
-  return it != entries_.end() && it->id == id ? &it->stream : nullptr;
-}
-
-Session::Stream& Session::StreamTable::add(std::uint32_t id) {
-  if (entries_.empty() || entries_.back().id < id) return entries_.emplace_back(id).stream;
-  auto it = std::lower_bound(entries_.begin(), entries_.end(), id,
-                             [](const Entry& e, std::uint32_t id) { return e.id < id; });
-  if (it != entries_.end() && it->id == id) return it->stream;
-  return entries_.insert(it, Entry{id, {}})->stream;
-}
-
-bool Session::StreamTable::erase(std::uint32_t id) {
-  auto it = std::lower_bound(entries_.begin(), entries_.end(), id,
-                             [](const Entry& e, std::uint32_t id) { return e.id < id; });
-  if (it == entries_.end() || it->id != id) return false;
-  entries_.erase(it);
-  return true;
-}
-
 Session::Stream& Session::add_stream(std::uint32_t id) {
   Stream& s = streams_.add(id);
   s.send_window = peer_initial_window_;

@@ -121,10 +121,18 @@ Address Address::unmapped() const {
 std::string Address::host_text() const {
   char buffer[INET6_ADDRSTRLEN] = {};
   switch (storage_.ss_family) {
-    case AF_INET:
-      ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&storage_)->sin_addr, buffer,
-                  sizeof buffer);
-      return buffer;
+    case AF_INET: {
+      // Dotted decimal, by hand: inet_ntop formats IPv4 with sprintf (a proxied request asks
+      // for its client's address at least once).
+      const auto* bytes = reinterpret_cast<const std::uint8_t*>(
+          &reinterpret_cast<const sockaddr_in*>(&storage_)->sin_addr);
+      char* p = buffer;
+      for (int i = 0; i < 4; ++i) {
+        if (i > 0) *p++ = '.';
+        p = std::to_chars(p, buffer + sizeof buffer, bytes[i]).ptr;
+      }
+      return std::string(buffer, p);
+    }
     case AF_INET6:
       ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_addr, buffer,
                   sizeof buffer);

@@ -19,9 +19,17 @@ ClientIdentity identify_client(const http::Request& request, const std::vector<C
     client.forwarded_for = client.text;
     return client;
   }
-  // The hops from this gateway outwards: the peer first.
-  std::vector<Address> hops{context.peer->unmapped()};
-  if (is_trusted(trusted, hops.back())) {
+  // The hops from this gateway outwards: the peer first. (Most peers are not trusted: their
+  // address is all there is to say.)
+  Address peer = context.peer->unmapped();
+  if (!is_trusted(trusted, peer)) {
+    client.text = peer.host_text();
+    client.forwarded_for = client.text;
+    client.address = peer;
+    return client;
+  }
+  std::vector<Address> hops{peer};
+  {
     std::vector<std::string_view> entries;
     for (const http::Field& f : request.headers()) {
       if (f.token != &http::token::kXForwardedFor) continue;

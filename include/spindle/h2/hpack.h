@@ -212,9 +212,11 @@ class Encoder {
   const DynamicTable& table() const { return table_; }
 
  private:
-  /// The index in table_ of `value` named `token`, or of another value of that name in
-  /// `name_only` (0 if none).
-  std::size_t find(const Field& f, const http::Token* token, std::size_t& name_only) const;
+  /// The index in table_ of `f` (its name `token`), and in `name_only` that of another value
+  /// of its name (0 if none). The newest entry of a known name is looked at first; the rest
+  /// of the table only if `whole_table`.
+  std::size_t find(const Field& f, const http::Token* token, std::size_t& name_only,
+                   bool whole_table) const;
 
   DynamicTable table_;
   /// The newest entry of a few tokens (by token number, modulo): a response's repeated

@@ -11,6 +11,7 @@
 /// reset floods), resets, empty frames and SETTINGS budgeted per connection (Rapid Reset and
 /// the 2019 floods): past any of them, GOAWAY ENHANCE_YOUR_CALM.
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -53,6 +54,74 @@ struct SessionLimits {
 };
 
 /// What the session tells its driver. Views are valid during the call only.
+/// Open streams by id, ascending, in one vector (a new stream's id is above every open one's,
+/// so it goes last). Streams end roughly in the order they began: one that ends moves the fewer
+/// of its older or its newer neighbours by one place (the older ones to the right, leaving a gap
+/// at the front that a later addition reclaims). Adding or removing a stream moves others: hold
+/// no pointer into it across a call that may (a handler's event).
+template <typename T>
+class StreamTableOf {
+ public:
+  struct Entry {
+    std::uint32_t id;
+    T stream;
+  };
+  T* find(std::uint32_t id) { return const_cast<T*>(std::as_const(*this).find(id)); }
+  const T* find(std::uint32_t id) const {
+    auto it = std::lower_bound(begin(), end(), id, by_id);
+    return it != end() && it->id == id ? &it->stream : nullptr;
+  }
+  bool contains(std::uint32_t id) const { return find(id) != nullptr; }
+  /// The stream `id`, added (value-initialised) if it is not there.
+  T& add(std::uint32_t id) {
+    if (empty() || entries_.back().id < id) {
+      if (head_ > 0 && entries_.size() == entries_.capacity()) {
+        // The gap at the front is reclaimed before the vector would grow.
+        entries_.erase(entries_.begin(), begin());
+        head_ = 0;
+      }
+      return entries_.emplace_back(id).stream;
+    }
+    auto it = std::lower_bound(begin(), end(), id, by_id);
+    if (it != end() && it->id == id) return it->stream;
+    return entries_.insert(it, Entry{id, {}})->stream;
+  }
+  /// False if `id` was not there.
+  bool erase(std::uint32_t id) {
+    auto it = std::lower_bound(begin(), end(), id, by_id);
+    if (it == end() || it->id != id) return false;
+    if (it - begin() < end() - it - 1) {
+      std::move_backward(begin(), it, it + 1);  // the older ones one place right
+      ++head_;
+    } else {
+      entries_.erase(it);
+    }
+    if (head_ == entries_.size()) {
+      entries_.clear();
+      head_ = 0;
+    }
+    return true;
+  }
+  void clear() {
+    entries_.clear();
+    head_ = 0;
+  }
+  std::size_t size() const { return entries_.size() - head_; }
+  bool empty() const { return size() == 0; }
+  /// The highest id (the table is not empty).
+  std::uint32_t highest() const { return entries_.back().id; }
+  auto begin() { return entries_.begin() + static_cast<std::ptrdiff_t>(head_); }
+  auto end() { return entries_.end(); }
+  auto begin() const { return entries_.begin() + static_cast<std::ptrdiff_t>(head_); }
+  auto end() const { return entries_.end(); }
+
+ private:
+  static bool by_id(const Entry& entry, std::uint32_t id) { return entry.id < id; }
+  /// entries_[head_, end) are the streams; those before head_ are gone.
+  std::vector<Entry> entries_;
+  std::size_t head_ = 0;
+};
+
 class SessionHandler {
  public:
   virtual ~SessionHandler() = default;
@@ -143,34 +212,7 @@ class Session {
     bool head_request = false;  ///< a client's HEAD: its response has no body, whatever it says
   };
 
-  /// The open streams by id, ascending, in one vector (a new stream's id is above every open
-  /// one's, so it goes last). Adding or removing a stream moves the others: hold no Stream*
-  /// across a call that may (a handler's event).
-  class StreamTable {
-   public:
-    struct Entry {
-      std::uint32_t id;
-      Stream stream;
-    };
-    Stream* find(std::uint32_t id) { return const_cast<Stream*>(std::as_const(*this).find(id)); }
-    const Stream* find(std::uint32_t id) const;
-    bool contains(std::uint32_t id) const { return find(id) != nullptr; }
-    /// A new stream (value-initialised).
-    Stream& add(std::uint32_t id);
-    /// False if `id` was not open.
-    bool erase(std::uint32_t id);
-    std::size_t size() const { return entries_.size(); }
-    bool empty() const { return entries_.empty(); }
-    /// The highest open stream (the table is not empty).
-    std::uint32_t highest() const { return entries_.back().id; }
-    auto begin() { return entries_.begin(); }
-    auto end() { return entries_.end(); }
-    auto begin() const { return entries_.begin(); }
-    auto end() const { return entries_.end(); }
-
-   private:
-    std::vector<Entry> entries_;
-  };
+  using StreamTable = StreamTableOf<Stream>;
 
   bool on_frame(const Frame& f);
   bool connection_error(ErrorCode code, std::string_view reason);

@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -761,5 +762,44 @@ TEST(H2Session, FloodsAimedAtAStreamWeResetStillEndTheConnection) {
     ASSERT_FALSE(out.empty());
     EXPECT_EQ(out.back().kind(), FrameType::kGoaway);
     EXPECT_EQ(out.back().error_code, static_cast<std::uint32_t>(ErrorCode::kEnhanceYourCalm));
+  }
+}
+
+// The table of open streams against a std::map, through openings and endings in every order
+// a connection may see: in order, newest first, at random, with gaps, until empty and again.
+TEST(H2Session, TheStreamTableAgreesWithAMap) {
+  std::mt19937 random(20261126);
+  for (int round = 0; round < 200; ++round) {
+    StreamTableOf<std::uint64_t> table;
+    std::map<std::uint32_t, std::uint64_t> model;
+    std::uint32_t next = 1;
+    for (int step = 0; step < 2000; ++step) {
+      const int kind = static_cast<int>(random() % 10);
+      if (kind < 4 || model.empty()) {  // a new stream, its id above all
+        next += 2 * (1 + random() % 3);
+        table.add(next) = next * 7;
+        model[next] = next * 7;
+      } else if (kind < 7) {  // the oldest ends (the usual order)
+        auto oldest = model.begin()->first;
+        ASSERT_TRUE(table.erase(oldest));
+        model.erase(oldest);
+      } else {  // one at random ends, or one that is not open
+        auto it = model.begin();
+        std::advance(it, random() % model.size());
+        std::uint32_t id = random() % 4 == 0 ? it->first + 1 : it->first;
+        ASSERT_EQ(table.erase(id), model.erase(id) == 1);
+      }
+      ASSERT_EQ(table.size(), model.size());
+      if (!model.empty()) ASSERT_EQ(table.highest(), model.rbegin()->first);
+      // Every open one found with its value, in order; a closed one not found.
+      auto m = model.begin();
+      for (const auto& [id, value] : table) {
+        ASSERT_EQ(id, m->first);
+        ASSERT_EQ(value, m->second);
+        ASSERT_EQ(table.find(id), &value);
+        ++m;
+      }
+      ASSERT_EQ(table.find(next + 2), nullptr);
+    }
   }
 }
