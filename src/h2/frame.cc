@@ -2,6 +2,7 @@
 #include "spindle/h2/frame.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace spindle::h2 {
 namespace {
@@ -195,14 +196,23 @@ std::optional<FrameError> check_setting(std::uint16_t id, std::uint32_t value) {
 
 namespace write {
 
-void frame_header(std::string& out, std::uint32_t length, FrameType type, std::uint8_t flags,
-                  std::uint32_t stream_id) {
+namespace {
+void put_frame_header(char* at, std::uint32_t length, FrameType type, std::uint8_t flags,
+                      std::uint32_t stream_id) {
   stream_id &= 0x7fffffff;
   const char bytes[9] = {static_cast<char>(length >> 16),    static_cast<char>(length >> 8),
                          static_cast<char>(length),          static_cast<char>(type),
                          static_cast<char>(flags),           static_cast<char>(stream_id >> 24),
                          static_cast<char>(stream_id >> 16), static_cast<char>(stream_id >> 8),
                          static_cast<char>(stream_id)};
+  std::memcpy(at, bytes, sizeof bytes);
+}
+}  // namespace
+
+void frame_header(std::string& out, std::uint32_t length, FrameType type, std::uint8_t flags,
+                  std::uint32_t stream_id) {
+  char bytes[9];
+  put_frame_header(bytes, length, type, flags, stream_id);
   out.append(bytes, sizeof bytes);
 }
 
@@ -228,6 +238,19 @@ void headers(std::string& out, std::uint32_t stream_id, std::string_view block, 
                  block.empty() ? flag::kEndHeaders : 0, stream_id);
     out.append(next);
   }
+}
+
+void headers_in_place(std::string& out, std::size_t at, std::uint32_t stream_id, bool end_stream,
+                      std::uint32_t max_frame_size) {
+  const std::size_t size = out.size() - at - 9;
+  if (size <= max_frame_size) {
+    put_frame_header(out.data() + at, static_cast<std::uint32_t>(size), FrameType::kHeaders,
+                     (end_stream ? flag::kEndStream : 0) | flag::kEndHeaders, stream_id);
+    return;
+  }
+  std::string block = out.substr(at + 9);
+  out.resize(at);
+  headers(out, stream_id, block, end_stream, max_frame_size);
 }
 
 void rst_stream(std::string& out, std::uint32_t stream_id, ErrorCode code) {

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cassert>
+#include <cstring>
 
 #include "spindle/http/tokens.h"
 
@@ -40,8 +41,8 @@ constexpr std::size_t kStaticCount = kStatic.size();
 constexpr std::size_t kEntryOverhead = 32;  // RFC 7541 §4.1
 
 // Reads an integer of `prefix_bits` at `at`; false if the block ends first or it passes 32 bits.
-Status read_integer(std::span<const std::uint8_t> in, std::size_t& at, int prefix_bits,
-                    std::uint64_t& value) {
+[[gnu::always_inline]] inline Status read_integer(std::span<const std::uint8_t> in, std::size_t& at,
+                                                  int prefix_bits, std::uint64_t& value) {
   if (at >= in.size()) return Status::kTruncated;
   const std::uint8_t mask = static_cast<std::uint8_t>((1u << prefix_bits) - 1);
   value = in[at++] & mask;
@@ -76,20 +77,35 @@ Status read_string(std::span<const std::uint8_t> in, std::size_t& at, std::strin
   return Status::kOk;
 }
 
-// A string literal, Huffman-coded when that is shorter.
-void write_string(std::string_view text, std::string& out) {
-  std::size_t coded = huffman::encoded_size(text);
-  if (coded < text.size()) {
-    encode_integer(coded, 7, 0x80, out);
-    const std::size_t start = out.size();
-    // (The size returned is the end written: g++ 12 may pass the grown capacity as n.)
-    out.resize_and_overwrite(start + coded, [&](char* p, std::size_t) {
-      return static_cast<std::size_t>(huffman::encode(text, p + start) - p);
-    });
-  } else {
-    encode_integer(text.size(), 7, 0x00, out);
-    out.append(text);
+// An HPACK integer at `p` (at most kMaxIntegerBytes); returns its end.
+constexpr std::size_t kMaxIntegerBytes = 11;  // 1 + ceil(64 / 7)
+char* put_integer(char* p, std::uint64_t value, int prefix_bits, std::uint8_t first_bits) {
+  const std::uint64_t mask = (1u << prefix_bits) - 1;
+  if (value < mask) {
+    *p++ = static_cast<char>(first_bits | value);
+    return p;
   }
+  *p++ = static_cast<char>(first_bits | mask);
+  value -= mask;
+  while (value >= 0x80) {
+    *p++ = static_cast<char>((value & 0x7f) | 0x80);
+    value >>= 7;
+  }
+  *p++ = static_cast<char>(value);
+  return p;
+}
+
+// A string literal at `p`, Huffman-coded when that is shorter (at most kMaxIntegerBytes +
+// text.size() bytes); returns its end.
+char* put_string(char* p, std::string_view text) {
+  const std::size_t coded = huffman::encoded_size(text);
+  if (coded < text.size()) {
+    p = put_integer(p, coded, 7, 0x80);
+    return huffman::encode(text, p);
+  }
+  p = put_integer(p, text.size(), 7, 0x00);
+  std::memcpy(p, text.data(), text.size());
+  return p + text.size();
 }
 
 }  // namespace
@@ -116,21 +132,8 @@ std::string_view to_string(Status status) {
 
 void encode_integer(std::uint64_t value, int prefix_bits, std::uint8_t first_bits,
                     std::string& out) {
-  const std::uint64_t mask = (1u << prefix_bits) - 1;
-  if (value < mask) {
-    out.push_back(static_cast<char>(first_bits | value));
-    return;
-  }
-  char bytes[12];  // 1 + ceil(64 / 7)
-  std::size_t n = 0;
-  bytes[n++] = static_cast<char>(first_bits | mask);
-  value -= mask;
-  while (value >= 0x80) {
-    bytes[n++] = static_cast<char>((value & 0x7f) | 0x80);
-    value >>= 7;
-  }
-  bytes[n++] = static_cast<char>(value);
-  out.append(bytes, n);
+  char bytes[kMaxIntegerBytes];
+  out.append(bytes, put_integer(bytes, value, prefix_bits, first_bits));
 }
 
 // --- RFC 9113 §8.2.1 ---------------------------------------------------------------------
@@ -369,13 +372,25 @@ std::size_t Encoder::find(const Field& f, const http::Token* token, std::size_t&
 }
 
 void Encoder::encode(std::span<const Field> fields, std::string& out) {
+  // Written in place: room for the worst case first (each field's name and value as literals
+  // with their lengths and its index), cut to what was written.
+  std::size_t room = 2 * kMaxIntegerBytes;  // table size updates
+  for (const Field& f : fields) room += 3 * kMaxIntegerBytes + f.name.size() + f.value.size();
+  const std::size_t start = out.size();
+  out.resize_and_overwrite(start + room, [&](char* data, std::size_t) {
+    // (The end comes from what was written: g++ 12 may pass the grown capacity as size.)
+    return static_cast<std::size_t>(encode_to(fields, data + start) - data);
+  });
+}
+
+char* Encoder::encode_to(std::span<const Field> fields, char* p) {
   if (update_pending_) {
     // The smallest size since the last block first (so the peer evicts as we did), then the
     // size in force (RFC 7541 §4.2).
     if (smallest_since_update_ < table_.max_size()) {
-      encode_integer(smallest_since_update_, 5, 0x20, out);
+      p = put_integer(p, smallest_since_update_, 5, 0x20);
     }
-    encode_integer(table_.max_size(), 5, 0x20, out);
+    p = put_integer(p, table_.max_size(), 5, 0x20);
     update_pending_ = false;
     smallest_since_update_ = SIZE_MAX;
   }
@@ -401,7 +416,7 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
     }
     const bool sensitive = f.sensitive || (flags & http::field_flag::kSensitive) != 0;
     if (static_full != 0 && !sensitive) {
-      encode_integer(static_full, 7, 0x80, out);
+      p = put_integer(p, static_full, 7, 0x80);
       continue;
     }
     const bool unique = (flags & http::field_flag::kUniquePerMessage) != 0;
@@ -409,7 +424,7 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
     std::size_t dynamic_name = 0;
     std::size_t dynamic_full = sensitive ? 0 : find(f, token, dynamic_name, !unique);
     if (dynamic_full != 0) {
-      encode_integer(dynamic_full, 7, 0x80, out);
+      p = put_integer(p, dynamic_full, 7, 0x80);
       continue;
     }
     std::size_t name_index = static_name != 0 ? static_name : dynamic_name;
@@ -420,17 +435,18 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
     const bool indexing = !sensitive && (!unique || name_index == 0) &&
                           f.name.size() + f.value.size() + kEntryOverhead <= table_.max_size() / 2;
     if (indexing) {
-      encode_integer(name_index, 6, 0x40, out);
+      p = put_integer(p, name_index, 6, 0x40);
     } else {
-      encode_integer(name_index, 4, sensitive ? 0x10 : 0x00, out);
+      p = put_integer(p, name_index, 4, sensitive ? 0x10 : 0x00);
     }
-    if (name_index == 0) write_string(f.name, out);
-    write_string(f.value, out);
+    if (name_index == 0) p = put_string(p, f.name);
+    p = put_string(p, f.value);
     if (indexing) {
       table_.add(f.name, f.value, token);
       if (token != nullptr) recent_[recent_slot(token)] = {token, table_.added()};
     }
   }
+  return p;
 }
 
 }  // namespace spindle::h2::hpack

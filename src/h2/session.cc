@@ -608,9 +608,10 @@ void Session::submit_headers(std::uint32_t stream, std::span<const hpack::Field>
                              bool end_stream) {
   Stream* open = streams_.find(stream);
   if (open == nullptr || failed_) return;
-  encoded_.clear();
-  encoder_.encode(fields, encoded_);
-  write::headers(out_, stream, encoded_, end_stream, peer_max_frame_size_);
+  const std::size_t at = out_.size();
+  out_.append(9, '\0');  // the frame header, once the block's size is known
+  encoder_.encode(fields, out_);
+  write::headers_in_place(out_, at, stream, end_stream, peer_max_frame_size_);
   if (end_stream) {
     if (open->state == Stream::kHalfClosedRemote) {
       complete_stream(stream);
@@ -716,9 +717,10 @@ std::uint32_t ClientSession::open(std::span<const hpack::Field> fields, bool end
   Stream& s = add_stream(id);
   s.head_request = head_request;
   if (end_stream) s.state = Stream::kHalfClosedLocal;
-  encoded_.clear();
-  encoder_.encode(fields, encoded_);
-  write::headers(out_, id, encoded_, end_stream, peer_max_frame_size_);
+  const std::size_t at = out_.size();
+  out_.append(9, '\0');  // the frame header, once the block's size is known
+  encoder_.encode(fields, out_);
+  write::headers_in_place(out_, at, id, end_stream, peer_max_frame_size_);
   return id;
 }
 

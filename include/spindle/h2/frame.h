@@ -153,6 +153,11 @@ void data(std::string& out, std::uint32_t stream_id, std::string_view data, bool
 /// HEADERS, then CONTINUATION frames for what passes `max_frame_size`.
 void headers(std::string& out, std::uint32_t stream_id, std::string_view block, bool end_stream,
              std::uint32_t max_frame_size = kDefaultMaxFrameSize);
+/// The same for a block already encoded at the end of `out`, after a frame header's room (9
+/// bytes) left at `at`: the header is written there (the block is not copied unless it needs
+/// CONTINUATION frames).
+void headers_in_place(std::string& out, std::size_t at, std::uint32_t stream_id, bool end_stream,
+                      std::uint32_t max_frame_size);
 void rst_stream(std::string& out, std::uint32_t stream_id, ErrorCode code);
 void settings(std::string& out, std::span<const std::pair<SettingId, std::uint32_t>> entries);
 void settings_ack(std::string& out);

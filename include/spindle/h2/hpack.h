@@ -217,6 +217,8 @@ class Encoder {
   /// of the table only if `whole_table`.
   std::size_t find(const Field& f, const http::Token* token, std::size_t& name_only,
                    bool whole_table) const;
+  /// encode(), at `p` (room made by the caller); returns the end.
+  char* encode_to(std::span<const Field> fields, char* p);
 
   DynamicTable table_;
   /// The newest entry of a few tokens (by token number, modulo): a response's repeated

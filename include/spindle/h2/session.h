@@ -246,7 +246,6 @@ class Session {
   hpack::Decoder decoder_;
   hpack::Encoder encoder_;
   std::string out_;
-  std::string encoded_;  ///< a header block being encoded (reused)
   std::size_t preface_seen_ = 0;
   bool settings_seen_ = false;
   bool closing_ = false;

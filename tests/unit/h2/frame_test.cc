@@ -71,6 +71,23 @@ std::string frame(std::uint32_t length, std::uint8_t type, std::uint8_t flags, s
 
 }  // namespace
 
+// A header block encoded straight into the output after room for its frame header: the
+// header is filled in where it fits one frame, the block split into CONTINUATION where not,
+// the same frames write::headers makes.
+TEST(Frames, AHeaderBlockWrittenInPlaceIsTheSameFrames) {
+  for (std::size_t size : {0, 1, 16, 17, 40}) {
+    const std::string block(size, 'b');
+    std::string expected = "before";
+    write::headers(expected, 5, block, true, 16);
+    std::string out = "before";
+    const std::size_t at = out.size();
+    out.append(9, '\0');
+    out += block;
+    write::headers_in_place(out, at, 5, true, 16);
+    EXPECT_EQ(out, expected) << size;
+  }
+}
+
 TEST(Frames, WrittenFramesReadBackFromEverySplit) {
   std::string out;
   const std::pair<SettingId, std::uint32_t> entries[] = {{SettingId::kMaxConcurrentStreams, 100},
