@@ -5,12 +5,15 @@
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <climits>
+#include <cstring>
 #include <utility>
 
 #include "spindle/base/ascii.h"
@@ -122,6 +125,40 @@ long note_socket_read(BIO* bio, int oper, const char* /*argp*/, std::size_t aske
 }
 
 }  // namespace
+
+// A client's reads go through this BIO. OpenSSL 3.0's own read-ahead keeps the bytes it read
+// past a record in its buffer and, before each record it reads, moves them to the front of it
+// (ssl3_read_n aligns the payload): an upstream that sends many records at once cost ~4,000
+// instructions per proxied request there (h2 over TLS to h2 over TLS, c100 m10). With this BIO
+// (OpenSSL's read-ahead off) one recv fills a pooled buffer, and OpenSSL takes each record's
+// header and body from it: no system call more, no move.
+struct ReadAheadBio {
+  static int read(BIO* bio, char* out, std::size_t want, std::size_t* got) {
+    return static_cast<TlsStream*>(BIO_get_data(bio))->read_ahead(bio, out, want, got);
+  }
+  static long control(BIO* bio, int command, long /*number*/, void* /*pointer*/) {
+    switch (command) {
+      case BIO_CTRL_PENDING: {
+        const auto* tls = static_cast<const TlsStream*>(BIO_get_data(bio));
+        return static_cast<long>(tls->ahead_end_ - tls->ahead_begin_);
+      }
+      case BIO_CTRL_FLUSH:
+        return 1;
+      default:
+        return 0;  // nothing else applies to a reader (kTLS receive among them)
+    }
+  }
+  static BIO_METHOD* method() {
+    static BIO_METHOD* const made = [] {
+      BIO_METHOD* m =
+          BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "spindle read-ahead");
+      BIO_meth_set_read_ex(m, &ReadAheadBio::read);
+      BIO_meth_set_ctrl(m, &ReadAheadBio::control);
+      return m;
+    }();
+    return made;
+  }
+};
 
 const std::error_category& tls_category() {
   static const TlsCategory category;
@@ -274,7 +311,7 @@ std::expected<std::shared_ptr<const TlsClientContext>, std::string> TlsClientCon
                                SSL_OP_NO_COMPRESSION | SSL_OP_ENABLE_KTLS);
   SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
-  SSL_CTX_set_read_ahead(ctx, 1);  // as the server's
+  // Not OpenSSL's read-ahead: ours (ReadAheadBio) reads the socket ahead as it does.
   SSL_CTX_set_app_data(ctx, self.get());
   SSL_CTX_sess_set_new_cb(ctx, &TlsCallbacks::new_session);
   if (!options.insecure) {
@@ -316,6 +353,10 @@ void TlsClientContext::resume(SSL* ssl, const std::string& name) const {
 TlsStream::TlsStream(TlsStream&& other) noexcept
     : tcp_(std::move(other.tcp_)),
       ssl_(std::exchange(other.ssl_, nullptr)),
+      ahead_(std::move(other.ahead_)),
+      ahead_begin_(std::exchange(other.ahead_begin_, 0)),
+      ahead_end_(std::exchange(other.ahead_end_, 0)),
+      reads_ahead_(other.reads_ahead_),
       context_(std::move(other.context_)),
       peer_name_(std::move(other.peer_name_)) {
   watch_reads();
@@ -326,6 +367,10 @@ TlsStream& TlsStream::operator=(TlsStream&& other) noexcept {
     SSL_free(ssl_);
     tcp_ = std::move(other.tcp_);
     ssl_ = std::exchange(other.ssl_, nullptr);
+    ahead_ = std::move(other.ahead_);
+    ahead_begin_ = std::exchange(other.ahead_begin_, 0);
+    ahead_end_ = std::exchange(other.ahead_end_, 0);
+    reads_ahead_ = other.reads_ahead_;
     context_ = std::move(other.context_);
     peer_name_ = std::move(other.peer_name_);
     watch_reads();
@@ -333,20 +378,79 @@ TlsStream& TlsStream::operator=(TlsStream&& other) noexcept {
   return *this;
 }
 
-Result<void> TlsStream::attach() {
+Result<void> TlsStream::attach(bool read_ahead) {
   if (SSL_set_fd(ssl_, tcp_.fd()) != 1) return fail(take_tls_error());
+  // One socket BIO reads and writes; its callback notes what the reads and writes show.
   BIO_set_callback_ex(SSL_get_rbio(ssl_), &note_socket_read);
+  if (read_ahead) {
+    BIO* reader = BIO_new(ReadAheadBio::method());
+    if (reader == nullptr) return fail(take_tls_error());
+    BIO_set_init(reader, 1);
+    SSL_set0_rbio(ssl_, reader);  // the socket BIO stays the writer
+    reads_ahead_ = true;
+  }
   watch_reads();
   return {};
 }
 
 void TlsStream::watch_reads() {
-  if (ssl_ != nullptr && SSL_get_rbio(ssl_) != nullptr) {
-    BIO_set_callback_arg(SSL_get_rbio(ssl_), reinterpret_cast<char*>(this));
+  if (ssl_ == nullptr) return;
+  if (BIO* writer = SSL_get_wbio(ssl_)) BIO_set_callback_arg(writer, reinterpret_cast<char*>(this));
+  if (BIO* reader = SSL_get_rbio(ssl_)) {
+    if (reads_ahead_) {
+      BIO_set_data(reader, this);
+    } else {
+      BIO_set_callback_arg(reader, reinterpret_cast<char*>(this));
+    }
   }
 }
 
-bool TlsStream::drained() const { return tcp_.drained() && SSL_has_pending(ssl_) == 0; }
+int TlsStream::read_ahead(BIO* bio, char* out, std::size_t want, std::size_t* got) {
+  BIO_clear_retry_flags(bio);
+  if (ahead_begin_ == ahead_end_) {
+    if (ahead_.data() == nullptr) {
+      try {
+        ahead_ = take_buffer();
+      } catch (const std::bad_alloc&) {
+        errno = ENOMEM;  // (no exception through OpenSSL's frames)
+        return 0;
+      }
+    }
+    ssize_t n;
+    do {
+      n = ::syscall(SYS_recvfrom, tcp_.fd(), ahead_.data(), BufferPool::kBufferSize, 0, nullptr,
+                    nullptr);
+    } while (n < 0 && errno == EINTR);
+    if (n <= 0) {
+      // Nothing now (retry when readable), the end (0), or an error (errno says which).
+      const int saved = errno;
+      ahead_ = {};  // back to the pool while nothing waits in it
+      if (n < 0 && (saved == EAGAIN || saved == EWOULDBLOCK)) {
+        tcp_.note_drained();
+        BIO_set_retry_read(bio);
+      }
+      errno = n < 0 ? saved : 0;
+      return 0;
+    }
+    // Short means the receive queue is empty now (TcpStream::read's rule).
+    if (static_cast<std::size_t>(n) < BufferPool::kBufferSize) tcp_.note_drained();
+    ahead_begin_ = 0;
+    ahead_end_ = static_cast<std::uint32_t>(n);
+  }
+  const std::size_t n = std::min<std::size_t>(want, ahead_end_ - ahead_begin_);
+  std::memcpy(out, ahead_.data() + ahead_begin_, n);
+  ahead_begin_ += static_cast<std::uint32_t>(n);
+  if (ahead_begin_ == ahead_end_) {
+    ahead_ = {};
+    ahead_begin_ = ahead_end_ = 0;
+  }
+  *got = n;
+  return 1;
+}
+
+bool TlsStream::drained() const {
+  return tcp_.drained() && SSL_has_pending(ssl_) == 0 && ahead_begin_ == ahead_end_;
+}
 
 TlsStream::~TlsStream() {
   if (ssl_ != nullptr && SSL_is_init_finished(ssl_)) {
@@ -421,7 +525,7 @@ Result<TlsStream> TlsStream::connect(TcpStream stream,
   if (ssl == nullptr) return fail(take_tls_error());
   TlsStream tls(std::move(stream), ssl);
   bool verify = !context->options().insecure;
-  if (auto attached = tls.attach(); !attached) return fail(attached.error());
+  if (auto attached = tls.attach(/*read_ahead=*/true); !attached) return fail(attached.error());
   tls.peer_name_ = std::make_unique<std::string>(server_name);
   const std::string& name = *tls.peer_name_;
   SSL_set_app_data(ssl, name.c_str());  // for the new-session callback
@@ -540,7 +644,9 @@ Result<void> TlsStream::shutdown(TcpStream::Shutdown how) {
   return tcp_.shutdown(how);
 }
 
-bool TlsStream::has_pending() const { return ssl_ != nullptr && SSL_has_pending(ssl_) == 1; }
+bool TlsStream::has_pending() const {
+  return ssl_ != nullptr && (SSL_has_pending(ssl_) == 1 || ahead_begin_ != ahead_end_);
+}
 
 std::string_view TlsStream::alpn() const {
   const unsigned char* data = nullptr;

@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <expected>
 #include <memory>
 #include <mutex>
@@ -18,12 +19,14 @@
 #include <vector>
 
 #include "spindle/base/error.h"
+#include "spindle/fiber/buffer_pool.h"
 #include "spindle/io/deadline.h"
 #include "spindle/net/tcp_stream.h"
 
 using SSL = struct ssl_st;
 using SSL_CTX = struct ssl_ctx_st;
 using SSL_SESSION = struct ssl_session_st;
+using BIO = struct bio_st;
 
 namespace spindle {
 
@@ -199,13 +202,23 @@ class TlsStream {
   Result<void> handshake(Deadline deadline);
   /// SSL_write of all of `data`.
   Result<void> write_record(std::span<const char> data, Deadline deadline);
-  /// Gives the socket to OpenSSL, and watches its reads for drained().
-  Result<void> attach();
+  /// Gives the socket to OpenSSL, and watches its reads for drained(). With `read_ahead`
+  /// (a client), OpenSSL reads through a BIO of ours that reads the socket ahead (tls.cc).
+  Result<void> attach(bool read_ahead = false);
   /// Points the read watch at this object (again, after a move).
   void watch_reads();
+  /// The read-ahead BIO's read: bytes from `ahead_`, refilled by one recv when empty.
+  friend struct ReadAheadBio;
+  int read_ahead(BIO* bio, char* out, std::size_t want, std::size_t* got);
 
   TcpStream tcp_;
   SSL* ssl_ = nullptr;
+  /// Client side: socket bytes read ahead of what OpenSSL asked for, [ahead_begin_,
+  /// ahead_end_) of a pooled buffer, given back once all are taken.
+  BufferPool::Buffer ahead_;
+  std::uint32_t ahead_begin_ = 0;
+  std::uint32_t ahead_end_ = 0;
+  bool reads_ahead_ = false;
   /// Keeps the context (and its SSL_CTXs) alive as long as the connection.
   std::shared_ptr<const void> context_;
   /// Client side: the server's name, on the heap so that SSL app data can point at it.

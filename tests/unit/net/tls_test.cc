@@ -201,6 +201,61 @@ FIBER_TEST(Tls, DrainedOnlyWhenTheSocketHoldsNothing) {
   EXPECT_TRUE(seen.after_would_block);
 }
 
+// A client reads through its own read-ahead (tls.cc, ReadAheadBio): many small records sent
+// at once arrive whole and in order, held bytes count as pending, and the stream says drained
+// only once the socket and the held bytes are both empty.
+FIBER_TEST(Tls, AClientReadsManySmallRecordsAheadAndInOrder) {
+  constexpr int kRecords = 600;
+  constexpr std::size_t kRecord = 100;
+  auto record = [](int i) {
+    std::string r = std::to_string(i);
+    r.resize(kRecord, static_cast<char>('a' + i % 26));
+    return r;
+  };
+  Event sent;
+  TlsTestServer server([&](TcpStream tcp) {
+    auto tls = TlsStream::accept(std::move(tcp), server_context(), Deadline::after(5s));
+    if (!tls) return;
+    for (int i = 0; i < kRecords; ++i) {  // one TLS record each
+      if (!tls->write_all(record(i), Deadline::after(5s))) return;
+    }
+    sent.set();
+    char byte;
+    (void)tls->read({&byte, 1}, Deadline::after(5s));  // until the client closes
+  });
+  auto client = connect_to(server.address, "localhost", client_context());
+  ASSERT_TRUE(client.has_value()) << client.error().message();
+  ASSERT_FALSE(sent.wait(Deadline::after(10s)));
+  this_fiber::sleep_for(100ms);  // all of it waits in the socket
+  // The first record, whole: OpenSSL holds nothing more, the rest is held ahead.
+  std::string got(kRecord, '\0');
+  auto first = client->read(got, Deadline::after(5s));
+  ASSERT_TRUE(first.has_value()) << first.error().message();
+  ASSERT_EQ(*first, kRecord);
+  EXPECT_TRUE(client->has_pending());
+  EXPECT_FALSE(client->drained());
+  int drained_with_bytes_left = 0;
+  char buffer[kRecord / 3 + 1];  // reads smaller than a record, never aligned with one
+  while (got.size() < kRecords * kRecord) {
+    auto n = client->read(buffer, Deadline::after(5s));
+    ASSERT_TRUE(n.has_value()) << n.error().message();
+    ASSERT_GT(*n, 0u);
+    got.append(buffer, *n);
+    char peek;
+    if (client->drained() && ::recv(client->fd(), &peek, 1, MSG_PEEK | MSG_DONTWAIT) > 0) {
+      ++drained_with_bytes_left;
+    }
+  }
+  std::string expected;
+  for (int i = 0; i < kRecords; ++i) expected += record(i);
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(drained_with_bytes_left, 0);
+  auto more = client->read(buffer, Deadline::after(50ms));
+  EXPECT_TRUE(!more && more.error() == std::errc::timed_out);
+  EXPECT_TRUE(client->drained());
+  EXPECT_FALSE(client->has_pending());
+}
+
 FIBER_TEST(Tls, PlainTextAndStalledHandshakesFail) {
   bool plain_failed = false, stalled_timed_out = false;
   auto context = server_context();
