@@ -192,7 +192,9 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
                  : std::string_view(head_bytes_)
                        .substr(static_cast<std::size_t>(v.data() - parsed_from.data()), v.size());
     };
-    for (const Field& f : head.headers) response_.headers.add_view(kept(f.name), kept(f.value));
+    for (const Field& f : head.headers) {
+      response_.headers.add_view({kept(f.name), kept(f.value), f.token});  // (its token kept)
+    }
     framing_ = head.framing;
     keep_alive_ = head.keep_alive;
     if (head_request_ ||

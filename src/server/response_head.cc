@@ -37,7 +37,8 @@ AccessRecord access_record(const RequestHead& head, const Response& response,
 std::optional<std::string_view> unsendable_part(const Response& response) {
   if (response.status < 100 || response.status > 599) return ":status";
   for (const Field& f : response.headers) {
-    if (!is_field_name(f.name) || !is_field_value(f.value)) return f.name;
+    // (A name with a token is one of the token table's, in some case: a valid name.)
+    if ((f.token == nullptr && !is_field_name(f.name)) || !is_field_value(f.value)) return f.name;
   }
   return std::nullopt;
 }
