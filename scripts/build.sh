@@ -15,7 +15,9 @@ shift || true
 dir=build/$config
 bench=ON
 [ "$config" = release ] || bench=OFF
-if [ ! -f "$dir/build.ninja" ]; then
+# Configured once; again when the benchmarks were skipped (Google Benchmark was missing then:
+# `make build` before `make bench` installed it), so that they are built once it is there.
+if [ ! -f "$dir/build.ninja" ] || { [ "$bench" = ON ] && [ ! -d "$dir/bench" ]; }; then
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$type" -DSPINDLE_BUILD_BENCH=$bench >/dev/null
 fi
 ninja -C "$dir" "$@"
