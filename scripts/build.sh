@@ -15,9 +15,13 @@ shift || true
 dir=build/$config
 bench=ON
 [ "$config" = release ] || bench=OFF
-# Configured once; again when the benchmarks were skipped (Google Benchmark was missing then:
-# `make build` before `make bench` installed it), so that they are built once it is there.
-if [ ! -f "$dir/build.ninja" ] || { [ "$bench" = ON ] && [ ! -d "$dir/bench" ]; }; then
+# Configured once; again if the benchmarks were skipped (Google Benchmark was missing then:
+# `make build` before `make bench` installed it) and it is there now.
+benchmark_came() {
+  [ "$bench" = ON ] && [ ! -d "$dir/bench" ] &&
+    compgen -G "/usr/lib/*/cmake/benchmark/benchmarkConfig.cmake" >/dev/null
+}
+if [ ! -f "$dir/build.ninja" ] || benchmark_came; then
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$type" -DSPINDLE_BUILD_BENCH=$bench >/dev/null
 fi
 ninja -C "$dir" "$@"
