@@ -292,10 +292,7 @@ bool Http2Session::Impl::frame_body(Call& call, std::size_t budget) {
   if (n > 0) call.wake.set();  // room for the next piece
   if (!body_ends || call.out_pos != 0) return false;
   if (has_trailers) {
-    std::size_t name_bytes = 0;
-    for (const Field& f : *call.out_trailers) name_bytes += f.name.size();
-    names.clear();
-    names.reserve(name_bytes);  // views into it stay put
+    HpackField::make_room_for_names(names, *call.out_trailers);
     fields.clear();
     for (const Field& f : *call.out_trailers) fields.push_back(HpackField::to_send(f, names));
     session.submit_headers(call.id, fields, true);
@@ -524,11 +521,8 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
     }
   }
   if (!usable()) return fail(make_error_code(ExchangeErrc::kClosedBeforeWrite));
-  // Names lower-cased into one buffer, reserved whole first so that views into it stay put.
-  std::size_t name_bytes = 0;
-  for (const Field& f : head.headers) name_bytes += f.name.size();
-  s.names.clear();
-  s.names.reserve(name_bytes);
+  // Names lower-cased into one buffer.
+  HpackField::make_room_for_names(s.names, head.headers);
   s.fields.clear();
   s.fields.push_back(HpackField::known(token::kMethod, head.method));
   s.fields.push_back(

@@ -771,12 +771,9 @@ void Http2Connection::want_to_send(H2Stream& s) {
 
 void Http2Connection::submit_head(H2Stream& s, int status, const HeaderMap& fields,
                                   bool end_stream) {
-  // Names go lower case (HTTP/2 requires it) into one buffer, reserved whole first so that
-  // views into it stay put; the session encodes the list before this returns.
-  std::size_t name_bytes = 0;
-  for (const Field& f : fields) name_bytes += f.name.size();
-  names_.clear();
-  names_.reserve(name_bytes);
+  // Names go lower case (HTTP/2 requires it) into one buffer; the session encodes the list
+  // before this returns.
+  HpackField::make_room_for_names(names_, fields);
   fields_.clear();
   char code[8];
   auto code_end = std::to_chars(code, code + sizeof code, status).ptr;
@@ -791,10 +788,7 @@ void Http2Connection::submit_head(H2Stream& s, int status, const HeaderMap& fiel
 void Http2Connection::submit_response(H2Stream& s, Response& response, bool head_only) {
   ResponseBodyPlan plan = plan_response_body(response, head_only);
   // The head: :status, the handler's fields, then date, server and content-length.
-  std::size_t name_bytes = 0;
-  for (const Field& f : response.headers) name_bytes += f.name.size();
-  names_.clear();
-  names_.reserve(name_bytes);
+  HpackField::make_room_for_names(names_, response.headers);
   fields_.clear();
   char status[8];
   auto status_end = std::to_chars(status, status + sizeof status, response.status).ptr;
@@ -926,10 +920,7 @@ bool Http2Connection::frame_body(H2Stream& s, std::size_t budget) {
   if (!body_ends || s.out_pos < s.out_body.size()) return false;
   if (has_trailers) {
     // The body ends here; the trailers' HEADERS frame ends the stream.
-    std::size_t name_bytes = 0;
-    for (const Field& f : *s.out_trailers) name_bytes += f.name.size();
-    names_.clear();
-    names_.reserve(name_bytes);  // views into it stay put
+    HpackField::make_room_for_names(names_, *s.out_trailers);
     fields_.clear();
     for (const Field& f : *s.out_trailers) fields_.push_back(HpackField::to_send(f, names_));
     session_.submit_headers(s.id, fields_, true);

@@ -69,8 +69,16 @@ struct Field {
     return {name.name, value, false, &name};
   }
   /// A HeaderMap's field to send: a known name as its token's (lower case), another
-  /// lower-cased into `names` (reserved beforehand for every name, so that views stay put).
+  /// lower-cased into `names` (made room in beforehand: make_room_for_names).
   static Field to_send(const http::Field& f, std::string& names);
+  /// Empties `names` and makes room in it for every name of `fields`: to_send's views into it
+  /// then stay put.
+  static void make_room_for_names(std::string& names, const http::HeaderMap& fields) {
+    std::size_t bytes = 0;
+    for (const http::Field& f : fields) bytes += f.name.size();
+    names.clear();
+    names.reserve(bytes);
+  }
 };
 
 /// One decoded field: its views (into the block, the decoder's buffer or its table) valid
