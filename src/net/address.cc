@@ -204,16 +204,11 @@ std::string_view Address::unix_path() const {
 }
 
 std::string Address::to_string() const {
-  char buffer[INET6_ADDRSTRLEN] = {};
   switch (storage_.ss_family) {
     case AF_INET:
-      ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&storage_)->sin_addr, buffer,
-                  sizeof buffer);
-      return std::string(buffer) + ":" + std::to_string(port());
+      return host_text() + ":" + std::to_string(port());
     case AF_INET6:
-      ::inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_addr, buffer,
-                  sizeof buffer);
-      return "[" + std::string(buffer) + "]:" + std::to_string(port());
+      return "[" + host_text() + "]:" + std::to_string(port());
     default:
       return std::string(kUnixPrefix) + std::string(unix_path());
   }

@@ -65,6 +65,8 @@ TEST(Address, ParsesHostsAsForwardingFieldsWriteThem) {
     return a ? a->host_text() : std::string("error");
   };
   EXPECT_EQ(text("192.0.2.1"), "192.0.2.1");
+  EXPECT_EQ(text("0.0.0.0"), "0.0.0.0");  // IPv4 is written by hand: each octet's edges
+  EXPECT_EQ(text("255.10.100.9"), "255.10.100.9");
   EXPECT_EQ(text("192.0.2.1:4711"), "192.0.2.1");
   EXPECT_EQ(text("2001:0db8:0:0::1"), "2001:db8::1");
   EXPECT_EQ(text("[2001:db8::1]"), "2001:db8::1");
