@@ -192,6 +192,15 @@ void Session::take_output(std::string& into) {
   into.swap(out_);
 }
 
+void Session::trim() {
+  if (out_.empty()) out_ = {};
+  if (block_stream_ == 0) block_ = {};
+  reader_.trim();
+  decoder_.trim();
+  encoder_.trim();
+  streams_.trim();
+}
+
 bool Session::connection_error(ErrorCode code, std::string_view reason) {
   if (!failed_) {
     write::goaway(out_, role_ == Role::kServer ? last_stream_ : 0, code, reason);

@@ -87,8 +87,8 @@ class Connection final : public BodySource, public ContextSource, public Interim
   /// The read buffer's size: a whole head at the limit, and room after it.
   std::size_t read_buffer_size() const { return options_.parser.max_head + 4096; }
   /// After serve() returned kHttp2: serves the connection as HTTP/2 (prior knowledge or h2c
-  /// upgrade) until it ends.
-  void switch_to_http2();
+  /// upgrade) until it ends or goes idle.
+  detail::Activation switch_to_http2();
   /// True if the connection closes while the client may still be sending (an error answer, a
   /// body left unread): it should linger rather than reset.
   bool should_linger() const { return linger_; }
@@ -230,10 +230,10 @@ bool Connection::accept_h2c_upgrade() {
   return flush();
 }
 
-void Connection::switch_to_http2() {
+detail::Activation Connection::switch_to_http2() {
   std::string preread(spill_.data() + spill_begin_, spill_.size() - spill_begin_);
   preread.append(buffer_.data() + begin_, end_ - begin_);
-  detail::serve_http2(stream_, shared_, *state_.worker, preread, upgrade_ ? &*upgrade_ : nullptr);
+  return detail::serve_http2(state_, preread, upgrade_ ? &*upgrade_ : nullptr);
 }
 
 Connection::Read Connection::read_more(Deadline deadline) {
@@ -586,37 +586,9 @@ void Connection::stream_body(const BodyProducer& producer, std::optional<std::ui
   if (!writer.finish()) broken_ = true;
 }
 
-const std::string& Connection::remote() {
-  if (state_.remote.empty()) state_.remote = detail::client_address_text(stream_.peer_address());
-  return state_.remote;
-}
+const std::string& Connection::remote() { return state_.remote_text(); }
 
-const RequestContext& Connection::request_context() {
-  if (!state_.facts) {
-    // Once per connection: it outlives this activation.
-    auto facts = std::make_unique<ConnectionState::Facts>();
-    RequestContext& context = facts->context;
-    auto peer = stream_.peer_address();
-    if (state_.remote.empty()) state_.remote = detail::client_address_text(peer);
-    context.remote = state_.remote;
-    if (peer) {
-      facts->peer = *peer;
-      context.peer = &*facts->peer;
-    }
-    if (auto local = stream_.local_address()) {
-      facts->local = *local;
-      context.local = &*facts->local;
-    }
-    if (TlsStream* tls = stream_.tls()) {
-      context.tls = true;
-      context.server_name = tls->server_name();
-      context.alpn = tls->alpn();
-    }
-    state_.facts = std::move(facts);
-  }
-  state_.facts->context.started = coarse_now();
-  return state_.facts->context;
-}
+const RequestContext& Connection::request_context() { return state_.request_context(1); }
 
 void Connection::log_rejected(int status) {
   options_.access_log->record(AccessRecord{
@@ -771,17 +743,14 @@ Connection::Outcome Connection::serve() {
 
 }  // namespace
 
-detail::Http1Outcome detail::serve_http1(ConnectionState& state) {
+detail::Activation detail::serve_http1(ConnectionState& state) {
   Connection connection(state);
   Connection::Outcome outcome = connection.serve();
-  if (outcome == Connection::Outcome::kHttp2) {
-    connection.switch_to_http2();
-    return Http1Outcome::kClose;
-  }
+  if (outcome == Connection::Outcome::kHttp2) return connection.switch_to_http2();
   if (outcome == Connection::Outcome::kClose && connection.should_linger()) {
     state.stream.linger(Deadline::after(kLingerTime));
   }
-  return outcome == Connection::Outcome::kIdle ? Http1Outcome::kIdle : Http1Outcome::kClose;
+  return outcome == Connection::Outcome::kIdle ? Activation::kIdle : Activation::kClose;
 }
 
 }  // namespace spindle::http

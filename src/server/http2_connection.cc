@@ -38,6 +38,8 @@ namespace {
 using h2::ErrorCode;
 using HpackField = h2::hpack::Field;
 
+// A deadline passed already: a read with it takes what is there, without waiting.
+constexpr Deadline kNoWait = Deadline::at(Clock::time_point::min());
 // A streamed response body waits for the writer beyond this many buffered bytes.
 constexpr std::size_t kStreamedHighWater = 64 * 1024;
 // A budget of events: `burst` at once, refilled at `rate` per second.
@@ -75,17 +77,25 @@ class H2Stream;
 
 class Http2Connection final : public ContextSource, private h2::SessionHandler {
  public:
-  Http2Connection(Stream& stream, HttpServer::Shared& shared, WorkerState& worker);
+  explicit Http2Connection(ConnectionState& state);
   ~Http2Connection() override;
 
-  /// Serves the connection until it ends (never throws past the point where fibers point at
-  /// it: they are all gone when it returns or throws).
-  void run(std::string_view preread, const Http2Upgrade* upgrade);
+  /// One activation: serves the connection until it ends, or until it is idle (no stream,
+  /// nothing to read or write): then the writer ends, the buffers go, and the connection
+  /// waits in the reactor with its session alone (kIdle). Never throws past the point where
+  /// fibers point at it: they are all gone when it returns or throws. `preread` and `upgrade`
+  /// on the first activation only.
+  Activation run(std::string_view preread, const Http2Upgrade* upgrade);
   /// Draining: the client is told the connection ends (a GOAWAY that refuses nothing yet,
   /// and a PING); once the PING comes back, every stream it opened before it knew has
   /// arrived, and the final GOAWAY names the last one. The connection ends once its streams
-  /// are done. `at_once`: the final GOAWAY now (an idle connection's timeout).
+  /// are done. `at_once`: the final GOAWAY now (an idle connection's timeout). An idle
+  /// connection runs again to do it.
   void shut_down(bool at_once = false);
+  /// No fiber for what the connection needs: GOAWAY (nothing the client sent since the last
+  /// stream begun was processed), written by the caller itself, within the write timeout
+  /// (outside a fiber: without waiting).
+  void refuse();
 
   // Used by the streams.
   h2::ServerSession& session() { return session_; }
@@ -156,19 +166,37 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   void frame_bodies();
   /// Frames up to `budget` bytes of one stream's body; true when the stream has sent all.
   bool frame_body(H2Stream& s, std::size_t budget);
-  /// Writes the session's output, turn after turn, until the connection ends.
+  /// Writes the session's output, turn after turn, until the connection ends (or parks).
   void write_loop();
   /// Ends the reader (a stop request wakes it from its read).
   void stop_reader();
+  /// The reactor's callback while the reader waits for bytes.
+  static void on_bytes(IoSlot& slot) {
+    static_cast<Http2Connection*>(slot.owner)->reader_wake_.set();
+  }
+  /// No stream is open any more, or no handler runs: the reader looks again whether the
+  /// connection is idle.
+  void nudge_reader() {
+    if (open_.empty() && reader_ != nullptr) reader_wake_.set();
+  }
   /// The reader's loop: socket -> session (the h2c upgrade's stream 1 and `preread` first).
-  void read_loop(std::string_view preread, const Http2Upgrade* upgrade);
-  /// After the reader: closes the streams for their handlers, waits for them and the writer.
+  /// True if it stopped because the connection is idle (may_park).
+  bool read_loop(std::string_view preread, const Http2Upgrade* upgrade);
+  /// Nothing runs for the connection and nothing is left to read: no stream open, no handler
+  /// running, no shutdown under way.
+  bool may_park();
+  /// Ends the writer once it has written everything, and gives back the buffers: the
+  /// connection keeps its session (SETTINGS, HPACK tables) alone. False if the writer failed.
+  bool park(JoinHandle<void>& writer);
+  /// After the reader: closes the streams for their handlers, waits for them and the writer
+  /// (unless it has been joined).
   void finish(JoinHandle<void>& writer) noexcept;
   /// A handler is done (its fiber ends): drops what it left unread, uncounts it.
   void end_handler(H2Stream& s) noexcept;
   /// Closes gently: half-close, then drop what the client still sends, briefly.
   void linger();
 
+  ConnectionState& state_;
   Stream& stream_;
   HttpServer::Shared& shared_;
   WorkerState& worker_;
@@ -192,9 +220,14 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   /// Handler fibers still running.
   WaitGroup handlers_;
   Event writer_wake_;
+  /// Wakes the reader waiting for bytes: they came (on_bytes), or a stream ended and the
+  /// connection may be idle (nudge_reader).
+  Event reader_wake_;
   bool writer_failed_ = false;
   /// Set when the reader is done: the writer sends what is left and ends.
   bool stopping_ = false;
+  /// Set when the connection parks: the writer sends what is left and ends.
+  bool parking_ = false;
   /// Set once our final GOAWAY went out (draining, idle, or a reset budget spent): the reader
   /// ends when no stream is open.
   bool goaway_sent_ = false;
@@ -209,11 +242,8 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   std::uint32_t goaway_last_id_ = std::numeric_limits<std::uint32_t>::max();
   /// Resets of streams whose handler runs (Http2Limits::running_reset_burst and _per_second).
   TokenBucket costly_resets_;
+  /// The reader's fiber while an activation runs.
   Fiber* reader_ = nullptr;
-  std::string remote_;
-  /// See request_context(); `local_` is what context_.local points to.
-  RequestContext context_;
-  std::optional<Address> peer_, local_;
 };
 
 namespace {
@@ -537,13 +567,14 @@ h2::SessionLimits session_limits(const ServerOptions& options) {
 
 }  // namespace
 
-Http2Connection::Http2Connection(Stream& stream, HttpServer::Shared& shared, WorkerState& worker)
-    : stream_(stream),
-      shared_(shared),
-      worker_(worker),
-      session_(session_limits(shared.options), *this),
-      costly_resets_(static_cast<double>(shared.options.http2_limits.running_reset_burst),
-                     static_cast<double>(shared.options.http2_limits.running_resets_per_second)) {
+Http2Connection::Http2Connection(ConnectionState& state)
+    : state_(state),
+      stream_(state.stream),
+      shared_(*state.shared),
+      worker_(*state.worker),
+      session_(session_limits(shared_.options), *this),
+      costly_resets_(static_cast<double>(shared_.options.http2_limits.running_reset_burst),
+                     static_cast<double>(shared_.options.http2_limits.running_resets_per_second)) {
   worker_.http2.push_back(this);
 }
 
@@ -580,34 +611,14 @@ void Http2Connection::forget(H2Stream& s) {
   }
   open_.pop_back();  // the last reference unless the handler still runs
   if ((goaway_sent_ || session_.closing()) && open_.empty()) stop_reader();
+  nudge_reader();
 }
 
 void Http2Connection::forget_if_done(H2Stream& s) {
   if (s.handler_done && (s.output_done || s.closed)) forget(s);
 }
 
-const RequestContext& Http2Connection::request_context() {
-  if (context_.remote == "-") {
-    if (remote_.empty()) remote_ = client_address_text(stream_.peer_address());
-    context_.remote = remote_;
-    context_.major_version = 2;
-    if (auto peer = stream_.peer_address()) {
-      peer_ = *peer;
-      context_.peer = &*peer_;
-    }
-    if (auto local = stream_.local_address()) {
-      local_ = *local;
-      context_.local = &*local_;
-    }
-    if (TlsStream* tls = stream_.tls()) {
-      context_.tls = true;
-      context_.server_name = tls->server_name();
-      context_.alpn = tls->alpn();
-    }
-  }
-  context_.started = coarse_now();
-  return context_;
-}
+const RequestContext& Http2Connection::request_context() { return state_.request_context(2); }
 
 void Http2Connection::start_handler(H2Stream& s) {
   s.head.method = s.method;
@@ -751,6 +762,7 @@ void Http2Connection::end_handler(H2Stream& s) noexcept {
   forget_if_done(s);
   wake_writer();
   handlers_.done();
+  nudge_reader();
 }
 
 void Http2Connection::reset_stream(H2Stream& s, ErrorCode code) {
@@ -874,9 +886,8 @@ void Http2Connection::stream_response(H2Stream& s, const BodyProducer& producer,
 
 void Http2Connection::log_access(H2Stream& s, const Response& response, Clock::time_point started,
                                  std::span<const std::pair<std::string, std::string>> attributes) {
-  if (remote_.empty()) remote_ = client_address_text(stream_.peer_address());
   shared_.options.access_log->record(
-      access_record(s.head, response, remote_, 2, started, attributes));
+      access_record(s.head, response, state_.remote_text(), 2, started, attributes));
 }
 
 // ---- the writer -------------------------------------------------------------------------
@@ -954,8 +965,9 @@ void Http2Connection::write_loop() {
       stop_reader();
       break;
     }
-    // The reader is done: what could be sent is sent (no WINDOW_UPDATE can come any more).
-    if (stopping_ || this_fiber::stop_requested()) break;
+    // The reader is done, or the connection parks: what could be sent is sent (no
+    // WINDOW_UPDATE can come any more).
+    if (stopping_ || parking_ || this_fiber::stop_requested()) break;
     if (notice_sent_ && !goaway_sent_) {
       // A client that does not answer the shutdown PING in time gets the final GOAWAY anyway.
       writer_wake_.reset();
@@ -968,6 +980,13 @@ void Http2Connection::write_loop() {
   }
   if (writer_failed_) stop_reader();
 }
+
+void Http2Connection::refuse() {
+  session_.goaway(ErrorCode::kInternalError, "no fiber could start");
+  (void)stream_.write_all(session_.take_output(), Deadline::after(shared_.options.write_timeout));
+}
+
+void refuse_http2(ConnectionState& state) { state.http2->refuse(); }
 
 void Http2Connection::stop_reader() {
   if (reader_ != nullptr) reader_->request_stop();
@@ -982,6 +1001,10 @@ void Http2Connection::note_costly_reset() {
 }
 
 void Http2Connection::shut_down(bool at_once) {
+  if (reader_ == nullptr) {
+    wake_idle(state_);  // idle: its next activation sees the server draining
+    return;
+  }
   if (goaway_sent_) return;
   if (!at_once) {
     if (notice_sent_) return;  // the final GOAWAY comes with the PING's answer
@@ -1001,21 +1024,62 @@ void Http2Connection::shut_down(bool at_once) {
 
 // ---- the reader -------------------------------------------------------------------------
 
-void Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade) {
+Activation Http2Connection::run(std::string_view preread, const Http2Upgrade* upgrade) {
   reader_ = current_fiber();
   auto writer = spawn([this] { write_loop(); });
   // Whatever happens below, the writer and the handlers point at this connection: they end
-  // before it does.
+  // before it closes (or parks).
   struct Finish {
     Http2Connection& connection;
     JoinHandle<void>& writer;
-    ~Finish() { connection.finish(writer); }
+    bool parked = false;
+    ~Finish() {
+      if (!parked) connection.finish(writer);
+    }
   } finish{*this, writer};
-  if (writer.finished()) return;  // no fiber for the writer (no stack): nothing can be sent
-  read_loop(preread, upgrade);
+  if (writer.finished()) {  // no fiber for the writer (no stack): the worker logged why
+    refuse();
+    return Activation::kClose;
+  }
+  if (state_.idle_expired) shut_down(true);  // idle too long: GOAWAY, then close
+  if (!read_loop(preread, upgrade)) return Activation::kClose;
+  finish.parked = park(writer);
+  return finish.parked ? Activation::kIdle : Activation::kClose;
 }
 
-void Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* upgrade) {
+bool Http2Connection::may_park() {
+  return open_.empty() && due_.empty() && !notice_sent_ && !goaway_sent_ && !session_.closing() &&
+         handlers_.count() == 0 && stream_.drained();
+}
+
+bool Http2Connection::park(JoinHandle<void>& writer) {
+  parking_ = true;
+  wake_writer();
+  try {
+    writer.join();
+  } catch (...) {
+    writer_failed_ = true;  // (it cannot throw: write_loop catches nothing and throws nothing)
+  }
+  parking_ = false;
+  if (writer_failed_ || session_.failed()) return false;
+  reader_ = nullptr;
+  writer_wake_.reset();
+  // What an activation grows, the next one grows again: an idle connection holds its
+  // session's state alone.
+  session_.trim();
+  open_ = {};
+  sending_ = {};
+  due_ = {};
+  fields_ = {};
+  names_ = {};
+  out_ = {};
+  file_chunk_ = {};
+  next_sender_ = 0;
+  last_found_ = nullptr;
+  return true;
+}
+
+bool Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* upgrade) {
   bool ok = true;
   if (upgrade != nullptr) {
     // Stream 1 is the HTTP/1.1 request that asked for h2c; it is answered over HTTP/2.
@@ -1037,35 +1101,46 @@ void Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
   // The read buffer is the worker's (16 KiB), held only while the connection is busy: idle (no
   // stream open, nothing left to read), it goes back to the pool while the connection waits.
   BufferPool::Buffer buffer;
-  auto read_some = [&](Deadline deadline) -> Result<std::size_t> {
-    if (open_.empty() && stream_.drained()) {
-      buffer = {};
-      if (auto ready = stream_.wait_readable(deadline); !ready) return fail(ready.error());
-    }
-    if (buffer.data() == nullptr) buffer = take_buffer();
-    return stream_.read(buffer.span(), deadline);
-  };
   while (ok && !writer_failed_) {
+    reader_wake_.reset();  // what happens from here on is seen below, or wakes the wait
     wake_writer();
     if (shared_.draining.load(std::memory_order_acquire)) shut_down();
     if ((goaway_sent_ || session_.closing()) && open_.empty()) break;
-    // Idle (no stream open): the keep-alive timeout applies, then GOAWAY. (Not while a
-    // shutdown notice waits for its PING: the writer ends that wait.)
-    Deadline deadline = open_.empty() && !notice_sent_
-                            ? Deadline::after(shared_.options.keepalive_timeout)
-                            : Deadline::never();
-    auto n = read_some(deadline);
-    if (!n) {
-      // Idle too long: GOAWAY (which, with no stream open, also stops the reader).
-      if (n.error() == std::errc::timed_out && open_.empty()) shut_down(true);
-      break;  // stopped (canceled), timed out idle, or the connection failed
+    if (may_park()) return true;
+    if (stream_.drained()) {
+      // Nothing to read now: wait for bytes, or for the last stream to end (the connection
+      // may be idle then). Idle, the keep-alive timeout applies, then GOAWAY (not while a
+      // shutdown notice waits for its PING: the writer ends that wait).
+      const bool idle = open_.empty();
+      if (idle) buffer = {};
+      Deadline deadline = idle && !notice_sent_ ? Deadline::after(shared_.options.keepalive_timeout)
+                                                : Deadline::never();
+      stream_.on_readable(&Http2Connection::on_bytes, this);
+      auto waited = reader_wake_.wait(deadline);
+      stream_.cancel_on_readable();
+      if (waited) {
+        // Idle too long: GOAWAY (which, with no stream open, also stops the reader).
+        if (waited == std::errc::timed_out && open_.empty()) shut_down(true);
+        break;  // stopped (cancelled), or timed out idle
+      }
+      if (stream_.drained()) continue;  // woken by a stream's end, not by bytes
     }
-    if (*n == 0) break;
+    if (buffer.data() == nullptr) buffer = take_buffer();
+    // Bytes are there (or the reactor said so): a read that finds none instead notes the
+    // stream drained and comes back here to wait as above. (TLS may need to wait for the
+    // socket to take its own bytes first: then the read waits, as long as it must.)
+    auto n = stream_.read(buffer.span(), kNoWait);
+    if (!n && n.error() == std::errc::timed_out) {
+      if (stream_.drained()) continue;
+      n = stream_.read(buffer.span(), Deadline::never());
+    }
+    if (!n || *n == 0) break;  // the connection failed, was stopped, or the client closed it
     ok = session_.receive(bytes_of({buffer.data(), *n}));
     start_due_handlers();
   }
   due_.clear();  // a read that failed: what it opened never starts
   wake_writer();
+  return false;
 }
 
 void Http2Connection::finish(JoinHandle<void>& writer) noexcept {
@@ -1082,7 +1157,7 @@ void Http2Connection::finish(JoinHandle<void>& writer) noexcept {
   (void)handlers_.wait(Deadline::never(), kNotCancellable);
   wake_writer();
   try {
-    writer.join();
+    if (writer.joinable()) writer.join();
   } catch (...) {
     writer_failed_ = true;  // it never started
   }
@@ -1101,11 +1176,13 @@ void Http2Connection::linger() {
   }
 }
 
-void serve_http2(Stream& stream, HttpServer::Shared& shared, WorkerState& worker,
-                 std::string_view preread, const Http2Upgrade* upgrade) {
-  Http2Connection connection(stream, shared, worker);
-  connection.run(preread, upgrade);
+Activation serve_http2(ConnectionState& state, std::string_view preread,
+                       const Http2Upgrade* upgrade) {
+  if (!state.http2) state.http2.reset(new Http2Connection(state));
+  return state.http2->run(preread, upgrade);
 }
+
+void Http2Deleter::operator()(Http2Connection* connection) const noexcept { delete connection; }
 
 void shut_down_http2(WorkerState& worker) {
   for (Http2Connection* c : std::vector<Http2Connection*>(worker.http2)) c->shut_down();

@@ -32,7 +32,7 @@ void unlink_idle(ConnectionState* state) {
   state->idle = false;
 }
 
-void run_connection(ConnectionPtr state);
+void run_connection(ConnectionPtr state, bool h2 = false);
 void run_ready_connections(const std::shared_ptr<HttpServer::Shared>& shared, WorkerState& worker);
 void refuse_ready_connections(WorkerState& worker);
 
@@ -53,10 +53,9 @@ bool spawn_runner(const std::shared_ptr<HttpServer::Shared>& shared, WorkerState
   return false;
 }
 
-// The reactor saw bytes (or a hang-up) on an idle connection: it joins the worker's ready
-// list, which a fiber serves (one is started if none is on its way).
-void on_idle_readable(IoSlot& slot) {
-  auto* state = static_cast<ConnectionState*>(slot.owner);
+// An idle connection joins the worker's ready list, which a fiber serves (one is started if
+// none is on its way).
+void make_ready(ConnectionState* state) {
   unlink_idle(state);
   WorkerState& worker = *state->worker;
   if (worker.ready_tail) {
@@ -71,7 +70,11 @@ void on_idle_readable(IoSlot& slot) {
   Worker::current()->post([shared = state->shared, &worker] { refuse_ready_connections(worker); });
 }
 
-// Answers every connection on the ready list 503 (best effort, without waiting) and closes it.
+// The reactor saw bytes (or a hang-up) on an idle connection.
+void on_idle_readable(IoSlot& slot) { make_ready(static_cast<ConnectionState*>(slot.owner)); }
+
+// Answers every connection on the ready list 503 (HTTP/2: GOAWAY), best effort, without
+// waiting, and closes it.
 void refuse_ready_connections(WorkerState& worker) {
   std::size_t refused = 0;
   while (ConnectionPtr state{worker.ready_head}) {
@@ -85,12 +88,17 @@ void refuse_ready_connections(WorkerState& worker) {
       auto n = state->stream.read(sink, Deadline::never());
       if (!n || *n == 0) break;
     }
-    (void)state->stream.write_all(kOverloaded, Deadline::never());
+    if (state->http2) {
+      detail::refuse_http2(*state);
+    } else {
+      (void)state->stream.write_all(kOverloaded, Deadline::never());
+    }
     ++refused;
   }
   if (refused > 0) {
-    log_warn("worker {}: {} keep-alive connection(s) answered 503: no fiber could start",
-             Worker::current()->index(), refused);
+    log_warn(
+        "worker {}: {} idle connection(s) refused (503, or GOAWAY on HTTP/2): no fiber could start",
+        Worker::current()->index(), refused);
   }
 }
 
@@ -111,7 +119,8 @@ void run_ready_connections(const std::shared_ptr<HttpServer::Shared>& shared, Wo
 }
 
 // The keep-alive timer fired: closes the connection if it has been idle for the whole
-// timeout; otherwise (it was busy meanwhile) the timer goes back for the rest of the time.
+// timeout; otherwise (it was busy meanwhile) the timer goes back for the rest of the time. An
+// HTTP/2 connection runs once more, to say GOAWAY.
 void on_idle_timeout(Timer& timer) {
   auto* state = static_cast<ConnectionState*>(timer.owner);
   auto timeout = state->shared->options.keepalive_timeout;
@@ -122,6 +131,11 @@ void on_idle_timeout(Timer& timer) {
     return;
   }
   state->stream.cancel_on_readable();
+  if (state->http2) {
+    state->idle_expired = true;
+    make_ready(state);
+    return;
+  }
   unlink_idle(state);
   ConnectionPtr closing(state);
 }
@@ -145,28 +159,33 @@ void go_idle(ConnectionPtr owned) {
   state->stream.on_readable(&on_idle_readable, state);
 }
 
-// One activation, on the calling fiber. Whatever the driver throws ends this connection only:
-// `state` closes it on the way out.
-void run_connection(ConnectionPtr state) {
-  detail::Http1Outcome outcome = detail::Http1Outcome::kClose;
+// One activation, on the calling fiber (`h2`: a new connection whose TLS handshake chose
+// HTTP/2). Whatever the driver throws ends this connection only: `state` closes it on the way
+// out.
+void run_connection(ConnectionPtr state, bool h2) {
+  auto outcome = detail::Activation::kClose;
   try {
-    outcome = detail::serve_http1(*state);
+    outcome = h2 || state->http2 ? detail::serve_http2(*state) : detail::serve_http1(*state);
   } catch (const std::exception& e) {
-    log_error("connection from {} failed: {}",
-              detail::client_address_text(state->stream.peer_address()), e.what());
+    log_error("connection from {} failed: {}", state->remote_text(), e.what());
   } catch (...) {
-    log_error("connection from {} failed: an exception of unknown type",
-              detail::client_address_text(state->stream.peer_address()));
+    log_error("connection from {} failed: an exception of unknown type", state->remote_text());
   }
-  if (outcome == detail::Http1Outcome::kIdle) go_idle(std::move(state));
+  if (outcome == detail::Activation::kIdle) go_idle(std::move(state));
 }
 
-// Closes every idle connection of the calling worker (draining).
+// Closes every idle HTTP/1 connection of the calling worker (draining). The HTTP/2 ones run
+// again to say GOAWAY (shut_down_http2).
 void close_idle_connections(WorkerState& worker) {
-  while (ConnectionState* state = worker.idle_head) {
-    state->stream.cancel_on_readable();
-    unlink_idle(state);
-    ConnectionPtr closing(state);
+  ConnectionState* state = worker.idle_head;
+  while (state != nullptr) {
+    ConnectionState* next = state->next_idle;
+    if (!state->http2) {
+      state->stream.cancel_on_readable();
+      unlink_idle(state);
+      ConnectionPtr closing(state);
+    }
+    state = next;
   }
 }
 
@@ -180,6 +199,7 @@ detail::ConnectionState::ConnectionState(Stream s, std::shared_ptr<HttpServer::S
 }
 
 detail::ConnectionState::~ConnectionState() {
+  http2.reset();  // before the socket it writes to
   Worker::current()->timers().erase(&idle_timer);
   // TLS ends with close_notify: a client whose connection just stops takes it for a truncation
   // and forgets the session, so its next connection would pay for a full handshake.
@@ -187,6 +207,43 @@ detail::ConnectionState::~ConnectionState() {
   --worker->open;
   Worker::current()->note_released(sizeof(ConnectionState));
   shared->active.done();  // the socket closes right after, with the members
+}
+
+void detail::wake_idle(ConnectionState& state) {
+  if (!state.idle) return;  // running, or on the ready list already
+  state.stream.cancel_on_readable();
+  make_ready(&state);
+}
+
+const std::string& detail::ConnectionState::remote_text() {
+  if (remote.empty()) remote = client_address_text(stream.peer_address());
+  return remote;
+}
+
+const RequestContext& detail::ConnectionState::request_context(int major_version) {
+  if (!facts) {
+    // Once per connection: it outlives this activation.
+    auto made = std::make_unique<Facts>();
+    RequestContext& context = made->context;
+    context.remote = remote_text();
+    if (auto peer = stream.peer_address()) {
+      made->peer = *peer;
+      context.peer = &*made->peer;
+    }
+    if (auto local = stream.local_address()) {
+      made->local = *local;
+      context.local = &*made->local;
+    }
+    if (TlsStream* tls = stream.tls()) {
+      context.tls = true;
+      context.server_name = tls->server_name();
+      context.alpn = tls->alpn();
+    }
+    facts = std::move(made);
+  }
+  facts->context.major_version = major_version;
+  facts->context.started = coarse_now();
+  return facts->context;
 }
 
 namespace {
@@ -255,13 +312,7 @@ void serve_accepted(const std::shared_ptr<HttpServer::Shared>& shared, TcpStream
     stream = Stream(std::move(tcp));
   }
   auto state = std::make_unique<ConnectionState>(std::move(stream), shared, worker);
-  if (!h2) return run_connection(std::move(state));
-  try {
-    detail::serve_http2(state->stream, *shared, worker, {}, nullptr);
-  } catch (...) {
-    log_error("HTTP/2 connection from {} failed",
-              detail::client_address_text(state->stream.peer_address()));
-  }
+  run_connection(std::move(state), h2);
 }
 
 // Tells the connections of `shared` to end: HTTP/1 ones answer their next (or current)

@@ -40,6 +40,10 @@ struct alignas(64) DateCache {
 
 struct ConnectionState;
 class Http2Connection;
+/// Deletes an HTTP/2 connection (defined with it: ConnectionState sees only its name).
+struct Http2Deleter {
+  void operator()(Http2Connection* connection) const noexcept;
+};
 
 /// A worker's HTTP/1 connection buffers kept for reuse: read buffers (max_head + 4 KiB) and
 /// response buffers with their capacity. The worker trims them with its own pools
@@ -134,6 +138,12 @@ struct ConnectionState {
     std::optional<Address> peer, local;
   };
   std::unique_ptr<Facts> facts;
+  /// An HTTP/2 connection's own state (its session and HPACK tables), from the switch to
+  /// HTTP/2 to the close: kept here while the connection is idle, without a fiber.
+  std::unique_ptr<Http2Connection, Http2Deleter> http2;
+  /// The keep-alive timer fired on an idle HTTP/2 connection: its last activation says
+  /// GOAWAY.
+  bool idle_expired = false;
   /// The keep-alive timer. It stays queued across requests (re-queued only when it fires
   /// early), so a request costs no timer-heap work.
   Timer idle_timer;
@@ -143,26 +153,41 @@ struct ConnectionState {
   /// Links in the worker's idle list (or its ready list: next_idle only).
   ConnectionState* prev_idle = nullptr;
   ConnectionState* next_idle = nullptr;
+
+  /// The client's address for the access log (looked up on first use).
+  const std::string& remote_text();
+  /// The request context of a request on this connection (HTTP `major_version`): the facts
+  /// (once per connection) and the time now.
+  const RequestContext& request_context(int major_version);
 };
 
 /// Owns a connection while a fiber serves it.
 using ConnectionPtr = std::unique_ptr<ConnectionState>;
 
-/// How one HTTP/1 activation of a connection ended.
-enum class Http1Outcome {
+/// How one activation of a connection ended.
+enum class Activation {
   kClose,  ///< the connection is done (it lingered first if the client may still be sending)
-  kIdle,   ///< nothing to do: it waits in the reactor for its next request
+  kIdle,   ///< nothing to do: it waits in the reactor for its next request (or frame)
 };
 
 /// Serves an HTTP/1 connection (switching to HTTP/2 if it asks) on the calling fiber until it
 /// closes or goes idle. May throw (the caller's ConnectionPtr then closes the connection).
-Http1Outcome serve_http1(ConnectionState& state);
+Activation serve_http1(ConnectionState& state);
 
-/// Serves one HTTP/2 connection on `stream` until it ends, on the calling fiber. `preread`:
-/// bytes already received (from the client preface on); `upgrade`: the h2c upgrade request,
-/// or nullptr.
-void serve_http2(Stream& stream, HttpServer::Shared& shared, WorkerState& worker,
-                 std::string_view preread, const Http2Upgrade* upgrade);
+/// Serves the connection as HTTP/2 on the calling fiber until it closes or goes idle (its
+/// HTTP/2 state, made by the first activation, stays in `state.http2`). `preread`: bytes
+/// already received (from the client preface on); `upgrade`: the h2c upgrade request, or
+/// nullptr (both for the first activation only).
+Activation serve_http2(ConnectionState& state, std::string_view preread = {},
+                       const Http2Upgrade* upgrade = nullptr);
+
+/// No fiber can serve an HTTP/2 connection that woke: GOAWAY, written without waiting (what
+/// the client sent since it went idle was not processed: it may send it again elsewhere).
+void refuse_http2(ConnectionState& state);
+
+/// An idle connection is to run again (its keep-alive time is over, or the server drains):
+/// it leaves the idle list for the ready list, as if the client had sent something.
+void wake_idle(ConnectionState& state);
 
 /// Sends GOAWAY on every HTTP/2 connection of `worker` (draining); each ends once its
 /// streams are done.

@@ -121,6 +121,10 @@ class FrameReader {
   }
   /// Bytes of an incomplete frame held.
   std::size_t pending() const { return partial_.size(); }
+  /// Gives its buffer's memory back if it holds nothing.
+  void trim() {
+    if (partial_.empty()) partial_ = {};
+  }
 
  private:
   std::optional<FrameError> feed_with(std::span<const std::uint8_t> bytes, void* sink,

@@ -129,6 +129,8 @@ class DynamicTable {
   void set_max_size(std::size_t max_size);
   /// Evicts every entry.
   void clear() { evict_to(0); }
+  /// Gives back the storage kept for the next entry (the entries stay).
+  void trim() { spare_ = {}; }
   std::size_t size() const { return size_; }
   std::size_t max_size() const { return max_size_; }
   std::size_t count() const { return count_; }
@@ -193,6 +195,12 @@ class Decoder {
 
   /// Our SETTINGS_HEADER_TABLE_SIZE changed (acknowledged by the peer).
   void set_max_table_size(std::size_t size) { max_table_size_ = size; }
+  /// Gives back the memory of the buffers kept between blocks (the table stays).
+  void trim() {
+    name_buffer_ = {};
+    value_buffer_ = {};
+    table_.trim();
+  }
   const DynamicTable& table() const { return table_; }
 
  private:
@@ -218,6 +226,8 @@ class Encoder {
   /// The peer's SETTINGS_HEADER_TABLE_SIZE: the next block starts with a size update.
   void set_peer_max_table_size(std::size_t size);
   const DynamicTable& table() const { return table_; }
+  /// See DynamicTable::trim.
+  void trim() { table_.trim(); }
 
  private:
   /// The index in table_ of `f` (its name `token`), and in `name_only` that of another value

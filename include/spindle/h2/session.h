@@ -106,6 +106,13 @@ class StreamTableOf {
     entries_.clear();
     head_ = 0;
   }
+  /// Gives its memory back if it is empty.
+  void trim() {
+    if (empty()) {
+      entries_ = {};
+      head_ = 0;
+    }
+  }
   std::size_t size() const { return entries_.size() - head_; }
   bool empty() const { return size() == 0; }
   /// The highest id (the table is not empty).
@@ -169,6 +176,9 @@ class Session {
   /// two buffers take turns, and neither is allocated again.
   void take_output(std::string& into);
   std::size_t output_size() const { return out_.size(); }
+  /// Gives back the memory of the buffers that hold nothing now, as an idle connection does:
+  /// what remains is the connection's settings, windows and HPACK tables.
+  void trim();
 
   /// A header block on an open stream: a response head (or an interim one), or trailers with
   /// `end_stream`.

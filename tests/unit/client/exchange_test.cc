@@ -396,6 +396,11 @@ TEST(ExchangeErrors, AnHttp2StreamTheUpstreamRefusedReachedNothing) {
     ASSERT_TRUE(first.has_value());
     ASSERT_TRUE((*first)->read_head().has_value());
     EXPECT_EQ(body_of(**first), "hello");
+    // A slow stream keeps the upstream's connection busy (an idle one has no fiber: waking it
+    // would be the spawn that fails, answered by GOAWAY), so its only spawn is the handler's.
+    auto busy = pools.open(endpoint, head_for("GET", "/slow"), "u", {});
+    ASSERT_TRUE(busy.has_value());
+    (void)this_fiber::sleep_for(50ms);
     Worker::current()->stacks().fail_next_allocations(1);
     auto refused = pools.open(endpoint, head_for("GET", "/hello"), "u", {});
     ASSERT_TRUE(refused.has_value());
@@ -403,6 +408,30 @@ TEST(ExchangeErrors, AnHttp2StreamTheUpstreamRefusedReachedNothing) {
     Worker::current()->stacks().fail_next_allocations(0);
     ASSERT_FALSE(head.has_value());
     EXPECT_EQ(head.error(), ExchangeErrc::kRefusedStream);
+    EXPECT_TRUE(nothing_reached_upstream(head.error()));
+    auto slow = (*busy)->read_head();
+    ASSERT_TRUE(slow.has_value());
+    EXPECT_EQ((*slow)->status, 200);
+  });
+}
+
+TEST(ExchangeErrors, AnIdleHttp2UpstreamWithNoFiberToWakeItReachedNothing) {
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
+    Endpoint endpoint = endpoint_of(upstream.address(), WireProtocol::kH2c);
+    auto first = pools.open(endpoint, head_for("GET", "/hello"), "u", {});
+    ASSERT_TRUE(first.has_value());
+    ASSERT_TRUE((*first)->read_head().has_value());
+    EXPECT_EQ(body_of(**first), "hello");
+    (void)this_fiber::sleep_for(50ms);  // the upstream's connection is idle: parked
+    // Waking it needs a fiber, which cannot start: the upstream says GOAWAY naming the streams
+    // it processed, and the new one is known not to have reached it (a retry is safe).
+    Worker::current()->stacks().fail_next_allocations(1);
+    auto refused = pools.open(endpoint, head_for("GET", "/hello"), "u", {});
+    ASSERT_TRUE(refused.has_value());
+    auto head = (*refused)->read_head();
+    Worker::current()->stacks().fail_next_allocations(0);
+    ASSERT_FALSE(head.has_value());
+    EXPECT_EQ(head.error(), ExchangeErrc::kAboveGoaway);
     EXPECT_TRUE(nothing_reached_upstream(head.error()));
   });
 }
