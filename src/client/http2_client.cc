@@ -100,8 +100,6 @@ struct Http2Session::Impl final : h2::SessionHandler {
   /// Streams whose response was refused in the read being processed: reset after it.
   std::vector<std::uint32_t> refused;
   bool broken = false;
-  bool goaway = false;
-  std::uint32_t goaway_last_id = UINT32_MAX;
   /// Streams opened so far, and how many of them the writer has written.
   std::uint64_t opened = 0;
   std::uint64_t written = 0;
@@ -171,9 +169,7 @@ struct Http2Session::Impl final : h2::SessionHandler {
   void on_window(std::uint32_t /*id*/) override {
     if (!sending.empty()) writer_wake.set();
   }
-  void on_goaway(std::uint32_t last_stream, ErrorCode /*code*/) override {
-    goaway = true;
-    goaway_last_id = last_stream;
+  void on_goaway(std::uint32_t /*last_stream*/, ErrorCode /*code*/) override {
     release_waiters();  // no new stream on this connection: they go elsewhere
   }
 };
@@ -264,8 +260,8 @@ void Http2Session::Impl::on_reset(std::uint32_t id, ErrorCode code) {
     why = make_error_code(ExchangeErrc::kProtocolError);  // past the session's limit too
   } else if (code == ErrorCode::kRefusedStream) {
     // Nothing of it was processed: REFUSED_STREAM, or above the last stream of a GOAWAY.
-    why = make_error_code(id > goaway_last_id ? ExchangeErrc::kAboveGoaway
-                                              : ExchangeErrc::kRefusedStream);
+    why = make_error_code(id > session.goaway_last_stream() ? ExchangeErrc::kAboveGoaway
+                                                            : ExchangeErrc::kRefusedStream);
   } else if (!call->have_head) {
     why = make_error_code(headers_sent(*call) ? ExchangeErrc::kClosedBeforeResponse
                                               : ExchangeErrc::kClosedBeforeWrite);
@@ -451,7 +447,7 @@ Http2Session::Http2Session(Stream stream) : impl_(std::make_unique<Impl>()) {
 Http2Session::~Http2Session() = default;
 
 bool Http2Session::usable() const {
-  return !impl_->broken && !impl_->goaway && !impl_->session.closing();
+  return !impl_->broken && !impl_->session.spent();
 }
 
 void Http2Session::close() {
@@ -546,10 +542,7 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
   }
   bool has_body = head.chunked || head.content_length.value_or(0) > 0;
   std::uint32_t id = s.session.open(s.fields, !has_body, head.method == "HEAD");
-  if (id == 0) {
-    s.goaway = true;  // out of stream ids: no new streams on it
-    return fail(make_error_code(ExchangeErrc::kClosedBeforeWrite));
-  }
+  if (id == 0) return fail(make_error_code(ExchangeErrc::kClosedBeforeWrite));  // ids spent
   auto call = std::allocate_shared<Call>(BlockAllocator<Call>());
   call->id = id;
   call->seq = ++s.opened;

@@ -318,6 +318,11 @@ class ClientSession final : public Session {
                      bool head_request = false);
   /// The server allows extended CONNECT (RFC 8441's SETTINGS_ENABLE_CONNECT_PROTOCOL).
   bool connect_protocol() const { return peer_connect_protocol_; }
+  /// No stream will ever be opened again: a GOAWAY came or went, or the stream ids are spent.
+  bool spent() const { return closing_ || last_stream_ + 2 > kMaxWindow; }
+  /// The last stream of the server's GOAWAY (kMaxWindow while none came): the streams above
+  /// it were not processed.
+  std::uint32_t goaway_last_stream() const { return goaway_last_; }
 };
 
 }  // namespace spindle::h2
