@@ -148,6 +148,38 @@ def measure(kind, binaries, count, arrival, protocol, certs):
             http_compare.stop(proc)
 
 
+def chart(results, path, baseline=None):
+    """Bars of bytes per idle connection, by server and arrival (and, with `baseline`, a
+    JSON of an earlier run, spindle's bars of that run beside them)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = []
+    if baseline:
+        with open(baseline) as f:
+            rows += [dict(r, server="spindle (before)") for r in json.load(f)
+                     if r["server"] == "spindle"]
+    rows += results
+    servers = list(dict.fromkeys(r["server"] for r in rows))
+    arrivals = ("sequential", "burst")
+    by = {(r["server"], r["arrival"]): r["bytes_per_connection"] for r in rows}
+    fig, ax = plt.subplots(figsize=(9, 4))
+    width = 0.8 / len(servers)
+    for i, server in enumerate(servers):
+        values = [by.get((server, a), 0) / 1024 for a in arrivals]
+        bars = ax.bar([x + (i - (len(servers) - 1) / 2) * width for x in range(len(arrivals))],
+                      values, width, label=server)
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+    ax.set_xticks(range(len(arrivals)), arrivals)
+    ax.set_ylabel("KiB of RSS per idle connection (lower is better)")
+    protocol = rows[-1]["protocol"]
+    ax.set_title(f"Idle {'HTTP/2 (h2c)' if protocol == 'h2' else 'HTTP/1.1'} connections, "
+                 f"{rows[-1]['connections']} of them, one worker")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--bin", default=os.path.join(http_compare.ROOT, "build", "release", "bin"))
@@ -155,7 +187,15 @@ def main():
     p.add_argument("--connections", type=int, default=10000)
     p.add_argument("--protocol", choices=["h1", "h2"], default="h1",
                    help="h2: HTTP/2 by prior knowledge, against h2o too")
+    p.add_argument("--chart", help="draws the results as bars into this PNG")
+    p.add_argument("--before", help="with --chart: an earlier run's JSON, spindle's bars beside")
+    p.add_argument("--replot", action="store_true",
+                   help="draws --chart from --out's JSON without measuring")
     a = p.parse_args()
+    if a.replot:
+        with open(a.out) as f:
+            chart(json.load(f), a.chart, a.before)
+        return
     servers = ("spindle", "nginx") if a.protocol == "h1" else ("spindle", "nginx", "h2o")
     certs = None
     if a.protocol == "h2":
@@ -189,6 +229,8 @@ def main():
         shutil.rmtree(certs)
     with open(a.out, "w") as f:
         json.dump(results, f, indent=2)
+    if a.chart:
+        chart(results, a.chart, a.before)
 
 
 if __name__ == "__main__":
