@@ -40,6 +40,8 @@ using HpackField = h2::hpack::Field;
 
 // A deadline passed already: a read with it takes what is there, without waiting.
 constexpr Deadline kNoWait = Deadline::at(Clock::time_point::min());
+// How long an idle connection waits for its next frame before it parks (ends its fibers).
+constexpr auto kParkAfter = std::chrono::milliseconds(10);
 // A streamed response body waits for the writer beyond this many buffered bytes.
 constexpr std::size_t kStreamedHighWater = 64 * 1024;
 // A budget of events: `burst` at once, refilled at `rate` per second.
@@ -1106,18 +1108,27 @@ bool Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
     wake_writer();
     if (shared_.draining.load(std::memory_order_acquire)) shut_down();
     if ((goaway_sent_ || session_.closing()) && open_.empty()) break;
-    if (may_park()) return true;
     if (stream_.drained()) {
       // Nothing to read now: wait for bytes, or for the last stream to end (the connection
-      // may be idle then). Idle, the keep-alive timeout applies, then GOAWAY (not while a
-      // shutdown notice waits for its PING: the writer ends that wait).
+      // may be idle then). Idle with nothing running, it parks if nothing comes for a moment:
+      // under load the next request is on its way, and parking (the writer ends, the buffers
+      // go) then waking again costs more than the wait. Idle otherwise, the keep-alive timeout
+      // applies, then GOAWAY (not while a shutdown notice waits for its PING: the writer ends
+      // that wait).
       const bool idle = open_.empty();
+      const bool parkable = may_park();
       if (idle) buffer = {};
-      Deadline deadline = idle && !notice_sent_ ? Deadline::after(shared_.options.keepalive_timeout)
-                                                : Deadline::never();
+      Deadline deadline = parkable ? Deadline::after_coarse(kParkAfter)
+                          : idle && !notice_sent_
+                              ? Deadline::after(shared_.options.keepalive_timeout)
+                              : Deadline::never();
       stream_.on_readable(&Http2Connection::on_bytes, this);
       auto waited = reader_wake_.wait(deadline);
       stream_.cancel_on_readable();
+      if (waited == std::errc::timed_out && parkable) {
+        if (may_park()) return true;
+        continue;
+      }
       if (waited) {
         // Idle too long: GOAWAY (which, with no stream open, also stops the reader).
         if (waited == std::errc::timed_out && open_.empty()) shut_down(true);
