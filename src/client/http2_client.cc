@@ -446,9 +446,7 @@ Http2Session::Http2Session(Stream stream) : impl_(std::make_unique<Impl>()) {
 
 Http2Session::~Http2Session() = default;
 
-bool Http2Session::usable() const {
-  return !impl_->broken && !impl_->session.spent();
-}
+bool Http2Session::usable() const { return !impl_->broken && !impl_->session.spent(); }
 
 void Http2Session::close() {
   impl_->broken = true;
