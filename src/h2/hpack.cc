@@ -371,16 +371,63 @@ std::size_t Encoder::find(const Field& f, const http::Token* token, std::size_t&
   return whole_table ? table_.find(f.name, token, f.value, name_only) : 0;
 }
 
+bool Encoder::repeats_last(std::span<const Field> fields) const {
+  // (Each block either replaces the last one or forgets it: the table has not changed since,
+  // unless the peer's size setting did, which leaves an update pending.)
+  if (last_.bytes.empty() || update_pending_ || fields.size() != last_.fields.size()) {
+    return false;
+  }
+  const char* text = last_.text.data();
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    const Field& f = fields[i];
+    const LastBlock::Shape& was = last_.fields[i];
+    if (f.name.size() != was.name_size || f.value.size() != was.value_size ||
+        f.sensitive != was.sensitive) {
+      return false;
+    }
+    if ((f.token == nullptr || f.token != was.token) &&
+        std::memcmp(f.name.data(), text, f.name.size()) != 0) {
+      return false;
+    }
+    text += was.name_size;
+    if (std::memcmp(f.value.data(), text, f.value.size()) != 0) return false;
+    text += was.value_size;
+  }
+  return true;
+}
+
+void Encoder::remember(std::span<const Field> fields, std::string_view bytes) {
+  last_.fields.clear();
+  last_.text.clear();
+  for (const Field& f : fields) {
+    last_.fields.push_back({f.token, static_cast<std::uint32_t>(f.name.size()),
+                            static_cast<std::uint32_t>(f.value.size()), f.sensitive});
+    last_.text.append(f.name).append(f.value);
+  }
+  last_.bytes.assign(bytes);
+}
+
 void Encoder::encode(std::span<const Field> fields, std::string& out) {
+  if (repeats_last(fields)) {
+    out.append(last_.bytes);
+    return;
+  }
   // Written in place: room for the worst case first (each field's name and value as literals
   // with their lengths and its index), cut to what was written.
   std::size_t room = 2 * kMaxIntegerBytes;  // table size updates
   for (const Field& f : fields) room += 3 * kMaxIntegerBytes + f.name.size() + f.value.size();
   const std::size_t start = out.size();
+  const std::uint32_t added = table_.added();
+  const bool update = update_pending_;
   out.resize_and_overwrite(start + room, [&](char* data, std::size_t) {
     // (The end comes from what was written: g++ 12 may pass the grown capacity as size.)
     return static_cast<std::size_t>(encode_to(fields, data + start) - data);
   });
+  if (!update && table_.added() == added && !fields.empty()) {
+    remember(fields, std::string_view(out).substr(start));
+  } else {
+    last_.bytes.clear();
+  }
 }
 
 char* Encoder::encode_to(std::span<const Field> fields, char* p) {

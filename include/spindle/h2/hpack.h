@@ -226,10 +226,18 @@ class Encoder {
   /// The peer's SETTINGS_HEADER_TABLE_SIZE: the next block starts with a size update.
   void set_peer_max_table_size(std::size_t size);
   const DynamicTable& table() const { return table_; }
-  /// See DynamicTable::trim.
-  void trim() { table_.trim(); }
+  /// See DynamicTable::trim; the last block goes too.
+  void trim() {
+    table_.trim();
+    last_ = {};
+  }
 
  private:
+  /// True if `fields` are those of the last block, and what that block wrote is what they
+  /// write now: it left the table as it was, and the table is as it left it.
+  bool repeats_last(std::span<const Field> fields) const;
+  /// Keeps `fields` and `bytes` as the last block (one that changed nothing in the table).
+  void remember(std::span<const Field> fields, std::string_view bytes);
   /// The index in table_ of `f` (its name `token`), and in `name_only` that of another value
   /// of its name (0 if none). The newest entry of a known name is looked at first; the rest
   /// of the table only if `whole_table`.
@@ -246,6 +254,20 @@ class Encoder {
     std::uint32_t number = 0;  ///< DynamicTable::added() just after its entry was added
   };
   std::array<Recent, 16> recent_{};
+  /// The last block, when it changed nothing in the table (every field found there or in the
+  /// static table, none added): a server's responses repeat their fields (content-type,
+  /// server, date within its second), and the same fields then write the same bytes, which
+  /// are copied instead of looked up again. Empty (`bytes` empty) otherwise.
+  struct LastBlock {
+    struct Shape {
+      const http::Token* token;
+      std::uint32_t name_size, value_size;
+      bool sensitive;
+    };
+    std::vector<Shape> fields;
+    std::string text;   ///< the names and values, one after another
+    std::string bytes;  ///< what they wrote
+  } last_;
   std::size_t own_limit_;
   bool update_pending_ = false;
   std::size_t smallest_since_update_ = SIZE_MAX;

@@ -3,6 +3,7 @@
 // random field lists over many blocks (dynamic tables, evictions, size updates).
 #include "spindle/h2/hpack.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <random>
@@ -241,6 +242,80 @@ TEST(Hpack, ATableSizeTheyAskForIsSaidAtTheNextBlock) {
   auto fields = oracle.inflate(block);
   ASSERT_TRUE(fields.has_value());
   EXPECT_EQ(*fields, (FieldList{{"x-b", "2"}}));
+}
+
+// A block whose fields are the last block's, when that one changed nothing in the table, is
+// written again as it was (the encoder copies it); any change in between — an entry added by
+// another block, a table size update, a field marked sensitive, a value, a name — and it is
+// encoded again. nghttp2 decodes every block to its fields either way.
+TEST(Hpack, RepeatedBlocksAreWrittenAgainOnlyWhileTheTableIsAsTheyLeftIt) {
+  std::mt19937 random(20261126);
+  Encoder encoder;
+  OracleInflater inflater;
+  std::string date = "Thu, 26 Nov 2026 15:00:00 GMT";
+  std::string previous;
+  FieldList previous_fields;
+  bool previous_added_nothing = false;
+  bool previous_sensitive = false;
+  std::size_t repeated = 0;
+  for (int block = 0; block < 3000; ++block) {
+    FieldList fields = {{":status", "200"},
+                        {"content-type", "text/plain"},
+                        {"content-length", "13"},
+                        {"server", "spindle"},
+                        {"date", date}};
+    const unsigned roll = random() % 100;
+    if (roll < 5) date[24] = static_cast<char>('0' + random() % 10);  // a new second
+    if (roll >= 5 && roll < 10) fields.emplace_back("x-new", std::to_string(random()));
+    if (roll >= 10 && roll < 13) fields[2].second = std::to_string(random() % 100);
+    if (roll >= 13 && roll < 15) fields.emplace_back("Server", "spindle");  // another name
+    if (roll == 15) encoder.set_peer_max_table_size(random() % 2 == 0 ? 4096 : 200);
+    std::vector<Field> ours;
+    for (const auto& [n, v] : fields) ours.push_back({n, v});
+    if (roll >= 16 && roll < 18) ours[3].sensitive = true;
+    const std::uint32_t added_before = encoder.table().added();
+    std::string out;
+    encoder.encode(ours, out);
+    auto back = inflater.inflate(out);
+    ASSERT_TRUE(back.has_value()) << block;
+    ASSERT_EQ(*back, fields) << block;
+    // The same fields right after a block that added nothing, with no update since: the same
+    // bytes. (Whether the copy or a new encoding wrote them, they must be these.)
+    if (fields == previous_fields && roll != 15 && !(roll >= 16 && roll < 18) &&
+        previous_added_nothing && !previous_sensitive) {
+      EXPECT_EQ(out, previous) << block;
+      ++repeated;
+    }
+    // A size the peer set is said at the start of the next block, repeat or not.
+    if (roll == 15) EXPECT_EQ(static_cast<unsigned char>(out[0]) & 0xe0, 0x20) << block;
+    // A field now sensitive is written as a literal never indexed, not as the last block was.
+    if (roll >= 16 && roll < 18 && fields == previous_fields) EXPECT_NE(out, previous) << block;
+    previous = out;
+    previous_fields = fields;
+    previous_added_nothing = encoder.table().added() == added_before && roll != 15;
+    previous_sensitive = roll >= 16 && roll < 18;
+  }
+  EXPECT_GT(repeated, 500u);
+
+  // A full table: an entry added by a block in between evicts one of the same size, so the
+  // table holds as many entries as before, all at new places. The repeat is encoded again.
+  Encoder full;
+  OracleInflater peer;
+  auto send = [&](const FieldList& fields) {
+    std::vector<Field> ours;
+    for (const auto& [n, v] : fields) ours.push_back({n, v});
+    std::string out;
+    full.encode(ours, out);
+    auto back = peer.inflate(out);
+    EXPECT_TRUE(back.has_value() && *back == fields);
+  };
+  for (int i = 0; i < 100; ++i) send({{"x-fill", fmt::format("{:04}", i)}});
+  const FieldList response = {{"x-fill", "0098"}, {"x-fill", "0099"}};
+  send(response);  // both in the table: nothing added, remembered
+  const std::size_t count = full.table().count();
+  send({{"x-fill", "0100"}});
+  EXPECT_EQ(full.table().count(), count);
+  send(response);
 }
 
 TEST(Hpack, BothDirectionsAgreeWithNghttp2OnRandomConnections) {
