@@ -349,16 +349,17 @@ void Encoder::set_peer_max_table_size(std::size_t size) {
 }
 
 namespace {
-std::size_t recent_slot(const http::Token* token) {
-  return static_cast<std::size_t>(token - http::detail::kTokens) % 16;
+std::uint32_t token_number(const http::Token* token) {
+  return static_cast<std::uint32_t>(token - http::detail::kTokens) + 1;
 }
+std::size_t recent_slot(const http::Token* token) { return token_number(token) % 16; }
 }  // namespace
 
 std::size_t Encoder::find(const Field& f, const http::Token* token, std::size_t& name_only,
                           bool whole_table) const {
   if (token != nullptr) {
     const Recent& recent = recent_[recent_slot(token)];
-    if (recent.token == token) {
+    if (recent.token == token_number(token)) {
       if (std::size_t index = table_.index_of_added(recent.number); index != 0) {
         const DynamicTable::Entry* entry = table_.get(index);
         if (entry->token == token) {
@@ -490,7 +491,7 @@ char* Encoder::encode_to(std::span<const Field> fields, char* p) {
     p = put_string(p, f.value);
     if (indexing) {
       table_.add(f.name, f.value, token);
-      if (token != nullptr) recent_[recent_slot(token)] = {token, table_.added()};
+      if (token != nullptr) recent_[recent_slot(token)] = {token_number(token), table_.added()};
     }
   }
   return p;

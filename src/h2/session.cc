@@ -231,18 +231,22 @@ void Session::stream_error(std::uint32_t id, ErrorCode code) {
 
 void Session::close_stream(std::uint32_t id) {
   if (!streams_.erase(id)) return;
-  recently_closed_[recently_closed_next_] = id;
-  recently_closed_next_ = (recently_closed_next_ + 1) % recently_closed_.size();
+  if (recently_closed_ == nullptr)
+    recently_closed_ = std::make_unique<std::array<std::uint32_t, 64>>();
+  (*recently_closed_)[recently_closed_next_] = id;
+  recently_closed_next_ = (recently_closed_next_ + 1) % recently_closed_->size();
 }
 
 void Session::forget_closed(std::uint32_t id) {
-  for (std::uint32_t& closed : recently_closed_) {
+  if (recently_closed_ == nullptr) return;
+  for (std::uint32_t& closed : *recently_closed_) {
     if (closed == id) closed = 0;
   }
 }
 
 bool Session::recently_closed(std::uint32_t id) const {
-  return id != 0 && std::ranges::find(recently_closed_, id) != recently_closed_.end();
+  return id != 0 && recently_closed_ != nullptr &&
+         std::ranges::find(*recently_closed_, id) != recently_closed_->end();
 }
 
 void Session::complete_stream(std::uint32_t id) {

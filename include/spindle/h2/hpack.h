@@ -250,7 +250,7 @@ class Encoder {
   /// The newest entry of a few tokens (by token number, modulo): a response's repeated
   /// fields (content-type, server, date) are found without a walk through the table.
   struct Recent {
-    const http::Token* token = nullptr;
+    std::uint32_t token = 0;   ///< its place in the token table, plus one (0: none)
     std::uint32_t number = 0;  ///< DynamicTable::added() just after its entry was added
   };
   std::array<Recent, 16> recent_{};

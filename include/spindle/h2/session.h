@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -266,7 +267,8 @@ class Session {
   std::uint32_t goaway_last_ = kMaxWindow;
   std::uint32_t peer_max_concurrent_ = 100;
   /// The streams we closed before the client did, newest last (a bounded ring).
-  std::array<std::uint32_t, 64> recently_closed_{};
+  /// (Made by the first stream closed so; most connections never need it.)
+  std::unique_ptr<std::array<std::uint32_t, 64>> recently_closed_;
   std::size_t recently_closed_next_ = 0;
   std::int64_t connection_send_window_ = 65535;
   std::int64_t connection_receive_window_ = 65535;

@@ -287,9 +287,13 @@ TEST(Hpack, RepeatedBlocksAreWrittenAgainOnlyWhileTheTableIsAsTheyLeftIt) {
       ++repeated;
     }
     // A size the peer set is said at the start of the next block, repeat or not.
-    if (roll == 15) EXPECT_EQ(static_cast<unsigned char>(out[0]) & 0xe0, 0x20) << block;
+    if (roll == 15) {
+      EXPECT_EQ(static_cast<unsigned char>(out[0]) & 0xe0, 0x20) << block;
+    }
     // A field now sensitive is written as a literal never indexed, not as the last block was.
-    if (roll >= 16 && roll < 18 && fields == previous_fields) EXPECT_NE(out, previous) << block;
+    if (roll >= 16 && roll < 18 && fields == previous_fields) {
+      EXPECT_NE(out, previous) << block;
+    }
     previous = out;
     previous_fields = fields;
     previous_added_nothing = encoder.table().added() == added_before && roll != 15;
