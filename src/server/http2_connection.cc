@@ -1,13 +1,14 @@
 // The HTTP/2 driver of HttpServer: spindle's own protocol code (h2::ServerSession: bytes in,
 // events and frames out, no I/O) does the protocol; this file moves the bytes and runs each
-// stream's handler on its own fiber with the same Request/Response/router as HTTP/1.1.
+// stream's handler as sequential code with the same Request/Response/router as HTTP/1.1.
 //
-// One connection is three kinds of fiber on one worker: the reader (the connection's fiber:
+// One connection is three kinds of fiber on one worker: the reader (the activation's fiber:
 // socket -> session, which calls back to open streams and hand them body bytes), the writer
 // (moves what the streams have to send into frames as the windows allow, then writes the
-// session's output: one write per turn, whatever the number of streams) and one handler per
-// stream. They never run at once (one worker), so the session needs no lock; none of them
-// parks inside a session call.
+// session's output: one write per turn, whatever the number of streams) and handler fibers,
+// which run the due handlers one after another (another stands by whenever more wait, so a
+// handler that parks holds up no other). They never run at once (one worker), so the session
+// needs no lock; none of them parks inside a session call. Idle, the connection has none.
 #include <unistd.h>
 
 #include <algorithm>
@@ -145,8 +146,16 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   /// unless the session is ending or a GOAWAY sent excludes them. A stream reset in the same
   /// read as its HEADERS costs no fiber and never reaches a handler (or an upstream).
   void start_due_handlers();
-  /// Starts the handler of one stream on a fiber of its own (refused if none can be had).
+  /// Queues the handler of one stream for the connection's handler fibers.
   void start_one(std::shared_ptr<H2Stream> stream);
+  /// Starts a fiber for the queued handlers (run_handlers). Without one (no stack), the
+  /// streams still queued are refused, so the client may send them again.
+  void start_runner();
+  /// A handler fiber: runs the queued handlers one after another. Whenever more wait behind
+  /// the one it takes, another fiber stands by for them, should this one's handler park: a
+  /// batch of handlers that do not wait costs two fibers, not one each (as HTTP/1's woken
+  /// connections share theirs).
+  void run_handlers();
   /// The client reset a stream whose handler runs: counted (each may have cost an upstream
   /// request); past the budget, GOAWAY ENHANCE_YOUR_CALM, and no stream above the last started
   /// one runs.
@@ -219,8 +228,12 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   std::string out_;
   /// A file body's bytes on their way into a DATA frame.
   std::string file_chunk_;
-  /// Handler fibers still running.
+  /// Streams whose handler is due, oldest first from `runnable_head_`.
+  std::vector<std::shared_ptr<H2Stream>> runnable_;
+  std::size_t runnable_head_ = 0;
+  /// Handler fibers alive (run_handlers), and those spawned that have not begun.
   WaitGroup handlers_;
+  std::size_t runners_starting_ = 0;
   Event writer_wake_;
   /// Wakes the reader waiting for bytes: they came (on_bytes), or a stream ended and the
   /// connection may be idle (nudge_reader).
@@ -696,25 +709,62 @@ void Http2Connection::start_due_handlers() {
 }
 
 void Http2Connection::start_one(std::shared_ptr<H2Stream> stream) {
-  H2Stream& s = *stream;
-  s.handler_started = true;
-  last_started_id_ = std::max(last_started_id_, s.id);
+  last_started_id_ = std::max(last_started_id_, stream->id);
+  runnable_.push_back(std::move(stream));
+  if (runners_starting_ == 0) start_runner();
+}
+
+void Http2Connection::start_runner() {
+  ++runners_starting_;
   handlers_.add();
-  auto handler = spawn([this, self = std::move(stream)] { handle(self); },
-                       SpawnOptions{.stack_size = shared_.options.tcp.stack_size});
-  if (handler.finished()) {
-    // No fiber for its handler (no stack; the worker logged why): refused, so the client may
-    // send it again, here later or elsewhere.
-    handlers_.done();
-    session_.reset(s.id, ErrorCode::kRefusedStream);
-    s.closed = true;
-    forget(s);
-    wake_writer();
-    try {
-      handler.join();
-    } catch (...) {
-      // The worker logged why.
+  auto runner =
+      spawn([this] { run_handlers(); }, SpawnOptions{.stack_size = shared_.options.tcp.stack_size});
+  if (!runner.finished()) {
+    runner.detach();
+    return;
+  }
+  --runners_starting_;
+  handlers_.done();
+  try {
+    runner.join();
+  } catch (...) {
+    // The worker logged why.
+  }
+  // No fiber for them: refused, so the client may send them again, here later or elsewhere.
+  // (A fiber busy with an earlier handler may wait long: they do not wait for it.)
+  for (; runnable_head_ < runnable_.size(); ++runnable_head_) {
+    H2Stream& s = *runnable_[runnable_head_];
+    if (!s.closed) {
+      session_.reset(s.id, ErrorCode::kRefusedStream);
+      s.closed = true;
+      forget(s);
     }
+  }
+  runnable_.clear();
+  runnable_head_ = 0;
+  wake_writer();
+}
+
+void Http2Connection::run_handlers() {
+  --runners_starting_;
+  struct Done {
+    Http2Connection& connection;
+    ~Done() {
+      connection.nudge_reader();  // (it runs once this fiber is gone)
+      connection.handlers_.done();
+    }
+  } done{*this};
+  while (runnable_head_ < runnable_.size()) {
+    std::shared_ptr<H2Stream> s = std::move(runnable_[runnable_head_++]);
+    if (runnable_head_ == runnable_.size()) {
+      runnable_.clear();
+      runnable_head_ = 0;
+    } else if (runners_starting_ == 0) {
+      start_runner();  // stands by for the rest, should this handler park
+    }
+    if (s->closed) continue;  // reset (or the connection ended) before its handler ran
+    s->handler_started = true;
+    handle(std::move(s));
   }
 }
 
@@ -763,8 +813,6 @@ void Http2Connection::end_handler(H2Stream& s) noexcept {
   }
   forget_if_done(s);
   wake_writer();
-  handlers_.done();
-  nudge_reader();
 }
 
 void Http2Connection::reset_stream(H2Stream& s, ErrorCode code) {
