@@ -95,11 +95,26 @@ class RawH2 {
     return f;
   }
 
-  /// Reads frames until stream `id` ends (its response, or a reset); frames of other kinds are
-  /// kept in `others`.
+  /// Reads frames until stream `id` ends (its response, or a reset); frames of other streams
+  /// (and of the connection) are kept in `others`, where a later call finds its stream's.
   Response response(std::uint32_t id) {
     Response r;
-    while (auto f = next()) {
+    // Frames of this stream met while reading another's come first.
+    std::deque<Received> mine;
+    std::erase_if(others, [&](Received& f) {
+      if (f.stream_id != id) return false;
+      mine.push_back(std::move(f));
+      return true;
+    });
+    auto take = [&]() -> std::optional<Received> {
+      if (!mine.empty()) {
+        Received f = std::move(mine.front());
+        mine.pop_front();
+        return f;
+      }
+      return next();
+    };
+    while (auto f = take()) {
       if (f->stream_id != id) {
         others.push_back(std::move(*f));
         continue;
