@@ -48,7 +48,10 @@ void futex_wake_all(std::atomic<std::uint32_t>* word) {
 // ---- Fiber -----------------------------------------------------------------------------------
 
 Fiber::Fiber(Worker& worker, SpawnOptions options)
-    : worker_(&worker), id_(worker.next_fiber_id()), stack_size_(options.stack_size) {}
+    : worker_(&worker),
+      id_(worker.next_fiber_id()),
+      stack_size_(options.stack_size),
+      run_next_(options.run_next) {}
 
 void* Fiber::operator new(std::size_t size) { return take_block(size); }
 

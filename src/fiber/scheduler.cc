@@ -55,6 +55,13 @@ void Scheduler::push(Fiber* fiber) {
   ++ready_;
 }
 
+void Scheduler::push_front(Fiber* fiber) {
+  fiber->next_ready_ = head_;
+  head_ = fiber;
+  if (!tail_) tail_ = fiber;
+  ++ready_;
+}
+
 Fiber* Scheduler::pop() {
   Fiber* fiber = head_;
   if (!fiber) return nullptr;

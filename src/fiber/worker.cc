@@ -100,7 +100,11 @@ void Worker::start_fiber(Fiber* fiber) {
   if (live_head_) live_head_->prev_live_ = fiber;
   live_head_ = fiber;
   ++live_count_;
-  scheduler_.push(fiber);
+  if (fiber->run_next_) {
+    scheduler_.push_front(fiber);
+  } else {
+    scheduler_.push(fiber);
+  }
 }
 
 void Worker::fail_start(Fiber* fiber, std::exception_ptr error) {

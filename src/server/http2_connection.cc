@@ -148,9 +148,10 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   void start_due_handlers();
   /// Queues the handler of one stream for the connection's handler fibers.
   void start_one(std::shared_ptr<H2Stream> stream);
-  /// Starts a fiber for the queued handlers (run_handlers). Without one (no stack), the
-  /// streams still queued are refused, so the client may send them again.
-  void start_runner();
+  /// Starts a fiber for the queued handlers (run_handlers), `run_next` (SpawnOptions) or in
+  /// turn. Without one (no stack), the streams still queued are refused, so the client may
+  /// send them again.
+  void start_runner(bool run_next = false);
   /// A handler fiber: runs the queued handlers one after another. Whenever more wait behind
   /// the one it takes, another fiber stands by for them, should this one's handler park: a
   /// batch of handlers that do not wait costs two fibers, not one each (as HTTP/1's woken
@@ -714,11 +715,12 @@ void Http2Connection::start_one(std::shared_ptr<H2Stream> stream) {
   if (runners_starting_ == 0) start_runner();
 }
 
-void Http2Connection::start_runner() {
+void Http2Connection::start_runner(bool run_next) {
   ++runners_starting_;
   handlers_.add();
   auto runner =
-      spawn([this] { run_handlers(); }, SpawnOptions{.stack_size = shared_.options.tcp.stack_size});
+      spawn([this] { run_handlers(); },
+            SpawnOptions{.stack_size = shared_.options.tcp.stack_size, .run_next = run_next});
   if (!runner.finished()) {
     runner.detach();
     return;
@@ -760,7 +762,10 @@ void Http2Connection::run_handlers() {
       runnable_.clear();
       runnable_head_ = 0;
     } else if (runners_starting_ == 0) {
-      start_runner();  // stands by for the rest, should this handler park
+      // Stands by for the rest, should this handler park: next in the worker's queue, so that
+      // the streams of one read still start together (a fiber that waited its turn behind
+      // every other connection's would spread them over rounds, and the answers with them).
+      start_runner(/*run_next=*/true);
     }
     if (s->closed) continue;  // reset (or the connection ended) before its handler ran
     s->handler_started = true;

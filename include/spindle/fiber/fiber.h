@@ -32,6 +32,10 @@ using FiberId = std::uint64_t;
 struct SpawnOptions {
   /// Usable stack bytes; 0 means the worker's default (RuntimeOptions::stack_size).
   std::size_t stack_size = 0;
+  /// Spawned on its worker's own thread, it runs before the fibers runnable already (at the
+  /// next switch), not after them: for a fiber that stands in for the spawner should it park,
+  /// so that what they do together stays together in the worker's round.
+  bool run_next = false;
 };
 
 /// A function run after the running fiber has switched off its stack: used to release a lock
@@ -127,6 +131,8 @@ class Fiber {
   FiberId id_;
   /// Requested stack size (0: worker default).
   std::size_t stack_size_;
+  /// SpawnOptions::run_next.
+  bool run_next_ = false;
   /// The stack, once started.
   Stack stack_;
   /// The fiber's saved context (a Boost.Context fcontext_t) while it is suspended.

@@ -17,6 +17,8 @@ class Scheduler {
  public:
   /// Appends a runnable fiber to the queue. O(1), no allocation (intrusive link).
   void push(Fiber* fiber);
+  /// Puts a runnable fiber first in the queue. O(1).
+  void push_front(Fiber* fiber);
   /// Removes the first runnable fiber, or returns nullptr.
   Fiber* pop();
   /// Number of fibers in the queue.

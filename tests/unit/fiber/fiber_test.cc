@@ -40,6 +40,21 @@ FIBER_TEST(Fiber, JoinRethrowsTheFibersException) {
       std::runtime_error);
 }
 
+// A fiber spawned run_next runs before those runnable already (in turn, it would run last).
+FIBER_TEST(Fiber, ARunNextFiberRunsBeforeThoseAlreadyRunnable) {
+  std::vector<char> order;
+  auto a = spawn([&] { order.push_back('a'); });
+  auto b = spawn([&] { order.push_back('b'); });
+  auto next = spawn([&] { order.push_back('n'); }, spindle::SpawnOptions{.run_next = true});
+  auto last = spawn([&] { order.push_back('z'); });
+  this_fiber::yield();
+  a.join();
+  b.join();
+  next.join();
+  last.join();
+  EXPECT_EQ(order, (std::vector<char>{'n', 'a', 'b', 'z'}));
+}
+
 FIBER_TEST(Fiber, YieldInterleavesFibersInFifoOrder) {
   std::vector<int> order;
   auto a = spawn([&] {
