@@ -1,5 +1,6 @@
 #include "spindle/http/target.h"
 
+#include <array>
 #include <cstring>
 
 namespace spindle::http {
@@ -91,16 +92,33 @@ char* remove_dot_segments(char* begin, char* end, bool merge_slashes) {
 
 }  // namespace
 
+namespace {
+
+// The characters a target's scan stops at: '#' (refused), '?' (the path ends), and what may
+// make the full pass change a path: '%', '\\', and '/' (followed by '.' or, merging, '/').
+constexpr std::array<bool, 256> kNotable = [] {
+  std::array<bool, 256> notable{};
+  for (unsigned char c : {'#', '?', '%', '\\', '/'}) notable[c] = true;
+  return notable;
+}();
+
+// In `path` (no query), at `c` (notable, not '#' or '?'), whose next character is `next` (0 at
+// the end): true if the full pass may change something there.
+bool needs_full_pass(char c, char next, const PathRules& rules) {
+  if (c != '/') return true;  // '%' or '\\'
+  return next == '.' || (next == '/' && rules.merge_slashes);
+}
+
+}  // namespace
+
 bool path_is_normal(std::string_view path, const PathRules& rules) {
-  // Conservative: any '%', '\', '#', "/." or (merging) "//" takes the full pass, which may
+  // Conservative: any '%', '\\', '#', "/." or (merging) "//" takes the full pass, which may
   // find nothing to change.
   for (std::size_t i = 0; i < path.size(); ++i) {
-    char c = path[i];
-    if (c == '%' || c == '\\' || c == '#') return false;
-    if (c == '/' && i + 1 < path.size()) {
-      char n = path[i + 1];
-      if (n == '.' || (n == '/' && rules.merge_slashes)) return false;
-    }
+    const char c = path[i];
+    if (!kNotable[static_cast<unsigned char>(c)] || c == '?') continue;
+    if (c == '#') return false;
+    if (needs_full_pass(c, i + 1 < path.size() ? path[i + 1] : '\0', rules)) return false;
   }
   return true;
 }
@@ -109,6 +127,29 @@ std::expected<std::size_t, TargetError> normalize_target(char* target, std::size
                                                          const PathRules& rules) {
   std::string_view whole(target, size);
   if (whole.empty() || whole == "*") return size;
+  if (whole.front() == '/') {
+    // The origin form, nearly every request: one scan finds a fragment, the query and whether
+    // the path is already normal.
+    std::size_t query_at = size;
+    bool normal = true;
+    for (std::size_t i = 0; i < size; ++i) {
+      const char c = target[i];
+      if (!kNotable[static_cast<unsigned char>(c)]) continue;
+      if (c == '#') return std::unexpected(TargetError{"fragment in request target"});
+      if (c == '?') {
+        if (query_at == size) query_at = i;
+      } else if (query_at == size && normal) {
+        normal = !needs_full_pass(c, i + 1 < size ? target[i + 1] : '\0', rules);
+      }
+    }
+    if (normal) return size;
+    auto decoded = decode_escapes(target, target + query_at, rules);
+    if (!decoded) return std::unexpected(decoded.error());
+    char* path_end = remove_dot_segments(target, *decoded, rules.merge_slashes);
+    std::size_t query_size = size - query_at;
+    std::memmove(path_end, target + query_at, query_size);
+    return static_cast<std::size_t>(path_end - target) + query_size;
+  }
   if (whole.find('#') != std::string_view::npos) {
     return std::unexpected(TargetError{"fragment in request target"});
   }
