@@ -714,7 +714,7 @@ Connection::Outcome Connection::serve() {
           shared_.closing_idle.load(std::memory_order_acquire) ? Outcome::kClose : Outcome::kIdle;
       if (!flush()) return Outcome::kClose;
       if (stream_.drained()) return idle;
-      switch (read_more(Deadline::at(Clock::time_point::min()))) {
+      switch (read_more(Deadline::no_wait())) {
         case Read::kData:
           head_started = {};
           continue;

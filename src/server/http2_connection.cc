@@ -39,8 +39,6 @@ namespace {
 using h2::ErrorCode;
 using HpackField = h2::hpack::Field;
 
-// A deadline passed already: a read with it takes what is there, without waiting.
-constexpr Deadline kNoWait = Deadline::at(Clock::time_point::min());
 // How long an idle connection waits for its next frame before it parks (ends its fibers).
 constexpr auto kParkAfter = std::chrono::milliseconds(10);
 // A streamed response body waits for the writer beyond this many buffered bytes.
@@ -146,6 +144,9 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   /// unless the session is ending or a GOAWAY sent excludes them. A stream reset in the same
   /// read as its HEADERS costs no fiber and never reaches a handler (or an upstream).
   void start_due_handlers();
+  /// Resets `s` with REFUSED_STREAM (nothing of it ran: the client may send it again) and
+  /// forgets it.
+  void refuse_stream(H2Stream& s);
   /// Queues the handler of one stream for the connection's handler fibers.
   void start_one(std::shared_ptr<H2Stream> stream);
   /// Starts a fiber for the queued handlers (run_handlers), `run_next` (SpawnOptions) or in
@@ -698,15 +699,19 @@ void Http2Connection::start_due_handlers() {
       continue;
     }
     if (s.id > goaway_last_id_) {
-      session_.reset(s.id, ErrorCode::kRefusedStream);
-      s.closed = true;
-      forget(s);
+      refuse_stream(s);
       continue;
     }
     start_one(std::move(due));
   }
   due_.clear();
   wake_writer();
+}
+
+void Http2Connection::refuse_stream(H2Stream& s) {
+  session_.reset(s.id, ErrorCode::kRefusedStream);
+  s.closed = true;
+  forget(s);
 }
 
 void Http2Connection::start_one(std::shared_ptr<H2Stream> stream) {
@@ -736,11 +741,7 @@ void Http2Connection::start_runner(bool run_next) {
   // (A fiber busy with an earlier handler may wait long: they do not wait for it.)
   for (; runnable_head_ < runnable_.size(); ++runnable_head_) {
     H2Stream& s = *runnable_[runnable_head_];
-    if (!s.closed) {
-      session_.reset(s.id, ErrorCode::kRefusedStream);
-      s.closed = true;
-      forget(s);
-    }
+    if (!s.closed) refuse_stream(s);
   }
   runnable_.clear();
   runnable_head_ = 0;
@@ -1193,7 +1194,7 @@ bool Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
     // Bytes are there (or the reactor said so): a read that finds none instead notes the
     // stream drained and comes back here to wait as above. (TLS may need to wait for the
     // socket to take its own bytes first: then the read waits, as long as it must.)
-    auto n = stream_.read(buffer.span(), kNoWait);
+    auto n = stream_.read(buffer.span(), Deadline::no_wait());
     if (!n && n.error() == std::errc::timed_out) {
       if (stream_.drained()) continue;
       n = stream_.read(buffer.span(), Deadline::never());

@@ -29,6 +29,9 @@ class Deadline {
   static constexpr Deadline never() { return Deadline(); }
   /// A deadline at `when`.
   static constexpr Deadline at(Clock::time_point when) { return Deadline(when); }
+  /// A deadline passed already: a call given it does what it can now, without waiting (and
+  /// without reading the clock unless it would have to wait).
+  static constexpr Deadline no_wait() { return Deadline(Clock::time_point::min()); }
   /// A deadline `d` from now (one clock read).
   template <typename Rep, typename Period>
   static Deadline after(std::chrono::duration<Rep, Period> d) {
