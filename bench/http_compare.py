@@ -163,6 +163,46 @@ def cpu_seconds(pid, user_only=False):
     return total / os.sysconf("SC_CLK_TCK")
 
 
+class SyscallCount:
+    """System calls made by `pid` and its children inside a `with` block, counted by the
+    kernel's raw_syscalls:sys_enter tracepoint through `perf stat` (`count` is None where perf
+    or the tracepoint is not available: it needs root or perf_event_paranoid -1). Unlike CPU
+    time, the count does not move with the machine's load: it says how many trips to the kernel
+    a server makes per request, which is most of what its system time is. With `pid` None,
+    counts nothing."""
+
+    def __init__(self, pid):
+        self.pid, self.proc, self.count = pid, None, None
+
+    def __enter__(self):
+        if self.pid is not None and shutil.which("perf"):
+            pids = ",".join(map(str, process_tree(self.pid)))
+            self.proc = subprocess.Popen(
+                ["perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p", pids],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            time.sleep(0.3)  # attached before the load starts
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is None:
+            return False
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            _, err = self.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            return False
+        for line in err.splitlines():
+            fields = line.split(",")
+            if len(fields) > 2 and "raw_syscalls:sys_enter" in line and fields[0].isdigit():
+                self.count = int(fields[0])
+        return False
+
+    def per_request(self, requests):
+        return self.count / requests if self.count is not None and requests else None
+
+
 def cpu_us_per_request(cpu_before, cpu_after, requests):
     """Server CPU microseconds per request served (None if none was)."""
     return (cpu_after - cpu_before) * 1e6 / requests if requests else None

@@ -25,7 +25,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from http_compare import ROOT, free_port, median_round, pin, stop, wait_listening  # noqa: E402
-from tls_compare import measure  # noqa: E402
+from tls_compare import SYSCALL_SECONDS, count_syscalls, measure, syscalls_text  # noqa: E402
 
 SETUPS = [  # name, client tool, client scheme, upstream protocol
     ("h1->h1", "wrk", "http", "h1"),
@@ -200,7 +200,7 @@ GATEWAYS = {"spindle": start_spindle,
             "nginx": start_nginx, "haproxy": start_haproxy, "h2o": start_h2o}
 
 
-def run(kind, binaries, setup, connections, seconds, tmp, certs, upstream):
+def run(kind, binaries, setup, connections, seconds, tmp, certs, upstream, syscalls=False):
     name, tool, scheme, upstream_protocol = setup
     _, up_h1, up_h2 = upstream
     proc, plain, tls = GATEWAYS[kind](binaries, tmp, certs, up_h1, up_h2, upstream_protocol)
@@ -220,6 +220,9 @@ def run(kind, binaries, setup, connections, seconds, tmp, certs, upstream):
         result = measure(proc.pid, tool, url, connections, seconds)
         result["upstream_connections"] = upstream_connections(
             up_h1 if upstream_protocol == "h1" else up_h2)
+        if syscalls:
+            result["syscalls_per_request"] = count_syscalls(proc.pid, tool, url, connections,
+                                                            SYSCALL_SECONDS)
         return result
     finally:
         stop(proc)
@@ -246,6 +249,9 @@ def main():
                         "middleware chain and the access log), nginx, haproxy, h2o")
     p.add_argument("--setups", default="", help="only these set-ups, by name (comma-separated)")
     p.add_argument("--connections", default="100,500")
+    p.add_argument("--syscalls", action="store_true",
+                   help="count each gateway's system calls per request in a run of its own "
+                        "(perf stat on the raw_syscalls tracepoint: needs root)")
     p.add_argument("--bars", help="draw each gateway's CPU per request (total and user) as bars "
                                   "into this PNG")
     p.add_argument("--replot", action="store_true",
@@ -278,7 +284,8 @@ def main():
             for _ in range(a.rounds):
                 with tempfile.TemporaryDirectory() as tmp:
                     os.chmod(tmp, 0o755)
-                    r = run(kind, a.bin, setup, connections, a.seconds, tmp, certs, upstream)
+                    r = run(kind, a.bin, setup, connections, a.seconds, tmp, certs, upstream,
+                            a.syscalls)
                     if r is not None:
                         rounds.append(r)
             if not rounds:
@@ -287,7 +294,8 @@ def main():
             r = median_round(rounds)
             r.update({"server": kind, "setup": setup[0], "connections": connections})
             print(f"      {r['rps']:>10,.0f} req/s  CPU {r['cpu_us_per_request'] or 0:.2f} us/req"
-                  f" (user {r.get('user_us_per_request') or 0:.2f})  errors {r['errors']}",
+                  f" (user {r.get('user_us_per_request') or 0:.2f}){syscalls_text(r)}"
+                  f"  errors {r['errors']}  upstream conns {r['upstream_connections']}",
                   flush=True)
             results.append(r)
     finally:

@@ -21,8 +21,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from http_compare import (ROOT, cpu_seconds, cpu_us_per_request, free_port,  # noqa: E402
-                          median_round, parse_wrk, pin, stop, wait_listening)
+from http_compare import (ROOT, SyscallCount, cpu_seconds, cpu_us_per_request,  # noqa: E402
+                          free_port, median_round, parse_wrk, pin, stop, wait_listening)
 
 WORKLOADS = [  # name, tool, scheme, extra arguments
     ("h2 TLS c100 m10", "h2load", "https", []),
@@ -124,16 +124,30 @@ def parse_h2load(text):
 def measure(pid, tool, url, connections, seconds, extra=()):
     """One load run against `url`, h2load (10 streams per connection) or wrk: its result, with
     the CPU per request of process `pid` (and its children) over the run."""
-    before, user_before = cpu_seconds(pid), cpu_seconds(pid, user_only=True)
-    if tool == "h2load":
-        args = pin(1, 1) + ["h2load", f"-c{connections}", "-m10", "-t1", "-D", str(seconds), url]
-        out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
-        result = parse_h2load(out.stdout)
-    else:
-        args = pin(1, 1) + ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
-                            "--timeout", "5s", *extra, url]
-        out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
-        result = parse_wrk(out.stdout)
+    result, _ = load(pid, tool, url, connections, seconds, extra)
+    return result
+
+
+def count_syscalls(pid, tool, url, connections, seconds, extra=()):
+    """System calls per request of process `pid` over a run of its own: the count's tracepoint
+    costs the kernel time on every call, so it is kept out of the runs that measure CPU."""
+    result, syscalls = load(pid, tool, url, connections, seconds, extra, count=True)
+    return syscalls.per_request(result["requests"])
+
+
+def load(pid, tool, url, connections, seconds, extra=(), count=False):
+    with SyscallCount(pid if count else None) as syscalls:
+        before, user_before = cpu_seconds(pid), cpu_seconds(pid, user_only=True)
+        if tool == "h2load":
+            args = pin(1, 1) + ["h2load", f"-c{connections}", "-m10", "-t1", "-D", str(seconds),
+                                url]
+            out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
+            result = parse_h2load(out.stdout)
+        else:
+            args = pin(1, 1) + ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
+                                "--timeout", "5s", *extra, url]
+            out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
+            result = parse_wrk(out.stdout)
     after, user_after = cpu_seconds(pid), cpu_seconds(pid, user_only=True)
     result["cpu_us_per_request"] = cpu_us_per_request(before, after, result["requests"])
     # The part spent in user space: the rest is the kernel's (the same system calls cost every
@@ -142,10 +156,19 @@ def measure(pid, tool, url, connections, seconds, extra=()):
                                                        result["requests"])
     if out.returncode != 0:
         result["errors"] += 1
-    return result
+    return result, syscalls
 
 
-def run(kind, binaries, workload, seconds, tmp, certs):
+SYSCALL_SECONDS = 2  # the run that counts system calls, after the measured one
+
+
+def syscalls_text(result):
+    """`  N syscalls/req` for a result that has the count, else nothing."""
+    n = result.get("syscalls_per_request")
+    return f"  {n:.2f} syscalls/req" if n is not None else ""
+
+
+def run(kind, binaries, workload, seconds, tmp, certs, syscalls=False):
     name, tool, scheme, extra = workload
     proc, tls_port, plain_port = SERVERS[kind](binaries, tmp, certs)
     port = tls_port if scheme == "https" else plain_port
@@ -153,7 +176,11 @@ def run(kind, binaries, workload, seconds, tmp, certs):
     try:
         wait_listening(tls_port, proc)
         wait_listening(plain_port, proc)
-        return measure(proc.pid, tool, url, 100, seconds, extra)
+        result = measure(proc.pid, tool, url, 100, seconds, extra)
+        if syscalls:
+            result["syscalls_per_request"] = count_syscalls(proc.pid, tool, url, 100,
+                                                            SYSCALL_SECONDS, extra)
+        return result
     finally:
         stop(proc)
 
@@ -166,6 +193,9 @@ def main():
     p.add_argument("--rounds", type=int, default=1, help="keep the median round by CPU/request")
     p.add_argument("--servers", default="spindle,nginx,h2o")
     p.add_argument("--workloads", default="", help="only these workloads, by name (comma-separated)")
+    p.add_argument("--syscalls", action="store_true",
+                   help="count each server's system calls per request in a run of its own "
+                        "(perf stat on the raw_syscalls tracepoint: needs root)")
     a = p.parse_args()
     for tool in ("h2load", "wrk", "nginx", "h2o", "taskset", "openssl"):
         if not shutil.which(tool):
@@ -186,10 +216,11 @@ def main():
             for _ in range(a.rounds):
                 with tempfile.TemporaryDirectory() as tmp:
                     os.chmod(tmp, 0o755)
-                    rounds.append(run(kind, a.bin, workload, a.seconds, tmp, certs))
+                    rounds.append(run(kind, a.bin, workload, a.seconds, tmp, certs, a.syscalls))
             r = median_round(rounds)
             r.update({"server": kind, "workers": 1, "workload": workload[0]})
             print(f"      {r['rps']:>10,.0f} req/s  CPU {r['cpu_us_per_request'] or 0:.2f} us/req"
+                  f" (user {r.get('user_us_per_request') or 0:.2f}){syscalls_text(r)}"
                   f"  errors {r['errors']}", flush=True)
             results.append(r)
     finally:
