@@ -98,6 +98,17 @@ char* put_integer(char* p, std::uint64_t value, int prefix_bits, std::uint8_t fi
 // A string literal at `p`, Huffman-coded when that is shorter (at most kMaxIntegerBytes +
 // text.size() bytes); returns its end.
 char* put_string(char* p, std::string_view text) {
+  if (text.size() < 0x7f) {
+    // The length takes one byte either way: the code is written once, behind it, and kept if
+    // it came out shorter.
+    if (char* end = huffman::encode_if_shorter(text, p + 1); end != nullptr) {
+      *p = static_cast<char>(0x80 | (end - p - 1));
+      return end;
+    }
+    *p = static_cast<char>(text.size());
+    std::memcpy(p + 1, text.data(), text.size());
+    return p + 1 + text.size();
+  }
   const std::size_t coded = huffman::encoded_size(text);
   if (coded < text.size()) {
     p = put_integer(p, coded, 7, 0x80);
@@ -424,7 +435,7 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
     // (The end comes from what was written: g++ 12 may pass the grown capacity as size.)
     return static_cast<std::size_t>(encode_to(fields, data + start) - data);
   });
-  if (!update && table_.added() == added && !fields.empty()) {
+  if (!update && table_.added() == added && !fields.empty() && !unique_in_block_) {
     remember(fields, std::string_view(out).substr(start));
   } else {
     last_.bytes.clear();
@@ -432,6 +443,7 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
 }
 
 char* Encoder::encode_to(std::span<const Field> fields, char* p) {
+  unique_in_block_ = false;
   if (update_pending_) {
     // The smallest size since the last block first (so the peer evicts as we did), then the
     // size in force (RFC 7541 §4.2).
@@ -468,6 +480,7 @@ char* Encoder::encode_to(std::span<const Field> fields, char* p) {
       continue;
     }
     const bool unique = (flags & http::field_flag::kUniquePerMessage) != 0;
+    unique_in_block_ |= unique;
     // (A value unique to its message is not looked for, but its name is: see below.)
     std::size_t dynamic_name = 0;
     std::size_t dynamic_full = sensitive ? 0 : find(f, token, dynamic_name, !unique);

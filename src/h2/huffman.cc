@@ -47,20 +47,19 @@ struct Code {
   std::uint8_t length;
 };
 
-// One step of the decoder: from a state, by one nibble. (The tree has 256 inner nodes: a
-// state fits a byte.)
-struct Step {
-  std::uint8_t next;    ///< the state after the nibble
-  std::uint8_t symbol;  ///< the byte completed by it, if `emit`
-  std::uint8_t emit;    ///< 1 if a symbol was completed
-  std::uint8_t fail;    ///< EOS was decoded: not allowed in a string
-};
+// One step of the decoder, from a state by one nibble, packed in 32 bits: the state after the
+// nibble (bits 0-7), the byte completed by it (8-15) if bit 16 is set (at most one: codes are 5
+// bits or more), and bit 24 if it decoded EOS, which a string must not hold. (The tree has
+// 256 inner nodes: a state fits a byte.)
+constexpr int kStepSymbol = 8;
+constexpr std::uint32_t kStepEmit = 1u << 16;
+constexpr std::uint32_t kStepEos = 1u << 24;
 
 struct Tables {
   std::array<Code, kSymbols> codes{};
-  std::vector<Step> steps;      // by state * 16 + nibble (state 0: the root)
-  std::vector<bool> accepting;  // by state: a string may end there (the pending bits are
-                                // EOS padding: all ones, at most 7)
+  std::vector<std::uint32_t> steps;  // by state * 16 + nibble (state 0: the root)
+  std::vector<bool> accepting;       // by state: a string may end there (the pending bits
+                                     // are EOS padding: all ones, at most 7)
 };
 
 Tables make_tables() {
@@ -111,22 +110,20 @@ Tables make_tables() {
   for (std::size_t state = 0; state < children.size(); ++state) {
     t.accepting[state] = ones[state] >= 0 && ones[state] <= 7;
     for (int nibble = 0; nibble < 16; ++nibble) {
-      Step step{0, 0, 0, 0};
+      std::uint32_t step = 0;
       int node = static_cast<int>(state);
       for (int b = 3; b >= 0; --b) {
         int next = children[node][(nibble >> b) & 1];
         if (next < 0) {
           int symbol = -1 - next;
-          if (symbol == 256) step.fail = 1;
-          step.symbol = static_cast<std::uint8_t>(symbol);  // at most one per nibble (codes
-          step.emit = 1;                                    // are 5 bits or more)
+          step |= symbol == 256 ? kStepEos : static_cast<std::uint32_t>(symbol) << kStepSymbol;
+          step |= kStepEmit;
           node = 0;
         } else {
           node = next;
         }
       }
-      step.next = static_cast<std::uint8_t>(node);
-      t.steps[state * 16 + nibble] = step;
+      t.steps[state * 16 + nibble] = step | static_cast<std::uint32_t>(node);
     }
   }
   return t;
@@ -146,35 +143,44 @@ std::size_t encoded_size(std::string_view text) {
   return (bits + 7) / 8;
 }
 
-char* encode(std::string_view text, char* out) {
+namespace {
+// Writes the code of `text` at `out`, or stops at `limit` (returns nullptr) once it would
+// reach it. Codes gather right-aligned in a 64-bit word; each time 32 bits are whole they are
+// written at once (a code is at most 30 bits: the word always holds what is not written yet).
+template <bool kLimited>
+char* encode_until(std::string_view text, char* out, const char* limit) {
+  if (kLimited && text.empty()) return nullptr;  // nothing is shorter than nothing
   const auto& codes = tables().codes;
-  // Codes gather left-aligned in a 64-bit word; each time 32 bits are whole they are written
-  // at once (a code is at most 30 bits, so it always fits behind fewer than 32).
   std::uint64_t bits = 0;
   int count = 0;
   for (unsigned char c : text) {
     const Code code = codes[c];
-    bits |= static_cast<std::uint64_t>(code.bits) << (64 - count - code.length);
+    bits = (bits << code.length) | code.bits;
     count += code.length;
     if (count >= 32) {
-      const auto word = static_cast<std::uint32_t>(bits >> 32);
-      const char bytes[4] = {static_cast<char>(word >> 24), static_cast<char>(word >> 16),
-                             static_cast<char>(word >> 8), static_cast<char>(word)};
-      std::memcpy(out, bytes, 4);
-      out += 4;
-      bits <<= 32;
       count -= 32;
+      if (kLimited && limit - out <= 4) return nullptr;
+      const std::uint32_t word = __builtin_bswap32(static_cast<std::uint32_t>(bits >> count));
+      std::memcpy(out, &word, 4);
+      out += 4;
     }
   }
   // The rest, padded with the most significant bits of EOS (all ones).
   if (count > 0) {
-    bits |= ~std::uint64_t{0} >> count;
-    for (; count > 0; count -= 8) {
-      *out++ = static_cast<char>(bits >> 56);
-      bits <<= 8;
-    }
+    const int pad = (8 - count % 8) % 8;
+    bits = (bits << pad) | ((1u << pad) - 1);
+    count += pad;
+    if (kLimited && limit - out <= count / 8) return nullptr;
+    for (; count > 0; count -= 8) *out++ = static_cast<char>(bits >> (count - 8));
   }
   return out;
+}
+}  // namespace
+
+char* encode(std::string_view text, char* out) { return encode_until<false>(text, out, nullptr); }
+
+char* encode_if_shorter(std::string_view text, char* out) {
+  return encode_until<true>(text, out, out + text.size());
 }
 
 void encode(std::string_view text, std::string& out) {
@@ -188,29 +194,30 @@ void encode(std::string_view text, std::string& out) {
 
 bool decode(std::span<const std::uint8_t> code, std::string& out) {
   const Tables& t = tables();
-  const Step* steps = t.steps.data();
+  const std::uint32_t* steps = t.steps.data();
   const std::size_t start = out.size();
-  std::uint8_t state = 0;
-  bool failed = false;
+  std::uint32_t state = 0;
+  std::uint32_t seen = 0;  // the steps' flags, or-ed: EOS anywhere fails the string
   // At most one symbol per 5 bits (the shortest code): written in place, then cut to size.
   out.resize_and_overwrite(start + code.size() * 8 / 5 + 1, [&](char* p, std::size_t) {
     char* to = p + start;
     for (std::uint8_t byte : code) {
-      const Step high = steps[state * 16 + (byte >> 4)];
-      *to = static_cast<char>(high.symbol);
-      to += high.emit;
-      const Step low = steps[high.next * 16 + (byte & 0xf)];
-      *to = static_cast<char>(low.symbol);
-      to += low.emit;
-      state = low.next;
-      if ((high.fail | low.fail) != 0) {
-        failed = true;
-        return start;
-      }
+      const std::uint32_t high = steps[state * 16 + (byte >> 4)];
+      *to = static_cast<char>(high >> kStepSymbol);
+      to += (high >> 16) & 1;
+      const std::uint32_t low = steps[(high & 0xff) * 16 + (byte & 0xf)];
+      *to = static_cast<char>(low >> kStepSymbol);
+      to += (low >> 16) & 1;
+      state = low & 0xff;
+      seen |= high | low;
     }
     return static_cast<std::size_t>(to - p);
   });
-  return !failed && t.accepting[state];
+  if ((seen & kStepEos) != 0) {
+    out.resize(start);
+    return false;
+  }
+  return t.accepting[state];
 }
 
 }  // namespace spindle::h2::hpack::huffman

@@ -98,6 +98,9 @@ std::size_t encoded_size(std::string_view text);
 void encode(std::string_view text, std::string& out);
 /// Writes `text` Huffman-coded at `out`: exactly encoded_size(text) bytes; returns their end.
 char* encode(std::string_view text, char* out);
+/// Writes `text` Huffman-coded at `out` if that takes fewer bytes than `text` (returns their
+/// end), else returns nullptr; writes only within `out`'s first text.size() bytes either way.
+char* encode_if_shorter(std::string_view text, char* out);
 /// Appends the decoding of `code` to `out`; false if it is not a valid Huffman string.
 bool decode(std::span<const std::uint8_t> code, std::string& out);
 }  // namespace huffman
@@ -268,6 +271,9 @@ class Encoder {
     std::string text;   ///< the names and values, one after another
     std::string bytes;  ///< what they wrote
   } last_;
+  /// The block encode_to() wrote had a field whose value is new in every message (a request
+  /// id, a traceparent): it will not repeat, so it is not kept as the last block.
+  bool unique_in_block_ = false;
   std::size_t own_limit_;
   bool update_pending_ = false;
   std::size_t smallest_since_update_ = SIZE_MAX;

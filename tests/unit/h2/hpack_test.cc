@@ -102,6 +102,63 @@ TEST(Hpack, EveryHuffmanSymbolThroughNghttp2sDecoder) {
   }
 }
 
+TEST(Hpack, HuffmanIsWrittenOnlyWhenShorterAndNeverPastTheText) {
+  // Random texts of each length up to past the one-byte length prefix, from alphabets the code
+  // makes shorter (hex digits), about as long (all printable) or longer (high bytes): the code
+  // comes out as encode() writes it when it is shorter, and nothing is written past the text's
+  // own size whatever the outcome.
+  std::mt19937 random(20261126);
+  const std::string alphabets[] = {"0123456789abcdef",
+                                   [] {
+                                     std::string printable;
+                                     for (char c = 0x20; c < 0x7f; ++c) printable += c;
+                                     return printable;
+                                   }(),
+                                   [] {
+                                     std::string high;
+                                     for (int c = 0x80; c < 0x100; ++c)
+                                       high += static_cast<char>(c);
+                                     return high;
+                                   }()};
+  int shorter = 0, not_shorter = 0;
+  for (const std::string& alphabet : alphabets) {
+    for (std::size_t size = 0; size < 140; ++size) {
+      for (int round = 0; round < 20; ++round) {
+        std::string text;
+        for (std::size_t i = 0; i < size; ++i) text += alphabet[random() % alphabet.size()];
+        std::string out(size + 8, '\xa5');
+        char* end = huffman::encode_if_shorter(text, out.data());
+        std::string code;
+        huffman::encode(text, code);
+        if (code.size() < size) {
+          ++shorter;
+          ASSERT_NE(end, nullptr) << text;
+          EXPECT_EQ(std::string_view(out.data(), end - out.data()), code);
+        } else {
+          ++not_shorter;
+          EXPECT_EQ(end, nullptr) << text;
+        }
+        EXPECT_EQ(out.substr(size), std::string(8, '\xa5')) << "written past the text";
+      }
+    }
+  }
+  EXPECT_GT(shorter, 1000);
+  EXPECT_GT(not_shorter, 1000);
+}
+
+TEST(Hpack, HuffmanStringsHoldingEosAreRefused) {
+  // EOS (30 ones) inside a string, after a symbol, padded: an error, and nothing is added.
+  std::string code;
+  huffman::encode("a", code);  // "a" is 00011, then five ones of padding... made into EOS:
+  std::string eos = from_hex("1fffffff");  // 00011 + 27 ones: a then 27 of EOS's 30 bits
+  eos += from_hex("e0");                   // the last 3 ones, then zeros
+  std::string out = "kept";
+  EXPECT_FALSE(huffman::decode(bytes(eos), out));
+  EXPECT_EQ(out, "kept");
+  EXPECT_TRUE(huffman::decode(bytes(code), out));
+  EXPECT_EQ(out, "kepta");
+}
+
 TEST(Hpack, RequestsAsRfc7541C3AndC4) {
   // C.3: without Huffman; C.4: with. Three requests on one connection, the table growing.
   for (bool huffman_coded : {false, true}) {
@@ -221,7 +278,9 @@ TEST(Hpack, FieldsUniqueToEachMessageDoNotChurnTheTable) {
     // Huffman-coded at most) for each unique field, one byte for x-forwarded-proto: the names
     // (17 bytes Huffman-coded) are not spelled out.
     if (i == 0) first_size = block.size();
-    if (i > 0) EXPECT_LE(block.size(), (2 + 1 + 5) + (2 + 1 + 7) + 1u) << i;
+    if (i > 0) {
+      EXPECT_LE(block.size(), (2 + 1 + 5) + (2 + 1 + 7) + 1u) << i;
+    }
   }
   EXPECT_GT(first_size, 30u);
   EXPECT_EQ(encoder.table().count(), 3u);  // the first id and trace, x-forwarded-proto

@@ -790,7 +790,9 @@ TEST(H2Session, TheStreamTableAgreesWithAMap) {
         ASSERT_EQ(table.erase(id), model.erase(id) == 1);
       }
       ASSERT_EQ(table.size(), model.size());
-      if (!model.empty()) ASSERT_EQ(table.highest(), model.rbegin()->first);
+      if (!model.empty()) {
+        ASSERT_EQ(table.highest(), model.rbegin()->first);
+      }
       // Every open one found with its value, in order; a closed one not found.
       auto m = model.begin();
       for (const auto& [id, value] : table) {
