@@ -51,7 +51,7 @@ void Permit::reset() {
   if (target_) std::exchange(target_, nullptr)->slots->release();
 }
 
-std::size_t TargetState::open_count() const { return connections + idle.size() + (http2 ? 1 : 0); }
+std::size_t TargetState::open_count() const { return connections + idle.size() + http2.size(); }
 
 void TargetState::put_idle(Stream stream) {
   auto now = coarse_now();

@@ -1,6 +1,6 @@
 #pragma once
 // What the client keeps per endpoint on each worker (private to src/client): the connections
-// to one target (idle HTTP/1.1 ones, the count of busy ones, the HTTP/2 session), the permits
+// to one target (idle HTTP/1.1 ones, the count of busy ones, the HTTP/2 sessions), the permits
 // of max_connections, and how a connection is made and watched while idle. Below both
 // exchanges (http1_exchange.h, http2_client.h) and the pools of exchange.cc above them.
 
@@ -12,6 +12,7 @@
 #include "spindle/client/exchange.h"
 #include "spindle/h1/parser.h"
 #include "spindle/io/deadline.h"
+#include "spindle/sync/event.h"
 #include "spindle/sync/semaphore.h"
 
 namespace spindle::http::detail {
@@ -33,8 +34,19 @@ struct TargetState {
   std::vector<Idle> idle;
   /// HTTP/1.1 connections carrying an exchange now.
   std::size_t connections = 0;
-  /// The HTTP/2 connection, when the endpoint speaks it.
-  std::shared_ptr<Http2Session> http2;
+  /// The HTTP/2 connections, when the endpoint speaks it: streams go on the first with room
+  /// for one more; another is opened when each is at the peer's
+  /// SETTINGS_MAX_CONCURRENT_STREAMS (up to max_connections).
+  std::vector<std::shared_ptr<Http2Session>> http2;
+  /// An HTTP/2 connection being made: who finds the others full meanwhile waits for it, as
+  /// long as it is expected to have room for them (the streams the server allowed the last
+  /// connection, counting the request that makes it); beyond that another is made.
+  struct Http2Connect {
+    Event made;
+    std::size_t capacity = 0;
+    std::size_t waiting = 1;
+  };
+  std::vector<std::shared_ptr<Http2Connect>> http2_connects;
   /// The limits of the last open().
   PoolLimits limits;
   /// With max_connections: one permit per HTTP/1.1 exchange in flight; open() calls beyond

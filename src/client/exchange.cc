@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <unordered_map>
 #include <vector>
 
@@ -130,12 +131,24 @@ using detail::TargetState;
 
 // ---- pools ------------------------------------------------------------------------------------
 
+namespace {
+/// Forgets the HTTP/2 connections of `target` no stream can go on any more; the first of the
+/// others with room for one more stream, or nullptr.
+detail::Http2Session* http2_with_room(TargetState& target) {
+  std::erase_if(target.http2, [](const auto& session) { return !session->usable(); });
+  for (const auto& session : target.http2) {
+    if (session->has_room()) return session.get();
+  }
+  return nullptr;
+}
+}  // namespace
+
 struct UpstreamConnections::Pool {
   std::unordered_map<std::string, std::shared_ptr<TargetState>> targets;
 
   ~Pool() {
     for (auto& [key, target] : targets) {
-      if (target->http2) target->http2->close();
+      for (auto& session : target->http2) session->close();
     }
   }
 };
@@ -182,7 +195,8 @@ std::size_t UpstreamConnections::open_connections(const Endpoint& endpoint) cons
   auto it = p->targets.find(endpoint.key());
   if (it == p->targets.end()) return 0;
   const TargetState& t = *it->second;
-  return t.connections + t.idle.size() + (t.http2 && t.http2->usable() ? 1 : 0);
+  return t.connections + t.idle.size() +
+         std::ranges::count_if(t.http2, [](const auto& session) { return session->usable(); });
 }
 
 Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
@@ -202,8 +216,47 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
   std::shared_ptr<TargetState> target = slot;
   target->limits = limits;
 
-  if (target->http2 && !target->http2->usable()) target->http2.reset();
-  if (target->http2) return target->http2->open(head, authority, timeouts);
+  // HTTP/2: on a connection with room for one more stream. When each is full, the request
+  // waits for a connection being made that is expected to have room for it, or else makes
+  // one more, up to max_connections (so a burst makes as many at once as it needs, and each
+  // wakes only the requests it can take); beyond them it waits for a stream of the newest
+  // connection to end (its queue wakes one waiter per stream that ends).
+  const bool speaks_http2 = endpoint.protocol != WireProtocol::kHttp1 || !target->http2.empty();
+  std::shared_ptr<TargetState::Http2Connect> connect;
+  while (speaks_http2) {
+    if (detail::Http2Session* session = http2_with_room(*target)) {
+      return session->open(head, authority, timeouts);
+    }
+    auto& connects = target->http2_connects;
+    auto with_room =
+        std::ranges::find_if(connects, [](const auto& c) { return c->waiting < c->capacity; });
+    const bool at_most = limits.max_connections != 0 &&
+                         target->http2.size() + connects.size() >= limits.max_connections;
+    if (with_room == connects.end() && !at_most) {
+      connect = std::make_shared<TargetState::Http2Connect>();
+      connect->capacity = target->http2.empty() ? 100 : target->http2.back()->max_concurrent();
+      connects.push_back(connect);
+      break;
+    }
+    if (with_room == connects.end() && !target->http2.empty()) {
+      return target->http2.back()->open(head, authority, timeouts);
+    }
+    std::shared_ptr<TargetState::Http2Connect> awaited =
+        with_room != connects.end() ? *with_room : connects.front();
+    ++awaited->waiting;
+    std::error_code waited = awaited->made.wait(Deadline::after(timeouts.connect));
+    --awaited->waiting;
+    if (waited) return fail(make_error_code(ExchangeErrc::kNoCapacity));
+  }
+  struct ConnectDone {  // says when the connection is made (or not)
+    TargetState& target;
+    const std::shared_ptr<TargetState::Http2Connect>& connect;
+    ~ConnectDone() {
+      if (!connect) return;
+      std::erase(target.http2_connects, connect);
+      connect->made.set();
+    }
+  } connect_done{*target, connect};
 
   // An HTTP/1.1 exchange holds one of the target's max_connections permits from here to its
   // end: beyond them a request waits its turn (first come, first served), within the connect
@@ -219,9 +272,9 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
       std::error_code waited = target->slots->acquire(Deadline::after(timeouts.connect));
       --target->pending;
       if (waited) return fail(make_error_code(ExchangeErrc::kNoCapacity));
-      if (target->http2 && target->http2->usable()) {
+      if (detail::Http2Session* session = http2_with_room(*target)) {
         target->slots->release();  // the endpoint turned out to speak HTTP/2 meanwhile
-        return target->http2->open(head, authority, timeouts);
+        return session->open(head, authority, timeouts);
       }
     }
     permit = Permit(target);
@@ -242,13 +295,20 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
     return fail(make_error_code(ExchangeErrc::kTlsFailed));  // the upstream would not speak h2
   }
   if (http2) {
-    // Another fiber may have connected meanwhile: one HTTP/2 connection per endpoint.
-    if (target->http2 && target->http2->usable()) {
-      return target->http2->open(head, authority, timeouts);
+    // (Learning by ALPN that the endpoint speaks HTTP/2, several fibers may have connected at
+    // once: the first connection with room is used, and this one kept only if none has.)
+    if (!speaks_http2) {
+      if (detail::Http2Session* session = http2_with_room(*target)) {
+        return session->open(head, authority, timeouts);
+      }
     }
     permit = {};  // streams on one connection: no HTTP/1.1 permit needed
-    target->http2 = detail::Http2Session::start(std::move(*stream));
-    auto exchange = target->http2->open(head, authority, timeouts);
+    auto session = detail::Http2Session::start(std::move(*stream));
+    // Until its SETTINGS come, the server is taken to allow what it told the others.
+    if (!target->http2.empty())
+      session->assume_max_concurrent(target->http2.back()->max_concurrent());
+    target->http2.push_back(session);
+    auto exchange = session->open(head, authority, timeouts);
     if (exchange) (*exchange)->set_connect_time(took);
     return exchange;
   }

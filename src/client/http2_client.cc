@@ -448,6 +448,14 @@ Http2Session::~Http2Session() = default;
 
 bool Http2Session::usable() const { return !impl_->broken && !impl_->session.spent(); }
 
+bool Http2Session::has_room() const { return usable() && impl_->session.can_open(); }
+
+std::uint32_t Http2Session::max_concurrent() const { return impl_->session.max_concurrent(); }
+
+void Http2Session::assume_max_concurrent(std::uint32_t n) {
+  impl_->session.assume_max_concurrent(n);
+}
+
 void Http2Session::close() {
   impl_->broken = true;
   impl_->release_waiters();

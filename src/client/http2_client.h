@@ -18,6 +18,13 @@ class Http2Session : public std::enable_shared_from_this<Http2Session> {
   ~Http2Session();
   /// True while new streams may go on it.
   bool usable() const;
+  /// True if one more stream may go on it now, within the server's
+  /// SETTINGS_MAX_CONCURRENT_STREAMS (open() would not wait).
+  bool has_room() const;
+  /// Streams the server allows at once (see h2::ClientSession::max_concurrent).
+  std::uint32_t max_concurrent() const;
+  /// Until the server's SETTINGS come, assumes it allows `n` streams at once.
+  void assume_max_concurrent(std::uint32_t n);
   /// Starts an exchange on a new stream.
   Result<std::unique_ptr<ClientExchange>> open(const ClientRequestHead& head,
                                                std::string_view authority,

@@ -318,6 +318,14 @@ class ClientSession final : public Session {
   /// or 0 if none can be opened (can_open).
   std::uint32_t open(std::span<const hpack::Field> fields, bool end_stream,
                      bool head_request = false);
+  /// Streams the server allows at once: its SETTINGS_MAX_CONCURRENT_STREAMS, or until they
+  /// come what is assumed (100, or assume_max_concurrent's).
+  std::uint32_t max_concurrent() const { return peer_max_concurrent_; }
+  /// Until the server's SETTINGS come, assumes it allows `n` streams at once (what another
+  /// connection to the same server learned), not 100.
+  void assume_max_concurrent(std::uint32_t n) {
+    if (!settings_seen_) peer_max_concurrent_ = n;
+  }
   /// The server allows extended CONNECT (RFC 8441's SETTINGS_ENABLE_CONNECT_PROTOCOL).
   bool connect_protocol() const { return peer_connect_protocol_; }
   /// No stream will ever be opened again: a GOAWAY came or went, or the stream ids are spent.

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/fiber/worker.h"
 #include "spindle/net/tcp_server.h"
+#include "spindle/net/tls.h"
 #include "spindle/server/server.h"
 #include "spindle/sync/event.h"
 #include "spindle/testing.h"
@@ -436,44 +438,98 @@ TEST(ExchangeErrors, AnIdleHttp2UpstreamWithNoFiberToWakeItReachedNothing) {
   });
 }
 
-TEST(ExchangeErrors, StreamsPastTheUpstreamsConcurrencyLimitWaitTheirTurn) {
-  // The upstream allows 2 streams at once; 20 fibers each open one on the one connection.
+// 20 fibers each open a stream to an upstream that allows 2 at once on a connection (after a
+// first request has told its SETTINGS): what the upstream saw at most at once on one
+// connection, the connections the pool made, and that every request was answered.
+struct ConcurrencyRun {
+  std::size_t most_on_one = 0;
+  std::size_t connections = 0;
+  std::size_t answered = 0;
+};
+ConcurrencyRun twenty_streams_two_allowed(const PoolLimits& limits, bool tls = false) {
   Runtime runtime(RuntimeOptions{.workers = 1});
   Router router;
-  std::size_t running = 0, most = 0;
-  router.get("/slow", [&](Request&) {
-    most = std::max(most, ++running);
+  std::map<std::uint16_t, std::size_t> running;  // by the client's port: by connection
+  ConcurrencyRun run;
+  router.get("/slow", [&](Request& request) {
+    std::size_t& here = running[request.context().peer->port()];
+    run.most_on_one = std::max(run.most_on_one, ++here);
     (void)this_fiber::sleep_for(20ms);
-    --running;
+    --here;
     return Response::text("done");
   });
   ServerOptions options;
   options.http2 = true;
   options.http2_limits.max_concurrent_streams = 2;
+  const std::string& certs = spindle::testing::test_cert_dir();
+  if (tls) {
+    auto ctx = TlsServerContext::create(
+        TlsServerOptions{.certificates = {{certs + "/localhost.pem", certs + "/localhost.key", {}}},
+                         .alpn = {"h2"}});
+    EXPECT_TRUE(ctx.has_value());
+    options.tls = *ctx;
+  }
   auto upstream = HttpServer::start(runtime, Address::loopback_v4(0), std::move(router), options);
-  ASSERT_TRUE(upstream.has_value());
+  EXPECT_TRUE(upstream.has_value());
+  if (!upstream) return run;
   UpstreamConnections pools(runtime);
-  std::vector<std::string> bodies(20);
   runtime.block_on([&] {
-    Endpoint endpoint = endpoint_of((*upstream)->address(), WireProtocol::kH2c);
-    auto warm = pools.open(endpoint, head_for("GET", "/slow"), "u", {});  // the connection
+    Endpoint endpoint =
+        endpoint_of((*upstream)->address(), tls ? WireProtocol::kHttp2 : WireProtocol::kH2c);
+    if (tls) {
+      auto ctx =
+          TlsClientContext::create(TlsClientOptions{.ca_file = certs + "/ca.pem", .alpn = {"h2"}});
+      ASSERT_TRUE(ctx.has_value());
+      endpoint.tls = *ctx;
+      endpoint.server_name = "localhost";
+    }
+    auto warm = pools.open(endpoint, head_for("GET", "/slow"), "u", {}, limits);
     ASSERT_TRUE(warm.has_value());
     EXPECT_EQ(body_of(**warm), "done");
     std::vector<JoinHandle<void>> fibers;
-    for (std::size_t i = 0; i < bodies.size(); ++i) {
-      fibers.push_back(spawn([&, i] {
-        auto ex = pools.open(endpoint, head_for("GET", "/slow"), "u", {});
+    for (int i = 0; i < 20; ++i) {
+      fibers.push_back(spawn([&] {
+        auto ex = pools.open(endpoint, head_for("GET", "/slow"), "u", {}, limits);
         if (!ex) return;
         if (auto head = (*ex)->read_head(); head && (*head)->status == 200) {
-          bodies[i] = body_of(**ex);
+          if (body_of(**ex) == "done") ++run.answered;
         }
       }));
     }
     for (auto& f : fibers) f.join();
+    run.connections = pools.open_connections(endpoint);
   });
   (*upstream)->drain(Deadline::after(5s));
-  for (const std::string& body : bodies) EXPECT_EQ(body, "done");  // none refused, none lost
-  EXPECT_EQ(most, 2u);  // and never more than the upstream allows at once
+  return run;
+}
+
+TEST(ExchangeErrors, StreamsPastTheUpstreamsConcurrencyLimitGoOnAnotherConnection) {
+  // Each connection full, another is made (one at a time, each taken to allow the 2 the first
+  // learned until its own SETTINGS come): none refused, never more than 2 on one.
+  ConcurrencyRun run = twenty_streams_two_allowed({});
+  EXPECT_EQ(run.answered, 20u);
+  EXPECT_EQ(run.most_on_one, 2u);
+  EXPECT_GE(run.connections, 5u);
+  EXPECT_LE(run.connections, 11u);
+}
+
+TEST(ExchangeErrors, ABurstMakesTheUpstreamConnectionsItNeedsNotOneARequest) {
+  // Over TLS (the handshake makes a fiber wait while it connects), those who find every
+  // connection full wait for one being made while it is expected to have room for them (2
+  // here), rather than each making their own: 20 would then be made for 20 requests.
+  ConcurrencyRun run = twenty_streams_two_allowed({}, true);
+  EXPECT_EQ(run.answered, 20u);
+  EXPECT_EQ(run.most_on_one, 2u);
+  EXPECT_GE(run.connections, 5u);
+  EXPECT_LE(run.connections, 11u);
+}
+
+TEST(ExchangeErrors, StreamsPastTheUpstreamsConcurrencyLimitWaitTheirTurnAtMaxConnections) {
+  // At max_connections, the streams past the limit wait for one to end instead.
+  ConcurrencyRun run = twenty_streams_two_allowed({.max_connections = 2});
+  EXPECT_EQ(run.answered, 20u);
+  EXPECT_EQ(run.most_on_one, 2u);
+  EXPECT_EQ(run.connections, 2u);
 }
 
 TEST(ExchangeErrors, AtTheConnectionLimitARequestWaitsForAConnectionThenGivesUp) {
