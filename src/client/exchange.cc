@@ -132,10 +132,21 @@ using detail::TargetState;
 // ---- pools ------------------------------------------------------------------------------------
 
 namespace {
-/// Forgets the HTTP/2 connections of `target` no stream can go on any more; the first of the
-/// others with room for one more stream, or nullptr.
+/// Forgets the HTTP/2 connections of `target` no stream can go on any more, and closes those
+/// but the first that had none open for the idle timeout (made for a burst: streams go on the
+/// first with room, so the last ones fall idle when the load drops); the first of the others
+/// with room for one more stream, or nullptr.
 detail::Http2Session* http2_with_room(TargetState& target) {
-  std::erase_if(target.http2, [](const auto& session) { return !session->usable(); });
+  const Clock::time_point idle_before = coarse_now() - target.limits.idle_timeout;
+  bool first = true;
+  std::erase_if(target.http2, [&](const auto& session) {
+    if (!session->usable()) return true;
+    if (!std::exchange(first, false) && session->idle_since() < idle_before) {
+      session->close();
+      return true;
+    }
+    return false;
+  });
   for (const auto& session : target.http2) {
     if (session->has_room()) return session.get();
   }
@@ -230,8 +241,11 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
     auto& connects = target->http2_connects;
     auto with_room =
         std::ranges::find_if(connects, [](const auto& c) { return c->waiting < c->capacity; });
-    const bool at_most = limits.max_connections != 0 &&
-                         target->http2.size() + connects.size() >= limits.max_connections;
+    // (A server that allows no stream now, SETTINGS_MAX_CONCURRENT_STREAMS 0, would allow
+    // none on another connection either: the request waits on the newest.)
+    const bool at_most = (limits.max_connections != 0 &&
+                          target->http2.size() + connects.size() >= limits.max_connections) ||
+                         (!target->http2.empty() && target->http2.back()->max_concurrent() == 0);
     if (with_room == connects.end() && !at_most) {
       connect = std::make_shared<TargetState::Http2Connect>();
       connect->capacity = target->http2.empty() ? 100 : target->http2.back()->max_concurrent();

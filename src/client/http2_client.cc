@@ -100,6 +100,8 @@ struct Http2Session::Impl final : h2::SessionHandler {
   /// Streams whose response was refused in the read being processed: reset after it.
   std::vector<std::uint32_t> refused;
   bool broken = false;
+  /// When the last stream ended (while none is open).
+  Clock::time_point last_end = coarse_now();
   /// Streams opened so far, and how many of them the writer has written.
   std::uint64_t opened = 0;
   std::uint64_t written = 0;
@@ -123,6 +125,7 @@ struct Http2Session::Impl final : h2::SessionHandler {
       std::erase(sending, &call);
     }
     calls.erase(call.id);  // the exchange, if any, keeps its own reference
+    if (calls.empty()) last_end = coarse_now();
     std::lock_guard guard(room_lock);
     room.notify_one();
   }
@@ -449,6 +452,10 @@ Http2Session::~Http2Session() = default;
 bool Http2Session::usable() const { return !impl_->broken && !impl_->session.spent(); }
 
 bool Http2Session::has_room() const { return usable() && impl_->session.can_open(); }
+
+Clock::time_point Http2Session::idle_since() const {
+  return impl_->calls.empty() ? impl_->last_end : Clock::time_point::max();
+}
 
 std::uint32_t Http2Session::max_concurrent() const { return impl_->session.max_concurrent(); }
 

@@ -21,6 +21,8 @@ class Http2Session : public std::enable_shared_from_this<Http2Session> {
   /// True if one more stream may go on it now, within the server's
   /// SETTINGS_MAX_CONCURRENT_STREAMS (open() would not wait).
   bool has_room() const;
+  /// When its last stream ended, while none is open (time_point::max() while one is).
+  Clock::time_point idle_since() const;
   /// Streams the server allows at once (see h2::ClientSession::max_concurrent).
   std::uint32_t max_concurrent() const;
   /// Until the server's SETTINGS come, assumes it allows `n` streams at once.

@@ -445,6 +445,8 @@ struct ConcurrencyRun {
   std::size_t most_on_one = 0;
   std::size_t connections = 0;
   std::size_t answered = 0;
+  /// After twice the idle timeout (when it is below a second), and one more request.
+  std::size_t connections_later = 0;
 };
 ConcurrencyRun twenty_streams_two_allowed(const PoolLimits& limits, bool tls = false) {
   Runtime runtime(RuntimeOptions{.workers = 1});
@@ -498,6 +500,13 @@ ConcurrencyRun twenty_streams_two_allowed(const PoolLimits& limits, bool tls = f
     }
     for (auto& f : fibers) f.join();
     run.connections = pools.open_connections(endpoint);
+    if (limits.idle_timeout < 1s) {
+      (void)this_fiber::sleep_for(2 * limits.idle_timeout);
+      auto later = pools.open(endpoint, head_for("GET", "/slow"), "u", {}, limits);
+      ASSERT_TRUE(later.has_value());
+      EXPECT_EQ(body_of(**later), "done");
+      run.connections_later = pools.open_connections(endpoint);
+    }
   });
   (*upstream)->drain(Deadline::after(5s));
   return run;
@@ -522,6 +531,45 @@ TEST(ExchangeErrors, ABurstMakesTheUpstreamConnectionsItNeedsNotOneARequest) {
   EXPECT_EQ(run.most_on_one, 2u);
   EXPECT_GE(run.connections, 5u);
   EXPECT_LE(run.connections, 11u);
+}
+
+TEST(ExchangeErrors, UpstreamConnectionsMadeForABurstCloseOnceIdle) {
+  // The first connection stays; those made for the burst go once idle for the idle timeout.
+  ConcurrencyRun run = twenty_streams_two_allowed({.idle_timeout = 100ms});
+  EXPECT_EQ(run.answered, 20u);
+  EXPECT_GE(run.connections, 5u);
+  EXPECT_EQ(run.connections_later, 1u) << run.connections;
+}
+
+TEST(ExchangeErrors, AnUpstreamThatAllowsNoStreamGetsNoMoreConnections) {
+  // SETTINGS_MAX_CONCURRENT_STREAMS 0: another connection would allow none either. The
+  // requests wait on the one there is, and give up at their write timeout.
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  Router router;
+  router.get("/hello", [](Request&) { return Response::text("hello"); });
+  ServerOptions options;
+  options.http2 = true;
+  options.http2_limits.max_concurrent_streams = 0;
+  auto upstream = HttpServer::start(runtime, Address::loopback_v4(0), std::move(router), options);
+  ASSERT_TRUE(upstream.has_value());
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    Endpoint endpoint = endpoint_of((*upstream)->address(), WireProtocol::kH2c);
+    ExchangeTimeouts timeouts{.write = 200ms};
+    // The first goes out before the server's SETTINGS come, and is refused.
+    auto first = pools.open(endpoint, head_for("GET", "/hello"), "u", timeouts);
+    ASSERT_TRUE(first.has_value());
+    EXPECT_FALSE((*first)->read_head().has_value());
+    std::vector<JoinHandle<bool>> fibers;
+    for (int i = 0; i < 5; ++i) {
+      fibers.push_back(spawn([&] {
+        return pools.open(endpoint, head_for("GET", "/hello"), "u", timeouts).has_value();
+      }));
+    }
+    for (auto& f : fibers) EXPECT_FALSE(f.join());
+    EXPECT_EQ(pools.open_connections(endpoint), 1u);
+  });
+  (*upstream)->drain(Deadline::after(5s));
 }
 
 TEST(ExchangeErrors, StreamsPastTheUpstreamsConcurrencyLimitWaitTheirTurnAtMaxConnections) {
