@@ -95,6 +95,13 @@ char* put_integer(char* p, std::uint64_t value, int prefix_bits, std::uint8_t fi
   return p;
 }
 
+// A string literal at `p`, as it is; returns its end.
+char* put_literal(char* p, std::string_view text) {
+  p = put_integer(p, text.size(), 7, 0x00);
+  std::memcpy(p, text.data(), text.size());
+  return p + text.size();
+}
+
 // A string literal at `p`, Huffman-coded when that is shorter (at most kMaxIntegerBytes +
 // text.size() bytes); returns its end.
 char* put_string(char* p, std::string_view text) {
@@ -105,18 +112,14 @@ char* put_string(char* p, std::string_view text) {
       *p = static_cast<char>(0x80 | (end - p - 1));
       return end;
     }
-    *p = static_cast<char>(text.size());
-    std::memcpy(p + 1, text.data(), text.size());
-    return p + 1 + text.size();
+    return put_literal(p, text);
   }
   const std::size_t coded = huffman::encoded_size(text);
   if (coded < text.size()) {
     p = put_integer(p, coded, 7, 0x80);
     return huffman::encode(text, p);
   }
-  p = put_integer(p, text.size(), 7, 0x00);
-  std::memcpy(p, text.data(), text.size());
-  return p + text.size();
+  return put_literal(p, text);
 }
 
 }  // namespace
@@ -501,7 +504,9 @@ char* Encoder::encode_to(std::span<const Field> fields, char* p) {
       p = put_integer(p, name_index, 4, sensitive ? 0x10 : 0x00);
     }
     if (name_index == 0) p = put_string(p, f.name);
-    p = put_string(p, f.value);
+    // A value new in every message (a random id) goes as it is: Huffman would save about a
+    // third of its hex digits, for more instructions than the rest of its field costs.
+    p = unique ? put_literal(p, f.value) : put_string(p, f.value);
     if (indexing) {
       table_.add(f.name, f.value, token);
       if (token != nullptr) recent_[recent_slot(token)] = {token_number(token), table_.added()};
