@@ -218,8 +218,10 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
     return fail(std::errc::invalid_argument);
   }
   for (const Field& f : head.headers) {
-    if (!is_field_name(f.name) || !is_field_value(f.value))
+    // (A name with a token is one of the token table's, in some case: a valid name.)
+    if ((f.token == nullptr && !is_field_name(f.name)) || !is_field_value(f.value)) {
       return fail(std::errc::invalid_argument);
+    }
   }
   Pool& p = pool();
   auto& slot = p.targets[endpoint.key()];
