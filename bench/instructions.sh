@@ -6,7 +6,8 @@
 # counted: spindle makes one recv and one send per request, the ceiling one recv more); then
 # spindle over h2c with h2load -c10 -m10 (no peer: h2o and nginx do not run under callgrind
 # here); then spindle as a reverse proxy to an nginx upstream (not under callgrind), h1->h1 with
-# wrk -c100 and h2 over TLS->h1 with h2load -c100 -m10 (10,000 then 40,000 requests).
+# wrk -c100, h2 over TLS->h1 and h2 over TLS->h2 over TLS (proxy-h2up) with h2load -c100 -m10
+# (10,000 then 40,000 requests).
 # Each server runs twice (SECONDS, then twice that; or 5,000 then 15,000 h2c requests); the
 # difference is divided by the difference in requests, so start-up and connection set-up
 # cancel. With OUT=file, writes the figures as JSON.
@@ -70,7 +71,7 @@ measure() {
   long=$(run "$name" "$port" "$long_amount" "$@")
   echo "$name $short $long" | awk -v file="$tmp/per_request" '{
     per = ($5 - $3) / ($4 - $2)
-    printf "%-8s %9d requests  %7.0f instructions/request\n", $1, $4 - $2, per
+    printf "%-16s %9d requests  %7.0f instructions/request\n", $1, $4 - $2, per
     printf "%s %.0f\n", $1, per >> file }'
 }
 
@@ -86,25 +87,28 @@ sed "s|127.0.0.1:0|127.0.0.1:$port|; s|bench/http|$PWD/bench/http|; \$a\    http
   bench/http/spindle.yaml >"$tmp/spindle-h2c.yaml"
 measure spindle-h2c "$port" 5000 15000 \
   "$bin/spindle" serve --config "$tmp/spindle-h2c.yaml" --threads 1
-# The reverse proxy: nginx (one worker, outside callgrind) answers /plaintext as the upstream.
+# The reverse proxy: nginx (one worker, outside callgrind) answers /plaintext as the upstream,
+# over HTTP/1.1 and over HTTP/2 with TLS.
 up_port=$(free_port)
+up_h2_port=$(free_port)
 mkdir -p "$tmp/nginx"
+tests/tls/make-certs.sh "$tmp/certs" >/dev/null 2>&1
 cat >"$tmp/nginx.conf" <<CONF
 daemon off; master_process off; worker_processes 1;
 pid $tmp/nginx/nginx.pid; error_log $tmp/nginx/error.log crit; worker_rlimit_nofile 4096;
 events { worker_connections 4096; }
 http {
-  access_log off; keepalive_requests 1000000; keepalive_timeout 300s;
+  access_log off; keepalive_requests 1000000; http2_max_requests 1000000; keepalive_timeout 300s;
+  ssl_certificate $tmp/certs/localhost.pem; ssl_certificate_key $tmp/certs/localhost.key;
   client_body_temp_path $tmp/nginx; proxy_temp_path $tmp/nginx; fastcgi_temp_path $tmp/nginx;
   uwsgi_temp_path $tmp/nginx; scgi_temp_path $tmp/nginx;
-  server { listen 127.0.0.1:$up_port;
+  server { listen 127.0.0.1:$up_port; listen 127.0.0.1:$up_h2_port ssl http2;
            location = /plaintext { default_type text/plain; return 200 "Hello, World!"; } }
 }
 CONF
 nginx -c "$tmp/nginx.conf" -p "$tmp/nginx" >/dev/null 2>&1 &
 nginx_pid=$!
 trap 'kill "$nginx_pid" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"' EXIT
-tests/tls/make-certs.sh "$tmp/certs" >/dev/null 2>&1
 proxy_port=$(free_port)
 tls_port=$(free_port)
 cat >"$tmp/proxy.yaml" <<CONF
@@ -125,6 +129,10 @@ measure proxy-h1 "$proxy_port" "$seconds" $((seconds * 2)) \
   "$bin/spindle" serve --config "$tmp/proxy.yaml" --threads 1
 measure proxy-h2tls "$tls_port" 10000 40000 \
   "$bin/spindle" serve --config "$tmp/proxy.yaml" --threads 1
+sed "s|up: {url: .*|up: {url: \"https://localhost:$up_h2_port\", protocol: h2, tls: {ca: $tmp/certs/ca.pem}}|" \
+  "$tmp/proxy.yaml" >"$tmp/proxy-h2.yaml"
+measure proxy-h2up-h2tls "$tls_port" 10000 40000 \
+  "$bin/spindle" serve --config "$tmp/proxy-h2.yaml" --threads 1
 if [ -n "${OUT:-}" ]; then
   awk 'BEGIN {printf "{"} {printf "%s\"%s\": %s", (NR == 1 ? "" : ", "), $1, $2} END {print "}"}' \
     "$tmp/per_request" >"$OUT"

@@ -10,7 +10,7 @@ import sys
 
 NAMES = {"spindle": "HTTP/1.1 hello", "ceiling": "C ceiling (HTTP/1.1)",
          "spindle-h2c": "h2c hello (c10 m10)", "proxy-h1": "proxy h1 -> h1",
-         "proxy-h2tls": "proxy h2 TLS -> h1"}
+         "proxy-h2tls": "proxy h2 TLS -> h1", "proxy-h2up-h2tls": "proxy h2 TLS -> h2 TLS"}
 
 
 def main():
