@@ -25,7 +25,7 @@ echo "[bench 3/10] HTTP/1.1: spindle vs nginx, h2o and the C ceiling (wrk; 1 wor
   ${HTTP_SECONDS:+--seconds "$HTTP_SECONDS"}
 
 echo "[bench 4/10] HTTPS and HTTP/2: spindle vs nginx and h2o (h2load, wrk; 1 worker)"
-"$py" bench/tls_compare.py --bin "$bin" --out "$out/tls.json" --rounds "$rounds" \
+"$py" bench/tls_compare.py --bin "$bin" --out "$out/tls.json" --rounds "$rounds" --syscalls \
   ${HTTP_SECONDS:+--seconds "$HTTP_SECONDS"}
 
 echo "[bench 5/10] memory of 10,000 idle keep-alive connections: spindle vs nginx"
@@ -35,7 +35,7 @@ echo "[bench 6/10] userspace instructions per request: spindle vs the C ceiling,
 OUT="$out/instructions.json" bench/instructions.sh
 
 echo "[bench 7/10] reverse proxy: spindle vs nginx, haproxy and h2o (h1->h1, https->h1, h2tls->h1, h2tls->h2; 100 and 500 connections)"
-"$py" bench/proxy_compare.py --bin "$bin" --out "$out/proxy.json" --rounds "$rounds" \
+"$py" bench/proxy_compare.py --bin "$bin" --out "$out/proxy.json" --rounds "$rounds" --syscalls \
   ${HTTP_SECONDS:+--seconds "$HTTP_SECONDS"}
 
 echo "[bench 8/10] WebSocket echo through the gateway: spindle vs haproxy (HTTP/1.1 and HTTP/2 clients; 64 B and 16 KiB)"

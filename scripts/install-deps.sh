@@ -14,7 +14,7 @@ test_pkgs=(python3 python3-pytest python3-h2 python3-websockets python3-brotli p
   nghttp2-client wrk golang-go nginx-light h2o redis-server postgresql
   clang-format clang-19 libclang-rt-19-dev lintian dpkg-dev man-db systemd)
 bench_pkgs=(libbenchmark-dev python3-matplotlib nginx-light h2o haproxy wrk util-linux nghttp2-client
-  valgrind iproute2)
+  valgrind iproute2 linux-perf)
 
 want=("${build_pkgs[@]}")
 for set in "$@"; do
