@@ -137,16 +137,17 @@ namespace {
 /// first with room, so the last ones fall idle when the load drops); the first of the others
 /// with room for one more stream, or nullptr.
 detail::Http2Session* http2_with_room(TargetState& target) {
-  const Clock::time_point idle_before = coarse_now() - target.limits.idle_timeout;
-  bool first = true;
-  std::erase_if(target.http2, [&](const auto& session) {
-    if (!session->usable()) return true;
-    if (!std::exchange(first, false) && session->idle_since() < idle_before) {
-      session->close();
-      return true;
-    }
-    return false;
-  });
+  std::erase_if(target.http2, [](const auto& session) { return !session->usable(); });
+  if (target.http2.size() > 1) {  // (the clock is read only when there are others to close)
+    const Clock::time_point idle_before = coarse_now() - target.limits.idle_timeout;
+    auto idle =
+        std::remove_if(target.http2.begin() + 1, target.http2.end(), [&](const auto& session) {
+          if (session->idle_since() >= idle_before) return false;
+          session->close();
+          return true;
+        });
+    target.http2.erase(idle, target.http2.end());
+  }
   for (const auto& session : target.http2) {
     if (session->has_room()) return session.get();
   }
