@@ -41,6 +41,10 @@ constexpr std::size_t kMaxUnsent = 64 * 1024;
 
 // One stream's state, shared by the session (until the stream ends) and its exchange.
 struct Call {
+  // User-provided, so that allocate_shared does not zero the whole call (its head's inline
+  // field storage is 2 KiB) before constructing it.
+  Call() {}
+
   std::uint32_t id = 0;
   /// Its place in the order of opening: its HEADERS reached the socket once the writer has
   /// written past it (Impl::written_).
