@@ -121,6 +121,8 @@ def main():
         subprocess.run([POSTGRES, "stop", pg_dir], check=False)
     data = {"seconds": a.seconds, "rounds": a.rounds, "clients": a.clients,
             "connections": a.connections, "results": results}
+    # (bench/results/ is not in git: a fresh clone has none.)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(data, f, indent=1)
     print()

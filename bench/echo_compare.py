@@ -91,6 +91,8 @@ def main():
               f"{row['throughput_ratio']:.3f}, server CPU per message {row['cpu_ratio']:.3f}",
               flush=True)
         results.append(row)
+    # (bench/results/ is not in git: a fresh clone has none.)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"seconds": args.seconds, "rounds": args.rounds, "cases": results}, f, indent=2)
 

@@ -308,6 +308,8 @@ def main():
         print(f"      {r['rps']:>10,.0f} req/s  p99 {r['p99_ms'] or 0:.2f} ms  "
               f"CPU {cpu or 0:.2f} us/req  errors {r['errors']}", flush=True)
         results.append(r)
+    # (bench/results/ is not in git: a fresh clone has none.)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"seconds": a.seconds, "rounds": a.rounds, "results": results}, f, indent=2)
 

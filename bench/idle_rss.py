@@ -227,6 +227,8 @@ def main():
                   f"{by[('spindle', arrival)] / by[(peer, arrival)]:.2f}", flush=True)
     if certs:
         shutil.rmtree(certs)
+    # (bench/results/ is not in git: a fresh clone has none.)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(results, f, indent=2)
     if a.chart:

@@ -324,6 +324,8 @@ def main():
                     print(f"    {'':<10} {'':<5} {v['cpu_us_per_request']:7.2f} us/req with {what}:"
                           f" {v['cpu_us_per_request'] / s['cpu_us_per_request']:.2f}x the bare "
                           "proxy")
+    # (bench/results/ is not in git: a fresh clone has none.)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"seconds": a.seconds, "rounds": a.rounds, "results": results}, f, indent=2)
     if a.bars:

@@ -200,6 +200,8 @@ upstreams:
                   "rss_after_warmup_kib": base, "rss_peak_kib": peak, "rss_growth": growth,
                   "idle_fds": idle_fds, "fds_after": settled, "samples": samples}
         if args.out:
+            # (bench/results/ is not in git: a fresh clone has none.)
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
             with open(args.out, "w") as f:
                 json.dump(result, f, indent=1)
         if args.chart:

@@ -237,6 +237,8 @@ def main():
             if q and q["cpu_us_per_request"]:
                 ratios.append(f"{s['cpu_us_per_request'] / q['cpu_us_per_request']:.2f}x {peer}")
         print(f"    {name:<24} {s['cpu_us_per_request']:7.2f} us/req  " + ", ".join(ratios))
+    # (bench/results/ is not in git: a fresh clone has none.)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"seconds": a.seconds, "rounds": a.rounds, "results": results}, f, indent=2)
 

@@ -159,6 +159,8 @@ def main():
                 print(f"    {client} {size:>6} B  spindle {s['cpu_us_per_request']:6.2f} us  "
                       f"haproxy {h['cpu_us_per_request']:6.2f} us  "
                       f"{s['cpu_us_per_request'] / h['cpu_us_per_request']:.2f}x")
+    # (bench/results/ is not in git: a fresh clone has none.)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"seconds": a.seconds, "rounds": a.rounds, "results": results}, f, indent=2)
 
