@@ -13,7 +13,6 @@ wrk share the machine, and requests/s says more about them than about the server
     /usr/bin/python3 bench/db_compare.py --bin build/release/bin --out bench/results/db.json
 """
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -24,6 +23,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from http_compare import cpu_seconds, free_port, median_round, parse_wrk, stop, wait_listening  # noqa: E402
+from results_file import write_results  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POSTGRES = os.path.join(ROOT, "tests", "tools", "postgres.sh")
@@ -121,10 +121,7 @@ def main():
         subprocess.run([POSTGRES, "stop", pg_dir], check=False)
     data = {"seconds": a.seconds, "rounds": a.rounds, "clients": a.clients,
             "connections": a.connections, "results": results}
-    # (bench/results/ is not in git: a fresh clone has none.)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(data, f, indent=1)
+    write_results(a.out, data, indent=1)
     print()
     for line in section(data, None):
         print(line)

@@ -15,6 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from http_compare import free_port, stop  # noqa: E402  (shared process helpers)
+from results_file import write_results  # noqa: E402
 
 CASES = [  # (connections, message bytes)
     (100, 64),
@@ -91,10 +92,7 @@ def main():
               f"{row['throughput_ratio']:.3f}, server CPU per message {row['cpu_ratio']:.3f}",
               flush=True)
         results.append(row)
-    # (bench/results/ is not in git: a fresh clone has none.)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"seconds": args.seconds, "rounds": args.rounds, "cases": results}, f, indent=2)
+    write_results(args.out, {"seconds": args.seconds, "rounds": args.rounds, "cases": results}, indent=2)
 
 
 if __name__ == "__main__":

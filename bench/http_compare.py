@@ -11,7 +11,6 @@ With one worker, the server is pinned to CPU 0 and wrk to CPU 1. With two worker
 pinned (they share both cores). Loopback only; every process started here is stopped by PID.
 """
 import argparse
-import json
 import os
 import re
 import shutil
@@ -21,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from results_file import write_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -308,10 +308,7 @@ def main():
         print(f"      {r['rps']:>10,.0f} req/s  p99 {r['p99_ms'] or 0:.2f} ms  "
               f"CPU {cpu or 0:.2f} us/req  errors {r['errors']}", flush=True)
         results.append(r)
-    # (bench/results/ is not in git: a fresh clone has none.)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump({"seconds": a.seconds, "rounds": a.rounds, "results": results}, f, indent=2)
+    write_results(a.out, {"seconds": a.seconds, "rounds": a.rounds, "results": results}, indent=2)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import http_compare  # noqa: E402  (server start-up and process helpers)
+from results_file import write_results  # noqa: E402
 
 REQUEST = b"GET /plaintext HTTP/1.1\r\nHost: x\r\n\r\n"
 
@@ -227,10 +228,7 @@ def main():
                   f"{by[('spindle', arrival)] / by[(peer, arrival)]:.2f}", flush=True)
     if certs:
         shutil.rmtree(certs)
-    # (bench/results/ is not in git: a fresh clone has none.)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(results, f, indent=2)
+    write_results(a.out, results, indent=2)
     if a.chart:
         chart(results, a.chart, a.before)
 

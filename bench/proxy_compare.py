@@ -26,6 +26,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from http_compare import ROOT, free_port, median_round, pin, stop, wait_listening  # noqa: E402
 from tls_compare import SYSCALL_SECONDS, count_syscalls, measure, syscalls_text  # noqa: E402
+from results_file import write_results  # noqa: E402
 
 SETUPS = [  # name, client tool, client scheme, upstream protocol
     ("h1->h1", "wrk", "http", "h1"),
@@ -324,10 +325,7 @@ def main():
                     print(f"    {'':<10} {'':<5} {v['cpu_us_per_request']:7.2f} us/req with {what}:"
                           f" {v['cpu_us_per_request'] / s['cpu_us_per_request']:.2f}x the bare "
                           "proxy")
-    # (bench/results/ is not in git: a fresh clone has none.)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump({"seconds": a.seconds, "rounds": a.rounds, "results": results}, f, indent=2)
+    write_results(a.out, {"seconds": a.seconds, "rounds": a.rounds, "results": results}, indent=2)
     if a.bars:
         bars(results, a.bars)
 

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from results_file import write_results  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -200,10 +201,7 @@ upstreams:
                   "rss_after_warmup_kib": base, "rss_peak_kib": peak, "rss_growth": growth,
                   "idle_fds": idle_fds, "fds_after": settled, "samples": samples}
         if args.out:
-            # (bench/results/ is not in git: a fresh clone has none.)
-            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-            with open(args.out, "w") as f:
-                json.dump(result, f, indent=1)
+            write_results(args.out, result, indent=1)
         if args.chart:
             chart(result, args.chart)
         print(f"soak: {done} requests, {errors} socket errors, {non2xx} non-2xx; RSS "

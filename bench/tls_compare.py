@@ -12,7 +12,6 @@ pinned to CPU 0 and the load generator to CPU 1. Loopback only; every process st
 stopped by PID.
 """
 import argparse
-import json
 import os
 import re
 import shutil
@@ -23,6 +22,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from http_compare import (ROOT, SyscallCount, cpu_seconds, cpu_us_per_request,  # noqa: E402
                           free_port, median_round, parse_wrk, pin, stop, wait_listening)
+from results_file import write_results  # noqa: E402
 
 WORKLOADS = [  # name, tool, scheme, extra arguments
     ("h2 TLS c100 m10", "h2load", "https", []),
@@ -237,10 +237,7 @@ def main():
             if q and q["cpu_us_per_request"]:
                 ratios.append(f"{s['cpu_us_per_request'] / q['cpu_us_per_request']:.2f}x {peer}")
         print(f"    {name:<24} {s['cpu_us_per_request']:7.2f} us/req  " + ", ".join(ratios))
-    # (bench/results/ is not in git: a fresh clone has none.)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump({"seconds": a.seconds, "rounds": a.rounds, "results": results}, f, indent=2)
+    write_results(a.out, {"seconds": a.seconds, "rounds": a.rounds, "results": results}, indent=2)
 
 
 if __name__ == "__main__":

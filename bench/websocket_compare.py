@@ -19,6 +19,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from http_compare import (ROOT, cpu_seconds, free_port, median_round, pin, stop,  # noqa: E402
                           wait_listening)
+from results_file import write_results  # noqa: E402
 
 CLIENTS = ["h1", "h2"]
 SIZES = [64, 16384]
@@ -159,10 +160,7 @@ def main():
                 print(f"    {client} {size:>6} B  spindle {s['cpu_us_per_request']:6.2f} us  "
                       f"haproxy {h['cpu_us_per_request']:6.2f} us  "
                       f"{s['cpu_us_per_request'] / h['cpu_us_per_request']:.2f}x")
-    # (bench/results/ is not in git: a fresh clone has none.)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump({"seconds": a.seconds, "rounds": a.rounds, "results": results}, f, indent=2)
+    write_results(a.out, {"seconds": a.seconds, "rounds": a.rounds, "results": results}, indent=2)
 
 
 if __name__ == "__main__":
