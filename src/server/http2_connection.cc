@@ -101,8 +101,11 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   // Used by the streams.
   h2::ServerSession& session() { return session_; }
   const ServerOptions& options() const { return shared_.options; }
-  /// Wakes the writer (there may be frames to send).
-  void wake_writer() { writer_wake_.set(); }
+  /// Wakes the writer (there may be frames to send). Several times a request: a flag already
+  /// set is left alone (one worker: the flag seen is the flag; set() would take its lock).
+  void wake_writer() {
+    if (!writer_wake_.is_set()) writer_wake_.set();
+  }
   /// `s` has body bytes (or its end) for the writer to frame.
   void want_to_send(H2Stream& s);
   /// Resets `s` (the handler gave up, or its body failed).

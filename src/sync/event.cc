@@ -6,23 +6,20 @@ namespace spindle {
 
 void Event::set() {
   std::lock_guard guard(lock_);
-  set_ = true;
+  set_.store(true, std::memory_order_release);
   waiters_.notify_all();
 }
 
 void Event::reset() {
   std::lock_guard guard(lock_);
-  set_ = false;
+  set_.store(false, std::memory_order_relaxed);
 }
 
-bool Event::is_set() {
-  std::lock_guard guard(lock_);
-  return set_;
-}
+bool Event::is_set() const { return set_.load(std::memory_order_acquire); }
 
 std::error_code Event::wait(Deadline deadline, bool cancellable) {
   std::unique_lock guard(lock_);
-  while (!set_) {
+  while (!set_.load(std::memory_order_relaxed)) {
     if (auto ec = waiters_.wait(lock_, deadline, cancellable)) return ec;
   }
   return {};

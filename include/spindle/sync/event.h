@@ -1,6 +1,7 @@
 #pragma once
 /// Event: a manual-reset flag that fibers and threads can wait for.
 
+#include <atomic>
 #include <system_error>
 
 #include "spindle/fiber/spin_lock.h"
@@ -20,18 +21,18 @@ class Event {
   void set();
   /// Clears the flag.
   void reset();
-  /// True if set.
-  bool is_set();
+  /// True if set (a load: no lock taken).
+  bool is_set() const;
   /// Waits until set. Returns {}, std::errc::timed_out or std::errc::operation_canceled
   /// (never with `cancellable` false: kNotCancellable).
   [[nodiscard]] std::error_code wait(Deadline deadline = Deadline::never(),
                                      bool cancellable = true);
 
  private:
-  /// Guards set_ and waiters_.
+  /// Guards waiters_ and changes of set_.
   SpinLock lock_;
-  /// The flag.
-  bool set_ = false;
+  /// The flag: changed under lock_, read without it where a stale answer is as good.
+  std::atomic<bool> set_{false};
   /// Who waits for it.
   WaitList waiters_;
 };
