@@ -232,6 +232,7 @@ void Worker::poll(std::chrono::milliseconds timeout) {
     }
     if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) wake_io(slot.writer);
   });
+  polled_at_ = Clock::now();
   if (!polled) log_error("worker {}: epoll_wait failed: {}", index_, polled.error().message());
 }
 

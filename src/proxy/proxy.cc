@@ -1093,7 +1093,9 @@ http::Middleware Proxy::middleware(std::string server_key) {
   std::uint32_t unrouted = metrics_ ? metrics_->request_series(server_key, "") : 0;
   return [this, server_key = std::move(server_key), unrouted](
              http::Request& request, const http::Next& next) -> http::Response {
-    auto began = metrics_ ? Clock::now() : Clock::time_point{};
+    // From when its bytes came in (the poll that woke the connection, not a clock read of
+    // its own): what a client waited for, and a clock read less a request.
+    auto began = metrics_ ? Worker::last_poll_time() : Clock::time_point{};
     // A copy: the request keeps this snapshot (and the route it points into) even if a new
     // one is published while it runs.
     std::shared_ptr<Gateway> gateway = gateways_.current();

@@ -147,6 +147,47 @@ def test_metrics_count_requests_and_targets_in_the_prometheus_format(build_dir, 
         a.stop()
 
 
+def test_request_durations_fall_in_the_buckets_of_their_time(build_dir, tmp_path):
+    # A request's duration runs from when its bytes came in (the worker's poll) to its
+    # response: a route to an upstream that waits 300 ms lands between 0.25 and 0.5 s, one to
+    # a prompt upstream below 0.1 s; neither at 0 nor past every bucket.
+    fast, slow = upstream(build_dir, "fast"), upstream(build_dir, "slow", delay_ms=300)
+    admin_port, port = free_port(), free_port()
+    gw, _ = start(build_dir, tmp_path, f"""
+admin: {{listen: 127.0.0.1:{admin_port}}}
+servers:
+  - {{name: public, listen: 127.0.0.1:{port}, access_log: off}}
+routes:
+  - {{name: fast, match: {{path_prefix: /fast/}}, middlewares: [{{strip_prefix: /fast}}],
+     service: fast}}
+  - {{name: slow, match: {{path_prefix: /slow/}}, middlewares: [{{strip_prefix: /slow}}],
+     service: slow}}
+services:
+  fast: {{url: "http://{addr(fast)}"}}
+  slow: {{url: "http://{addr(slow)}"}}
+""")
+    try:
+        for _ in range(4):
+            assert request(gw, "GET", "/fast/plaintext")[0] == 200
+        for _ in range(2):
+            assert request(gw, "GET", "/slow/plaintext")[0] == 200
+        m = samples(admin_get(admin_port, "/metrics")[2])
+
+        def bucket(route, le):
+            return value(m, "spindle_request_duration_seconds_bucket", server="public",
+                         route=route, le=le)
+
+        assert bucket("fast", "0.1") == 4 and bucket("fast", "+Inf") == 4
+        assert bucket("slow", "0.25") == 0
+        assert bucket("slow", "0.5") == 2 and bucket("slow", "+Inf") == 2
+        total = value(m, "spindle_request_duration_seconds_sum", server="public", route="slow")
+        assert 0.6 <= total < 1.0, total
+    finally:
+        gw.stop()
+        fast.stop()
+        slow.stop()
+
+
 def test_healthz_config_and_ready_while_draining(build_dir, tmp_path):
     a = upstream(build_dir, "a")
     admin_port, port = free_port(), free_port()

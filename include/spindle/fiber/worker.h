@@ -79,6 +79,17 @@ class Worker {
   /// How many times the loop has polled the reactor (owner thread). A reader that drained a
   /// socket and sees the same count later knows no readiness edge was delivered in between.
   std::uint64_t polls() const { return polls_; }
+  /// When the last look at the reactor returned: when what it woke (a request's bytes) came
+  /// in, to within one turn of the loop. One clock read a poll, shared by everything the poll
+  /// woke, where a read of the clock by each request would show in its cost (owner thread).
+  Clock::time_point polled_at() const { return polled_at_; }
+  /// polled_at() of the calling thread's worker; the clock itself outside a worker, or before
+  /// its first poll.
+  static Clock::time_point last_poll_time() {
+    const Worker* worker = current();
+    return worker != nullptr && worker->polled_at_ != Clock::time_point{} ? worker->polled_at_
+                                                                          : Clock::now();
+  }
   /// A fresh fiber id (owner thread or before start).
   FiberId next_fiber_id() {
     return (FiberId{index_} << 48) | (fiber_seq_.fetch_add(1, std::memory_order_relaxed) + 1);
@@ -155,8 +166,9 @@ class Worker {
   Fiber* live_head_ = nullptr;
   /// Number of live fibers.
   std::size_t live_count_ = 0;
-  /// Reactor polls so far.
+  /// Reactor polls so far, and when the last one returned.
   std::uint64_t polls_ = 0;
+  Clock::time_point polled_at_{};
   /// Counter behind next_fiber_id() (atomic: a fiber may be created on another thread).
   std::atomic<FiberId> fiber_seq_{0};
   /// Set by request_stop(); the loop exits when no fiber is left.
