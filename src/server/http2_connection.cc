@@ -23,6 +23,7 @@
 #include "response_head.h"
 #include "server_internal.h"
 #include "spindle/base/ascii.h"
+#include "spindle/base/intrusive_ptr.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/buffer_pool.h"
@@ -73,6 +74,10 @@ std::span<const std::uint8_t> bytes_of(std::string_view s) {
 }
 
 class H2Stream;
+/// A stream's owners (the connection's lists, its handler) share it by a count of its own:
+/// all on one worker, so not the atomic count of a shared_ptr (three locked instructions a
+/// request).
+using StreamRef = IntrusivePtr<H2Stream>;
 
 }  // namespace
 
@@ -151,7 +156,7 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   /// forgets it.
   void refuse_stream(H2Stream& s);
   /// Queues the handler of one stream for the connection's handler fibers.
-  void start_one(std::shared_ptr<H2Stream> stream);
+  void start_one(StreamRef stream);
   /// Starts a fiber for the queued handlers (run_handlers), `run_next` (SpawnOptions) or in
   /// turn. Without one (no stack), the streams still queued are refused, so the client may
   /// send them again.
@@ -166,7 +171,7 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   /// one runs.
   void note_costly_reset();
   /// Runs the handler of `s` and submits its response.
-  void handle(std::shared_ptr<H2Stream> s);
+  void handle(StreamRef s);
   /// Submits the head of `response` for `s` (and its body, streaming it if it has a producer).
   void submit_response(H2Stream& s, Response& response, bool head_only);
   /// Runs a tunnel on stream `s` once its 2xx head went (an extended CONNECT, RFC 8441).
@@ -219,7 +224,7 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   h2::ServerSession session_;
   /// The open streams, in no order; each knows its index here. `last_found_`: the one the
   /// last lookup found (a header block's fields all go to one stream).
-  std::vector<std::shared_ptr<H2Stream>> open_;
+  std::vector<StreamRef> open_;
   H2Stream* last_found_ = nullptr;
   /// Streams with body bytes (or the end of their body) not yet framed.
   std::vector<H2Stream*> sending_;
@@ -234,7 +239,7 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   /// A file body's bytes on their way into a DATA frame.
   std::string file_chunk_;
   /// Streams whose handler is due, oldest first from `runnable_head_`.
-  std::vector<std::shared_ptr<H2Stream>> runnable_;
+  std::vector<StreamRef> runnable_;
   std::size_t runnable_head_ = 0;
   /// Handler fibers alive (run_handlers), and those spawned that have not begun.
   WaitGroup handlers_;
@@ -256,7 +261,7 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   bool notice_sent_ = false;
   Deadline notice_deadline_;
   /// Streams whose HEADERS are complete, waiting for the read to be processed.
-  std::vector<std::shared_ptr<H2Stream>> due_;
+  std::vector<StreamRef> due_;
   /// The highest stream whose handler started, and the highest a GOAWAY sent allows.
   std::uint32_t last_started_id_ = 0;
   std::uint32_t goaway_last_id_ = std::numeric_limits<std::uint32_t>::max();
@@ -270,9 +275,13 @@ namespace {
 
 // One request/response exchange. Shared by the connection's list (until it is done there) and
 // its handler fiber (until the handler is done).
-class H2Stream final : public BodySource, public InterimSink {
+class H2Stream final : public BodySource, public InterimSink, public BlockCached {
  public:
   H2Stream(Http2Connection& c, std::uint32_t stream_id) : conn(c), id(stream_id) {}
+  void add_ref() { ++refs_; }
+  void release() {
+    if (--refs_ == 0) delete this;
+  }
 
   Http2Connection& conn;
   const std::uint32_t id;
@@ -334,6 +343,10 @@ class H2Stream final : public BodySource, public InterimSink {
   /// Appends to out_body for the writer, then waits while more than kStreamedHighWater is
   /// buffered; false if the stream closed (or the wait failed: `error`).
   bool send(std::string_view data, Deadline deadline, std::error_code* error = nullptr);
+
+ private:
+  /// StreamRefs to it.
+  std::uint32_t refs_ = 1;
 };
 
 bool H2Stream::send_interim(int status, const HeaderMap& fields) {
@@ -601,7 +614,7 @@ Http2Connection::Http2Connection(ConnectionState& state)
 Http2Connection::~Http2Connection() { std::erase(worker_.http2, this); }
 
 H2Stream& Http2Connection::open_stream(std::uint32_t id) {
-  auto s = std::allocate_shared<H2Stream>(BlockAllocator<H2Stream>(), *this, id);
+  auto s = StreamRef::adopt(new H2Stream(*this, id));
   s->open_index = open_.size();
   open_.push_back(std::move(s));
   last_found_ = open_.back().get();
@@ -695,7 +708,7 @@ void Http2Connection::start_due_handlers() {
   if (due_.empty()) return;
   // A session that failed is ending (a protocol error, a flood): nothing more runs.
   const bool ending = session_.failed();
-  for (std::shared_ptr<H2Stream>& due : due_) {
+  for (StreamRef& due : due_) {
     H2Stream& s = *due;
     if (s.closed || ending) {
       forget(s);  // reset (or ended) before it could start: nothing ran
@@ -717,7 +730,7 @@ void Http2Connection::refuse_stream(H2Stream& s) {
   forget(s);
 }
 
-void Http2Connection::start_one(std::shared_ptr<H2Stream> stream) {
+void Http2Connection::start_one(StreamRef stream) {
   last_started_id_ = std::max(last_started_id_, stream->id);
   runnable_.push_back(std::move(stream));
   if (runners_starting_ == 0) start_runner();
@@ -761,7 +774,7 @@ void Http2Connection::run_handlers() {
     }
   } done{*this};
   while (runnable_head_ < runnable_.size()) {
-    std::shared_ptr<H2Stream> s = std::move(runnable_[runnable_head_++]);
+    StreamRef s = std::move(runnable_[runnable_head_++]);
     if (runnable_head_ == runnable_.size()) {
       runnable_.clear();
       runnable_head_ = 0;
@@ -777,7 +790,7 @@ void Http2Connection::run_handlers() {
   }
 }
 
-void Http2Connection::handle(std::shared_ptr<H2Stream> s) {
+void Http2Connection::handle(StreamRef s) {
   // Whatever happens here, the connection learns that this handler is done.
   struct Done {
     Http2Connection& connection;
