@@ -1096,10 +1096,8 @@ http::Middleware Proxy::middleware(std::string server_key) {
     // From when its bytes came in (the poll that woke the connection, not a clock read of
     // its own): what a client waited for, and a clock read less a request.
     auto began = metrics_ ? Worker::last_poll_time() : Clock::time_point{};
-    // A copy: the request keeps this snapshot (and the route it points into) even if a new
-    // one is published while it runs.
-    std::shared_ptr<Gateway> gateway = gateways_.current();
-    const Gateway::Server* server = gateway ? gateway->server(server_key) : nullptr;
+    const std::shared_ptr<Gateway>& current = gateways_.current();
+    const Gateway::Server* server = current ? current->server(server_key) : nullptr;
     const RouteConfig* route = nullptr;
     if (server != nullptr && server->routes.size() != 0) {
       // An extended CONNECT (RFC 8441) routes as the GET upgrade it stands for.
@@ -1107,6 +1105,10 @@ http::Middleware Proxy::middleware(std::string server_key) {
       route = server->routes.select(request.header(http::token::kHost), request.target(), method,
                                     request.headers());
     }
+    // A routed request keeps a copy of the snapshot (and of the route it points into), even if
+    // a new one is published while it runs; one no route takes needs none (the copy's
+    // count is atomic: two locked instructions).
+    std::shared_ptr<Gateway> gateway = route ? current : nullptr;
     // Built in place (a response is a few KiB: each move of one shows per request).
     http::Response response = route ? on_route(request, gateway, *server, *route) : next(request);
     if (route) {
