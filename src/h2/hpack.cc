@@ -313,9 +313,11 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
       } else if (index <= kStaticCount) {
         f.name = kStatic[index - 1].name;
         f.token = kStatic[index - 1].token;
+        d.name_checked = true;
       } else if (const auto* entry = table_.get(static_cast<std::size_t>(index))) {
         f.name = entry->name();
         f.token = entry->token;
+        d.name_checked = entry->valid;  // (a valid entry's name and value both are)
       } else {
         return Status::kBadIndex;
       }
@@ -333,7 +335,7 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
         } else {
           // Checked once for every later reference to it; then read from the new entry (the
           // name may have been one of those evicted).
-          d.checked = valid_name(f.name) && valid_value(f.value);
+          d.checked = (d.name_checked || valid_name(f.name)) && valid_value(f.value);
           table_.add(f.name, f.value, f.token, d.checked);
           const auto* added = table_.get(kStaticCount + 1);
           f.name = added->name();

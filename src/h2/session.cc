@@ -21,7 +21,7 @@ bool connection_specific(const http::Token* token) {
 
 // A decoded field passes RFC 9113 §8.2.1 (the decoder has checked table entries already).
 bool valid_field(const hpack::Decoded& d) {
-  return d.checked || (valid_name(d.field.name) && valid_value(d.field.value));
+  return d.checked || ((d.name_checked || valid_name(d.field.name)) && valid_value(d.field.value));
 }
 
 // A Content-Length value into `length` (which holds an earlier one, or -1): false if it is not

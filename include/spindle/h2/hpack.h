@@ -85,9 +85,11 @@ struct Field {
 /// during the call only; the name's token when it has one (found once: for a table entry when
 /// it was added). `checked`: the name and value are known to pass valid_name and valid_value
 /// (a static entry, or a dynamic one checked when added); otherwise the caller checks them.
+/// `name_checked`: the name alone is known to pass (a literal value under a table's name).
 struct Decoded {
   http::Field field;
   bool checked = false;
+  bool name_checked = false;
 };
 
 /// Huffman coding (RFC 7541 Appendix B), table-driven both ways.

@@ -435,7 +435,9 @@ TEST(Hpack, BothDirectionsAgreeWithNghttp2OnRandomConnections) {
 // evicts (as a decoder does with an indexed name).
 // Each decoded field carries its name's token, however it was coded (static index, dynamic
 // index, literal name), and says whether the name and value are known good: a static entry
-// always, a dynamic one as it was found when added, a literal never (the caller checks).
+// always, a dynamic one as it was found when added, a literal never (the caller checks); and
+// whether its name alone is: a literal value under a table's name (a dynamic entry's only if
+// that entry was found good).
 TEST(Hpack, DecodedFieldsCarryTheirTokenAndWhetherTheyWereChecked) {
   Encoder encoder;
   std::string block;
@@ -446,34 +448,51 @@ TEST(Hpack, DecodedFieldsCarryTheirTokenAndWhetherTheyWereChecked) {
                   {"authorization", "a"}},  // static name, never indexed
                  block);
   encoder.encode({{"content-type", "a/b"}, {"x-mine", "1"}, {"x-bad", " 1"}}, block);
+  // Literal values without indexing (0000xxxx) under the names of the dynamic entries, the
+  // newest first (62: x-bad, 63: x-mine), and under a static one (23: authorization).
+  block += std::string(
+      "\x0f\x2f\x01"
+      "2"
+      "\x0f\x30\x01"
+      "2"
+      "\x0f\x08\x01"
+      "b",
+      12);
   struct Seen {
     std::string name;
     const spindle::http::Token* token;
     bool checked;
+    bool name_checked;
   };
   std::vector<Seen> seen;
   Decoder decoder;
-  ASSERT_EQ(decoder.decode(bytes(block),
-                           [&](const Decoded& d) {
-                             seen.push_back({std::string(d.field.name), d.field.token, d.checked});
-                           }),
-            Status::kOk);
+  ASSERT_EQ(
+      decoder.decode(
+          bytes(block),
+          [&](const Decoded& d) {
+            seen.push_back({std::string(d.field.name), d.field.token, d.checked, d.name_checked});
+          }),
+      Status::kOk);
   namespace token = spindle::http::token;
-  ASSERT_EQ(seen.size(), 8u);
+  ASSERT_EQ(seen.size(), 11u);
   auto expect = [&](std::size_t i, std::string_view name, const spindle::http::Token* t,
-                    bool checked) {
+                    bool checked, bool name_checked) {
     EXPECT_EQ(seen[i].name, name) << i;
     EXPECT_EQ(seen[i].token, t) << i;
     EXPECT_EQ(seen[i].checked, checked) << i;
+    if (!checked) EXPECT_EQ(seen[i].name_checked, name_checked) << i;
   };
-  expect(0, ":method", &token::kMethod, true);
-  expect(1, "content-type", &token::kContentType, true);
-  expect(2, "x-mine", nullptr, true);
-  expect(3, "x-bad", nullptr, false);
-  expect(4, "authorization", &token::kAuthorization, false);
-  expect(5, "content-type", &token::kContentType, true);  // now by dynamic index
-  expect(6, "x-mine", nullptr, true);
-  expect(7, "x-bad", nullptr, false);
+  expect(0, ":method", &token::kMethod, true, true);
+  expect(1, "content-type", &token::kContentType, true, true);
+  expect(2, "x-mine", nullptr, true, true);
+  expect(3, "x-bad", nullptr, false, false);  // a literal name
+  expect(4, "authorization", &token::kAuthorization, false, true);
+  expect(5, "content-type", &token::kContentType, true, true);  // now by dynamic index
+  expect(6, "x-mine", nullptr, true, true);
+  expect(7, "x-bad", nullptr, false, false);
+  expect(8, "x-bad", nullptr, false, false);  // the name of an entry found bad
+  expect(9, "x-mine", nullptr, false, true);
+  expect(10, "authorization", &token::kAuthorization, false, true);
 }
 
 // The encoder finds a repeated field of a known name at once (the newest entry of its name),
