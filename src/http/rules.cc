@@ -33,17 +33,23 @@ NominatedFields::NominatedFields(const HeaderMap& headers) : headers_(headers) {
         overflow_ = true;
         return false;
       }
-      names_[count_++] = token;
+      names_[count_++] = {token, find_token(token)};
       return true;
     });
     if (overflow_) return;
   }
 }
 
-bool NominatedFields::contains(std::string_view name) const {
-  if (overflow_) return connection_nominates(headers_, name);
+bool NominatedFields::contains(const Field& field) const {
+  if (overflow_) return connection_nominates(headers_, field.name);
   for (std::size_t i = 0; i < count_; ++i) {
-    if (names_[i].size() == name.size() && iequals(names_[i], name)) return true;
+    const Name& listed = names_[i];
+    if (listed.token != nullptr
+            ? field.token == listed.token
+            : field.token == nullptr && listed.text.size() == field.name.size() &&
+                  iequals(listed.text, field.name)) {
+      return true;
+    }
   }
   return false;
 }

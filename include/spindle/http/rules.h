@@ -173,18 +173,26 @@ bool connection_nominates(const HeaderMap& headers, std::string_view name);
 
 /// The names a message's Connection and Proxy-Connection fields list, read once: checking each
 /// field of the message against them is then a look at a few names, not a scan of the whole
-/// message per field (connection_nominates). Refers to `headers`, which must outlive it.
+/// message per field (connection_nominates). A listed name spindle knows is kept as its token,
+/// so a field with a token is checked by pointer (a HeaderMap field has its name's token when
+/// it has one). Refers to `headers`, which must outlive it.
 class NominatedFields {
  public:
   explicit NominatedFields(const HeaderMap& headers);
-  /// True if `name` is listed (names compared without regard to case).
-  bool contains(std::string_view name) const;
+  /// True if the field's name is listed (names compared without regard to case).
+  bool contains(const Field& field) const;
+  bool contains(std::string_view name) const { return contains(Field{name, {}, find_token(name)}); }
   bool empty() const { return count_ == 0 && !overflow_; }
 
  private:
   static constexpr std::size_t kInline = 8;
+  /// A listed name, and its token if it has one.
+  struct Name {
+    std::string_view text;
+    const Token* token;
+  };
   const HeaderMap& headers_;
-  std::array<std::string_view, kInline> names_{};
+  std::array<Name, kInline> names_;  // the first count_ are set
   std::size_t count_ = 0;
   /// More than kInline names: contains() asks connection_nominates.
   bool overflow_ = false;
@@ -214,7 +222,7 @@ enum class FieldsFor : std::uint16_t {
 /// table and the names the message's Connection fields list (`nominated`). The exceptions a
 /// sender makes stay with it (a 101 keeps Upgrade and Connection; TE: trailers goes upstream).
 inline bool forwardable(const Field& field, const NominatedFields& nominated, FieldsFor to) {
-  return field_flags(field, static_cast<std::uint16_t>(to)) == 0 && !nominated.contains(field.name);
+  return field_flags(field, static_cast<std::uint16_t>(to)) == 0 && !nominated.contains(field);
 }
 /// The same for a field known by its name only.
 inline bool forwardable(std::string_view name, const NominatedFields& nominated, FieldsFor to) {

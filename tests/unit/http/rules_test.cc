@@ -222,6 +222,23 @@ TEST(HttpRules, NominatedFieldsAreReadOnceAndAgreeWithConnectionNominates) {
     EXPECT_FALSE(nominated.contains(name)) << name;
   }
   EXPECT_TRUE(NominatedFields(fields({{"Host", "a"}})).empty());
+  // A listed name spindle knows is matched by its token, one it does not by its text: each
+  // field of a message (which carries its name's token) agrees with connection_nominates.
+  HeaderMap mixed = fields({{"Connection", "DATE, x-Unknown"},
+                            {"Date", "today"},
+                            {"X-UNKNOWN", "1"},
+                            {"X-Unknow", "2"},
+                            {"Server", "s"},
+                            {"Content-Type", "a/b"}});
+  NominatedFields listed(mixed);
+  std::vector<std::string> found;
+  for (const Field& f : mixed) {
+    EXPECT_EQ(listed.contains(f), connection_nominates(mixed, f.name)) << f.name;
+    if (listed.contains(f)) found.emplace_back(f.name);
+  }
+  EXPECT_EQ(found, (std::vector<std::string>{"Date", "X-UNKNOWN"}));
+  EXPECT_TRUE(listed.contains("date") && listed.contains("X-unknown"));
+  EXPECT_FALSE(listed.contains("x-unknow") || listed.contains("dat") || listed.contains("server"));
   // More names than it keeps inline: it asks the message instead, with the same answers.
   std::string many;
   for (int i = 0; i < 12; ++i) many += "x-" + std::to_string(i) + ", ";
