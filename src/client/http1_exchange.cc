@@ -427,10 +427,11 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
   bool head_sent_ = false;
   bool request_done_ = false;
   /// The response: bytes read ([in_begin_, end) not yet used), the head's own bytes, the head.
-  /// The read buffer (16 KiB a read) comes from the block cache: an exchange per request.
+  /// The read buffer (16 KiB a read) and the head's copy come from the block cache: an
+  /// exchange per request.
   BlockString in_;
   std::size_t in_begin_ = 0;
-  std::string head_bytes_;
+  BlockString head_bytes_;
   ClientResponseHead response_;
   bool have_head_ = false;
   bool got_response_byte_ = false;

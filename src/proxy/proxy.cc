@@ -1420,7 +1420,10 @@ Forwarding::Attempt Forwarding::exchange_with(const Gateway::Target& target) {
     attempt.failure = opened.error();
     return attempt;
   }
-  attempt.exchange = std::move(*opened);
+  // Shared with the client-gone callback and a streamed body's producer. Its count comes from
+  // the block cache: made from the unique_ptr, a shared_ptr takes it from malloc.
+  attempt.exchange = std::shared_ptr<http::ClientExchange>(
+      opened->release(), std::default_delete<http::ClientExchange>(), BlockAllocator<char>());
   http::ClientExchange& exchange = *attempt.exchange;
   last_reused_ = exchange.reused();
   // The client going away cancels the exchange (HTTP/2 RST_STREAM).

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "spindle/fiber/block_cache.h"
 #include "spindle/h1/parser.h"
 #include "spindle/http/header_map.h"
 #include "spindle/io/deadline.h"
@@ -178,8 +179,9 @@ class Request {
   std::function<void()>* gone_ = nullptr;
   /// See send_interim.
   InterimSink* interim_ = nullptr;
-  /// See set_attribute.
-  std::vector<std::pair<std::string, std::string>> attributes_;
+  /// See set_attribute. From the block cache: a gateway sets some on each request it forwards.
+  using Attribute = std::pair<std::string, std::string>;
+  std::vector<Attribute, BlockAllocator<Attribute>> attributes_;
 };
 
 /// A byte range of an open file, sent with sendfile(2) instead of a body string.
