@@ -58,17 +58,30 @@ constexpr std::size_t kEntryOverhead = 32;  // RFC 7541 §4.1
 }
 
 // Reads a string literal: a view into the block, or the Huffman decoding in `buffer`.
-Status read_string(std::span<const std::uint8_t> in, std::size_t& at, std::string& buffer,
-                   std::string_view& out) {
+// A string literal's bytes at `at` (its length read), and whether they are Huffman-coded.
+Status take_string(std::span<const std::uint8_t> in, std::size_t& at,
+                   std::span<const std::uint8_t>& bytes, bool& huffman) {
   if (at >= in.size()) return Status::kTruncated;
-  const bool huffman = (in[at] & 0x80) != 0;
+  huffman = (in[at] & 0x80) != 0;
   std::uint64_t length = 0;
   if (Status s = read_integer(in, at, 7, length); s != Status::kOk) return s;
   if (length > in.size() - at) return Status::kTruncated;
-  auto bytes = in.subspan(at, static_cast<std::size_t>(length));
+  bytes = in.subspan(at, static_cast<std::size_t>(length));
   at += bytes.size();
+  return Status::kOk;
+}
+
+std::string_view as_text(std::span<const std::uint8_t> bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+Status read_string(std::span<const std::uint8_t> in, std::size_t& at, std::string& buffer,
+                   std::string_view& out) {
+  std::span<const std::uint8_t> bytes;
+  bool huffman = false;
+  if (Status s = take_string(in, at, bytes, huffman); s != Status::kOk) return s;
   if (!huffman) {
-    out = std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    out = as_text(bytes);
     return Status::kOk;
   }
   buffer.clear();
@@ -269,6 +282,40 @@ std::size_t DynamicTable::find(std::string_view name, const http::Token* token,
 
 // --- Decoder -----------------------------------------------------------------------------
 
+const ValueMemo::Entry* ValueMemo::find(std::span<const std::uint8_t> coded) {
+  for (Entry& e : entries_) {
+    if (e.coded_size == coded.size() && e.coded_size != 0 &&
+        std::memcmp(e.coded, coded.data(), coded.size()) == 0) {
+      ++hits_;
+      e.used = true;
+      return &e;
+    }
+  }
+  return nullptr;
+}
+
+const ValueMemo::Entry* ValueMemo::add(std::span<const std::uint8_t> coded, std::string_view text) {
+  if (coded.empty() || coded.size() > kMaxCoded || text.size() > kMaxText) return nullptr;
+  // (At most one turn of the clock: it clears each used mark it passes.)
+  Entry* slot = nullptr;
+  while (slot == nullptr) {
+    Entry& e = entries_[next_];
+    next_ = (next_ + 1) % kEntries;
+    if (e.used) {
+      e.used = false;
+    } else {
+      slot = &e;
+    }
+  }
+  Entry& e = *slot;
+  e.coded_size = static_cast<std::uint8_t>(coded.size());
+  std::memcpy(e.coded, coded.data(), coded.size());
+  e.text_size = static_cast<std::uint8_t>(text.size());
+  std::memcpy(e.text, text.data(), text.size());
+  e.valid = valid_value(text);
+  return &e;
+}
+
 Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
                             void (*deliver)(void*, const Decoded&)) {
   std::size_t at = 0;
@@ -321,7 +368,22 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
       } else {
         return Status::kBadIndex;
       }
-      if (Status s = read_string(in, at, value_buffer_, f.value); s != Status::kOk) return s;
+      // The value: a literal, or Huffman-coded (decoded once, with the memo, if it came before).
+      std::span<const std::uint8_t> coded;
+      bool huffman = false;
+      const ValueMemo::Entry* memo = nullptr;
+      if (Status s = take_string(in, at, coded, huffman); s != Status::kOk) return s;
+      if (!huffman) {
+        f.value = as_text(coded);
+      } else if (memo_ && (memo = memo_->find(coded)) != nullptr) {
+        f.value = memo->text_view();
+      } else {
+        value_buffer_.clear();
+        if (!huffman::decode(coded, value_buffer_)) return Status::kBadHuffman;
+        f.value = value_buffer_;
+        if (memo_) memo = memo_->add(coded, f.value);
+      }
+      if (memo != nullptr && !indexing) d.checked = d.name_checked && memo->valid;
       if (indexing) {
         if (f.name.size() + f.value.size() + kEntryOverhead > table_.max_size()) {
           // Too large for the table, which it empties (RFC 7541 §4.4); the name may be one of
@@ -335,7 +397,8 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
         } else {
           // Checked once for every later reference to it; then read from the new entry (the
           // name may have been one of those evicted).
-          d.checked = (d.name_checked || valid_name(f.name)) && valid_value(f.value);
+          d.checked = (d.name_checked || valid_name(f.name)) &&
+                      (memo != nullptr ? memo->valid : valid_value(f.value));
           table_.add(f.name, f.value, f.token, d.checked);
           const auto* added = table_.get(kStaticCount + 1);
           f.name = added->name();

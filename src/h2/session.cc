@@ -141,6 +141,9 @@ Session::Session(Role role, SessionLimits limits, SessionHandler& handler)
       decoder_(4096, limits.max_header_list_size),
       connection_receive_window_(std::max<std::int64_t>(65535, limits.connection_window)) {
   if (role == Role::kClient) {
+    // An upstream answers every request on few connections, often with the same values
+    // (nginx indexes none of its response fields).
+    decoder_.enable_value_memo();
     out_.assign(kPreface);
     preface_seen_ = kPreface.size();  // none comes from a server
     std::pair<SettingId, std::uint32_t> settings[] = {

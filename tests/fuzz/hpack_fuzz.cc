@@ -3,7 +3,8 @@
 // they must agree, block after block: the same fields, or both refuse it (then the connection
 // would end: the rest is not compared). Every block both accept is then encoded by spindle's
 // encoder and decoded by a fresh nghttp2 decoder of that direction: the same fields again,
-// twice (the second block a repeat of the first).
+// twice (the second block a repeat of the first). A third decoder keeps the values it decoded
+// (enable_value_memo, as a client's does): it must give what the plain one gives.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -19,6 +20,8 @@ using spindle::testing::FieldList;
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::string_view input(reinterpret_cast<const char*>(data), size);
   Decoder ours(4096, SIZE_MAX);
+  Decoder memo(4096, SIZE_MAX);
+  memo.enable_value_memo();
   spindle::testing::OracleInflater theirs;
   Encoder encoder;
   spindle::testing::OracleInflater round_trip;
@@ -32,6 +35,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     Status status =
         ours.decode({reinterpret_cast<const std::uint8_t*>(block.data()), block.size()},
                     [&](std::string_view n, std::string_view v) { mine.emplace_back(n, v); });
+    FieldList remembered;
+    Status memo_status =
+        memo.decode({reinterpret_cast<const std::uint8_t*>(block.data()), block.size()},
+                    [&](std::string_view n, std::string_view v) { remembered.emplace_back(n, v); });
+    check(memo_status == status && remembered == mine);
     auto expected = theirs.inflate(block);
     check((status == Status::kOk) == expected.has_value());
     if (!expected) break;

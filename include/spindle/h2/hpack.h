@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -171,6 +172,38 @@ class DynamicTable {
   std::uint32_t added_ = 0;
 };
 
+/// Literal values decoded from Huffman, kept by their coded bytes: kEntries of up to kMaxCoded
+/// bytes (see Decoder::enable_value_memo). A new one replaces the oldest not found again since
+/// the last time it was passed over (a clock): values that keep coming stay, whatever the
+/// number of values seen once (request ids, a date a second) between them.
+class ValueMemo {
+ public:
+  static constexpr std::size_t kEntries = 8;
+  static constexpr std::size_t kMaxCoded = 48;
+  /// The most symbols kMaxCoded bytes may hold (the shortest code is 5 bits).
+  static constexpr std::size_t kMaxText = kMaxCoded * 8 / 5;
+  struct Entry {
+    std::uint8_t coded_size = 0;  ///< 0: empty
+    std::uint8_t text_size = 0;
+    bool valid = false;  ///< the text passes valid_value
+    bool used = false;   ///< found since the clock last passed it
+    char coded[kMaxCoded];
+    char text[kMaxText];
+    std::string_view text_view() const { return {text, text_size}; }
+  };
+  /// The entry of a string coded as `coded`, or nullptr.
+  const Entry* find(std::span<const std::uint8_t> coded);
+  /// Keeps `text`, decoded from `coded`; nullptr if either is too long to keep.
+  const Entry* add(std::span<const std::uint8_t> coded, std::string_view text);
+  /// How many strings were found here (not decoded again).
+  std::uint64_t hits() const { return hits_; }
+
+ private:
+  std::array<Entry, kEntries> entries_{};
+  std::size_t next_ = 0;
+  std::uint64_t hits_ = 0;
+};
+
 class Decoder {
  public:
   /// `max_table_size`: our SETTINGS_HEADER_TABLE_SIZE (the most a size update may ask);
@@ -200,6 +233,14 @@ class Decoder {
 
   /// Our SETTINGS_HEADER_TABLE_SIZE changed (acknowledged by the peer).
   void set_max_table_size(std::size_t size) { max_table_size_ = size; }
+  /// Keeps the last few Huffman-coded literal values it decoded, by their coded bytes: a peer
+  /// that sends the same values again and again without indexing them (nginx's responses:
+  /// server, content-type, the date of each second) has them decoded and checked once. For a
+  /// client's session (a few upstream connections serve every request; about 1 KiB each), not
+  /// a server's (each of its many connections would carry it).
+  void enable_value_memo() { memo_ = std::make_unique<ValueMemo>(); }
+  /// Values the memo gave (0 without one).
+  std::uint64_t value_memo_hits() const { return memo_ ? memo_->hits() : 0; }
   /// Gives back the memory of the buffers kept between blocks (the table stays).
   void trim() {
     name_buffer_ = {};
@@ -215,6 +256,7 @@ class Decoder {
   std::size_t max_table_size_;
   std::size_t max_list_;
   std::string name_buffer_, value_buffer_;  ///< Huffman-decoded strings of the current field
+  std::unique_ptr<ValueMemo> memo_;         ///< See enable_value_memo (nullptr: off).
 };
 
 class Encoder {

@@ -495,6 +495,62 @@ TEST(Hpack, DecodedFieldsCarryTheirTokenAndWhetherTheyWereChecked) {
   expect(10, "authorization", &token::kAuthorization, false, true);
 }
 
+// A decoder that keeps the Huffman-coded values it decoded (a client's: enable_value_memo)
+// gives the same fields as one that does not, block after block, as values come back, are
+// pushed out of the memo by newer ones and come back again; a value from the memo under a
+// static name is known good (or not: one with a leading space stays unchecked).
+TEST(Hpack, TheValueMemoChangesNothingButTheWork) {
+  Encoder encoder;
+  Decoder plain;
+  Decoder memo;
+  memo.enable_value_memo();
+  OracleInflater oracle;
+  // Values sent never indexed, so each comes as a Huffman-coded literal every time: three
+  // that keep coming back under a static name (one not valid), twelve under a name of no
+  // table that are pushed out before they come back (8 kept).
+  const std::vector<std::string> served = {"nginx/1.22.1", "text/plain", " leading space"};
+  std::vector<std::string> others;
+  for (int i = 0; i < 12; ++i) others.push_back("another value, number " + std::to_string(i));
+  struct Seen {
+    std::string name, value;
+    bool checked;
+  };
+  for (int round = 0; round < 40; ++round) {
+    const std::string& mine = served[round % served.size()];
+    const std::string& other = others[round % others.size()];
+    std::string block;
+    encoder.encode({{"server", mine, true}, {"x-other", other, true}}, block);
+    auto decode = [&](Decoder& decoder) {
+      std::vector<Seen> seen;
+      EXPECT_EQ(
+          decoder.decode(
+              bytes(block),
+              [&](const Decoded& d) {
+                seen.push_back({std::string(d.field.name), std::string(d.field.value), d.checked});
+              }),
+          Status::kOk);
+      return seen;
+    };
+    std::vector<Seen> a = decode(plain), b = decode(memo);
+    ASSERT_EQ(a.size(), 2u);
+    ASSERT_EQ(b.size(), 2u);
+    auto expected = oracle.inflate(block);
+    ASSERT_TRUE(expected.has_value());
+    for (std::size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(b[i].name, a[i].name);
+      EXPECT_EQ(b[i].value, a[i].value);
+      EXPECT_EQ(b[i].name, (*expected)[i].first);
+      EXPECT_EQ(b[i].value, (*expected)[i].second);
+      EXPECT_FALSE(a[i].checked);  // a literal: the caller checks it
+    }
+    EXPECT_EQ(b[0].checked, mine.front() != ' ') << round;
+    EXPECT_FALSE(b[1].checked);  // (a name of no table: the caller checks it)
+  }
+  // Each served value was decoded once; every other came back after eight newer ones.
+  EXPECT_EQ(memo.value_memo_hits(), 40u - served.size());
+  EXPECT_EQ(plain.value_memo_hits(), 0u);
+}
+
 // The encoder finds a repeated field of a known name at once (the newest entry of its name),
 // however many entries of that name the table holds: a date a second, say.
 TEST(Hpack, RepeatedFieldsGoByIndexAmongManyOfTheirName) {
