@@ -316,8 +316,8 @@ void Http2Session::Impl::frame_bodies() {
 
 namespace {
 
-// One stream's exchange.
-class Http2Exchange final : public ClientExchange {
+// One stream's exchange (one a request: its memory from the block cache).
+class Http2Exchange final : public ClientExchange, public BlockCached {
  public:
   Http2Exchange(std::shared_ptr<Http2Session> owner, Http2Session::Impl& s,
                 std::shared_ptr<Call> call, const ExchangeTimeouts& timeouts, bool has_body)
