@@ -44,10 +44,11 @@ bool NominatedFields::contains(const Field& field) const {
   if (overflow_) return connection_nominates(headers_, field.name);
   for (std::size_t i = 0; i < count_; ++i) {
     const Name& listed = names_[i];
-    if (listed.token != nullptr
+    // Both known: the same name if the same token. Otherwise by the text, so that a field
+    // made without its token still matches (it would slip past the list otherwise).
+    if (listed.token != nullptr && field.token != nullptr
             ? field.token == listed.token
-            : field.token == nullptr && listed.text.size() == field.name.size() &&
-                  iequals(listed.text, field.name)) {
+            : listed.text.size() == field.name.size() && iequals(listed.text, field.name)) {
       return true;
     }
   }

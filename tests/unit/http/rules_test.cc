@@ -239,6 +239,8 @@ TEST(HttpRules, NominatedFieldsAreReadOnceAndAgreeWithConnectionNominates) {
   EXPECT_EQ(found, (std::vector<std::string>{"Date", "X-UNKNOWN"}));
   EXPECT_TRUE(listed.contains("date") && listed.contains("X-unknown"));
   EXPECT_FALSE(listed.contains("x-unknow") || listed.contains("dat") || listed.contains("server"));
+  // A field made without its name's token is still matched by its name.
+  EXPECT_TRUE(listed.contains(Field{"Date", "today", nullptr}));
   // More names than it keeps inline: it asks the message instead, with the same answers.
   std::string many;
   for (int i = 0; i < 12; ++i) many += "x-" + std::to_string(i) + ", ";
