@@ -79,12 +79,10 @@ class Worker {
   /// How many times the loop has polled the reactor (owner thread). A reader that drained a
   /// socket and sees the same count later knows no readiness edge was delivered in between.
   std::uint64_t polls() const { return polls_; }
-  /// When the last look at the reactor returned: when what it woke (a request's bytes) came
-  /// in, to within one turn of the loop. One clock read a poll, shared by everything the poll
-  /// woke, where a read of the clock by each request would show in its cost (owner thread).
-  Clock::time_point polled_at() const { return polled_at_; }
-  /// polled_at() of the calling thread's worker; the clock itself outside a worker, or before
-  /// its first poll.
+  /// When the calling thread's worker last looked at its reactor: when what that look woke (a
+  /// request's bytes) came in, to within one turn of the loop. One clock read a poll, shared
+  /// by everything the poll woke, where a read of the clock by each request would show in its
+  /// cost. The clock itself outside a worker, or before its first poll.
   static Clock::time_point last_poll_time() {
     const Worker* worker = current();
     return worker != nullptr && worker->polled_at_ != Clock::time_point{} ? worker->polled_at_
