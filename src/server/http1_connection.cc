@@ -176,7 +176,7 @@ class Connection final : public BodySource, public ContextSource, public Interim
   std::string out_;
   std::string big_body_;
   /// The running request's on_client_gone callback (see watch_client).
-  std::function<void()> client_gone_;
+  ClientGone client_gone_;
   /// Set when a response could not be sent whole: nothing more can follow it.
   bool broken_ = false;
   /// The current request's body: its state, bytes left (sized), decoder (chunked), payload
@@ -411,7 +411,7 @@ void Connection::watch_client(IoSlot& slot) {
   }
   if (self->client_gone_) {
     // Posted: this runs in the reactor's loop, where other sockets may not be closed.
-    Worker::current()->post([gone = std::move(self->client_gone_)] { gone(); });
+    Worker::current()->post([gone = std::move(self->client_gone_)]() mutable { gone(); });
   }
 }
 

@@ -328,7 +328,7 @@ class H2Stream final : public BodySource, public InterimSink, public BlockCached
   /// producer sets some (few do: a HeaderMap is large).
   std::unique_ptr<HeaderMap> out_trailers;
   /// What the handler asked to run if the client resets the stream (Request::on_client_gone).
-  std::function<void()> on_gone;
+  ClientGone on_gone;
   /// The handler has started, and has returned (its response is submitted).
   bool handler_started = false;
   bool handler_done = false;
@@ -560,7 +560,7 @@ void Http2Connection::on_reset(std::uint32_t id, ErrorCode /*code*/) {
   if (running && s.on_gone) {
     // The client reset the stream while its handler runs: tell it, from a fiber of its own
     // (nothing may wait inside the session's callback).
-    spawn([gone = std::move(s.on_gone)] { gone(); }).detach();
+    spawn([gone = std::move(s.on_gone)]() mutable { gone(); }).detach();
   }
   forget(s);  // the handler, if it still runs, keeps its own reference
   if (running) note_costly_reset();

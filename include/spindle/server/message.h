@@ -71,6 +71,11 @@ class ContextSource {
   virtual const RequestContext& request_context() = 0;
 };
 
+/// What Request::on_client_gone runs. Move-only: a callback holding a smart pointer (a
+/// gateway's upstream exchange, as a weak_ptr) stays inline, where a std::function would
+/// allocate for it on every request.
+using ClientGone = std::move_only_function<void()>;
+
 /// One request as a handler sees it. The views stay valid until the handler returns.
 class Request {
  public:
@@ -125,11 +130,11 @@ class Request {
   /// `callback` then runs on the request's worker, outside the handler's fiber, so that a wait
   /// on its behalf (an upstream exchange) can be cancelled. One callback per request; the last
   /// one set counts. Once the response is being sent, a gone client shows as a failed write.
-  void on_client_gone(std::function<void()> callback) {
+  void on_client_gone(ClientGone callback) {
     if (gone_ != nullptr) *gone_ = std::move(callback);
   }
   /// Where on_client_gone keeps its callback (the driver's; nullptr: not supported).
-  void set_client_gone_slot(std::function<void()>* slot) { gone_ = slot; }
+  void set_client_gone_slot(ClientGone* slot) { gone_ = slot; }
 
   /// Sends an interim response ahead of the final one: 103 Early Hints, say (100 Continue is
   /// the server's, sent when the body is first read; 101 is a final response here). Fields
@@ -176,7 +181,7 @@ class Request {
   ContextSource* source_of_context_ = nullptr;
   static const RequestContext kNoContext;
   /// See on_client_gone.
-  std::function<void()>* gone_ = nullptr;
+  ClientGone* gone_ = nullptr;
   /// See send_interim.
   InterimSink* interim_ = nullptr;
   /// See set_attribute. From the block cache: a gateway sets some on each request it forwards.
