@@ -40,7 +40,7 @@ NominatedFields::NominatedFields(const HeaderMap& headers) : headers_(headers) {
   }
 }
 
-bool NominatedFields::contains(const Field& field) const {
+bool NominatedFields::listed(const Field& field) const {
   if (overflow_) return connection_nominates(headers_, field.name);
   for (std::size_t i = 0; i < count_; ++i) {
     const Name& listed = names_[i];

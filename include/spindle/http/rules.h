@@ -179,8 +179,9 @@ bool connection_nominates(const HeaderMap& headers, std::string_view name);
 class NominatedFields {
  public:
   explicit NominatedFields(const HeaderMap& headers);
-  /// True if the field's name is listed (names compared without regard to case).
-  bool contains(const Field& field) const;
+  /// True if the field's name is listed (names compared without regard to case). Most
+  /// messages list none: then no call.
+  bool contains(const Field& field) const { return !empty() && listed(field); }
   bool contains(std::string_view name) const { return contains(Field{name, {}, find_token(name)}); }
   bool empty() const { return count_ == 0 && !overflow_; }
 
@@ -192,6 +193,8 @@ class NominatedFields {
     const Token* token;
   };
   const HeaderMap& headers_;
+  /// contains() of a message that lists some.
+  bool listed(const Field& field) const;
   std::array<Name, kInline> names_;  // the first count_ are set
   std::size_t count_ = 0;
   /// More than kInline names: contains() asks connection_nominates.
