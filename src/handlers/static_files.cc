@@ -388,8 +388,9 @@ Response StaticFiles::serve(const Request& request, std::string_view path) const
     if (varies) response.headers.add_view("Vary", token::kVary, "Accept-Encoding");
   }
   response.headers.add_view("Content-Type", token::kContentType, type);
-  response.headers.add(std::string_view("ETag"), etag);
-  response.headers.add(std::string_view("Last-Modified"), entry->last_modified);
+  response.headers.add_with_static_name("ETag", http::token::kEtag, etag);
+  response.headers.add_with_static_name("Last-Modified", http::token::kLastModified,
+                                        entry->last_modified);
   response.headers.add_view("Accept-Ranges", token::kAcceptRanges, "bytes");
 
   // Conditional requests (RFC 9110 13.2.2): If-None-Match wins over If-Modified-Since.

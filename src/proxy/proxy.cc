@@ -1587,7 +1587,7 @@ http::Response Forwarding::pass_response(const Gateway::Target& target, Attempt&
   auto via = response_head.headers.get(http::token::kVia);
   std::string our_via = via ? std::string(*via) + ", " : std::string();
   our_via.append(version_text(response_head.version)).append(" spindle");
-  response.headers.add("Via", our_via);
+  response.headers.add_with_static_name("Via", http::token::kVia, our_via);
   if (request_.method() == "HEAD" || response_head.no_body) {
     if (response_head.content_length) {
       response.stream = [](http::BodyWriter&) {};

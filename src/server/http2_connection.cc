@@ -662,7 +662,7 @@ void Http2Connection::start_handler(H2Stream& s) {
     // malformed (which one would a handler, or an upstream, believe?).
     if (!iequals(*host, s.authority) || s.head.headers.count(token::kHost) != 1) s.refuse(400);
   } else if (!s.authority.empty()) {
-    s.head.headers.add(std::string_view("host"), s.authority);
+    s.head.headers.add_with_static_name("host", token::kHost, s.authority);
   }
   if (s.head.headers.count(token::kCookie) > 1) {
     // RFC 9113 8.2.3: cookie pairs may come as separate fields; they are one field with "; "
