@@ -75,11 +75,9 @@ std::string_view as_text(std::span<const std::uint8_t> bytes) {
   return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
 }
 
-Status read_string(std::span<const std::uint8_t> in, std::size_t& at, std::string& buffer,
+// A string literal's text: its bytes, or decoded from Huffman into `buffer`.
+Status string_text(std::span<const std::uint8_t> bytes, bool huffman, std::string& buffer,
                    std::string_view& out) {
-  std::span<const std::uint8_t> bytes;
-  bool huffman = false;
-  if (Status s = take_string(in, at, bytes, huffman); s != Status::kOk) return s;
   if (!huffman) {
     out = as_text(bytes);
     return Status::kOk;
@@ -88,6 +86,14 @@ Status read_string(std::span<const std::uint8_t> in, std::size_t& at, std::strin
   if (!huffman::decode(bytes, buffer)) return Status::kBadHuffman;
   out = buffer;
   return Status::kOk;
+}
+
+Status read_string(std::span<const std::uint8_t> in, std::size_t& at, std::string& buffer,
+                   std::string_view& out) {
+  std::span<const std::uint8_t> bytes;
+  bool huffman = false;
+  if (Status s = take_string(in, at, bytes, huffman); s != Status::kOk) return s;
+  return string_text(bytes, huffman, buffer, out);
 }
 
 // An HPACK integer at `p` (at most kMaxIntegerBytes); returns its end.
@@ -373,15 +379,13 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
       bool huffman = false;
       const ValueMemo::Entry* memo = nullptr;
       if (Status s = take_string(in, at, coded, huffman); s != Status::kOk) return s;
-      if (!huffman) {
-        f.value = as_text(coded);
-      } else if (memo_ && (memo = memo_->find(coded)) != nullptr) {
+      if (huffman && memo_ && (memo = memo_->find(coded)) != nullptr) {
         f.value = memo->text_view();
       } else {
-        value_buffer_.clear();
-        if (!huffman::decode(coded, value_buffer_)) return Status::kBadHuffman;
-        f.value = value_buffer_;
-        if (memo_) memo = memo_->add(coded, f.value);
+        if (Status s = string_text(coded, huffman, value_buffer_, f.value); s != Status::kOk) {
+          return s;
+        }
+        if (huffman && memo_) memo = memo_->add(coded, f.value);
       }
       if (memo != nullptr && !indexing) d.checked = d.name_checked && memo->valid;
       if (indexing) {
