@@ -191,24 +191,16 @@ void Http2Session::Impl::on_field(std::uint32_t id, const Field& field) {
     call->too_large = true;
     return;
   }
-  // (Names are lower case in HTTP/2, the session checked: a known one is its token's, whose
-  // text needs no copy.)
-  auto add_to = [&](HeaderMap& fields) {
-    if (token != nullptr) {
-      fields.add_with_static_name(token->name, *token, value);
-    } else {
-      fields.add(field);
-    }
-  };
   if (call->have_head) {
     if (call->trailers == nullptr) call->trailers = std::make_unique<HeaderMap>();
-    add_to(*call->trailers);  // fields after the final head: trailers
+    call->trailers->add_lower_case(field);  // fields after the final head: trailers
   } else if (token == &token::kStatus) {
     // The session checked it: three digits, 100 to 599.
     std::from_chars(value.data(), value.data() + value.size(), call->head.status);
     call->head.headers.clear();
   } else {
-    add_to(call->head.headers);  // an interim head's fields too (on_headers moves them)
+    call->head.headers.add_lower_case(
+        field);  // an interim head's fields too (on_headers moves them)
   }
 }
 

@@ -488,12 +488,7 @@ void Http2Connection::on_field(std::uint32_t id, const Field& field) {
   }
   if (s->early_status != 0) return;
   if (name.front() != ':') {
-    // (Names are lower case in HTTP/2, the session checked: a known one is its token's.)
-    if (token != nullptr) {
-      s->head.headers.add_with_static_name(token->name, *token, value);
-    } else {
-      s->head.headers.add(field);
-    }
+    s->head.headers.add_lower_case(field);
   } else if (token == &token::kMethod) {
     s->method = value;
   } else if (token == &token::kPath) {

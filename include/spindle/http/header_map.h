@@ -114,6 +114,15 @@ class HeaderMap {
     assert(field.token == find_token(field.name));
     add_field({copy(field.name), copy(field.value), field.token});
   }
+  /// Appends a copy of a field whose name is in lower case (HTTP/2's, checked by its session):
+  /// a known name is then its token's text, which is not copied.
+  void add_lower_case(const Field& field) {
+    if (field.token != nullptr) {
+      add_with_static_name(field.token->name, *field.token, field.value);
+    } else {
+      add(field);
+    }
+  }
   /// Appends a field whose name outlives the map (a literal), copying only the value.
   void add_with_static_name(std::string_view name, std::string_view value) {
     add_view(name, copy(value));
