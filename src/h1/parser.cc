@@ -211,7 +211,10 @@ ParseResult ResponseParser::parse(std::string_view input, ResponseHead& head) {
   }
   if (end + 4 > limits_.max_head) return error(502, "response header too large");
   head.clear();
-  std::size_t line_end = input.find(kCrlf);
+  // Line by line, as a request's head: each line ends at its first CR, which must begin a
+  // CRLF (one search a line; the head's end above guarantees a CR at or before it).
+  std::size_t line_end = input.find('\r');
+  if (input[line_end + 1] != '\n') return error(502, "bare CR in status line");
   std::string_view line = input.substr(0, line_end);
   // HTTP/1.x SP 3DIGIT SP reason
   if (line.size() < 12 || !line.starts_with("HTTP/1.") || line[8] != ' ' ||
@@ -231,9 +234,9 @@ ParseResult ResponseParser::parse(std::string_view input, ResponseHead& head) {
   head.reason = line.size() > 13 ? line.substr(13) : std::string_view();
   std::size_t pos = line_end + 2;
   while (pos < end + 2) {
-    std::size_t eol = input.find(kCrlf, pos);
+    std::size_t eol = input.find('\r', pos);
+    if (input[eol + 1] != '\n') return error(502, "bare CR in header");
     std::string_view field = input.substr(pos, eol - pos);
-    if (field.find('\r') != std::string_view::npos) return error(502, "bare CR in header");
     if (head.headers.size() == limits_.max_headers) return error(502, "too many header fields");
     if (auto r = parse_field(field, head.headers); r.state == State::kError) {
       return error(502, r.reason);

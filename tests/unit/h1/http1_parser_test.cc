@@ -356,3 +356,39 @@ TEST(Http1Parser, SplitNeverChangesTheVerdictOfAnIncompleteHead) {
     }
   }
 }
+
+// A response head is read line by line too: each line ends at its first CR, and a CR that
+// does not begin a CRLF (in the status line or a field) makes the response malformed (502),
+// never part of a reason or a value.
+TEST(Http1Parser, AResponseHeadsLinesEndAtTheirFirstCrWhichMustBeginACrlf) {
+  using spindle::http::ResponseHead;
+  using spindle::http::ResponseParser;
+  ResponseParser parser;
+  ResponseHead head;
+  auto ok = parser.parse(
+      "HTTP/1.1 200 OK\r\nServer: up\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nhi",
+      head);
+  ASSERT_EQ(ok.state, State::kComplete);
+  EXPECT_EQ(ok.consumed, 76u);  // the head, without the body
+  EXPECT_EQ(head.status, 200);
+  EXPECT_EQ(head.reason, "OK");
+  ASSERT_EQ(head.headers.size(), 3u);
+  EXPECT_EQ(head.headers.get("server"), "up");
+  EXPECT_EQ(head.headers.get("content-type"), "text/plain");
+  EXPECT_EQ(head.content_length, 2u);
+  for (std::string_view bad : {
+           "HTTP/1.1 200 O\rK\r\nContent-Length: 0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\r\nContent-Length: 0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nX-A: a\rb\r\nContent-Length: 0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nContent-Length: 0\r\nX-A: a\r\r\n\r\n",
+           // What follows a bare CR's next byte reads as a field of its own if the CR is
+           // taken for a line's end: the field must not appear.
+           "HTTP/1.1 200 OK\rXSet-Cookie: s=1\r\nContent-Length: 0\r\n\r\n",
+           "HTTP/1.1 200 OK\r\nX-A: a\rXSet-Cookie: s=1\r\nContent-Length: 0\r\n\r\n",
+       }) {
+    ResponseHead h;
+    auto r = parser.parse(bad, h);
+    EXPECT_EQ(r.state, State::kError) << testing::PrintToString(std::string(bad));
+    EXPECT_EQ(r.status, 502);
+  }
+}
