@@ -1012,6 +1012,20 @@ struct MirrorCopy {
   http::RequestHead head;
 };
 
+// The way back: the route's middlewares in reverse order. Apart from the middleware's lambda
+// (and never inlined into it): a compressed response is a second Response (2 KiB) that every
+// request would otherwise carry room for on its fiber's stack while it waits.
+[[gnu::noinline]] void on_the_way_back(const RouteConfig& route, http::Request& request,
+                                       http::Response& response) {
+  for (auto m = route.middlewares.rbegin(); m != route.middlewares.rend(); ++m) {
+    if (m->kind == MiddlewareConfig::Kind::kHeaders) {
+      apply_edits(m->response, response.headers);
+    } else if (m->kind == MiddlewareConfig::Kind::kCompression) {
+      response = (*m->compress)(request, [&](http::Request&) { return std::move(response); });
+    }
+  }
+}
+
 }  // namespace
 
 void Proxy::mirror(http::Request& request, const std::shared_ptr<Gateway>& gateway,
@@ -1111,16 +1125,7 @@ http::Middleware Proxy::middleware(std::string server_key) {
     std::shared_ptr<Gateway> gateway = route ? current : nullptr;
     // Built in place (a response is a few KiB: each move of one shows per request).
     http::Response response = route ? on_route(request, gateway, *server, *route) : next(request);
-    if (route) {
-      // The way back: the route's middlewares in reverse order.
-      for (auto m = route->middlewares.rbegin(); m != route->middlewares.rend(); ++m) {
-        if (m->kind == MiddlewareConfig::Kind::kHeaders) {
-          apply_edits(m->response, response.headers);
-        } else if (m->kind == MiddlewareConfig::Kind::kCompression) {
-          response = (*m->compress)(request, [&](http::Request&) { return std::move(response); });
-        }
-      }
-    }
+    if (route && !route->middlewares.empty()) on_the_way_back(*route, request, response);
     if (metrics_) {
       std::uint32_t series = unrouted;
       if (route && !server->route_series.empty()) {
@@ -1138,6 +1143,13 @@ http::Response Proxy::on_route(http::Request& request, const std::shared_ptr<Gat
                                const Gateway::Server& server, const RouteConfig& route) {
   note_client(request, *server.config);
   if (route.middlewares.empty()) return pass_on(request, gateway, server, route);
+  return through_middlewares(request, gateway, server, route);
+}
+
+[[gnu::noinline]] http::Response Proxy::through_middlewares(http::Request& request,
+                                                            const std::shared_ptr<Gateway>& gateway,
+                                                            const Gateway::Server& server,
+                                                            const RouteConfig& route) {
   http::Response response;
   if (!answer_first(
           request, route,
@@ -1284,9 +1296,15 @@ class Forwarding {
         connections_(connections),
         metrics_(metrics) {}
 
-  // The head for the upstream, with the route's middlewares and upgrades applied; an answer
-  // instead when the request cannot go on this route.
-  std::optional<http::Response> prepare();
+  // Why a request cannot go on this route: the error the client is answered.
+  struct Refusal {
+    int status;
+    std::string detail;
+  };
+  // The head for the upstream, with the route's middlewares and upgrades applied; a refusal
+  // instead when the request cannot go on this route. (Not a Response: a Response is 2 KiB,
+  // and every proxied request's fiber would carry room for one more on its stack.)
+  std::optional<Refusal> prepare();
   // Reads a body up to request_buffering before any target is chosen: it can be sent again,
   // and a client that dawdles costs no upstream anything. A chunked one is read that far to
   // see whether it ends within it.
@@ -1345,11 +1363,11 @@ class Forwarding {
   bool last_reused_ = false;
 };
 
-std::optional<http::Response> Forwarding::prepare() {
+std::optional<Forwarding::Refusal> Forwarding::prepare() {
   // Only an HTTP/1.1 connection can be taken over for CONNECT's tunnel.
   connect_ = request_.method() == "CONNECT" && request_.head().protocol.empty();
   if (connect_ && request_.context().major_version != 1) {
-    return http::Response::error(501, "CONNECT is forwarded from HTTP/1.1 clients only");
+    return Refusal{501, "CONNECT is forwarded from HTTP/1.1 clients only"};
   }
   for (const MiddlewareConfig& m : route_.middlewares) {
     if (m.kind == MiddlewareConfig::Kind::kMaxBody) {
@@ -1363,11 +1381,11 @@ std::optional<http::Response> Forwarding::prepare() {
   extended_connect_ = !request_.head().protocol.empty();
   if (extended_connect_) {
     if (!extended_connect_as_upgrade(request_, route_, *forward_head_)) {
-      return http::Response::error(
-          501, fmt::format("no upgrade to '{}' on this route", request_.head().protocol));
+      return Refusal{501,
+                     fmt::format("no upgrade to '{}' on this route", request_.head().protocol)};
     }
     if (upstream_.protocol != http::WireProtocol::kHttp1) {
-      return http::Response::error(501, "an extended CONNECT goes to HTTP/1.1 services only");
+      return Refusal{501, "an extended CONNECT goes to HTTP/1.1 services only"};
     }
   } else {
     offer_upgrade(request_, route_, *forward_head_);
@@ -1687,7 +1705,9 @@ http::Response Proxy::forward(http::Request& request, const std::shared_ptr<Gate
   budget.milli = std::min<std::int64_t>(
       budget.milli + static_cast<std::int64_t>(service->config->retries.budget * 1000), 100'000);
   Forwarding forwarding(request, gateway, server, route, *service, connections_, metrics_);
-  if (auto answer = forwarding.prepare()) return std::move(*answer);
+  if (auto refused = forwarding.prepare()) {
+    return http::Response::error(refused->status, refused->detail);
+  }
   forwarding.take_body();
   return forwarding.run();
 }
