@@ -163,6 +163,20 @@ def cpu_seconds(pid, user_only=False):
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def peak_rss_mb(pid):
+    """The peak resident memory (VmHWM) of `pid` and its children, in MiB: what a gateway held
+    at most, its buffers, stacks and per-request state under the load it had."""
+    total = 0
+    for p in process_tree(pid):
+        try:
+            for line in open(f"/proc/{p}/status"):
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+    return total / 1024
+
+
 class SyscallCount:
     """System calls made by `pid` and its children inside a `with` block, counted by the
     kernel's raw_syscalls:sys_enter tracepoint through `perf stat` (`count` is None where perf

@@ -11,7 +11,8 @@ at 100 and 500 client connections. The upstream is nginx (one worker) answering 
 /plaintext with "Hello, World!" on a cleartext HTTP/1.1 port and an HTTP/2 TLS port. The
 gateway is pinned to CPU 0; the upstream and the load generator share CPU 1. For each run
 the gateway's CPU time (utime + stime, with its children) is divided by the requests served,
-and printed with the ratios to the peers. nginx cannot proxy to HTTP/2 upstreams and h2o 2.2
+and printed with the ratios to the peers, with the gateway's peak resident memory (VmHWM,
+with its children) over the run. nginx cannot proxy to HTTP/2 upstreams and h2o 2.2
 does not either: those cells say n/a. Loopback only; every process started here is stopped by
 PID.
 """
@@ -24,7 +25,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from http_compare import ROOT, free_port, median_round, pin, stop, wait_listening  # noqa: E402
+from http_compare import (ROOT, free_port, median_round, peak_rss_mb, pin, stop,  # noqa: E402
+                          wait_listening)
 from tls_compare import SYSCALL_SECONDS, count_syscalls, measure, syscalls_text  # noqa: E402
 from results_file import write_results  # noqa: E402
 
@@ -219,6 +221,7 @@ def run(kind, binaries, setup, connections, seconds, tmp, certs, upstream, sysca
         # the measured run: its figure depended on the run's length, not on its steady cost.
         measure(proc.pid, tool, url, connections, WARM_UP_SECONDS)
         result = measure(proc.pid, tool, url, connections, seconds)
+        result["peak_rss_mb"] = peak_rss_mb(proc.pid)
         result["upstream_connections"] = upstream_connections(
             up_h1 if upstream_protocol == "h1" else up_h2)
         if syscalls:
@@ -296,7 +299,8 @@ def main():
             r.update({"server": kind, "setup": setup[0], "connections": connections})
             print(f"      {r['rps']:>10,.0f} req/s  CPU {r['cpu_us_per_request'] or 0:.2f} us/req"
                   f" (user {r.get('user_us_per_request') or 0:.2f}){syscalls_text(r)}"
-                  f"  errors {r['errors']}  upstream conns {r['upstream_connections']}",
+                  f"  errors {r['errors']}  upstream conns {r['upstream_connections']}"
+                  f"  peak RSS {r['peak_rss_mb']:.0f} MiB",
                   flush=True)
             results.append(r)
     finally:
