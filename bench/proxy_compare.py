@@ -280,29 +280,38 @@ def main():
         for f in os.listdir(certs):
             os.chmod(os.path.join(certs, f), 0o644)
         upstream = start_upstream(upstream_tmp, certs)
-        plan = [(s, c, g) for s in SETUPS for c in map(int, a.connections.split(","))
-                for g in a.gateways.split(",") if not a.setups or s[0] in a.setups.split(",")]
-        for i, (setup, connections, kind) in enumerate(plan, 1):
-            print(f"  [{i}/{len(plan)}] {kind}, {setup[0]}, {connections} connections", flush=True)
-            rounds = []
-            for _ in range(a.rounds):
-                with tempfile.TemporaryDirectory() as tmp:
-                    os.chmod(tmp, 0o755)
-                    r = run(kind, a.bin, setup, connections, a.seconds, tmp, certs, upstream,
-                            a.syscalls)
-                    if r is not None:
-                        rounds.append(r)
-            if not rounds:
-                print("      n/a (this gateway cannot proxy to that upstream protocol)")
-                continue
-            r = median_round(rounds)
-            r.update({"server": kind, "setup": setup[0], "connections": connections})
-            print(f"      {r['rps']:>10,.0f} req/s  CPU {r['cpu_us_per_request'] or 0:.2f} us/req"
-                  f" (user {r.get('user_us_per_request') or 0:.2f}){syscalls_text(r)}"
-                  f"  errors {r['errors']}  upstream conns {r['upstream_connections']}"
-                  f"  peak RSS {r['peak_rss_mb']:.0f} MiB",
-                  flush=True)
-            results.append(r)
+        cells = [(s, c) for s in SETUPS for c in map(int, a.connections.split(","))
+                 if not a.setups or s[0] in a.setups.split(",")]
+        gateways = a.gateways.split(",")
+        for i, (setup, connections) in enumerate(cells, 1):
+            # The gateways take turns round by round (A, B, C, A, B, C...), not all of A's
+            # rounds first: the machine's drift over minutes then falls on each alike.
+            rounds = {kind: [] for kind in gateways}
+            for n in range(a.rounds):
+                for kind in gateways:
+                    if n > 0 and not rounds[kind]:
+                        continue  # it cannot proxy to that upstream protocol
+                    print(f"  [{i}/{len(cells)}] {setup[0]}, {connections} connections, round "
+                          f"{n + 1}/{a.rounds}: {kind}", flush=True)
+                    with tempfile.TemporaryDirectory() as tmp:
+                        os.chmod(tmp, 0o755)
+                        r = run(kind, a.bin, setup, connections, a.seconds, tmp, certs, upstream,
+                                a.syscalls)
+                        if r is not None:
+                            rounds[kind].append(r)
+            for kind in gateways:
+                if not rounds[kind]:
+                    print(f"      {kind:<8} n/a (cannot proxy to that upstream protocol)")
+                    continue
+                r = median_round(rounds[kind])
+                r.update({"server": kind, "setup": setup[0], "connections": connections})
+                print(f"      {kind:<8} {r['rps']:>10,.0f} req/s  CPU "
+                      f"{r['cpu_us_per_request'] or 0:.2f} us/req"
+                      f" (user {r.get('user_us_per_request') or 0:.2f}){syscalls_text(r)}"
+                      f"  errors {r['errors']}  upstream conns {r['upstream_connections']}"
+                      f"  peak RSS {r['peak_rss_mb']:.0f} MiB",
+                      flush=True)
+                results.append(r)
     finally:
         if upstream:
             stop(upstream[0])

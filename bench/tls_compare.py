@@ -208,21 +208,28 @@ def main():
         subprocess.run([os.path.join(ROOT, "tests", "tls", "make-certs.sh"), certs], check=True)
         for f in os.listdir(certs):
             os.chmod(os.path.join(certs, f), 0o644)
-        plan = [(wl, s) for wl in WORKLOADS for s in a.servers.split(",")
-                if not a.workloads or wl[0] in a.workloads.split(",")]
-        for i, (workload, kind) in enumerate(plan, 1):
-            print(f"  [{i}/{len(plan)}] {kind}, 1 worker, {workload[0]}", flush=True)
-            rounds = []
-            for _ in range(a.rounds):
-                with tempfile.TemporaryDirectory() as tmp:
-                    os.chmod(tmp, 0o755)
-                    rounds.append(run(kind, a.bin, workload, a.seconds, tmp, certs, a.syscalls))
-            r = median_round(rounds)
-            r.update({"server": kind, "workers": 1, "workload": workload[0]})
-            print(f"      {r['rps']:>10,.0f} req/s  CPU {r['cpu_us_per_request'] or 0:.2f} us/req"
-                  f" (user {r.get('user_us_per_request') or 0:.2f}){syscalls_text(r)}"
-                  f"  errors {r['errors']}", flush=True)
-            results.append(r)
+        workloads = [wl for wl in WORKLOADS if not a.workloads or wl[0] in a.workloads.split(",")]
+        servers = a.servers.split(",")
+        for i, workload in enumerate(workloads, 1):
+            # The servers take turns round by round (A, B, A, B...), not all of A's rounds
+            # first: the machine's drift over minutes then falls on each alike.
+            rounds = {kind: [] for kind in servers}
+            for n in range(a.rounds):
+                for kind in servers:
+                    print(f"  [{i}/{len(workloads)}] {workload[0]}, round {n + 1}/{a.rounds}: "
+                          f"{kind}, 1 worker", flush=True)
+                    with tempfile.TemporaryDirectory() as tmp:
+                        os.chmod(tmp, 0o755)
+                        rounds[kind].append(run(kind, a.bin, workload, a.seconds, tmp, certs,
+                                                a.syscalls))
+            for kind in servers:
+                r = median_round(rounds[kind])
+                r.update({"server": kind, "workers": 1, "workload": workload[0]})
+                print(f"      {kind:<8} {r['rps']:>10,.0f} req/s  CPU "
+                      f"{r['cpu_us_per_request'] or 0:.2f} us/req"
+                      f" (user {r.get('user_us_per_request') or 0:.2f}){syscalls_text(r)}"
+                      f"  errors {r['errors']}", flush=True)
+                results.append(r)
     finally:
         shutil.rmtree(certs)
     by = {(r["server"], r["workload"]): r for r in results}
