@@ -139,8 +139,11 @@ def load(pid, tool, url, connections, seconds, extra=(), count=False):
     with SyscallCount(pid if count else None) as syscalls:
         before, user_before = cpu_seconds(pid), cpu_seconds(pid, user_only=True)
         if tool == "h2load":
+            # A connection with nothing to show for 10 s ends (its requests count as failed):
+            # a server that drops a request is then an error in its figures, not a run that
+            # never ends (h2load waits for every request it sent, past -D).
             args = pin(1, 1) + ["h2load", f"-c{connections}", "-m10", "-t1", "-D", str(seconds),
-                                url]
+                                "-N", "10", url]
             out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
             result = parse_h2load(out.stdout)
         else:
