@@ -199,8 +199,8 @@ void Http2Session::Impl::on_field(std::uint32_t id, const Field& field) {
     std::from_chars(value.data(), value.data() + value.size(), call->head.status);
     call->head.headers.clear();
   } else {
-    call->head.headers.add_lower_case(
-        field);  // an interim head's fields too (on_headers moves them)
+    // An interim head's fields too (on_headers moves them).
+    call->head.headers.add_lower_case(field);
   }
 }
 
