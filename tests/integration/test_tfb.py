@@ -206,10 +206,16 @@ def test_a_killed_backend_costs_its_calls_and_then_is_replaced(tfb, postgres):
     assert get(tfb, "/queries?queries=5")[0] == 200
     killed = postgres.sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                           "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()")
-    assert int(killed[0]) >= 1
-    statuses = [get(tfb, "/queries?queries=5")[0] for _ in range(12)]
-    # What was on a killed connection fails (500), never hangs; then the pool has new ones.
-    assert set(statuses) <= {200, 500}
+    killed = int(killed[0])
+    assert killed >= 1
+    # The kernel spreads connections over the two workers by a hash of the addresses, so a
+    # worker's dead connection is met whenever a request first lands there: 40 requests, not
+    # 12 (12 gave a worker no request before the last four once in a few hundred runs).
+    statuses = [get(tfb, "/queries?queries=5")[0] for _ in range(40)]
+    # What was on a killed connection fails (500), never hangs, once a connection at most;
+    # then the pool has new ones.
+    assert set(statuses) <= {200, 500}, statuses
+    assert statuses.count(500) <= killed, statuses
     assert statuses[-4:] == [200] * 4, statuses
 
 
