@@ -286,7 +286,7 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
         return fail(make_error_code(ExchangeErrc::kNoCapacity));
       }
       ++target->pending;
-      std::error_code waited = target->slots->acquire(Deadline::after(timeouts.connect));
+      std::error_code waited = target->slots->acquire(Deadline::after_coarse(timeouts.connect));
       --target->pending;
       if (waited) return fail(make_error_code(ExchangeErrc::kNoCapacity));
       if (detail::Http2Session* session = http2_with_room(*target)) {
