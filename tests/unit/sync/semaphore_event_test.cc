@@ -46,6 +46,22 @@ FIBER_TEST(Semaphore, AcquireTimesOutWhenNoPermitIsFree) {
   EXPECT_EQ(semaphore.available(), 1u);
 }
 
+// park compares a deadline with the worker's last poll, not the clock: a deadline that passed
+// before that poll times out at once, one that passed since times out by its timer a turn later.
+FIBER_TEST(Event, AWaitWhoseDeadlineHasPassedTimesOut) {
+  Event event;
+  EXPECT_EQ(event.wait(Deadline::no_wait()), std::errc::timed_out);
+  EXPECT_EQ(event.wait(Deadline::at(Clock::now() - 1h)), std::errc::timed_out);
+  auto passed = Clock::now();
+  while (Clock::now() == passed) {
+  }  // the deadline passes with no poll in between
+  EXPECT_EQ(event.wait(Deadline::at(passed)), std::errc::timed_out);
+  Semaphore semaphore(0);
+  EXPECT_EQ(semaphore.acquire(Deadline::at(passed)), std::errc::timed_out);
+  event.set();
+  EXPECT_FALSE(event.wait(Deadline::at(passed)));  // what is ready now needs no time
+}
+
 FIBER_TEST(Semaphore, CancelledAcquireDoesNotConsumeAPermit) {
   Semaphore semaphore(0);
   auto waiter = spawn([&] { return semaphore.acquire(); });
