@@ -176,15 +176,13 @@ std::error_code park(Waiter& waiter, Deadline deadline, bool cancellable, AfterS
     return wake_error(waiter.reason());
   }
 
-  // Already decided: do not park at all. The deadline is compared with the worker's last
-  // poll, not the clock (a read on the way to every wait): one that passed since that poll
-  // is found by its timer at the loop's next turn.
-  Worker& worker = fiber->worker();
+  // Already decided: do not park at all.
   if ((cancellable && fiber->stop_requested() && waiter.claim(WakeReason::kCanceled)) ||
-      (deadline.expired(worker.polled_at()) && waiter.claim(WakeReason::kTimedOut))) {
+      (deadline.expired() && waiter.claim(WakeReason::kTimedOut))) {
     after();
     return wake_error(waiter.reason());
   }
+  Worker& worker = fiber->worker();
   if (deadline.is_finite()) {
     waiter.timer.when = deadline.when();
     worker.timers().push(&waiter.timer);

@@ -79,9 +79,6 @@ class Worker {
   /// How many times the loop has polled the reactor (owner thread). A reader that drained a
   /// socket and sees the same count later knows no readiness edge was delivered in between.
   std::uint64_t polls() const { return polls_; }
-  /// When this worker last looked at its reactor (the epoch before its first look): a time
-  /// no later than now, for checks that may err late by a turn (owner thread).
-  Clock::time_point polled_at() const { return polled_at_; }
   /// When the calling thread's worker last looked at its reactor: when what that look woke (a
   /// request's bytes) came in, to within one turn of the loop. One clock read a poll, shared
   /// by everything the poll woke, where a read of the clock by each request would show in its

@@ -46,18 +46,23 @@ FIBER_TEST(Semaphore, AcquireTimesOutWhenNoPermitIsFree) {
   EXPECT_EQ(semaphore.available(), 1u);
 }
 
-// park compares a deadline with the worker's last poll, not the clock: a deadline that passed
-// before that poll times out at once, one that passed since times out by its timer a turn later.
-FIBER_TEST(Event, AWaitWhoseDeadlineHasPassedTimesOut) {
+// A deadline that has passed times out the wait at once, without parking, whether it passed
+// long ago or a moment ago with no poll of the worker in between (were it compared with the
+// last poll's time, the last two would park, and the sibling run).
+FIBER_TEST(Event, AWaitWhoseDeadlineHasPassedTimesOutWithoutParking) {
   Event event;
-  EXPECT_EQ(event.wait(Deadline::no_wait()), std::errc::timed_out);
-  EXPECT_EQ(event.wait(Deadline::at(Clock::now() - 1h)), std::errc::timed_out);
+  Semaphore semaphore(0);
+  bool sibling_ran = false;
+  auto sibling = spawn([&] { sibling_ran = true; });
   auto passed = Clock::now();
   while (Clock::now() == passed) {
-  }  // the deadline passes with no poll in between
+  }
+  EXPECT_EQ(event.wait(Deadline::no_wait()), std::errc::timed_out);
+  EXPECT_EQ(event.wait(Deadline::at(passed - 1h)), std::errc::timed_out);
   EXPECT_EQ(event.wait(Deadline::at(passed)), std::errc::timed_out);
-  Semaphore semaphore(0);
   EXPECT_EQ(semaphore.acquire(Deadline::at(passed)), std::errc::timed_out);
+  EXPECT_FALSE(sibling_ran);
+  sibling.join();
   event.set();
   EXPECT_FALSE(event.wait(Deadline::at(passed)));  // what is ready now needs no time
 }
