@@ -384,6 +384,7 @@ struct PassiveHealthConfig {
 
 /// Idle upstream connections kept per worker and target.
 struct KeepaliveConfig {
+  /// Unless given: the upstream's max_connections (256 when that is 0, no limit).
   std::size_t max_idle = 256;
   std::chrono::milliseconds idle_timeout{std::chrono::seconds(30)};
 };

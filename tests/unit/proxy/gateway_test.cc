@@ -160,3 +160,28 @@ TEST(UpstreamHealth, EjectsAtMostMaxEjectionPercentAndNeverTheLastTarget) {
 }
 
 }  // namespace
+
+// Idle connections kept follow the busy ones allowed, unless given: fewer would close and
+// open a connection at every request beyond them.
+TEST(UpstreamConfig, MaxIdleFollowsMaxConnectionsUnlessGiven) {
+  auto max_idle = [](std::string upstream) {
+    Config config = parse_config(
+        "servers:\n"
+        "  - {name: public, listen: 127.0.0.1:0}\n"
+        "routes:\n"
+        "  - {name: all, match: {path_prefix: /}, service: s}\n"
+        "services:\n"
+        "  s: {upstream: pool}\n"
+        "upstreams:\n"
+        "  pool: {targets: [{address: 127.0.0.1:9}]" +
+            upstream + "}\n",
+        "test.yaml");
+    return config.upstreams.at(0).keepalive.max_idle;
+  };
+  EXPECT_EQ(max_idle(""), 256u);
+  EXPECT_EQ(max_idle(", limits: {max_connections: 1024}"), 1024u);
+  EXPECT_EQ(max_idle(", limits: {max_connections: 16}"), 16u);
+  EXPECT_EQ(max_idle(", limits: {max_connections: 0}"), 256u);
+  EXPECT_EQ(max_idle(", limits: {max_connections: 1024}, keepalive: {max_idle: 8}"), 8u);
+  EXPECT_EQ(max_idle(", keepalive: {max_idle: 8}, limits: {max_connections: 1024}"), 8u);
+}
