@@ -81,6 +81,7 @@ void HeaderMap::take(HeaderMap&& other) noexcept {
     return v;  // a borrowed view or text in a heap block: stays where it is
   };
   size_ = other.size_;
+  flags_ = other.flags_;
   for (std::size_t i = 0; i < std::min(size_, kInline); ++i) {
     const Field& f = other.inline_.at[i];
     inline_.at[i] = {repoint(f.name), repoint(f.value), f.token};
@@ -91,6 +92,7 @@ void HeaderMap::take(HeaderMap&& other) noexcept {
   block_free_ = other.block_free_;
   block_left_ = other.block_left_;
   other.size_ = 0;
+  other.flags_ = 0;
   other.arena_used_ = 0;
   other.overflow_.clear();
   other.blocks_.clear();

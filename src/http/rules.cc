@@ -25,8 +25,8 @@ bool connection_nominates(const HeaderMap& headers, std::string_view name) {
          headers.has_token(token::kProxyConnection, name);
 }
 
-NominatedFields::NominatedFields(const HeaderMap& headers) : headers_(headers) {
-  for (const Field& f : headers) {
+void NominatedFields::read() {
+  for (const Field& f : headers_) {
     if (f.token != &token::kConnection && f.token != &token::kProxyConnection) continue;
     for_each_list_item(f.value, [&](std::string_view token) {
       if (count_ == kInline) {

@@ -150,6 +150,7 @@ class HeaderMap {
   /// Removes everything (keeps the first arena block).
   void clear() {
     size_ = 0;
+    flags_ = 0;
     arena_used_ = 0;
     if (!overflow_.empty() || !blocks_.empty()) release_overflow();
   }
@@ -177,6 +178,11 @@ class HeaderMap {
   /// `Connection: keep-alive, Upgrade`.
   bool has_token(std::string_view name, std::string_view token) const;
   bool has_token(const Token& name, std::string_view token) const;
+
+  /// False if no field the map holds, or held since it was last cleared, has a token with
+  /// any of the field_flag bits `flags`: a scan for such fields (the hop-by-hop ones, say) is
+  /// then known to find none. (Erasing a field leaves its flags here: true may be stale.)
+  bool may_hold(std::uint16_t flags) const { return (flags_ & flags) != 0; }
 
   /// Number of fields.
   std::size_t size() const { return size_; }
@@ -212,6 +218,7 @@ class HeaderMap {
 
   Field& at(std::size_t i) { return i < kInline ? inline_.at[i] : overflow_[i - kInline]; }
   void add_field(const Field& field) {
+    if (field.token != nullptr) flags_ |= field.token->flags;
     if (size_ < kInline) {
       inline_.at[size_++] = field;
     } else {
@@ -238,6 +245,8 @@ class HeaderMap {
   // each line a request touches is likely a miss).
   /// Number of fields.
   std::size_t size_ = 0;
+  /// The field_flag bits of every field added since the last clear() (may_hold).
+  std::uint16_t flags_ = 0;
   /// How much of the first arena block is used.
   std::size_t arena_used_ = 0;
   /// Free bytes left at the end of the last block, and where they start.

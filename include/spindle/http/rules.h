@@ -178,7 +178,11 @@ bool connection_nominates(const HeaderMap& headers, std::string_view name);
 /// it has one). Refers to `headers`, which must outlive it.
 class NominatedFields {
  public:
-  explicit NominatedFields(const HeaderMap& headers);
+  explicit NominatedFields(const HeaderMap& headers) : headers_(headers) {
+    // Connection and Proxy-Connection are hop-by-hop: most maps (every HTTP/2 message's) have
+    // no such field, and need no scan.
+    if (headers.may_hold(field_flag::kHopByHop)) read();
+  }
   /// True if the field's name is listed (names compared without regard to case). Most
   /// messages list none: then no call.
   bool contains(const Field& field) const { return !empty() && listed(field); }
@@ -193,6 +197,8 @@ class NominatedFields {
     const Token* token;
   };
   const HeaderMap& headers_;
+  /// Reads the names listed.
+  void read();
   /// contains() of a message that lists some.
   bool listed(const Field& field) const;
   std::array<Name, kInline> names_;  // the first count_ are set

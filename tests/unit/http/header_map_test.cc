@@ -98,6 +98,36 @@ TEST(HeaderMap, MoveKeepsCopiedAndBorrowedText) {
   EXPECT_EQ(c.size(), 42u);
 }
 
+// may_hold lets a scan for fields of some kind (the hop-by-hop ones: NominatedFields) be
+// skipped: it must never say "none" for a map holding one, however the field came in.
+TEST(HeaderMap, MayHoldKnowsEveryFlagOfEveryFieldAdded) {
+  namespace flag = spindle::http::field_flag;
+  namespace token = spindle::http::token;
+  HeaderMap h;
+  EXPECT_FALSE(h.may_hold(flag::kHopByHop));
+  h.add("Content-Type", "text/plain");
+  h.add_view("X-Custom", "1");
+  EXPECT_FALSE(h.may_hold(flag::kHopByHop));
+  EXPECT_TRUE(h.may_hold(flag::kNotInTrailers));
+  h.add_view("CONNECTION", "close");
+  EXPECT_TRUE(h.may_hold(flag::kHopByHop));
+  h.clear();
+  EXPECT_FALSE(h.may_hold(flag::kHopByHop | flag::kNotInTrailers));
+  // Beyond the inline fields, and by each way of adding.
+  for (int i = 0; i < 30; ++i) h.add("X-" + std::to_string(i), "v");
+  h.add_view(token::kTe, "trailers");
+  EXPECT_TRUE(h.may_hold(flag::kHopByHop));
+  HeaderMap moved(std::move(h));
+  EXPECT_TRUE(moved.may_hold(flag::kHopByHop));
+  EXPECT_FALSE(h.may_hold(flag::kHopByHop));
+  HeaderMap one;
+  one.add_with_static_name("Proxy-Connection", token::kProxyConnection, "keep-alive");
+  EXPECT_TRUE(one.may_hold(flag::kHopByHop));
+  HeaderMap other;
+  other.add(spindle::http::Field{"upgrade", "h2c", &token::kUpgrade});
+  EXPECT_TRUE(other.may_hold(flag::kHopByHop));
+}
+
 // iequals compares words of eight (or two halves of four) bytes at once: every pair of byte
 // values, at every position of names of every length up to 17, must get the bytewise answer.
 TEST(HeaderMap, IequalsJudgesEveryBytePairAtEveryPosition) {
