@@ -5,6 +5,7 @@
 
 #include <system_error>
 
+#include "pages.h"
 #include "spindle/base/error.h"
 
 #if __has_include(<valgrind/valgrind.h>)
@@ -17,15 +18,8 @@
 namespace spindle {
 namespace {
 
-std::size_t page_size() {
-  static const std::size_t size = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-  return size;
-}
-
-std::size_t round_to_pages(std::size_t n) {
-  std::size_t page = page_size();
-  return (n + page - 1) / page * page;
-}
+using detail::page_size;
+using detail::round_to_pages;
 
 Stack map_stack(std::size_t size) {
   const std::size_t guard = StackPool::guard_size();

@@ -44,6 +44,39 @@ namespace {
 
 using detail::ConnectionState;
 
+// A connection's read buffer: a block of its worker's slab, or a heap block of its own once
+// a spill made it grow past the block (by one read at most, Connection::unspill).
+class ReadBuffer {
+ public:
+  explicit ReadBuffer(BlockSlab& slab)
+      : slab_(slab), data_(slab.take()), size_(slab.block_size()) {}
+  ~ReadBuffer() {
+    if (!grown_) slab_.give(data_);
+  }
+  ReadBuffer(const ReadBuffer&) = delete;
+  ReadBuffer& operator=(const ReadBuffer&) = delete;
+
+  char* data() { return data_; }
+  const char* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  /// Makes it `size` bytes (more than now), its first `keep` bytes kept.
+  void grow(std::size_t size, std::size_t keep) {
+    auto bigger = std::make_unique_for_overwrite<char[]>(size);
+    std::memcpy(bigger.get(), data_, keep);
+    if (!grown_) slab_.give(data_);
+    grown_ = std::move(bigger);
+    data_ = grown_.get();
+    size_ = size;
+  }
+
+ private:
+  BlockSlab& slab_;
+  char* data_;
+  std::size_t size_;
+  /// The heap block once grown.
+  std::unique_ptr<char[]> grown_;
+};
+
 // One activation of an HTTP/1 connection: read, parse, answer, in a loop, on a fiber, until
 // the connection closes or goes idle.
 class Connection final : public BodySource, public ContextSource, public InterimSink {
@@ -58,14 +91,9 @@ class Connection final : public BodySource, public ContextSource, public Interim
         router_(state.shared->router),
         date_(state.worker->date),
         shared_(*state.shared),
-        parser_(options_.parser) {
-    if (!state.worker->buffers) {
-      state.worker->buffers = std::make_shared<detail::ConnectionBuffers>();
-      Worker::current()->keep_trimmed(state.worker->buffers);
-    }
+        parser_(options_.parser),
+        buffer_(worker_buffers(state).reads(read_buffer_size())) {
     detail::ConnectionBuffers& pools = *state.worker->buffers;
-    if (!pools.reads.empty()) buffer_ = pools.reads.take();
-    if (buffer_.size() != read_buffer_size()) buffer_.assign(read_buffer_size(), 0);
     // A response buffer that has grown before: no reallocation while a head is appended.
     if (!pools.outputs.empty()) {
       out_ = pools.outputs.take();
@@ -75,8 +103,6 @@ class Connection final : public BodySource, public ContextSource, public Interim
   }
   ~Connection() {
     detail::ConnectionBuffers& pools = *state_.worker->buffers;
-    // Freed with the connection if not kept, or if it grew (unspill).
-    if (buffer_.size() == read_buffer_size()) (void)pools.reads.give(std::move(buffer_));
     if (out_.capacity() <= kCopyBodyLimit * 4) {
       out_.clear();
       (void)pools.outputs.give(std::move(out_));
@@ -86,6 +112,14 @@ class Connection final : public BodySource, public ContextSource, public Interim
   Outcome serve();
   /// The read buffer's size: a whole head at the limit, and room after it.
   std::size_t read_buffer_size() const { return options_.parser.max_head + 4096; }
+  /// The worker's connection buffers, made by its first connection.
+  static detail::ConnectionBuffers& worker_buffers(ConnectionState& state) {
+    if (!state.worker->buffers) {
+      state.worker->buffers = std::make_shared<detail::ConnectionBuffers>();
+      Worker::current()->keep_trimmed(state.worker->buffers);
+    }
+    return *state.worker->buffers;
+  }
   /// After serve() returned kHttp2: serves the connection as HTTP/2 (prior knowledge or h2c
   /// upgrade) until it ends or goes idle.
   detail::Activation switch_to_http2();
@@ -167,7 +201,7 @@ class Connection final : public BodySource, public ContextSource, public Interim
   RequestParser parser_;
   RequestHead head_;
   /// Read buffer: [begin_, end_) is received but not yet parsed.
-  std::vector<char> buffer_;
+  ReadBuffer buffer_;
   std::size_t begin_ = 0, end_ = 0;
   /// Bytes read past a body while the head still pointed into buffer_; they go back in after.
   std::string spill_;
@@ -255,7 +289,7 @@ void Connection::unspill() {
   if (spill_begin_ < spill_.size()) {
     compact();
     std::size_t n = spill_.size() - spill_begin_;
-    if (buffer_.size() - end_ < n) buffer_.resize(end_ + n);
+    if (buffer_.size() - end_ < n) buffer_.grow(end_ + n, end_);
     std::memcpy(buffer_.data() + end_, spill_.data() + spill_begin_, n);
     end_ += n;
   }

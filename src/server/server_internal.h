@@ -1,6 +1,7 @@
 #pragma once
 // What the HTTP/1 and HTTP/2 drivers of HttpServer share (private to src/http).
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <ctime>
@@ -9,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "spindle/fiber/block_slab.h"
 #include "spindle/fiber/idle_cache.h"
 #include "spindle/io/timer_queue.h"
 #include "spindle/net/stream.h"
@@ -45,21 +47,35 @@ struct Http2Deleter {
   void operator()(Http2Connection* connection) const noexcept;
 };
 
-/// A worker's HTTP/1 connection buffers kept for reuse: read buffers (max_head + 4 KiB) and
-/// response buffers with their capacity. The worker trims them with its own pools
-/// (Worker::keep_trimmed), so a burst of connections does not keep its buffers.
+/// A worker's HTTP/1 connection buffers kept for reuse: read buffers (max_head + 4 KiB), apart
+/// from the heap in slabs (block_slab.h says why), and response buffers with their capacity.
+/// The worker trims them with its own pools (Worker::keep_trimmed), so a burst of connections
+/// does not keep its buffers.
 struct ConnectionBuffers final : IdleCache {
   static constexpr std::size_t kFloor = 16, kMax = 1024;
-  FreeList<std::vector<char>> reads{kFloor, kMax};
   FreeList<std::string> outputs{kFloor, kMax};
 
-  bool over_floor() const override { return reads.over_floor() || outputs.over_floor(); }
+  /// The slab of read buffers of `size` bytes (servers may differ in max_head; a worker mostly
+  /// sees one size).
+  BlockSlab& reads(std::size_t size) {
+    for (const auto& slab : read_slabs_) {
+      if (slab->block_size() == size) return *slab;
+    }
+    return *read_slabs_.emplace_back(std::make_unique<BlockSlab>(size, kFloor, kMax));
+  }
+  bool over_floor() const override {
+    return outputs.over_floor() ||
+           std::ranges::any_of(read_slabs_, [](const auto& slab) { return slab->over_floor(); });
+  }
   std::size_t trim() override {
     std::size_t bytes = 0;
-    reads.trim([&](std::vector<char> b) { bytes += b.capacity(); });
+    for (const auto& slab : read_slabs_) bytes += slab->trim();
     outputs.trim([&](std::string b) { bytes += b.capacity(); });
     return bytes;
   }
+
+ private:
+  std::vector<std::unique_ptr<BlockSlab>> read_slabs_;
 };
 
 /// What a worker knows of its connections: the Date cache, read buffers to reuse, the idle
