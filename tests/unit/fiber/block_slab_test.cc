@@ -110,3 +110,28 @@ TEST(BlockSlab, ABlockBeyondTheResidentLimitIsReleasedAtOnce) {
   slab.give(a);
   slab.give(b);
 }
+
+#if defined(__SANITIZE_ADDRESS__)
+// Under AddressSanitizer a block is poisoned past its end (the page between blocks) and while
+// it waits in the slab: running off a read buffer, or using one given back, is reported.
+TEST(BlockSlabDeathTest, UnderAsanRunningOffABlockOrUsingOneGivenBackIsReported) {
+  BlockSlab slab(kBlock, 0, 10);
+  char* a = slab.take();
+  char* b = slab.take();  // the next one, in use too: what lies between them is still reported
+  a[kBlock - 1] = 1;      // its own bytes are fine
+  EXPECT_DEATH(
+      {
+        volatile char* p = a;
+        p[kBlock] = 1;
+      },
+      "use-after-poison");
+  slab.give(a);
+  EXPECT_DEATH(
+      {
+        volatile char* p = a;
+        p[0] = 1;
+      },
+      "use-after-poison");
+  slab.give(b);
+}
+#endif
