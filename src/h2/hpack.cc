@@ -245,7 +245,7 @@ void DynamicTable::add(std::string_view name, std::string_view value, const http
   evict_to(max_size_ - entry);
   if (count_ == ring_.size()) {
     // Full: twice the slots, the entries in order from slot 0 (oldest first).
-    std::vector<Entry> grown(std::max<std::size_t>(8, ring_.size() * 2));
+    std::vector<Entry> grown(std::max<std::size_t>(4, ring_.size() * 2));
     for (std::size_t i = 0; i < count_; ++i) grown[count_ - 1 - i] = std::move(at(i));
     ring_ = std::move(grown);
     newest_ = count_ == 0 ? ring_.size() - 1 : count_ - 1;
@@ -253,7 +253,7 @@ void DynamicTable::add(std::string_view name, std::string_view value, const http
   newest_ = (newest_ + 1) & (ring_.size() - 1);
   Entry& slot = ring_[newest_];
   slot.bytes.swap(spare_);  // the slot's old storage is the next entry's
-  slot.name_size = name.size();
+  slot.name_size = static_cast<std::uint32_t>(name.size());
   slot.token = token;
   slot.valid = valid;
   ++count_;

@@ -118,8 +118,8 @@ class DynamicTable {
   /// the entry passed valid_name and valid_value (set by the decoder, which checks).
   struct Entry {
     std::string bytes;
-    std::size_t name_size = 0;
     const http::Token* token = nullptr;
+    std::uint32_t name_size = 0;  // (an entry is at most the table's size, itself 32-bit)
     bool valid = false;
     std::string_view name() const { return {bytes.data(), name_size}; }
     std::string_view value() const { return std::string_view(bytes).substr(name_size); }
