@@ -23,7 +23,8 @@ class IdleCache {
   /// True if it holds more than it keeps when idle.
   virtual bool over_floor() const = 0;
   /// Gives back what was not taken since the last trim, down to the floor; returns about how
-  /// many bytes that freed.
+  /// many bytes of malloc's heap that freed (what a malloc_trim may then give back; pages
+  /// handed straight to the kernel, as a BlockSlab's, do not count).
   virtual std::size_t trim() = 0;
 };
 
