@@ -129,7 +129,7 @@ std::string Address::host_text() const {
       char* p = buffer;
       for (int i = 0; i < 4; ++i) {
         if (i > 0) *p++ = '.';
-        p = std::to_chars(p, buffer + sizeof buffer, bytes[i]).ptr;
+        p = std::to_chars(p, p + 3, bytes[i]).ptr;  // at most 3 digits: room for all 15
       }
       return std::string(buffer, p);
     }
