@@ -22,7 +22,7 @@ for tool in valgrind wrk h2load callgrind_annotate nginx; do
   command -v "$tool" >/dev/null || { echo "instructions.sh: $tool is not installed" >&2; exit 1; }
 done
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+source scripts/ports.sh  # free_port, wait_port (the working folder is the top of the tree)
 
 # run NAME PORT AMOUNT ARGV...: starts ARGV under callgrind, loads it (wrk for AMOUNT seconds,
 # or for a NAME ending in -h2c or -h2tls, h2load for AMOUNT requests), stops it by PID; prints
@@ -33,10 +33,7 @@ run() {
   rm -f "$tmp/$name.out"*
   valgrind --tool=callgrind --callgrind-out-file="$tmp/$name.out" "$@" >"$tmp/$name.log" 2>&1 &
   local pid=$!
-  for _ in $(seq 100); do
-    (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break
-    sleep 0.1
-  done
+  wait_port "$port" || { cat "$tmp/$name.log" >&2; exit 1; }
   local requests
   if [[ $name == *-h2c ]]; then
     requests=$(h2load -c10 -m10 -n "$amount" "http://127.0.0.1:$port/plaintext" |
