@@ -7,13 +7,15 @@
 #   make soak    10,000 connections through the proxy for 3 minutes: errors, RSS, descriptors
 #   make fuzz    libFuzzer drivers (HTTP/1, chunked, responses, configuration, JWT; FUZZ_SECONDS each)
 #   make format  reformat every source file with clang-format
-#   make package the Debian package build/spindle_<version>_amd64.deb (lintian-checked)
+#   make package the Debian package build/spindle_<version>_amd64.deb (lintian-checked; PGO=1:
+#                from the profile-guided build)
+#   make pgo     spindle built from a profile of its own load: build/pgo/bin/ (scripts/pgo.sh)
 #   make install cmake --install build/release (PREFIX=/usr/local): headers, libraries, CMake package
 
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 
-.PHONY: run test build bench soak fuzz format format-check deps deps-test deps-bench debug asan tsan package install
+.PHONY: run test build bench soak fuzz format format-check deps deps-test deps-bench debug asan tsan package install pgo
 
 deps:
 	@scripts/install-deps.sh build
@@ -28,7 +30,7 @@ build: deps
 debug: deps
 	@scripts/build.sh debug
 
-package: deps-test
+package: deps-test $(if $(filter 1,$(PGO)),deps-bench)
 	@scripts/package.sh
 
 PREFIX ?= /usr/local
@@ -40,6 +42,9 @@ run: build
 
 test: deps-test
 	@scripts/run-tests.sh
+
+pgo: deps-bench
+	@scripts/pgo.sh
 
 bench: deps-bench
 	@scripts/build.sh release

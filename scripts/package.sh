@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
-# make package: the Debian package build/spindle_<version>_amd64.deb from the release build:
+# make package: the Debian package build/spindle_<version>_amd64.deb from the release build
+# (or, with PGO=1, the profile-guided one):
 # /usr/bin/spindle, /etc/spindle/spindle.yaml (conffile), the systemd units, spindle(1) and the
 # docs; the spindle user made by postinst. Checked with lintian when it is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh release spindle_bin >/dev/null
+# PGO=1: the binary built from a profile of its own load (scripts/pgo.sh: needs wrk and h2load,
+# about six minutes), else the release build.
+binary=build/release/bin/spindle
+if [ "${PGO:-0}" = 1 ]; then
+  scripts/pgo.sh
+  binary=build/pgo/bin/spindle
+else
+  scripts/build.sh release spindle_bin >/dev/null
+fi
 version=$(sed -n 's/.*kVersion = "\(.*\)";/\1/p' apps/spindle/serve.h)
 # Who answers for the package: set MAINTAINER="Name <address>" when publishing it. The default
 # is a reserved domain that reaches nobody: the project has no list yet.
@@ -14,7 +23,7 @@ root=$out/root
 rm -rf "$out"
 mkdir -p "$root/DEBIAN"
 
-install -D -m 0755 build/release/bin/spindle "$root/usr/bin/spindle"
+install -D -m 0755 "$binary" "$root/usr/bin/spindle"
 strip --strip-unneeded --remove-section=.comment --remove-section=.note "$root/usr/bin/spindle"
 install -D -m 0644 packaging/spindle.yaml "$root/etc/spindle/spindle.yaml"
 install -D -m 0644 packaging/spindle.service "$root/lib/systemd/system/spindle.service"
