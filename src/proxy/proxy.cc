@@ -1597,10 +1597,17 @@ http::Response Forwarding::pass_response(const Gateway::Target& target, Attempt&
   // The upstream's fields (the server drops hop-by-hop ones and sets the framing), with our
   // Via added to its. Every return below returns `response`, so it is built in the caller's
   // place (a response is a few KiB: a move of one shows per request).
+  // To an HTTP/2 client names go in lower case (its encoder writes them so): a known one can be
+  // its token's text rather than a copy of the upstream's spelling.
+  const bool names_lower_cased = request_.context().major_version == 2;
   http::Response response(response_head.status);
   for (const http::Field& f : response_head.headers) {
     if (f.token == &http::token::kVia) continue;
-    response.headers.add(f);
+    if (names_lower_cased && f.token != nullptr) {
+      response.headers.add_with_static_name(f.token->name, *f.token, f.value);
+    } else {
+      response.headers.add(f);
+    }
   }
   auto via = response_head.headers.get(http::token::kVia);
   std::string our_via = via ? std::string(*via) + ", " : std::string();

@@ -167,6 +167,16 @@ def test_http2_clients_are_forwarded_to_http1_upstreams(build_dir, tmp_path, two
         assert up.stdout.decode().split()[0] == str(2 << 20)
         down = curl("--http2-prior-knowledge", f"{base}/bytes/4000000", "-o", "-")
         assert down.returncode == 0 and len(down.stdout) == 4000000
+        # The upstream's fields, known names and others, reach the HTTP/2 client whole (in
+        # lower case, as HTTP/2 has them), with the gateway's Via after the upstream's.
+        head = curl("--http2-prior-knowledge", "-D", "-", "-o", "/dev/null", f"{base}/plaintext")
+        assert head.returncode == 0, head.stderr
+        lines = head.stdout.decode().split("\r\n")
+        assert lines[0].strip() == "HTTP/2 200", lines
+        assert "content-type: text/plain; charset=utf-8" in lines, lines
+        assert "x-upstream: a" in lines, lines
+        assert "via: 1.1 spindle" in lines, lines
+        assert "content-length: 13" in lines, lines
     finally:
         gw.stop()
 
