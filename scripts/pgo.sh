@@ -103,7 +103,7 @@ done
 kill -TERM "${pids[0]}"
 wait "${pids[0]}" || true
 pids=()
-count=$(find "$profile" -name '*.gcda' | wc -l)
+count=$(find "$profile" -name '*.gcda' 2>/dev/null | wc -l)
 [ "$count" -gt 0 ] || { echo "pgo.sh: no profile was written into $profile" >&2; exit 1; }
 echo "pgo: profile of $count objects in $profile"
 
