@@ -31,4 +31,9 @@ struct ClientIdentity {
 /// an address stops the walk, and the hop that sent it is the client (as nginx's realip).
 ClientIdentity identify_client(const http::Request& request, const std::vector<Cidr>& trusted);
 
+/// True when identify_client would name the peer itself, in the text the connection already
+/// has for it (`context.remote`: canonical unless the peer is an IPv4-mapped IPv6 address) —
+/// an untrusted peer, a Unix one or none: then no field need be read nor any text made.
+bool client_is_the_peer(const http::RequestContext& context, const std::vector<Cidr>& trusted);
+
 }  // namespace spindle::proxy::detail

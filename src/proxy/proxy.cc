@@ -144,7 +144,10 @@ constexpr std::string_view kForwardedForAttribute = "_forwarded_for";
 
 // Derives the client of `request` (client_identity.h) once, and keeps it with the request:
 // ip_allow, ip_deny, rate limits by client_ip and the X-Forwarded-For sent upstream all read it.
+// When it is the peer as the connection names it (most requests), nothing is kept: each reader
+// falls back to the connection's text.
 void note_client(http::Request& request, const ServerConfig& server) {
+  if (detail::client_is_the_peer(request.context(), server.trusted_proxies)) return;
   if (!request.attribute(kClientAttribute).empty()) return;
   detail::ClientIdentity client = detail::identify_client(request, server.trusted_proxies);
   request.set_attribute(kClientAttribute, client.text);

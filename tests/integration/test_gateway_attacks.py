@@ -9,6 +9,8 @@ import struct
 import threading
 import time
 
+import pytest
+
 from proxy_support import (RecordingUpstream, ScriptedUpstream, gateway, read_request,
                            read_request_head, request)
 from test_security import raw
@@ -76,6 +78,38 @@ def test_every_x_forwarded_for_line_counts_and_entries_are_addresses_in_any_spel
         # An entry that is not an address stops the walk: the trusted peer that passed it on is
         # the client (it is not in 10/8).
         assert status("/internal", "10.1.2.3, unknown") == 403
+    finally:
+        server.stop()
+        upstream.stop()
+
+
+def test_an_ipv4_client_of_a_dual_stack_listener_is_named_by_its_ipv4_address(build_dir, tmp_path):
+    # Through a listener on [::], an IPv4 client's peer address is IPv4-mapped
+    # (::ffff:127.0.0.1): X-Forwarded-For and ip_allow name it 127.0.0.1 all the same.
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::", 0))
+    except OSError as e:
+        pytest.skip(f"no IPv6 on this machine: {e}")
+    upstream = RecordingUpstream()
+    routes = """  - name: allow
+    match: {path_prefix: /}
+    middlewares: [{ip_allow: ["127.0.0.1/32"]}]
+    service: s
+"""
+    body = config([upstream], routes).replace("listen: 127.0.0.1:0", 'listen: "[::]:0"')
+    body = body.replace("    trusted_proxies: [127.0.0.1]\n", "")  # the peer is the client
+    server = gateway(build_dir, tmp_path, body)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(b"GET /mapped HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: 10.9.9.9\r\n"
+                         b"Connection: close\r\n\r\n")
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+        head = upstream.requests[-1][0].decode()
+        assert re.findall(r"(?im)^x-forwarded-for: ([^\r]*)", head) == ["127.0.0.1"], head
     finally:
         server.stop()
         upstream.stop()
