@@ -237,6 +237,20 @@ int serve(const ServeFlags& flags) {
     instance.inherit(std::move(from_systemd));
     socket_activated = true;
   }
+  // The handover point is open before anyone is told the servers listen (their "listening"
+  // lines, READY=1), so that whoever saw them can upgrade at once; a predecessor keeps the path
+  // until it has handed over.
+  std::optional<HandoverPoint> point;
+  auto listen_for_upgrades = [&] {
+    if (flags.handover.empty()) return;
+    auto listening = HandoverPoint::listen(flags.handover);
+    if (!listening) {
+      log_warn("{}: cannot listen for upgrades: {}", flags.handover, listening.error().message());
+    } else {
+      point = std::move(*listening);
+    }
+  };
+  if (!predecessor) listen_for_upgrades();
   if (auto started = instance.apply(std::move(config)); !started) {
     fmt::print(stderr, "spindle: {}\n", started.error());
     return 1;  // the predecessor sees the connection close, and serves on
@@ -244,19 +258,11 @@ int serve(const ServeFlags& flags) {
   if (predecessor) {
     (void)send_message(predecessor->get(), "ready");
     predecessor.reset();
+    listen_for_upgrades();
     // Under systemd (NotifyAccess=all), this process is the service's main one from now on.
     systemd::notify(fmt::format("MAINPID={}", ::getpid()));
   }
   systemd::notify("READY=1\n" + status_line(instance, "serving "));
-  std::optional<HandoverPoint> point;
-  if (!flags.handover.empty()) {
-    auto listening = HandoverPoint::listen(flags.handover);
-    if (!listening) {
-      log_warn("{}: cannot listen for upgrades: {}", flags.handover, listening.error().message());
-    } else {
-      point = std::move(*listening);
-    }
-  }
 
   // The file is watched too: a change reloads it as SIGHUP does (once its contents differ).
   std::optional<ConfigWatch> watch;
