@@ -105,10 +105,14 @@ Result<Address> Address::parse_host(std::string_view text) {
   return address->unmapped();
 }
 
+bool Address::is_v4_mapped() const {
+  return storage_.ss_family == AF_INET6 &&
+         IN6_IS_ADDR_V4MAPPED(&reinterpret_cast<const sockaddr_in6*>(&storage_)->sin6_addr);
+}
+
 Address Address::unmapped() const {
-  if (storage_.ss_family != AF_INET6) return *this;
+  if (!is_v4_mapped()) return *this;
   const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&storage_);
-  if (!IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) return *this;
   Address v4;
   auto* in = reinterpret_cast<sockaddr_in*>(&v4.storage_);
   in->sin_family = AF_INET;

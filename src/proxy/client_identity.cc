@@ -13,8 +13,7 @@ bool is_trusted(const std::vector<Cidr>& trusted, const Address& address) {
 
 bool client_is_the_peer(const http::RequestContext& context, const std::vector<Cidr>& trusted) {
   if (context.peer == nullptr || context.peer->family() == Address::Family::kUnix) return true;
-  Address peer = context.peer->unmapped();
-  return peer == *context.peer && !is_trusted(trusted, peer);
+  return !context.peer->is_v4_mapped() && !is_trusted(trusted, *context.peer);
 }
 
 ClientIdentity identify_client(const http::Request& request, const std::vector<Cidr>& trusted) {

@@ -49,8 +49,9 @@ class Address {
   /// The host alone, canonical (RFC 5952 for IPv6): "192.0.2.1", "2001:db8::1", or for a Unix
   /// address its to_string().
   std::string host_text() const;
-  /// The same host without its IPv6 wrapping if it is an IPv4-mapped address (::ffff:a.b.c.d),
-  /// else a copy.
+  /// True for an IPv4-mapped IPv6 address (::ffff:a.b.c.d).
+  bool is_v4_mapped() const;
+  /// The same host without its IPv6 wrapping if it is an IPv4-mapped address, else a copy.
   Address unmapped() const;
 
   /// For the socket calls.

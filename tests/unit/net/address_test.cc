@@ -79,3 +79,15 @@ TEST(Address, ParsesHostsAsForwardingFieldsWriteThem) {
   }
   EXPECT_EQ(*Address::parse_host("192.0.2.1:5"), *Address::parse_host("::ffff:192.0.2.1"));
 }
+
+TEST(Address, KnowsItsIpv4MappedFormAndUnwrapsIt) {
+  auto at = [](std::string_view s) { return Address::parse(s).value(); };
+  EXPECT_TRUE(at("[::ffff:192.0.2.1]:80").is_v4_mapped());
+  EXPECT_EQ(at("[::ffff:192.0.2.1]:80").unmapped().to_string(), "192.0.2.1:80");
+  for (const char* other : {"192.0.2.1:80", "[2001:db8::1]:80", "[::1]:80", "[::192.0.2.1]:80",
+                            "[::fffe:192.0.2.1]:80"}) {
+    EXPECT_FALSE(at(other).is_v4_mapped()) << other;
+    EXPECT_EQ(at(other).unmapped(), at(other)) << other;
+  }
+  EXPECT_FALSE(Address::parse("unix:/tmp/x.sock").value().is_v4_mapped());
+}
