@@ -19,18 +19,16 @@ bool client_is_the_peer(const http::RequestContext& context, const std::vector<C
 ClientIdentity identify_client(const http::Request& request, const std::vector<Cidr>& trusted) {
   const http::RequestContext& context = request.context();
   ClientIdentity client;
-  if (context.peer == nullptr || context.peer->family() == Address::Family::kUnix) {
+  if (client_is_the_peer(context, trusted)) {  // most peers: their address is all there is
     client.text = std::string(context.remote);
     client.forwarded_for = client.text;
     return client;
   }
-  // The hops from this gateway outwards: the peer first. (Most peers are not trusted: their
-  // address is all there is to say.)
+  // An IPv4-mapped peer, or a trusted one. The hops from this gateway outwards: the peer first.
   Address peer = context.peer->unmapped();
   if (!is_trusted(trusted, peer)) {
     client.text = peer.host_text();
     client.forwarded_for = client.text;
-    client.address = peer;
     return client;
   }
   std::vector<Address> hops{peer};
@@ -47,8 +45,7 @@ ClientIdentity identify_client(const http::Request& request, const std::vector<C
       if (!is_trusted(trusted, *address)) break;
     }
   }
-  client.address = hops.back();
-  client.text = client.address->host_text();
+  client.text = hops.back().host_text();
   for (auto hop = hops.rbegin(); hop != hops.rend(); ++hop) {
     if (!client.forwarded_for.empty()) client.forwarded_for += ", ";
     client.forwarded_for += hop->host_text();

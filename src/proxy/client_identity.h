@@ -3,7 +3,6 @@
 // request, then used by ip_allow, ip_deny, rate_limit's client_ip and the X-Forwarded-For sent
 // upstream alike.
 
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,9 +13,6 @@ namespace spindle::proxy::detail {
 
 /// The client of a request.
 struct ClientIdentity {
-  /// Its address, IPv4-mapped forms folded (nullopt when not an IP address: a Unix peer, or
-  /// none known).
-  std::optional<Address> address;
   /// It as text, canonical: "192.0.2.1", "2001:db8::1" (or the peer's own text otherwise).
   std::string text;
   /// The X-Forwarded-For to send on: the client, then each trusted proxy between it and this
