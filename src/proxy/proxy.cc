@@ -1606,8 +1606,8 @@ http::Response Forwarding::pass_response(const Gateway::Target& target, Attempt&
   http::Response response(response_head.status);
   for (const http::Field& f : response_head.headers) {
     if (f.token == &http::token::kVia) continue;
-    if (names_lower_cased && f.token != nullptr) {
-      response.headers.add_with_static_name(f.token->name, *f.token, f.value);
+    if (names_lower_cased) {
+      response.headers.add_lower_case(f);
     } else {
       response.headers.add(f);
     }

@@ -114,8 +114,8 @@ class HeaderMap {
     assert(field.token == find_token(field.name));
     add_field({copy(field.name), copy(field.value), field.token});
   }
-  /// Appends a copy of a field whose name is in lower case (HTTP/2's, checked by its session):
-  /// a known name is then its token's text, which is not copied.
+  /// Appends a copy of a field whose name is, or will be sent, in lower case (HTTP/2's): a
+  /// known name is then its token's text, which is not copied; another is copied as it is.
   void add_lower_case(const Field& field) {
     if (field.token != nullptr) {
       add_with_static_name(field.token->name, *field.token, field.value);
