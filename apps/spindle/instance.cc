@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <set>
+#include <utility>
 
 #include "serve.h"
 #include "site.h"
@@ -28,20 +29,17 @@ bool kernel_offers_ktls() {
 // "ktls_available": the kernel offers kTLS, so OpenSSL may hand a connection's records to it
 // after that connection's handshake (cipher and kernel permitting). Whether it did is known
 // per connection only (TlsStream::ktls_send()), never at start.
-void print_listening(const http::HttpServer& server, const http::ServerOptions& options,
-                     std::size_t workers, bool admin) {
+std::string listening_line(const http::HttpServer& server, const http::ServerOptions& options,
+                           std::size_t workers, bool admin) {
   if (admin) {
-    fmt::print("{{\"event\":\"admin_listening\",\"address\":\"{}\"}}\n",
-               server.address().to_string());
-    std::fflush(stdout);
-    return;
+    return fmt::format("{{\"event\":\"admin_listening\",\"address\":\"{}\"}}\n",
+                       server.address().to_string());
   }
-  fmt::print(
+  return fmt::format(
       "{{\"event\":\"listening\",\"address\":\"{}\",\"tls\":{},\"ktls_available\":{},"
       "\"http2\":{},\"workers\":{},\"version\":\"{}\"}}\n",
       server.address().to_string(), options.tls != nullptr,
       options.tls != nullptr && kernel_offers_ktls(), options.http2, workers, kVersion);
-  std::fflush(stdout);
 }
 
 // How reloads recognise a server's listener: its address, or for an ephemeral port (":0", a
@@ -55,6 +53,20 @@ std::string listener_identity(const proxy::ServerConfig& server, std::size_t ind
 }
 
 }  // namespace
+
+void Instance::announce(std::string line) {
+  if (holding_lines_) {
+    held_lines_ += line;
+    return;
+  }
+  fmt::print("{}", line);
+  std::fflush(stdout);
+}
+
+void Instance::release_listening_lines() {
+  holding_lines_ = false;
+  announce(std::exchange(held_lines_, std::string()));
+}
 
 Instance::Instance(Runtime& runtime)
     : runtime_(runtime),
@@ -176,7 +188,7 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   for (Prepared& p : prepared) {
     const std::string& address = p.identity;
     if (auto it = opened.find(address); it != opened.end()) {
-      print_listening(*it->second, p.options, runtime_.size(), p.admin);
+      announce(listening_line(*it->second, p.options, runtime_.size(), p.admin));
       listeners_[address] = Listener{p.fingerprint, std::move(it->second)};
       continue;
     }

@@ -53,6 +53,11 @@ class Instance {
   /// Listening sockets handed over by the process this one replaces: apply() accepts from
   /// them instead of binding (those it does not use are closed after it).
   void inherit(InheritedListeners listeners) { inherited_ = std::move(listeners); }
+  /// The "listening" lines apply() writes (what tests and scripts wait for) are kept back until
+  /// release_listening_lines(): a process taking over writes them once the handover point is
+  /// its own, so that whoever read them can upgrade it at once.
+  void hold_listening_lines() { holding_lines_ = true; }
+  void release_listening_lines();
   /// Every listening socket, by listener identity, to hand over to a replacing process.
   std::map<std::string, std::vector<int>> listener_fds() const;
 
@@ -77,6 +82,12 @@ class Instance {
   ReloadCounts& reloads() { return reloads_; }
 
  private:
+  /// Writes `line` to standard output, or keeps it while holding_lines_.
+  void announce(std::string line);
+
+  bool holding_lines_ = false;
+  std::string held_lines_;
+
   /// A listening address and what serves it.
   struct Listener {
     /// ServerConfig::fingerprint of the settings it serves.

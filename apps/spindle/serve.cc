@@ -239,7 +239,7 @@ int serve(const ServeFlags& flags) {
   }
   // The handover point is open before anyone is told the servers listen (their "listening"
   // lines, READY=1), so that whoever saw them can upgrade at once; a predecessor keeps the path
-  // until it has handed over.
+  // until it has handed over, so a process taking over holds its lines back until then.
   std::optional<HandoverPoint> point;
   auto listen_for_upgrades = [&] {
     if (flags.handover.empty()) return;
@@ -250,7 +250,11 @@ int serve(const ServeFlags& flags) {
       point = std::move(*listening);
     }
   };
-  if (!predecessor) listen_for_upgrades();
+  if (predecessor) {
+    instance.hold_listening_lines();
+  } else {
+    listen_for_upgrades();
+  }
   if (auto started = instance.apply(std::move(config)); !started) {
     fmt::print(stderr, "spindle: {}\n", started.error());
     return 1;  // the predecessor sees the connection close, and serves on
@@ -259,6 +263,7 @@ int serve(const ServeFlags& flags) {
     (void)send_message(predecessor->get(), "ready");
     predecessor.reset();
     listen_for_upgrades();
+    instance.release_listening_lines();
     // Under systemd (NotifyAccess=all), this process is the service's main one from now on.
     systemd::notify(fmt::format("MAINPID={}", ::getpid()));
   }

@@ -56,6 +56,13 @@ def stop_pid(pid):
         os.kill(pid, signal.SIGKILL)
 
 
+def socket_file(path):
+    """Which file is at `path`: a socket bound there later is another one, even where the
+    file system gives it the inode number of one removed before."""
+    st = os.stat(path)
+    return st.st_ino, st.st_ctime_ns
+
+
 def upgrade(build_dir, sock):
     out = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "upgrade", "--handover", sock],
                          capture_output=True, text=True, timeout=20)
@@ -81,6 +88,43 @@ def test_the_handover_point_is_open_once_the_servers_say_they_listen(build_dir, 
             proc.terminate()
             assert proc.wait(timeout=15) == 0
     assert missing == 0, f"no handover socket yet in {missing} of 30 starts"
+
+
+def test_a_new_process_owns_the_handover_point_once_it_says_it_listens(build_dir, tmp_path):
+    # The same for the process an upgrade starts: once its listening line is out, the handover
+    # point is its own (a socket file of its own at the path), so the next `spindle upgrade`
+    # reaches it, not its predecessor (which answers that an upgrade is under way) nor a path
+    # nobody listens on any more. Looked at the moment the line is read, through a chain of
+    # upgrades; each one is then made at once.
+    config = tmp_path / "gateway.yaml"
+    config.write_text("servers:\n  - {listen: 127.0.0.1:0, access_log: off}\n")
+    sock = str(tmp_path / "handover.sock")
+    proc = subprocess.Popen([os.path.join(build_dir, "bin", "spindle"), "serve", "--config",
+                             str(config), "--threads", "1", "--handover", sock],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    pids = [proc.pid]
+    stale = 0
+    try:
+        assert '"listening"' in proc.stdout.readline(), "spindle exited before listening"
+        inode = socket_file(sock)
+        for _ in range(20):
+            code, said = upgrade(build_dir, sock)
+            assert code == 0, said
+            pids.append(int(re.search(r"new process \((\d+)\)", said).group(1)))
+            # The new process writes to the standard output of the one it replaced.
+            assert '"listening"' in proc.stdout.readline(), "the new process did not listen"
+            try:
+                now = socket_file(sock)
+            except FileNotFoundError:
+                now = None  # unlinked by the new process, not yet bound again
+            stale += now is None or now == inode
+            inode = now
+    finally:
+        for pid in pids[1:]:
+            stop_pid(pid)
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert stale == 0, f"in {stale} of 20 upgrades the handover point was not yet the new process's"
 
 
 def test_an_upgrade_under_load_fails_no_request(build_dir, tmp_path):
