@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# Where a proxied request's time goes beyond its instructions: cache misses per request,
+# simulated by callgrind, for spindle and for h2o as the same gateway (HTTP/2 over TLS in front,
+# h2load -c100 -m10, to one nginx upstream over HTTP/1.1 that runs outside callgrind). The
+# second-level cache simulated is this machine's L2 (getconf; 2 MiB 16-way when it says
+# nothing), so "L2 misses" are the reads and writes that had to go further than the core's own
+# caches. Like bench/instructions.sh the figures do not move with the machine's noise: each
+# gateway runs twice (10,000 then 40,000 requests), the difference of the totals divided by the
+# difference of the requests cancels start-up and connection set-up.
+#   bench/cache_misses.sh            (needs valgrind, h2load, nginx, h2o; about 3 minutes)
+#   BIN=dir OUT=file.json bench/cache_misses.sh
+# Prints, for each gateway: instructions, first-level instruction-cache misses, first-level
+# data-cache misses and L2 misses (data) per request, and spindle's ratio to h2o.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=${BIN:-build/release/bin}
+tmp=$(mktemp -d)
+trap '[ -n "${KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"' EXIT
+for tool in valgrind h2load nginx h2o callgrind_control; do
+  command -v "$tool" >/dev/null || { echo "cache_misses.sh: $tool is not installed" >&2; exit 1; }
+done
+source scripts/ports.sh  # free_port, wait_port
+
+l2_size=$(getconf LEVEL2_CACHE_SIZE 2>/dev/null || true)
+l2_assoc=$(getconf LEVEL2_CACHE_ASSOC 2>/dev/null || true)
+l2_line=$(getconf LEVEL2_CACHE_LINESIZE 2>/dev/null || true)
+[[ ${l2_size:-0} =~ ^[1-9][0-9]*$ ]] || l2_size=2097152
+[[ ${l2_assoc:-0} =~ ^[1-9][0-9]*$ ]] || l2_assoc=16
+[[ ${l2_line:-0} =~ ^[1-9][0-9]*$ ]] || l2_line=64
+echo "simulated caches: callgrind's first level (this machine's), L2 $((l2_size / 1024)) KiB" \
+  "$l2_assoc-way, $l2_line-byte lines"
+
+# The upstream: nginx, one worker, not under callgrind.
+up_port=$(free_port)
+mkdir -p "$tmp/nginx"
+tests/tls/make-certs.sh "$tmp/certs" >/dev/null 2>&1
+cat >"$tmp/nginx.conf" <<CONF
+daemon off; master_process off; worker_processes 1;
+pid $tmp/nginx/nginx.pid; error_log $tmp/nginx/error.log crit; worker_rlimit_nofile 4096;
+events { worker_connections 4096; }
+http {
+  access_log off; keepalive_requests 1000000; keepalive_timeout 300s;
+  client_body_temp_path $tmp/nginx; proxy_temp_path $tmp/nginx; fastcgi_temp_path $tmp/nginx;
+  uwsgi_temp_path $tmp/nginx; scgi_temp_path $tmp/nginx;
+  server { listen 127.0.0.1:$up_port;
+           location = /plaintext { default_type text/plain; return 200 "Hello, World!"; } }
+}
+CONF
+nginx -c "$tmp/nginx.conf" -p "$tmp/nginx" >/dev/null 2>&1 &
+nginx_pid=$!
+trap 'kill "$nginx_pid" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"' EXIT
+wait_port "$up_port" || { echo "cache_misses.sh: nginx does not listen" >&2; exit 1; }
+
+# run NAME PORT REQUESTS ARGV...: ARGV under callgrind with the cache simulation, REQUESTS
+# requests over h2 with TLS, stopped by PID; prints the requests done and the totals of
+# Ir I1mr D1mr D1mw DLmr DLmw over the run (every output file: h2o may start helpers).
+run() {
+  local name=$1 port=$2 amount=$3
+  shift 3
+  rm -f "$tmp/$name.out"*
+  valgrind --tool=callgrind --callgrind-out-file="$tmp/$name.out" --dump-instr=no \
+    --cache-sim=yes --LL="$l2_size,$l2_assoc,$l2_line" "$@" >"$tmp/$name.log" 2>&1 &
+  local pid=$!
+  wait_port "$port" || { cat "$tmp/$name.log" >&2; exit 1; }
+  local requests
+  requests=$(h2load -c100 -m10 -n "$amount" "https://127.0.0.1:$port/plaintext" |
+    awk '/^requests:/ {print $8}')
+  callgrind_control -d "$pid" >/dev/null 2>&1
+  sleep 1
+  kill "$pid"
+  wait "$pid" 2>/dev/null || true
+  # Events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw (callgrind's order with --cache-sim=yes).
+  cat "$tmp/$name.out"* | awk -v requests="$requests" '
+    /^events:/ { for (i = 2; i <= NF; i++) col[$i] = i - 1 }
+    /^summary:/ { s = 1; for (i = 2; i <= NF; i++) sum[i - 1] += $i }
+    /^totals:/ { for (i = 2; i <= NF; i++) tot[i - 1] += $i }
+    END { for (i in tot) if (!s) sum[i] = tot[i]
+      printf "%d %.0f %.0f %.0f %.0f %.0f %.0f\n", requests, sum[col["Ir"]], sum[col["I1mr"]],
+        sum[col["D1mr"]], sum[col["D1mw"]], sum[col["DLmr"]], sum[col["DLmw"]] }'
+}
+
+# measure NAME PORT ARGV...: 10,000 then 40,000 requests; prints and keeps the differences
+# per request: instructions, I1 misses, D1 misses (reads + writes), L2 misses (reads + writes).
+measure() {
+  local name=$1 port=$2
+  shift 2
+  local short long
+  short=$(run "$name" "$port" 10000 "$@")
+  long=$(run "$name" "$port" 40000 "$@")
+  echo "$name $short $long" | awk -v file="$tmp/per_request" '{
+    n = $9 - $2
+    if (n <= 0) { print $1 ": no requests were answered" > "/dev/stderr"; exit 1 }
+    ir = ($10 - $3) / n; i1 = ($11 - $4) / n; d1 = ($12 + $13 - $5 - $6) / n
+    l2 = ($14 + $15 - $7 - $8) / n
+    printf "%-8s %6d requests  %7.0f instructions  %5.0f I1 misses  %5.0f D1 misses  %5.0f L2 misses /request\n",
+      $1, n, ir, i1, d1, l2
+    printf "%s %.0f %.0f %.0f %.0f\n", $1, ir, i1, d1, l2 >> file }'
+}
+
+spindle_port=$(free_port)
+cat >"$tmp/spindle.yaml" <<CONF
+servers:
+  - listen: 127.0.0.1:$spindle_port
+    default_site: false
+    compression: false
+    access_log: off
+    http2: true
+    tls: {cert: $tmp/certs/localhost.pem, key: $tmp/certs/localhost.key}
+routes:
+  - {name: all, match: {path_prefix: /}, service: up}
+services:
+  up: {url: "http://127.0.0.1:$up_port"}
+CONF
+measure spindle "$spindle_port" "$bin/spindle" serve --config "$tmp/spindle.yaml" --threads 1
+
+# h2o as bench/proxy_compare.py runs it; it keeps the user it was started as (as root it would
+# become nobody, and callgrind_control could no longer ask it to write its counts).
+h2o_port=$(free_port)
+cat >"$tmp/h2o.conf" <<CONF
+num-threads: 1
+user: $(id -un)
+listen:
+  host: 127.0.0.1
+  port: $h2o_port
+  ssl:
+    certificate-file: $tmp/certs/localhost.pem
+    key-file: $tmp/certs/localhost.key
+proxy.timeout.keepalive: 60000
+hosts:
+  default:
+    paths:
+      /:
+        proxy.reverse.url: http://127.0.0.1:$up_port/
+CONF
+measure h2o "$h2o_port" h2o -c "$tmp/h2o.conf"
+
+awk '{ for (i = 2; i <= 5; i++) v[$1, i] = $i }
+  END { printf "spindle / h2o: instructions %.2fx, I1 misses %.2fx, D1 misses %.2fx, L2 misses %.2fx\n",
+          v["spindle", 2] / v["h2o", 2], v["spindle", 3] / v["h2o", 3],
+          v["spindle", 4] / v["h2o", 4], v["spindle", 5] / v["h2o", 5] }' "$tmp/per_request"
+if [ -n "${OUT:-}" ]; then
+  awk 'BEGIN {printf "{"} {printf "%s\"%s\": {\"instructions\": %s, \"i1_misses\": %s, \"d1_misses\": %s, \"l2_misses\": %s}", (NR == 1 ? "" : ", "), $1, $2, $3, $4, $5} END {print "}"}' \
+    "$tmp/per_request" >"$OUT"
+fi
