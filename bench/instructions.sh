@@ -4,9 +4,10 @@
 # saves. Runs spindle (1 worker) and the C ceiling under callgrind, drives each with wrk -c100
 # keep-alive on loopback for SECONDS, and prints instructions per request (kernel time is not
 # counted: spindle makes one recv and one send per request, the ceiling one recv more); then
-# spindle over h2c with h2load -c10 -m10 (no peer: h2o and nginx do not run under callgrind
-# here); then spindle as a reverse proxy to an nginx upstream (not under callgrind), h1->h1 with
-# wrk -c100, h2 over TLS->h1 and h2 over TLS->h2 over TLS (proxy-h2up) with h2load -c100 -m10
+# spindle over h2c with h2load -c10 -m10 (no peer here: bench/cache_misses.sh runs h2o under
+# callgrind as a gateway, beside spindle); then spindle as a reverse proxy to an nginx upstream
+# (not under callgrind), h1->h1 with wrk -c100, h2 over TLS->h1 and h2 over TLS->h2 over TLS
+# (proxy-h2up) with h2load -c100 -m10
 # (10,000 then 40,000 requests).
 # Each server runs twice (SECONDS, then twice that; or 5,000 then 15,000 h2c requests); the
 # difference is divided by the difference in requests, so start-up and connection set-up
