@@ -285,7 +285,7 @@ int serve(const ServeFlags& flags) {
 
   // An upgrade: the replacement process started, and its handover connection once it asked.
   pid_t successor = 0;
-  std::optional<UniqueFd> handing_over;
+  UniqueFd handing_over;
   auto upgrade_now = [&]() -> std::string {
     if (!point) return "error serve was started without --handover PATH";
     if (successor != 0) return "error an upgrade is under way already";
@@ -300,11 +300,10 @@ int serve(const ServeFlags& flags) {
   int signo = 0;
   bool handed_over = false;
   while (signo == 0 && !handed_over) {
-    pollfd fds[4] = {
-        {.fd = signal_fd->get(), .events = POLLIN, .revents = 0},
-        {.fd = watch ? watch->fd() : -1, .events = POLLIN, .revents = 0},
-        {.fd = point ? point->fd() : -1, .events = POLLIN, .revents = 0},
-        {.fd = handing_over ? handing_over->get() : -1, .events = POLLIN, .revents = 0}};
+    pollfd fds[4] = {{.fd = signal_fd->get(), .events = POLLIN, .revents = 0},
+                     {.fd = watch ? watch->fd() : -1, .events = POLLIN, .revents = 0},
+                     {.fd = point ? point->fd() : -1, .events = POLLIN, .revents = 0},
+                     {.fd = handing_over.get(), .events = POLLIN, .revents = 0}};
     // Every second at least, the admin listener's view of the listeners is brought up to date.
     int ready = ::poll(fds, 4, 1000);
     instance.refresh();
@@ -342,7 +341,7 @@ int serve(const ServeFlags& flags) {
       }
     }
     if (fds[3].revents != 0) {
-      if (receive_message(handing_over->get(), 0) == "ready") {
+      if (receive_message(handing_over.get(), 0) == "ready") {
         handed_over = true;
       } else {
         log_error("upgrade: the new process went away before serving; this one serves on");
