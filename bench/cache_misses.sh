@@ -20,6 +20,7 @@ for tool in valgrind h2load nginx h2o callgrind_control; do
   command -v "$tool" >/dev/null || { echo "cache_misses.sh: $tool is not installed" >&2; exit 1; }
 done
 source scripts/ports.sh  # free_port, wait_port
+source bench/nginx_upstream.sh  # start_nginx_upstream
 
 l2_size=$(getconf LEVEL2_CACHE_SIZE 2>/dev/null || true)
 l2_assoc=$(getconf LEVEL2_CACHE_ASSOC 2>/dev/null || true)
@@ -30,24 +31,7 @@ l2_line=$(getconf LEVEL2_CACHE_LINESIZE 2>/dev/null || true)
 echo "simulated caches: callgrind's first level (this machine's), L2 $((l2_size / 1024)) KiB" \
   "$l2_assoc-way, $l2_line-byte lines"
 
-# The upstream: nginx, one worker, not under callgrind.
-up_port=$(free_port)
-mkdir -p "$tmp/nginx"
-tests/tls/make-certs.sh "$tmp/certs" >/dev/null 2>&1
-cat >"$tmp/nginx.conf" <<CONF
-daemon off; master_process off; worker_processes 1;
-pid $tmp/nginx/nginx.pid; error_log $tmp/nginx/error.log crit; worker_rlimit_nofile 4096;
-events { worker_connections 4096; }
-http {
-  access_log off; keepalive_requests 1000000; keepalive_timeout 300s;
-  client_body_temp_path $tmp/nginx; proxy_temp_path $tmp/nginx; fastcgi_temp_path $tmp/nginx;
-  uwsgi_temp_path $tmp/nginx; scgi_temp_path $tmp/nginx;
-  server { listen 127.0.0.1:$up_port;
-           location = /plaintext { default_type text/plain; return 200 "Hello, World!"; } }
-}
-CONF
-nginx -c "$tmp/nginx.conf" -p "$tmp/nginx" >/dev/null 2>&1 &
-nginx_pid=$!
+start_nginx_upstream "$tmp"
 trap 'kill "$nginx_pid" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"' EXIT
 wait_port "$up_port" || { echo "cache_misses.sh: nginx does not listen" >&2; exit 1; }
 

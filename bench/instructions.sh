@@ -24,6 +24,7 @@ for tool in valgrind wrk h2load callgrind_annotate nginx; do
 done
 
 source scripts/ports.sh  # free_port, wait_port (the working folder is the top of the tree)
+source bench/nginx_upstream.sh  # start_nginx_upstream
 
 # run NAME PORT AMOUNT ARGV...: starts ARGV under callgrind, loads it (wrk for AMOUNT seconds,
 # or for a NAME ending in -h2c or -h2tls, h2load for AMOUNT requests), stops it by PID; prints
@@ -87,26 +88,9 @@ measure spindle-h2c "$port" 5000 15000 \
   "$bin/spindle" serve --config "$tmp/spindle-h2c.yaml" --threads 1
 # The reverse proxy: nginx (one worker, outside callgrind) answers /plaintext as the upstream,
 # over HTTP/1.1 and over HTTP/2 with TLS.
-up_port=$(free_port)
-up_h2_port=$(free_port)
-mkdir -p "$tmp/nginx"
-tests/tls/make-certs.sh "$tmp/certs" >/dev/null 2>&1
-cat >"$tmp/nginx.conf" <<CONF
-daemon off; master_process off; worker_processes 1;
-pid $tmp/nginx/nginx.pid; error_log $tmp/nginx/error.log crit; worker_rlimit_nofile 4096;
-events { worker_connections 4096; }
-http {
-  access_log off; keepalive_requests 1000000; http2_max_requests 1000000; keepalive_timeout 300s;
-  ssl_certificate $tmp/certs/localhost.pem; ssl_certificate_key $tmp/certs/localhost.key;
-  client_body_temp_path $tmp/nginx; proxy_temp_path $tmp/nginx; fastcgi_temp_path $tmp/nginx;
-  uwsgi_temp_path $tmp/nginx; scgi_temp_path $tmp/nginx;
-  server { listen 127.0.0.1:$up_port; listen 127.0.0.1:$up_h2_port ssl http2;
-           location = /plaintext { default_type text/plain; return 200 "Hello, World!"; } }
-}
-CONF
-nginx -c "$tmp/nginx.conf" -p "$tmp/nginx" >/dev/null 2>&1 &
-nginx_pid=$!
+start_nginx_upstream "$tmp"
 trap 'kill "$nginx_pid" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"' EXIT
+wait_port "$up_port" || exit 1
 proxy_port=$(free_port)
 tls_port=$(free_port)
 cat >"$tmp/proxy.yaml" <<CONF

@@ -1,5 +1,5 @@
 # Loopback ports for the shell scripts that start servers (sourced: scripts/pgo.sh,
-# bench/instructions.sh).
+# bench/instructions.sh, bench/cache_misses.sh).
 
 # A port free on 127.0.0.1 now (the kernel's choice).
 free_port() {
