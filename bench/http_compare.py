@@ -223,9 +223,24 @@ def cpu_us_per_request(cpu_before, cpu_after, requests):
 
 
 def median_round(rounds):
-    """The median of repeated runs, by server CPU per request."""
-    rounds = sorted(rounds, key=lambda x: x["cpu_us_per_request"] or 0)
-    return rounds[len(rounds) // 2]
+    """The median of repeated runs, by server CPU per request; it keeps every run's CPU per
+    request, in the order they ran ("round_cpu_us"), for ratio_text."""
+    per_round = [x["cpu_us_per_request"] for x in rounds]
+    median = sorted(rounds, key=lambda x: x["cpu_us_per_request"] or 0)[len(rounds) // 2]
+    median["round_cpu_us"] = per_round
+    return median
+
+
+def ratio_text(a, b):
+    """`a`'s CPU per request over `b`'s (two median_round results) as text: the ratio of the
+    medians and, when both ran the same rounds in turn, the range of the rounds' own ratios
+    (how far the machine moved the figure within this run)."""
+    text = f"{a['cpu_us_per_request'] / b['cpu_us_per_request']:.2f}x"
+    pairs = [x / y for x, y in zip(a.get("round_cpu_us", []), b.get("round_cpu_us", []))
+             if x and y]
+    if len(pairs) > 1:
+        text += f" (rounds {min(pairs):.2f}-{max(pairs):.2f})"
+    return text
 
 
 def stop(proc):

@@ -25,8 +25,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from http_compare import (ROOT, free_port, median_round, peak_rss_mb, pin, stop,  # noqa: E402
-                          wait_listening)
+from http_compare import (ROOT, free_port, median_round, peak_rss_mb, pin,  # noqa: E402
+                          ratio_text, stop, wait_listening)
 from tls_compare import SYSCALL_SECONDS, count_syscalls, measure, syscalls_text  # noqa: E402
 from results_file import write_results  # noqa: E402
 
@@ -328,7 +328,7 @@ def main():
             for peer in ("nginx", "haproxy", "h2o"):
                 q = by.get((peer, name, c))
                 if q and q["cpu_us_per_request"]:
-                    ratios.append(f"{s['cpu_us_per_request'] / q['cpu_us_per_request']:.2f}x {peer}")
+                    ratios.append(f"{ratio_text(s, q)} {peer}")
             print(f"    {name:<10} c{c:<4} {s['cpu_us_per_request']:7.2f} us/req  "
                   + ", ".join(ratios))
             for variant, what in (("spindle+log", "the access log alone"),

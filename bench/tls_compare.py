@@ -21,7 +21,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from http_compare import (ROOT, SyscallCount, cpu_seconds, cpu_us_per_request,  # noqa: E402
-                          free_port, median_round, parse_wrk, pin, stop, wait_listening)
+                          free_port, median_round, parse_wrk, pin, ratio_text, stop,
+                          wait_listening)
 from results_file import write_results  # noqa: E402
 
 WORKLOADS = [  # name, tool, scheme, extra arguments
@@ -245,7 +246,7 @@ def main():
         for peer in ("nginx", "h2o"):
             q = by.get((peer, name))
             if q and q["cpu_us_per_request"]:
-                ratios.append(f"{s['cpu_us_per_request'] / q['cpu_us_per_request']:.2f}x {peer}")
+                ratios.append(f"{ratio_text(s, q)} {peer}")
         print(f"    {name:<24} {s['cpu_us_per_request']:7.2f} us/req  " + ", ".join(ratios))
     write_results(a.out, {"seconds": a.seconds, "rounds": a.rounds, "results": results}, indent=2)
 
