@@ -324,19 +324,36 @@ def main():
             if not (s == "ceiling" and (w != 1 or wl[1] != "/plaintext"))
             and not (wl[2] > 1000 and (w != 1 or s not in ("spindle", "nginx")))
             and (not a.workloads or wl[0] in a.workloads.split(","))]
-    for i, (workers, workload, kind) in enumerate(plan, 1):
-        print(f"  [{i}/{len(plan)}] {kind}, {workers} worker(s), {workload[0]}", flush=True)
-        rounds = []
-        for _ in range(a.rounds):
-            with tempfile.TemporaryDirectory() as tmp:
-                os.chmod(tmp, 0o755)  # h2o, started as root, reads files as nobody
-                rounds.append(run(kind, a.bin, workers, workload, a.seconds, tmp))
-        r = median_round(rounds)
-        r.update({"server": kind, "workers": workers, "workload": workload[0]})
-        cpu = r["cpu_us_per_request"]
-        print(f"      {r['rps']:>10,.0f} req/s  p99 {r['p99_ms'] or 0:.2f} ms  "
-              f"CPU {cpu or 0:.2f} us/req  errors {r['errors']}", flush=True)
-        results.append(r)
+    # The servers of one workload take turns round by round (A, B, A, B...), not all of A's
+    # rounds first: the machine's drift over minutes then falls on each alike.
+    groups = {}  # (workers, workload name) -> (workload, servers)
+    for workers, workload, kind in plan:
+        groups.setdefault((workers, workload[0]), (workload, []))[1].append(kind)
+    step = 0
+    for (workers, _), (workload, kinds) in groups.items():
+        rounds = {kind: [] for kind in kinds}
+        for n in range(a.rounds):
+            for kind in kinds:
+                step += 1
+                print(f"  [{step}/{len(plan) * a.rounds}] {kind}, {workers} worker(s), "
+                      f"{workload[0]}, round {n + 1}/{a.rounds}", flush=True)
+                with tempfile.TemporaryDirectory() as tmp:
+                    os.chmod(tmp, 0o755)  # h2o, started as root, reads files as nobody
+                    rounds[kind].append(run(kind, a.bin, workers, workload, a.seconds, tmp))
+        medians = {}
+        for kind in kinds:
+            r = median_round(rounds[kind])
+            r.update({"server": kind, "workers": workers, "workload": workload[0]})
+            cpu = r["cpu_us_per_request"]
+            print(f"      {kind:<8} {r['rps']:>10,.0f} req/s  p99 {r['p99_ms'] or 0:.2f} ms  "
+                  f"CPU {cpu or 0:.2f} us/req  errors {r['errors']}", flush=True)
+            results.append(r)
+            medians[kind] = r
+        s = medians.get("spindle")
+        peers = [k for k in kinds if k != "spindle" and medians[k]["cpu_us_per_request"]]
+        if s and s["cpu_us_per_request"] and peers:
+            print("      spindle's CPU per request: " +
+                  ", ".join(f"{ratio_text(s, medians[k])} {k}" for k in peers), flush=True)
     write_results(a.out, {"seconds": a.seconds, "rounds": a.rounds, "results": results}, indent=2)
 
 

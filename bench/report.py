@@ -241,7 +241,7 @@ def http_section(data, chart):
     md.append(f"`/usr/bin/python3 bench/http_compare.py --rounds {data.get('rounds', 1)} --out "
               "bench/results/http.json` — wrk "
               f"{data['seconds']} s per run, the median of {data.get('rounds', 1)} runs by CPU per "
-              "request; `/plaintext` returns \"Hello, World!\" (nginx "
+              "request (the servers of a workload take turns, round by round); `/plaintext` returns \"Hello, World!\" (nginx "
               f"`return 200`, h2o a 13-byte file), `/index.html` is a 612-byte page; spindle runs "
               f"`spindle serve --config bench/http/spindle.yaml` (no access log). The ceiling is "
               f"`bench/http_ceiling.c`, which parses nothing. One worker: server on CPU 0, wrk on "
