@@ -20,7 +20,7 @@ for tool in valgrind h2load nginx h2o callgrind_control; do
   command -v "$tool" >/dev/null || { echo "cache_misses.sh: $tool is not installed" >&2; exit 1; }
 done
 source scripts/ports.sh  # free_port, wait_port
-source bench/nginx_upstream.sh  # start_nginx_upstream
+source bench/callgrind_lib.sh  # callgrind_run, start_nginx_upstream
 
 l2_size=$(getconf LEVEL2_CACHE_SIZE 2>/dev/null || true)
 l2_assoc=$(getconf LEVEL2_CACHE_ASSOC 2>/dev/null || true)
@@ -35,33 +35,11 @@ start_nginx_upstream "$tmp"
 trap 'kill "$nginx_pid" 2>/dev/null; [ -n "${KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"' EXIT
 wait_port "$up_port" || { echo "cache_misses.sh: nginx does not listen" >&2; exit 1; }
 
-# run NAME PORT REQUESTS ARGV...: ARGV under callgrind with the cache simulation, REQUESTS
-# requests over h2 with TLS, stopped by PID; prints the requests done and the totals of
-# Ir I1mr D1mr D1mw DLmr DLmw over the run (every output file: h2o may start helpers).
-run() {
-  local name=$1 port=$2 amount=$3
-  shift 3
-  rm -f "$tmp/$name.out"*
-  valgrind --tool=callgrind --callgrind-out-file="$tmp/$name.out" --dump-instr=no \
-    --cache-sim=yes --LL="$l2_size,$l2_assoc,$l2_line" "$@" >"$tmp/$name.log" 2>&1 &
-  local pid=$!
-  wait_port "$port" || { cat "$tmp/$name.log" >&2; exit 1; }
-  local requests
-  requests=$(h2load -c100 -m10 -n "$amount" "https://127.0.0.1:$port/plaintext" |
-    awk '/^requests:/ {print $8}')
-  callgrind_control -d "$pid" >/dev/null 2>&1
-  sleep 1
-  kill "$pid"
-  wait "$pid" 2>/dev/null || true
-  # Events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw (callgrind's order with --cache-sim=yes).
-  cat "$tmp/$name.out"* | awk -v requests="$requests" '
-    /^events:/ { for (i = 2; i <= NF; i++) col[$i] = i - 1 }
-    /^summary:/ { s = 1; for (i = 2; i <= NF; i++) sum[i - 1] += $i }
-    /^totals:/ { for (i = 2; i <= NF; i++) tot[i - 1] += $i }
-    END { for (i in tot) if (!s) sum[i] = tot[i]
-      printf "%d %.0f %.0f %.0f %.0f %.0f %.0f\n", requests, sum[col["Ir"]], sum[col["I1mr"]],
-        sum[col["D1mr"]], sum[col["D1mw"]], sum[col["DLmr"]], sum[col["DLmw"]] }'
+# load PORT REQUESTS, for callgrind_run: h2load over h2 with TLS; prints the requests answered.
+load() {
+  h2load -c100 -m10 -n "$2" "https://127.0.0.1:$1/plaintext" | awk '/^requests:/ {print $8}'
 }
+callgrind_options=(--dump-instr=no --cache-sim=yes "--LL=$l2_size,$l2_assoc,$l2_line")
 
 # measure NAME PORT ARGV...: 10,000 then 40,000 requests; prints and keeps the differences
 # per request: instructions, I1 misses, D1 misses (reads + writes), L2 misses (reads + writes).
@@ -69,13 +47,14 @@ measure() {
   local name=$1 port=$2
   shift 2
   local short long
-  short=$(run "$name" "$port" 10000 "$@")
-  long=$(run "$name" "$port" 40000 "$@")
+  short=$(callgrind_run "$name" "$port" 10000 load "$@")
+  long=$(callgrind_run "$name" "$port" 40000 load "$@")
+  # Each: requests Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw ($2..$11 short, $12..$21 long).
   echo "$name $short $long" | awk -v file="$tmp/per_request" '{
-    n = $9 - $2
+    n = $12 - $2
     if (n <= 0) { print $1 ": no requests were answered" > "/dev/stderr"; exit 1 }
-    ir = ($10 - $3) / n; i1 = ($11 - $4) / n; d1 = ($12 + $13 - $5 - $6) / n
-    l2 = ($14 + $15 - $7 - $8) / n
+    ir = ($13 - $3) / n; i1 = ($16 - $6) / n; d1 = ($17 + $18 - $7 - $8) / n
+    l2 = ($20 + $21 - $10 - $11) / n
     printf "%-8s %6d requests  %7.0f instructions  %5.0f I1 misses  %5.0f D1 misses  %5.0f L2 misses /request\n",
       $1, n, ir, i1, d1, l2
     printf "%s %.0f %.0f %.0f %.0f\n", $1, ir, i1, d1, l2 >> file }'

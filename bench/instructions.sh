@@ -19,55 +19,34 @@ seconds=${1:-4}
 bin=${BIN:-build/release/bin}  # BIN=dir: another build's binaries
 tmp=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] && echo "kept $tmp" || rm -rf "$tmp"' EXIT
-for tool in valgrind wrk h2load callgrind_annotate nginx; do
+for tool in valgrind wrk h2load callgrind_control nginx; do
   command -v "$tool" >/dev/null || { echo "instructions.sh: $tool is not installed" >&2; exit 1; }
 done
 
 source scripts/ports.sh  # free_port, wait_port (the working folder is the top of the tree)
-source bench/nginx_upstream.sh  # start_nginx_upstream
+source bench/callgrind_lib.sh  # callgrind_run, start_nginx_upstream
 
-# run NAME PORT AMOUNT ARGV...: starts ARGV under callgrind, loads it (wrk for AMOUNT seconds,
-# or for a NAME ending in -h2c or -h2tls, h2load for AMOUNT requests), stops it by PID; prints
-# "<requests> <instructions>" (the whole run, start-up included).
-run() {
-  local name=$1 port=$2 amount=$3
-  shift 3
-  rm -f "$tmp/$name.out"*
-  valgrind --tool=callgrind --callgrind-out-file="$tmp/$name.out" "$@" >"$tmp/$name.log" 2>&1 &
-  local pid=$!
-  wait_port "$port" || { cat "$tmp/$name.log" >&2; exit 1; }
-  local requests
+# load PORT AMOUNT, for callgrind_run: wrk for AMOUNT seconds, or for a server named *-h2c or
+# *-h2tls (in $name, set by measure) h2load for AMOUNT requests; prints the requests answered.
+load() {
   if [[ $name == *-h2c ]]; then
-    requests=$(h2load -c10 -m10 -n "$amount" "http://127.0.0.1:$port/plaintext" |
-      awk '/^requests:/ {print $8}')
+    h2load -c10 -m10 -n "$2" "http://127.0.0.1:$1/plaintext" | awk '/^requests:/ {print $8}'
   elif [[ $name == *-h2tls ]]; then
-    requests=$(h2load -c100 -m10 -n "$amount" "https://127.0.0.1:$port/plaintext" |
-      awk '/^requests:/ {print $8}')
+    h2load -c100 -m10 -n "$2" "https://127.0.0.1:$1/plaintext" | awk '/^requests:/ {print $8}'
   else
-    requests=$(wrk -t1 -c100 -d"${amount}s" "http://127.0.0.1:$port/plaintext" |
-      awk '/requests in/ {print $1}')
+    wrk -t1 -c100 -d"${2}s" "http://127.0.0.1:$1/plaintext" | awk '/requests in/ {print $1}'
   fi
-  callgrind_control -d "$pid" >/dev/null 2>&1
-  sleep 1
-  kill "$pid"
-  wait "$pid" 2>/dev/null || true
-  local total=0
-  for f in "$tmp/$name.out"*; do
-    local n
-    n=$(callgrind_annotate "$f" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1}')
-    total=$((total + ${n:-0}))
-  done
-  echo "$requests $total"
 }
 
 # measure NAME PORT SHORT LONG ARGV...: a short run and a long one; their difference cancels
 # start-up and connection set-up, leaving instructions per request.
 measure() {
-  local name=$1 port=$2 short_amount=$3 long_amount=$4
+  name=$1
+  local port=$2 short_amount=$3 long_amount=$4
   shift 4
   local short long
-  short=$(run "$name" "$port" "$short_amount" "$@")
-  long=$(run "$name" "$port" "$long_amount" "$@")
+  short=$(callgrind_run "$name" "$port" "$short_amount" load "$@")
+  long=$(callgrind_run "$name" "$port" "$long_amount" load "$@")
   echo "$name $short $long" | awk -v file="$tmp/per_request" '{
     per = ($5 - $3) / ($4 - $2)
     printf "%-16s %9d requests  %7.0f instructions/request\n", $1, $4 - $2, per
