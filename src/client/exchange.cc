@@ -211,6 +211,13 @@ std::size_t UpstreamConnections::open_connections(const Endpoint& endpoint) cons
          std::ranges::count_if(t.http2, [](const auto& session) { return session->usable(); });
 }
 
+std::size_t UpstreamConnections::waiting(const Endpoint& endpoint) const {
+  const Pool* p = pool_if_any();
+  if (p == nullptr) return 0;
+  auto it = p->targets.find(endpoint.key());
+  return it == p->targets.end() ? 0 : it->second->pending;
+}
+
 Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
     const Endpoint& endpoint, const ClientRequestHead& head, std::string_view authority,
     const ExchangeTimeouts& timeouts, const PoolLimits& limits, bool fresh) {

@@ -11,8 +11,8 @@ namespace {
 
 constexpr std::string_view kTextFormat = "text/plain; version=0.0.4; charset=utf-8";
 
-// Per target of `gateway`: its health, and its pooled connections summed over the workers
-// (each worker counts its own pool).
+// Per target of `gateway`: its health, its pooled connections and the requests waiting for one
+// of them, summed over the workers (each worker counts its own pool).
 std::string target_metrics(Runtime& runtime, const Gateway& gateway,
                            http::UpstreamConnections& connections) {
   std::vector<const Gateway::Target*> targets;
@@ -23,7 +23,7 @@ std::string target_metrics(Runtime& runtime, const Gateway& gateway,
       owners.push_back(&u);
     }
   }
-  std::vector<std::size_t> open(targets.size()), idle(targets.size());
+  std::vector<std::size_t> open(targets.size()), idle(targets.size()), waiting(targets.size());
   std::mutex lock;
   WaitGroup counted;
   for (std::size_t w = 0; w < runtime.size(); ++w) {
@@ -32,14 +32,17 @@ std::string target_metrics(Runtime& runtime, const Gateway& gateway,
       for (std::size_t i = 0; i < targets.size(); ++i) {
         std::size_t o = connections.open_connections(targets[i]->endpoint);
         std::size_t d = connections.idle(targets[i]->endpoint);
+        std::size_t q = connections.waiting(targets[i]->endpoint);
         std::lock_guard guard(lock);
         open[i] += o;
         idle[i] += d;
+        waiting[i] += q;
       }
       counted.done();
     });
   }
-  // Not cancellable: the posted counts write into `open` and `idle` until they are done.
+  // Not cancellable: the posted counts write into `open`, `idle` and `waiting` until they are
+  // done.
   (void)counted.wait(Deadline::never(), kNotCancellable);
 
   std::string out;
@@ -62,6 +65,11 @@ std::string target_metrics(Runtime& runtime, const Gateway& gateway,
            static_cast<double>(open[i]));
     sample(out, "spindle_upstream_connections", labels(i) + ",state=\"idle\"",
            static_cast<double>(idle[i]));
+  }
+  family(out, "spindle_upstream_requests_waiting", "gauge",
+         "Requests waiting for one of a target's limits.max_connections, over all workers.");
+  for (std::size_t i = 0; i < targets.size(); ++i) {
+    sample(out, "spindle_upstream_requests_waiting", labels(i), static_cast<double>(waiting[i]));
   }
   return out;
 }

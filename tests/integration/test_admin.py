@@ -188,6 +188,50 @@ services:
         slow.stop()
 
 
+def test_requests_waiting_for_a_targets_connections_are_a_gauge(build_dir, tmp_path):
+    # One worker, one connection allowed to a target that answers after 1.5 s: of three
+    # requests at once, one is on the connection and two wait their turn; then none.
+    slow = upstream(build_dir, "slow", delay_ms=1500)
+    admin_port, port = free_port(), free_port()
+    path = tmp_path / "gateway.yaml"
+    path.write_text(f"""
+admin: {{listen: 127.0.0.1:{admin_port}}}
+servers:
+  - {{name: public, listen: 127.0.0.1:{port}, access_log: off}}
+routes:
+  - {{name: slow, match: {{path_prefix: /}}, service: slow}}
+services:
+  slow: {{upstream: slow}}
+upstreams:
+  slow:
+    targets: [{{address: "{addr(slow)}"}}]
+    limits: {{max_connections: 1}}
+""")
+    gw = Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(path),
+                 "--threads", "1"])
+    gw.port = port
+
+    def waiting():
+        m = samples(admin_get(admin_port, "/metrics")[2])
+        return value(m, "spindle_upstream_requests_waiting", upstream="slow", target=addr(slow))
+
+    try:
+        assert waiting() == 0
+        statuses = []
+        threads = [threading.Thread(target=lambda: statuses.append(
+            request(gw, "GET", "/plaintext")[0])) for _ in range(3)]
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: waiting() == 2), waiting()
+        for t in threads:
+            t.join()
+        assert statuses == [200, 200, 200]
+        assert waiting() == 0
+    finally:
+        gw.stop()
+        slow.stop()
+
+
 def test_healthz_config_and_ready_while_draining(build_dir, tmp_path):
     a = upstream(build_dir, "a")
     admin_port, port = free_port(), free_port()

@@ -233,6 +233,8 @@ class UpstreamConnections {
   std::size_t idle(const Endpoint& endpoint) const;
   /// Open connections (idle or busy) to `endpoint` on the calling worker.
   std::size_t open_connections(const Endpoint& endpoint) const;
+  /// Requests on the calling worker waiting for one of `endpoint`'s max_connections.
+  std::size_t waiting(const Endpoint& endpoint) const;
 
   struct Pool;
 
