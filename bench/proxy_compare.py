@@ -67,7 +67,7 @@ http {{
 
 
 def start_spindle(binaries, tmp, certs, up_h1, up_h2, upstream_protocol, chain=False,
-                  log_only=False):
+                  log_only=False, max_connections=None):
     plain, tls = free_port(), free_port()
     # With `chain`, the route has what a gateway typically runs on every request: a header
     # edit each way, a local rate limit (far above the load) and the access log, to a file.
@@ -80,6 +80,13 @@ def start_spindle(binaries, tmp, certs, up_h1, up_h2, upstream_protocol, chain=F
       - rate_limit: {key: client_ip, rate: 100000000/s, burst: 100000000}""" if chain else "")
     service = (f"{{url: \"http://127.0.0.1:{up_h1}\"}}" if upstream_protocol == "h1" else
                f"{{url: \"https://localhost:{up_h2}\", protocol: h2, tls: {{ca: {certs}/ca.pem}}}}")
+    upstreams = ""
+    if max_connections is not None and upstream_protocol == "h1":
+        # An upstreams block: a service given by url has the default limits.
+        service = "{upstream: up}"
+        upstreams = f"""upstreams:
+  up: {{targets: [{{address: 127.0.0.1:{up_h1}}}], limits: {{max_connections: {max_connections}}}}}
+"""
     config = os.path.join(tmp, "spindle.yaml")
     with open(config, "w") as f:
         f.write(f"""servers:
@@ -99,7 +106,7 @@ routes:
     service: up
 services:
   up: {service}
-""")
+{upstreams}""")
     proc = subprocess.Popen(pin(0, 1) + [os.path.join(binaries, "spindle"), "serve", "--config",
                                          config, "--threads", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -200,6 +207,7 @@ hosts:
 GATEWAYS = {"spindle": start_spindle,
             "spindle+chain": lambda *args: start_spindle(*args, chain=True),
             "spindle+log": lambda *args: start_spindle(*args, log_only=True),
+            "spindle+1024": lambda *args: start_spindle(*args, max_connections=1024),
             "nginx": start_nginx, "haproxy": start_haproxy, "h2o": start_h2o}
 
 
@@ -250,7 +258,8 @@ def main():
     p.add_argument("--rounds", type=int, default=1, help="keep the median round by CPU/request")
     p.add_argument("--gateways", default="spindle,nginx,haproxy,h2o",
                    help="of spindle, spindle+log (its access log on), spindle+chain (a typical "
-                        "middleware chain and the access log), nginx, haproxy, h2o")
+                        "middleware chain and the access log), spindle+1024 (limits."
+                        "max_connections: 1024), nginx, haproxy, h2o")
     p.add_argument("--setups", default="", help="only these set-ups, by name (comma-separated)")
     p.add_argument("--connections", default="100,500")
     p.add_argument("--syscalls", action="store_true",

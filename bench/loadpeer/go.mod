@@ -1,0 +1,3 @@
+module spindle.bench/loadpeer
+
+go 1.26.0
