@@ -51,6 +51,24 @@ void Permit::reset() {
   if (target_) std::exchange(target_, nullptr)->slots->release();
 }
 
+void TargetState::went_away(PermitHolder& holder, Clock::time_point since) {
+  if (holder.away_) return;
+  holder.away_ = true;
+  holder.away_since_ = since;
+  holder.prev_ = away_last;
+  holder.next_ = nullptr;
+  (away_last != nullptr ? away_last->next_ : away_first) = &holder;
+  away_last = &holder;
+}
+
+void TargetState::came_back(PermitHolder& holder) {
+  if (!holder.away_) return;
+  holder.away_ = false;
+  (holder.prev_ != nullptr ? holder.prev_->next_ : away_first) = holder.next_;
+  (holder.next_ != nullptr ? holder.next_->prev_ : away_last) = holder.prev_;
+  holder.prev_ = holder.next_ = nullptr;
+}
+
 std::size_t TargetState::open_count() const { return connections + idle.size() + http2.size(); }
 
 void TargetState::put_idle(Stream stream) {

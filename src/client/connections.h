@@ -24,6 +24,29 @@ class Http2Session;
 /// + 32 a field on HTTP/2, and fields).
 inline constexpr ParserLimits kResponseHeadLimits{};
 
+/// An exchange that holds one of a target's permits, seen while its caller is away from it:
+/// between its calls (relaying what it read to a client, waiting for the client's next body
+/// piece). While requests wait for a permit, the one away longest past
+/// PoolLimits::preempt_stalled gives its permit up (preempt()): a client that takes nothing
+/// must not keep the target from everyone else.
+class PermitHolder {
+ public:
+  /// Gives the permit back now (and the connection: to the pool if the exchange is complete,
+  /// else closed); the exchange's next call fails with kPreempted.
+  virtual void preempt() = 0;
+
+ protected:
+  ~PermitHolder() = default;
+
+ private:
+  friend struct TargetState;
+  /// While in the target's list of holders away: since when, and the neighbours.
+  Clock::time_point away_since_{};
+  PermitHolder* prev_ = nullptr;
+  PermitHolder* next_ = nullptr;
+  bool away_ = false;
+};
+
 /// The connections of one worker to one endpoint.
 struct TargetState {
   struct Idle {
@@ -53,6 +76,25 @@ struct TargetState {
   /// them wait here (pending of them), first come, first served.
   std::unique_ptr<Semaphore> slots;
   std::size_t pending = 0;
+  /// The exchanges holding a permit whose callers are away from them, the longest away
+  /// first.
+  PermitHolder* away_first = nullptr;
+  PermitHolder* away_last = nullptr;
+
+  /// Notes that `holder`'s caller left it at `since` (at the end of the list: `since` is never
+  /// earlier than the others', all being taken from the worker's poll time).
+  void went_away(PermitHolder& holder, Clock::time_point since);
+  /// Notes that `holder`'s caller is back (or that it ended); nothing if it was not away.
+  void came_back(PermitHolder& holder);
+  /// The holder away longest, if it left at or before `before`.
+  PermitHolder* away_since(Clock::time_point before) const {
+    return away_first != nullptr && away_first->away_since_ <= before ? away_first : nullptr;
+  }
+  /// When the holder away longest left, or nothing.
+  std::optional<Clock::time_point> first_away() const {
+    if (away_first == nullptr) return std::nullopt;
+    return away_first->away_since_;
+  }
 
   /// Connections open now (idle, busy, HTTP/2).
   std::size_t open_count() const;
@@ -78,8 +120,12 @@ class Permit {
   }
   ~Permit() { reset(); }
 
- private:
+  /// True while it holds a permit.
+  bool held() const { return target_ != nullptr; }
+  /// Gives the permit back (to the first request waiting for one, if any).
   void reset();
+
+ private:
   std::shared_ptr<TargetState> target_;
 };
 

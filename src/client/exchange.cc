@@ -54,6 +54,8 @@ class ExchangeCategory final : public std::error_category {
         return "cancelled";
       case ExchangeErrc::kNoCapacity:
         return "connection limit reached";
+      case ExchangeErrc::kPreempted:
+        return "gave its connection to a waiting request (the client took nothing meanwhile)";
     }
     return "unknown exchange error";
   }
@@ -152,6 +154,26 @@ detail::Http2Session* http2_with_room(TargetState& target) {
     if (session->has_room()) return session.get();
   }
   return nullptr;
+}
+
+/// Waits for one of `target`'s permits until `deadline`. Meanwhile an exchange whose caller
+/// has been away from it for limits.preempt_stalled gives its permit up, the longest away
+/// first (to the first request waiting: first come, first served still).
+std::error_code wait_for_permit(TargetState& target, const PoolLimits& limits, Deadline deadline) {
+  const Clock::duration grace = limits.preempt_stalled;
+  if (grace <= Clock::duration::zero()) return target.slots->acquire(deadline);
+  for (;;) {
+    Clock::time_point now = Clock::now();  // (a waiting request: no hurry for the clock)
+    if (detail::PermitHolder* holder = target.away_since(now - grace)) holder->preempt();
+    // Wake when the holder away longest (or one leaving now) has been away long enough; if
+    // one is due already, after a millisecond (the permit just given up goes to the first
+    // request waiting, which may not be this one): never a turn without parking.
+    Clock::time_point check =
+        std::max(target.first_away().value_or(now) + grace, now + std::chrono::milliseconds(1));
+    std::error_code waited =
+        target.slots->acquire(check < deadline.when() ? Deadline::at(check) : deadline);
+    if (waited != std::errc::timed_out || deadline.expired()) return waited;
+  }
 }
 }  // namespace
 
@@ -293,7 +315,8 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
         return fail(make_error_code(ExchangeErrc::kNoCapacity));
       }
       ++target->pending;
-      std::error_code waited = target->slots->acquire(Deadline::after_coarse(timeouts.connect));
+      std::error_code waited =
+          wait_for_permit(*target, limits, Deadline::after_coarse(timeouts.connect));
       --target->pending;
       if (waited) return fail(make_error_code(ExchangeErrc::kNoCapacity));
       if (detail::Http2Session* session = http2_with_room(*target)) {

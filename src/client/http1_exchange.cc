@@ -20,7 +20,7 @@ namespace {
 
 constexpr std::size_t kReadChunk = 16 * 1024;
 
-class Http1Exchange final : public ClientExchange, public BlockCached {
+class Http1Exchange final : public ClientExchange, public PermitHolder, public BlockCached {
  public:
   Http1Exchange(std::shared_ptr<TargetState> target, Stream stream, bool reused,
                 const ClientRequestHead& head, std::string_view authority,
@@ -33,6 +33,7 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
         connect_request_(head.method == "CONNECT") {
     reused_ = reused;
     ++target_->connections;
+    leave();  // its caller has it now
     // A head with an Upgrade field asks to switch protocols: it goes with `Connection:
     // upgrade`, written here (a Connection field of the head only names fields not to send).
     auto upgrade = head.headers.get(token::kUpgrade);
@@ -76,14 +77,19 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
     });
   }
 
-  ~Http1Exchange() override {
-    --target_->connections;
-    if (reusable()) target_->put_idle(std::move(stream_));
-  }  // then the permit goes to the next request waiting, if any
+  ~Http1Exchange() override { end(); }
+
+  void preempt() override {
+    preempted_ = true;
+    if (!reusable()) cancel();
+    end();  // a complete exchange's connection goes back to the pool
+  }
 
   Result<void> write(std::string_view data) override {
-    if (cancelled_) return fail(make_error_code(ExchangeErrc::kCancelled));
+    Call call(*this);
+    if (cancelled_) return fail(cancel_reason());
     if (data.empty()) return {};
+    if (request_done_) return fail(std::errc::invalid_argument);  // the request has ended
     if (mode_ == BodyMode::kNone || (mode_ == BodyMode::kLength && data.size() > body_left_)) {
       broken_ = true;
       return fail(std::errc::invalid_argument);  // more body than the head announced
@@ -105,7 +111,8 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
   }
 
   Result<void> finish(const HeaderMap* trailers) override {
-    if (cancelled_) return fail(make_error_code(ExchangeErrc::kCancelled));
+    Call call(*this);
+    if (cancelled_) return fail(cancel_reason());
     if (request_done_) return {};
     if (mode_ == BodyMode::kLength && body_left_ != 0) {
       broken_ = true;
@@ -135,6 +142,7 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
   }
 
   Result<bool> await_continue(std::chrono::milliseconds wait) override {
+    Call call(*this);
     if (have_head_) return false;
     if (auto sent = send_head(); !sent) return fail(sent.error());
     Deadline deadline = Deadline::after_coarse(std::min(wait, timeouts_.first_byte));
@@ -157,6 +165,8 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
   }
 
   Result<const ClientResponseHead*> read_head() override {
+    Call call(*this);
+    if (cancelled_) return fail(cancel_reason());
     if (have_head_) return &response_;
     if (!head_sent_ && !broken_) {
       if (auto sent = send_head(); !sent) return fail(sent.error());
@@ -220,10 +230,43 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
   }
 
   Result<std::size_t> read(std::span<char> buffer) override {
+    Call call(*this);
+    auto n = read_body(buffer);
+    // At the body's end a reusable connection goes back to the pool now, and the permit to
+    // the next request: not when the caller has relayed the last piece and let the exchange go.
+    if (n && *n == 0 && response_done_ && reusable()) end();
+    return n;
+  }
+
+  const HeaderMap& trailers() const override { return trailers_; }
+
+  void cancel() override {
+    if (cancelled_) return;
+    cancelled_ = true;
+    broken_ = true;
+    // (Once ended, the connection is another exchange's, or closing with this one.)
+    if (!ended_) (void)stream_.shutdown(TcpStream::Shutdown::kBoth);  // wakes a fiber on it
+  }
+
+  Result<Stream> take_connection(std::string& early) override {
+    if (!have_head_ || framing_.kind != BodyFraming::Kind::kTunnel) {
+      return fail(std::errc::invalid_argument);
+    }
+    early.assign(std::string_view(in_).substr(in_begin_));
+    broken_ = true;  // the connection leaves the pool for good
+    tunnel_ = true;  // and a tunnel is not a stalled exchange: never preempted
+    target_->came_back(*this);
+    return std::move(stream_);
+  }
+
+ private:
+  enum class BodyMode { kNone, kLength, kChunked };
+
+  Result<std::size_t> read_body(std::span<char> buffer) {
     if (!have_head_) {
       if (auto head = read_head(); !head) return fail(head.error());
     }
-    if (cancelled_) return fail(make_error_code(ExchangeErrc::kCancelled));
+    if (cancelled_) return fail(cancel_reason());
     if (response_done_ || buffer.empty()) return 0;
     Deadline deadline = Deadline::after_coarse(timeouts_.read);
     switch (framing_.kind) {
@@ -280,26 +323,40 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
     return 0;
   }
 
-  const HeaderMap& trailers() const override { return trailers_; }
-
-  void cancel() override {
-    if (cancelled_) return;
-    cancelled_ = true;
-    broken_ = true;
-    (void)stream_.shutdown(TcpStream::Shutdown::kBoth);  // wakes a fiber parked on it
-  }
-
-  Result<Stream> take_connection(std::string& early) override {
-    if (!have_head_ || framing_.kind != BodyFraming::Kind::kTunnel) {
-      return fail(std::errc::invalid_argument);
+  /// One call of the caller's: the exchange is not away from it meanwhile.
+  class Call {
+   public:
+    explicit Call(Http1Exchange& exchange) : exchange_(exchange) {
+      exchange_.target_->came_back(exchange_);
     }
-    early.assign(std::string_view(in_).substr(in_begin_));
-    broken_ = true;  // the connection leaves the pool for good
-    return std::move(stream_);
+    ~Call() { exchange_.leave(); }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+   private:
+    Http1Exchange& exchange_;
+  };
+
+  /// Its caller is away from it from now: preemptible, while it holds a permit.
+  void leave() {
+    if (permit_.held() && !tunnel_) target_->went_away(*this, Worker::last_poll_time());
   }
 
- private:
-  enum class BodyMode { kNone, kLength, kChunked };
+  /// The exchange is over for the pool: the connection back (if reusable, else closed), the
+  /// permit back to the next request waiting. Once: at the body's end, at a preemption, or
+  /// when it goes.
+  void end() {
+    if (ended_) return;
+    ended_ = true;
+    target_->came_back(*this);
+    --target_->connections;
+    if (reusable()) target_->put_idle(std::move(stream_));
+    permit_.reset();  // after the connection: a request waiting for a permit finds it idle
+  }
+
+  std::error_code cancel_reason() const {
+    return make_error_code(preempted_ ? ExchangeErrc::kPreempted : ExchangeErrc::kCancelled);
+  }
 
   bool reusable() const {
     return !broken_ && !cancelled_ && request_done_ && response_done_ && keep_alive_ &&
@@ -311,7 +368,7 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
     auto sent = stream_.writev(parts, Deadline::after_coarse(timeouts_.write));
     if (!sent) {
       broken_ = true;
-      if (cancelled_) return fail(make_error_code(ExchangeErrc::kCancelled));
+      if (cancelled_) return fail(cancel_reason());
       if (sent.error() == std::errc::timed_out)
         return fail(make_error_code(ExchangeErrc::kWriteTimeout));
       // Nothing of this request reached the upstream only if its first write failing (reset,
@@ -353,7 +410,7 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
     if (!n) return fail(read_error(n.error(), for_head));
     if (*n == 0) {
       broken_ = true;
-      if (cancelled_) return fail(make_error_code(ExchangeErrc::kCancelled));
+      if (cancelled_) return fail(cancel_reason());
       if (!got_response_byte_) return fail(make_error_code(ExchangeErrc::kClosedBeforeResponse));
       return fail(for_head ? make_error_code(ExchangeErrc::kProtocolError) : cut());
     }
@@ -363,7 +420,7 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
 
   std::error_code read_error(std::error_code ec, bool for_head) {
     broken_ = true;
-    if (cancelled_) return make_error_code(ExchangeErrc::kCancelled);
+    if (cancelled_) return cancel_reason();
     if (ec == std::errc::timed_out) {
       return make_error_code(got_response_byte_ ? ExchangeErrc::kReadTimeout
                                                 : ExchangeErrc::kFirstByteTimeout);
@@ -403,7 +460,7 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
 
   std::error_code cut() {
     broken_ = true;
-    return make_error_code(cancelled_ ? ExchangeErrc::kCancelled : ExchangeErrc::kResponseCut);
+    return cancelled_ ? cancel_reason() : make_error_code(ExchangeErrc::kResponseCut);
   }
 
   std::size_t take_buffered(std::span<char> buffer) {
@@ -413,7 +470,7 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
     return n;
   }
 
-  /// Released last (members go in reverse order): the connection is back in the pool first.
+  /// Given back by end(), after the connection.
   Permit permit_;
   std::shared_ptr<TargetState> target_;
   Stream stream_;
@@ -445,6 +502,12 @@ class Http1Exchange final : public ClientExchange, public BlockCached {
   /// Set once the connection cannot carry another exchange.
   bool broken_ = false;
   bool cancelled_ = false;
+  /// Given up to a waiting request (cancelled_ too, unless it was complete).
+  bool preempted_ = false;
+  /// Its connection became a tunnel (take_connection).
+  bool tunnel_ = false;
+  /// end() has run.
+  bool ended_ = false;
 };
 
 }  // namespace

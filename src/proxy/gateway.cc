@@ -154,6 +154,7 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, Heal
     upstream.limits.idle_timeout = u.keepalive.idle_timeout;
     upstream.limits.max_connections = u.limits.max_connections;
     upstream.limits.max_pending = u.limits.max_pending;
+    upstream.limits.preempt_stalled = u.limits.preempt_stalled;
     g->upstreams_.push_back(std::move(upstream));
   }
   g->services_.reserve(c.services.size());

@@ -777,9 +777,10 @@ UpstreamConfig read_upstream(const std::string& name, const ConfigReader& r) {
   if (r.has("health")) read_health(r.nested("health"), u);
   if (r.has("limits")) {
     ConfigReader l = r.nested("limits");
-    l.only({"max_connections", "max_pending"});
+    l.only({"max_connections", "max_pending", "preempt_stalled"});
     u.limits.max_connections = l.number("max_connections", u.limits.max_connections, 1'000'000);
     u.limits.max_pending = l.number("max_pending", u.limits.max_pending, 1'000'000);
+    u.limits.preempt_stalled = l.duration("preempt_stalled", u.limits.preempt_stalled);
   }
   // The connections made for the load stay for the idle timeout: fewer idle ones than may be
   // busy would close and open connections at every request beyond them (2.7x the CPU a

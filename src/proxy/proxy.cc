@@ -547,7 +547,7 @@ int status_for(std::error_code ec) {
       ec == ExchangeErrc::kReadTimeout || ec == ExchangeErrc::kWriteTimeout) {
     return 504;
   }
-  if (ec == ExchangeErrc::kNoCapacity) return 503;
+  if (ec == ExchangeErrc::kNoCapacity || ec == ExchangeErrc::kPreempted) return 503;
   if (ec == ExchangeErrc::kCancelled) return 499;  // the client went away (nginx's code)
   return 502;
 }
@@ -556,7 +556,7 @@ int status_for(std::error_code ec) {
 // our own limits).
 bool counts_against_target(std::error_code ec) {
   return ec != ExchangeErrc::kNoCapacity && ec != ExchangeErrc::kCancelled &&
-         ec != std::errc::invalid_argument;
+         ec != ExchangeErrc::kPreempted && ec != std::errc::invalid_argument;
 }
 
 // Counts a request in flight to a target on this worker while it lives.
@@ -1644,9 +1644,10 @@ http::Response Forwarding::pass_response(const Gateway::Target& target, Attempt&
     return response;
   }
   if (failure) {
-    log_warn("route {}: {} {} to {}: {} before the body: answered 502", route_.name, head.method,
-             head.target, target.label, failure.message());
-    response = http::Response::error(502, failure.message());
+    int status = failure == ExchangeErrc::kPreempted ? 503 : 502;
+    log_warn("route {}: {} {} to {}: {} before the body: answered {}", route_.name, head.method,
+             head.target, target.label, failure.message(), status);
+    response = http::Response::error(status, failure.message());
     return response;
   }
   bool whole = first.empty() ||

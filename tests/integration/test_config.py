@@ -108,6 +108,7 @@ SAMPLES = {
     "upstreams.NAME.limits": None,
     "upstreams.NAME.limits.max_connections": "100",
     "upstreams.NAME.limits.max_pending": "10",
+    "upstreams.NAME.limits.preempt_stalled": "5s",
     "routes[].middlewares": "[{strip_prefix: /api}]",
     "routes[].middlewares.headers": "{request: {set: {x-env: prod}}, response: {remove: [server]}}",
     "routes[].middlewares.strip_prefix": "/api",

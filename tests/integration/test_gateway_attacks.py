@@ -11,9 +11,11 @@ import time
 
 import pytest
 
-from proxy_support import (RecordingUpstream, ScriptedUpstream, gateway, read_request,
-                           read_request_head, request)
-from test_security import raw
+import h2.settings
+
+from proxy_support import (RecordingUpstream, ScriptedUpstream, addr, gateway, read_request,
+                           read_request_head, request, upstream)
+from test_security import h2_connect, h2_events_until, raw, request_headers
 
 
 def config(targets, routes, servers_extra="", services_extra="", upstream_extra=""):
@@ -398,3 +400,55 @@ def test_a_post_that_may_have_reached_an_upstream_is_never_sent_again(build_dir,
         server.stop()
         first.stop()
         second.stop()
+
+
+# ---- clients that take nothing -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preempt, victim_status", [("300ms", 200), ("0s", 503)])
+def test_clients_that_take_nothing_cannot_keep_a_target_from_the_others(
+        build_dir, tmp_path, preempt, victim_status):
+    # One HTTP/2 connection that never opens its streams' windows asks for ten large answers:
+    # the gateway relays nothing to it, so each exchange holds its upstream connection (the
+    # answers are larger than the kernel's buffers hold). With four connections allowed, a
+    # victim's request waits its turn: an exchange left alone past preempt_stalled gives its
+    # connection to it (the victim is answered); with preemption off it waits out the connect
+    # timeout and gets 503 (the attack this guards against).
+    target = upstream(build_dir, "a")
+    server = gateway(build_dir, tmp_path, f"""
+servers:
+  - {{listen: 127.0.0.1:0, access_log: off, http2: true}}
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: s}}
+services:
+  s: {{upstream: u, timeouts: {{connect: 3s}}, retries: {{attempts: 1}}}}
+upstreams:
+  u:
+    targets: [{{address: "{addr(target)}"}}]
+    limits: {{max_connections: 4, preempt_stalled: {preempt}}}
+""", threads=1)
+    s = None
+    try:
+        s, conn = h2_connect(server)
+        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        for i in range(10):
+            conn.send_headers(1 + 2 * i, request_headers("/bytes/16000000"), end_stream=True)
+        s.sendall(conn.data_to_send())
+        # Heads back for the four that got a connection; their bodies wait for a window.
+        events = h2_events_until(
+            s, conn, lambda ev: sum(isinstance(e, h2.events.ResponseReceived) for e in ev) >= 4)
+        assert sum(isinstance(e, h2.events.ResponseReceived) for e in events) >= 4, events
+        time.sleep(0.5)  # left alone past the 300 ms
+        started = time.monotonic()
+        status = request(server, "GET", "/plaintext")[0]
+        waited = time.monotonic() - started
+        assert status == victim_status
+        if victim_status == 200:
+            assert waited < 2.5, waited
+        else:
+            assert waited >= 2.5, waited
+    finally:
+        if s is not None:
+            s.close()
+        server.stop()
+        target.stop()

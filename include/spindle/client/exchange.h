@@ -65,6 +65,10 @@ enum class ExchangeErrc {
   kCancelled,
   /// The upstream has no room for another request (connection limit reached).
   kNoCapacity,
+  /// The exchange gave its connection to a request waiting for one: its caller had left it
+  /// for longer than PoolLimits::preempt_stalled (a client that took nothing of the answer,
+  /// or sent nothing of its body, meanwhile).
+  kPreempted,
 };
 
 /// The category of ExchangeErrc codes.
@@ -129,6 +133,11 @@ struct PoolLimits {
   std::size_t max_connections = 0;
   /// Most open() calls waiting their turn at once (0: no limit); more fail with kNoCapacity.
   std::size_t max_pending = 0;
+  /// With max_connections: while an open() call waits its turn, an exchange whose caller has
+  /// been away from it this long (between its calls: relaying to a client that takes nothing,
+  /// or waiting for a client's next body piece) gives its connection up, the longest away
+  /// first; its next call fails with kPreempted (0: never).
+  std::chrono::milliseconds preempt_stalled{0};
 };
 
 /// A response head received from an upstream. Its views stay valid as long as the exchange.

@@ -396,6 +396,9 @@ struct UpstreamLimits {
   std::size_t max_connections = 256;
   /// Requests waiting their turn at once (0: no limit); more get 503.
   std::size_t max_pending = 0;
+  /// While requests wait their turn: a request whose client has taken nothing of its answer
+  /// (or sent nothing of its body) for this long gives its connection up to them (0: never).
+  std::chrono::milliseconds preempt_stalled{std::chrono::seconds(2)};
 };
 
 /// One `upstreams` entry.

@@ -617,6 +617,88 @@ TEST(ExchangeErrors, AtTheConnectionLimitARequestWaitsForAConnectionThenGivesUp)
   });
 }
 
+TEST(ExchangeErrors, AtTheConnectionLimitAnExchangeLeftAloneGivesWayToAWaitingRequest) {
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
+    PoolLimits limits{.max_connections = 1, .preempt_stalled = 200ms};
+    ExchangeTimeouts timeouts{.connect = 3s};
+    Endpoint endpoint = endpoint_of(upstream.address());
+    // The first has its head and then is left alone, as by a client that takes nothing.
+    auto first = pools.open(endpoint, head_for("GET", "/bytes?100000"), "u", timeouts, limits);
+    ASSERT_TRUE(first.has_value());
+    ASSERT_TRUE((*first)->read_head().has_value());
+    auto started = Clock::now();
+    auto second = pools.open(endpoint, head_for("GET", "/hello"), "u", timeouts, limits);
+    ASSERT_TRUE(second.has_value()) << second.error().message();
+    auto waited = Clock::now() - started;
+    EXPECT_GE(waited, 100ms) << "it waited for the first to be left alone long enough";
+    EXPECT_LT(waited, 2s) << "and did not wait for the connect timeout";
+    ASSERT_TRUE((*second)->read_head().has_value());
+    EXPECT_EQ(body_of(**second), "hello");
+    // The first gave its connection up: its next call says so.
+    char piece[100];
+    auto read = (*first)->read(piece);
+    ASSERT_FALSE(read.has_value());
+    EXPECT_EQ(read.error(), ExchangeErrc::kPreempted);
+  });
+}
+
+TEST(ExchangeErrors, AnExchangeWaitingOnItsUpstreamIsNeverPreempted) {
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
+    PoolLimits limits{.max_connections = 1, .preempt_stalled = 50ms};
+    ExchangeTimeouts timeouts{.connect = 400ms};
+    Endpoint endpoint = endpoint_of(upstream.address());
+    auto first = pools.open(endpoint, head_for("GET", "/slow"), "u", timeouts, limits);
+    ASSERT_TRUE(first.has_value());
+    // Its caller is in read_head for the second the upstream takes: not away from it.
+    auto reader = spawn([&] { return body_of(**first); });
+    (void)this_fiber::sleep_for(10ms);
+    auto second = pools.open(endpoint, head_for("GET", "/hello"), "u", timeouts, limits);
+    ASSERT_FALSE(second.has_value());
+    EXPECT_EQ(second.error(), ExchangeErrc::kNoCapacity);
+    EXPECT_EQ(reader.join(), "late");
+  });
+}
+
+TEST(ExchangeErrors, WithoutPreemptionAnExchangeLeftAloneKeepsItsConnection) {
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
+    PoolLimits limits{.max_connections = 1};  // preempt_stalled 0: never
+    ExchangeTimeouts timeouts{.connect = 300ms};
+    Endpoint endpoint = endpoint_of(upstream.address());
+    auto first = pools.open(endpoint, head_for("GET", "/bytes?100000"), "u", timeouts, limits);
+    ASSERT_TRUE(first.has_value());
+    ASSERT_TRUE((*first)->read_head().has_value());
+    auto second = pools.open(endpoint, head_for("GET", "/hello"), "u", timeouts, limits);
+    ASSERT_FALSE(second.has_value());
+    EXPECT_EQ(second.error(), ExchangeErrc::kNoCapacity);
+    auto got = drain(**first);
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(got->first, 100000u);
+  });
+}
+
+TEST(ExchangeErrors, AtTheBodysEndTheConnectionAndPermitGoBackBeforeTheExchangeDoes) {
+  with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
+    PoolLimits limits{.max_connections = 1, .max_pending = 1};
+    ExchangeTimeouts timeouts{.connect = 300ms};
+    Endpoint endpoint = endpoint_of(upstream.address());
+    auto first = pools.open(endpoint, head_for("GET", "/hello"), "u", timeouts, limits);
+    ASSERT_TRUE(first.has_value());
+    ASSERT_TRUE((*first)->read_head().has_value());
+    EXPECT_EQ(body_of(**first), "hello");
+    // The first is still there (its caller relaying the last piece, say), but done with its
+    // connection: the next request gets that connection at once, without waiting.
+    auto started = Clock::now();
+    auto second = pools.open(endpoint, head_for("GET", "/hello"), "u", timeouts, limits);
+    ASSERT_TRUE(second.has_value()) << second.error().message();
+    EXPECT_LT(Clock::now() - started, 200ms);
+    EXPECT_TRUE((*second)->reused());
+    ASSERT_TRUE((*second)->read_head().has_value());
+    EXPECT_EQ(body_of(**second), "hello");
+    first->reset();  // and its going changes nothing more
+    EXPECT_EQ(pools.open_connections(endpoint), 1u);
+  });
+}
+
 }  // namespace
 
 namespace {
