@@ -211,33 +211,29 @@ UpstreamConnections::Pool& UpstreamConnections::pool() {
   return *slot;
 }
 
-const UpstreamConnections::Pool* UpstreamConnections::pool_if_any() const {
+const TargetState* UpstreamConnections::target_if_any(const Endpoint& endpoint) const {
   Worker* worker = Worker::current();
-  return worker == nullptr ? nullptr : pools_.at(worker->index()).get();
+  const Pool* p = worker == nullptr ? nullptr : pools_.at(worker->index()).get();
+  if (p == nullptr) return nullptr;
+  auto it = p->targets.find(endpoint.key());
+  return it == p->targets.end() ? nullptr : it->second.get();
 }
 
 std::size_t UpstreamConnections::idle(const Endpoint& endpoint) const {
-  const Pool* p = pool_if_any();
-  if (p == nullptr) return 0;
-  auto it = p->targets.find(endpoint.key());
-  return it == p->targets.end() ? 0 : it->second->idle.size();
+  const TargetState* t = target_if_any(endpoint);
+  return t == nullptr ? 0 : t->idle.size();
 }
 
 std::size_t UpstreamConnections::open_connections(const Endpoint& endpoint) const {
-  const Pool* p = pool_if_any();
-  if (p == nullptr) return 0;
-  auto it = p->targets.find(endpoint.key());
-  if (it == p->targets.end()) return 0;
-  const TargetState& t = *it->second;
-  return t.connections + t.idle.size() +
-         std::ranges::count_if(t.http2, [](const auto& session) { return session->usable(); });
+  const TargetState* t = target_if_any(endpoint);
+  if (t == nullptr) return 0;
+  return t->connections + t->idle.size() +
+         std::ranges::count_if(t->http2, [](const auto& session) { return session->usable(); });
 }
 
 std::size_t UpstreamConnections::waiting(const Endpoint& endpoint) const {
-  const Pool* p = pool_if_any();
-  if (p == nullptr) return 0;
-  auto it = p->targets.find(endpoint.key());
-  return it == p->targets.end() ? 0 : it->second->pending;
+  const TargetState* t = target_if_any(endpoint);
+  return t == nullptr ? 0 : t->pending;
 }
 
 Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(

@@ -166,7 +166,6 @@ class Http1Exchange final : public ClientExchange, public PermitHolder, public B
 
   Result<const ClientResponseHead*> read_head() override {
     Call call(*this);
-    if (cancelled_) return fail(cancel_reason());
     if (have_head_) return &response_;
     if (!head_sent_ && !broken_) {
       if (auto sent = send_head(); !sent) return fail(sent.error());

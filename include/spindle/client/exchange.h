@@ -30,6 +30,10 @@
 
 namespace spindle::http {
 
+namespace detail {
+struct TargetState;
+}  // namespace detail
+
 /// Why an exchange failed (category "upstream exchange").
 enum class ExchangeErrc {
   /// The connection was refused (or the host unreachable).
@@ -249,7 +253,8 @@ class UpstreamConnections {
 
  private:
   Pool& pool();
-  const Pool* pool_if_any() const;
+  /// The calling worker's state for `endpoint`, if it has any.
+  const detail::TargetState* target_if_any(const Endpoint& endpoint) const;
 
   Runtime& runtime_;
   std::vector<std::unique_ptr<Pool>> pools_;
