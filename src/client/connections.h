@@ -86,11 +86,7 @@ struct TargetState {
   void went_away(PermitHolder& holder, Clock::time_point since);
   /// Notes that `holder`'s caller is back (or that it ended); nothing if it was not away.
   void came_back(PermitHolder& holder);
-  /// The holder away longest, if it left at or before `before`.
-  PermitHolder* away_since(Clock::time_point before) const {
-    return away_first != nullptr && away_first->away_since_ <= before ? away_first : nullptr;
-  }
-  /// When the holder away longest left, or nothing.
+  /// When the holder away longest (away_first) left, or nothing.
   std::optional<Clock::time_point> first_away() const {
     if (away_first == nullptr) return std::nullopt;
     return away_first->away_since_;

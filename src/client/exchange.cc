@@ -164,7 +164,9 @@ std::error_code wait_for_permit(TargetState& target, const PoolLimits& limits, D
   if (grace <= Clock::duration::zero()) return target.slots->acquire(deadline);
   for (;;) {
     Clock::time_point now = Clock::now();  // (a waiting request: no hurry for the clock)
-    if (detail::PermitHolder* holder = target.away_since(now - grace)) holder->preempt();
+    if (auto since = target.first_away(); since && *since <= now - grace) {
+      target.away_first->preempt();
+    }
     // Wake when the holder away longest (or one leaving now) has been away long enough; if
     // one is due already, after a millisecond (the permit just given up goes to the first
     // request waiting, which may not be this one): never a turn without parking.
