@@ -3,8 +3,9 @@
 // the reader fiber feeds the session, the writer fiber frames the request bodies as the
 // windows allow and writes the session's output (one write per turn), and each exchange waits
 // on its own stream's state. write() waits while 64 KiB of its body are still unsent; response
-// bodies are acknowledged (WINDOW_UPDATE) only as the exchange reads them, so a slow reader
-// holds at most one stream window of the upstream's bytes.
+// bodies are acknowledged on their stream (WINDOW_UPDATE) only as the exchange reads them, so a
+// slow reader holds at most one stream window of the upstream's bytes; the connection's window
+// reopens as the bytes arrive, so that reader holds up no other stream.
 #include "http2_client.h"
 
 #include <algorithm>
@@ -29,7 +30,8 @@ namespace {
 using h2::ErrorCode;
 using HpackField = h2::hpack::Field;
 
-// What a stream may receive ahead of its reader, and the connection as a whole.
+// What a stream may receive ahead of its reader, and the connection as a whole in flight (its
+// window reopens as the bytes arrive: what waits for readers is bounded by the streams').
 constexpr std::uint32_t kStreamWindow = 256 * 1024;
 constexpr std::uint32_t kConnectionWindow = 16 << 20;
 // The most the decoded fields of one response head (or trailers) may add up to: what the
@@ -81,6 +83,7 @@ h2::SessionLimits client_limits() {
   h2::SessionLimits limits;
   limits.stream_window = kStreamWindow;
   limits.connection_window = kConnectionWindow;
+  limits.connection_window_on_receipt = true;  // one caller reading nothing stops nobody else
   limits.max_header_list_size = 2 * kMaxHeaderList;
   limits.max_header_block = 2 * kMaxHeaderList + 16384;
   return limits;

@@ -458,6 +458,7 @@ bool Session::on_data(const Frame& f) {
     return connection_error(ErrorCode::kFlowControlError, "DATA past the connection window");
   }
   connection_receive_window_ -= f.length;
+  if (limits_.connection_window_on_receipt) give_back_connection_window(f.length);
   // Frames that carry nothing count wherever they go (an empty-frame flood, CVE-2019-9518,
   // aimed at a closed stream is one all the same).
   if (f.length == 0 && !f.has(flag::kEndStream) &&
@@ -595,13 +596,17 @@ bool Session::on_window_update(const Frame& f) {
   return true;
 }
 
-void Session::consumed(std::uint32_t stream, std::size_t n) {
+void Session::give_back_connection_window(std::size_t n) {
   connection_unacked_ += n;
   if (connection_unacked_ >= limits_.connection_window / 2) {
     write::window_update(out_, 0, static_cast<std::uint32_t>(connection_unacked_));
     connection_receive_window_ += static_cast<std::int64_t>(connection_unacked_);
     connection_unacked_ = 0;
   }
+}
+
+void Session::consumed(std::uint32_t stream, std::size_t n) {
+  if (!limits_.connection_window_on_receipt) give_back_connection_window(n);
   Stream* open = streams_.find(stream);
   if (open == nullptr || open->state == Stream::kHalfClosedRemote) return;
   Stream& s = *open;

@@ -452,3 +452,43 @@ upstreams:
             s.close()
         server.stop()
         target.stop()
+
+
+
+def test_a_client_that_reads_nothing_holds_up_no_other_stream_of_an_http2_upstream(
+        build_dir, tmp_path):
+    # One HTTP/2 connection with its windows at 0 asks for 80 large answers from an HTTP/2
+    # upstream: 80 streams of one upstream connection whose bytes nobody reads, each stream's
+    # window (256 KiB) full, 20 MiB in all, more than the connection's 16 MiB window. A victim's
+    # request goes on the same connection and is answered at once: the connection's window
+    # reopens as bytes arrive. (Given back only as callers read, it stayed shut and the victim
+    # got 502 after the read timeout.)
+    target = upstream(build_dir, "a")
+    server = gateway(build_dir, tmp_path, f"""
+servers:
+  - {{listen: 127.0.0.1:0, access_log: off, http2: true}}
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: s}}
+services:
+  s: {{url: "http://{addr(target)}", protocol: h2c, timeouts: {{read: 4s}}, retries: {{attempts: 1}}}}
+""", threads=1)
+    s = None
+    try:
+        s, conn = h2_connect(server)
+        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        for i in range(80):
+            conn.send_headers(1 + 2 * i, request_headers("/bytes/1000000"), end_stream=True)
+        s.sendall(conn.data_to_send())
+        events = h2_events_until(
+            s, conn, lambda ev: sum(isinstance(e, h2.events.ResponseReceived) for e in ev) >= 80)
+        assert sum(isinstance(e, h2.events.ResponseReceived) for e in events) == 80, events
+        time.sleep(0.5)  # the upstream sends what the windows let it
+        started = time.monotonic()
+        status, _, body = request(server, "GET", "/plaintext", timeout=8)
+        assert (status, body) == (200, b"Hello, World!")
+        assert time.monotonic() - started < 2, "the victim waited on the attacker's streams"
+    finally:
+        if s is not None:
+            s.close()
+        server.stop()
+        target.stop()

@@ -34,6 +34,12 @@ struct SessionLimits {
   std::uint32_t stream_window = 65535;
   /// Our receive window for the whole connection (raised by WINDOW_UPDATE at the start).
   std::uint32_t connection_window = 1 << 20;
+  /// Whether the connection's window reopens as DATA arrives rather than as the driver consumes
+  /// it: each stream's unread bytes then wait within its own window only. A client whose
+  /// connection carries many callers' streams needs it, or a caller that reads nothing holds the
+  /// connection's window and stops every other stream on it. (A server keeps the default: its
+  /// connection is one client's, and the connection window bounds what that client buffers.)
+  bool connection_window_on_receipt = false;
   std::uint32_t max_frame_size = kDefaultMaxFrameSize;
   std::uint32_t max_header_list_size = 65536;
   /// One header block (HEADERS and its CONTINUATIONs): bytes, and frames.
@@ -189,7 +195,8 @@ class Session {
   std::size_t submit_data(std::uint32_t stream, std::string_view data, bool end_stream);
   /// Bytes that may be sent on `stream` now (the smaller of its window and the connection's).
   std::size_t send_window(std::uint32_t stream) const;
-  /// The driver consumed `n` bytes of the stream's DATA: the windows reopen (in batches).
+  /// The driver consumed `n` bytes of the stream's DATA: the windows reopen (in batches; the
+  /// connection's already has if `connection_window_on_receipt`).
   void consumed(std::uint32_t stream, std::size_t n);
   /// Resets a stream (its handler gave up, say): what the peer sent on it before it knew is
   /// ignored, not an error.
@@ -237,6 +244,8 @@ class Session {
   void on_goaway(const Frame& f);
   bool on_window_update(const Frame& f);
   void stream_error(std::uint32_t id, ErrorCode code);
+  /// `n` more bytes of the connection's window may be given back (WINDOW_UPDATE in batches).
+  void give_back_connection_window(std::size_t n);
   /// Applies one SETTINGS payload from the client.
   std::optional<FrameError> apply_settings(std::span<const std::uint8_t> payload);
   /// A stream ends here before the client ended it (we reset it): what the client sent before

@@ -35,9 +35,10 @@ struct Recorder : SessionHandler {
     ++heads[id];
     if (end_stream) ended[id] = true;
   }
+  bool reads = true;  // whether it consumes what arrives (a caller that reads nothing does not)
   void on_data(std::uint32_t id, std::span<const std::uint8_t> d, bool end_stream) override {
     body[id].append(reinterpret_cast<const char*>(d.data()), d.size());
-    session->consumed(id, d.size());
+    if (reads) session->consumed(id, d.size());
     if (end_stream) ended[id] = true;
   }
   void on_reset(std::uint32_t id, ErrorCode code) override { resets[id] = code; }
@@ -279,6 +280,66 @@ TEST(H2Client, AWindowNeverOpenedSendsNothingAndTheLimitOfStreamsIsHonoured) {
   write::window_update(window, a, 4);
   ASSERT_TRUE(h.client.receive(bytes(window)));
   EXPECT_EQ(h.client.submit_data(a, "body", true), 4u);
+}
+
+// A gateway's upstream connection carries many clients' streams. One whose client takes
+// nothing holds its own stream's window, never the connection's: the connection's reopens as
+// the bytes arrive, so the next stream's bytes still come. Without the option (a server's
+// session), unread bytes hold the connection's window: the second stream's DATA overflows it.
+TEST(H2Client, ACallerThatReadsNothingHoldsItsStreamsWindowNotTheConnections) {
+  for (bool on_receipt : {true, false}) {
+    SCOPED_TRACE(on_receipt);
+    Recorder r;
+    r.reads = false;
+    SessionLimits limits;
+    limits.stream_window = 40000;
+    limits.connection_window = 65535;
+    limits.connection_window_on_receipt = on_receipt;
+    ClientSession client(limits, r);
+    r.session = &client;
+    hpack::Encoder encoder;
+    std::string settings;
+    write::settings(settings, {});
+    ASSERT_TRUE(client.receive(bytes(settings)));
+    std::uint32_t a = client.open(request(), true);
+    std::uint32_t b = client.open(request(), true);
+    (void)client.take_output();
+    auto answer = [&](std::uint32_t id) {
+      std::string head, in;
+      encoder.encode(std::vector<hpack::Field>{{":status", "200"}}, head);
+      write::headers(in, id, head, false);
+      for (std::size_t piece : {16000, 16000, 8000})
+        write::data(in, id, std::string(piece, 'x'), false);
+      return client.receive(bytes(in));
+    };
+    ASSERT_TRUE(answer(a));
+    // WINDOW_UPDATE increments by stream in what the client wrote since the last call.
+    auto window_updates = [&client] {
+      std::map<std::uint32_t, std::uint32_t> updates;
+      FrameReader reader;
+      (void)reader.feed(bytes(client.take_output()), [&](const Frame& f) {
+        if (f.kind() == FrameType::kWindowUpdate) updates[f.stream_id] += f.increment;
+        return true;
+      });
+      return updates;
+    };
+    std::map<std::uint32_t, std::uint32_t> updates = window_updates();
+    EXPECT_FALSE(updates.contains(a));  // nothing read: the stream's window stays spent
+    if (on_receipt) {
+      EXPECT_EQ(updates[0], 40000u);
+      EXPECT_TRUE(answer(b));
+      EXPECT_EQ(r.body[b].size(), 40000u);
+      EXPECT_EQ(window_updates()[0], 40000u);
+      // Read at last, the bytes reopen their stream's window; the connection's was given once.
+      client.consumed(a, 40000);
+      updates = window_updates();
+      EXPECT_EQ(updates[a], 40000u);
+      EXPECT_FALSE(updates.contains(0));
+    } else {
+      EXPECT_FALSE(updates.contains(0));
+      EXPECT_FALSE(answer(b));  // past the connection's window: a FLOW_CONTROL_ERROR
+    }
+  }
 }
 
 TEST(H2Client, PushAndServerStreamsAreConnectionErrors) {
