@@ -15,6 +15,7 @@
 
 #include "connections.h"
 #include "spindle/base/ascii.h"
+#include "spindle/base/byte_queue.h"
 #include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
@@ -52,8 +53,7 @@ struct Call {
   /// written past it (Impl::written_).
   std::uint64_t seq = 0;
   // The request body handed over and not yet framed; whether it ended, and was all sent.
-  std::string out;
-  std::size_t out_pos = 0;
+  ByteQueue out;
   bool out_end = false;
   bool out_done = false;
   bool sending = false;
@@ -68,8 +68,7 @@ struct Call {
   bool too_large = false;
   // Interim (1xx) heads received and not yet passed to the exchange's callback.
   std::vector<ClientResponseHead> interim;
-  std::string in;
-  std::size_t in_pos = 0;
+  ByteQueue in;
   bool in_end = false;
   std::unique_ptr<HeaderMap> trailers;  // made only for a response that has some
   // Set when the stream is over (error says how, if badly).
@@ -251,11 +250,7 @@ void Http2Session::Impl::on_data(std::uint32_t id, std::span<const std::uint8_t>
     session.consumed(id, data.size());  // nobody reads it: the windows open all the same
     return;
   }
-  if (call->in_pos == call->in.size()) {
-    call->in.clear();
-    call->in_pos = 0;
-  }
-  call->in.append(reinterpret_cast<const char*>(data.data()), data.size());
+  call->in.append({reinterpret_cast<const char*>(data.data()), data.size()});
   if (end_stream) {
     call->in_end = true;
     if (call->out_done) return end_call(*call);
@@ -285,19 +280,15 @@ void Http2Session::Impl::on_reset(std::uint32_t id, ErrorCode code) {
 bool Http2Session::Impl::frame_body(Call& call, std::size_t budget) {
   if (call.closed) return true;
   const bool has_trailers = call.out_trailers != nullptr && !call.out_trailers->empty();
-  std::size_t buffered = call.out.size() - call.out_pos;
+  std::size_t buffered = call.out.size();
   std::size_t n = std::min({buffered, budget, session.send_window(call.id)});
   const bool body_ends = call.out_end && n == buffered;
   if (n > 0 || (body_ends && !has_trailers)) {
-    call.out_pos += session.submit_data(call.id, std::string_view(call.out).substr(call.out_pos, n),
-                                        body_ends && !has_trailers);
-  }
-  if (call.out_pos == call.out.size()) {
-    call.out.clear();
-    call.out_pos = 0;
+    call.out.consume(
+        session.submit_data(call.id, call.out.view().substr(0, n), body_ends && !has_trailers));
   }
   if (n > 0) call.wake.set();  // room for the next piece
-  if (!body_ends || call.out_pos != 0) return false;
+  if (!body_ends || !call.out.empty()) return false;
   if (has_trailers) {
     HpackField::make_room_for_names(names, *call.out_trailers);
     fields.clear();
@@ -339,7 +330,7 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
     call_->out.append(data);
     s_.want_to_send(*call_);
     Deadline deadline = Deadline::after(timeouts_.write);
-    while (call_->out.size() - call_->out_pos > kMaxUnsent) {
+    while (call_->out.size() > kMaxUnsent) {
       call_->wake.reset();
       if (auto failed = check()) return fail(failed);
       if (call_->wake.wait(deadline) == std::errc::timed_out) {
@@ -399,10 +390,10 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
     }
     Deadline deadline = Deadline::after(timeouts_.read);
     for (;;) {
-      if (call_->in_pos < call_->in.size()) {
-        std::size_t n = std::min(buffer.size(), call_->in.size() - call_->in_pos);
-        std::memcpy(buffer.data(), call_->in.data() + call_->in_pos, n);
-        call_->in_pos += n;
+      if (!call_->in.empty()) {
+        std::size_t n = std::min(buffer.size(), call_->in.size());
+        std::memcpy(buffer.data(), call_->in.view().data(), n);
+        call_->in.consume(n);
         s_.session.consumed(call_->id, n);  // the window opens as we read
         s_.writer_wake.set();
         return n;

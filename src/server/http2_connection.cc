@@ -23,6 +23,7 @@
 #include "response_head.h"
 #include "server_internal.h"
 #include "spindle/base/ascii.h"
+#include "spindle/base/byte_queue.h"
 #include "spindle/base/intrusive_ptr.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/block_cache.h"
@@ -305,16 +306,14 @@ class H2Stream final : public BodySource, public InterimSink, public BlockCached
   }
 
   // Its body, as it arrives: bytes not yet read by the handler, and how it stands.
-  std::string body_in;
-  std::size_t body_in_pos = 0;
+  ByteQueue body_in;
   std::uint64_t body_received = 0;
   bool body_done = false;
   bool body_too_large = false;
   Event body_event;
 
   // The response body, framed by the writer as the windows allow (frame_body).
-  std::string out_body;
-  std::size_t out_pos = 0;
+  ByteQueue out_body;
   std::optional<FileBody> out_file;
   std::uint64_t file_sent = 0;
   /// A producer (or a tunnel) still adds to out_body; out_eof once it is done.
@@ -363,13 +362,9 @@ bool H2Stream::send_interim(int status, const HeaderMap& fields) {
 }
 
 std::size_t H2Stream::take_body(char* buffer, std::size_t n) {
-  n = std::min(n, body_in.size() - body_in_pos);
-  std::memcpy(buffer, body_in.data() + body_in_pos, n);
-  body_in_pos += n;
-  if (body_in_pos == body_in.size()) {
-    body_in.clear();
-    body_in_pos = 0;
-  }
+  n = std::min(n, body_in.size());
+  std::memcpy(buffer, body_in.view().data(), n);
+  body_in.consume(n);
   conn.session().consumed(id, n);  // WINDOW_UPDATE, in batches
   conn.wake_writer();
   return n;
@@ -379,7 +374,7 @@ std::size_t H2Stream::read(std::span<char> buffer) {
   const ServerOptions& options = conn.options();
   for (;;) {
     if (body_too_large) throw HttpError(413, "body too large");
-    if (body_in_pos < body_in.size()) return take_body(buffer.data(), buffer.size());
+    if (!body_in.empty()) return take_body(buffer.data(), buffer.size());
     if (body_done || buffer.empty()) return 0;
     if (closed) throw HttpError(400, "stream reset");
     body_event.reset();
@@ -392,14 +387,10 @@ std::size_t H2Stream::read(std::span<char> buffer) {
 
 bool H2Stream::send(std::string_view data, Deadline deadline, std::error_code* error) {
   if (closed) return false;
-  if (out_pos > 0 && out_pos == out_body.size()) {
-    out_body.clear();
-    out_pos = 0;
-  }
   out_body.append(data);
   conn.want_to_send(*this);
   // Flow control reaches the producer here: it waits while the client does not take more.
-  while (!closed && out_body.size() - out_pos > kStreamedHighWater) {
+  while (!closed && out_body.size() > kStreamedHighWater) {
     out_event.reset();
     if (auto ec = out_event.wait(deadline)) {
       if (error != nullptr) *error = ec;
@@ -448,7 +439,7 @@ class H2TunnelEnd final : public TunnelEnd {
 
   Result<std::size_t> read(std::span<char> buffer, Deadline deadline) override {
     for (;;) {
-      if (s_.body_in_pos < s_.body_in.size()) return s_.take_body(buffer.data(), buffer.size());
+      if (!s_.body_in.empty()) return s_.take_body(buffer.data(), buffer.size());
       if (s_.body_done) return 0;
       if (s_.closed) return fail(std::errc::connection_reset);
       s_.body_event.reset();
@@ -538,7 +529,7 @@ void Http2Connection::on_data(std::uint32_t id, std::span<const std::uint8_t> da
       s->body_too_large = true;
       session_.consumed(id, data.size());
     } else {
-      s->body_in.append(reinterpret_cast<const char*>(data.data()), data.size());
+      s->body_in.append({reinterpret_cast<const char*>(data.data()), data.size()});
     }
   }
   if (s != nullptr) {
@@ -825,10 +816,9 @@ void Http2Connection::handle(StreamRef s) {
 void Http2Connection::end_handler(H2Stream& s) noexcept {
   s.handler_done = true;
   // What the handler left unread is dropped; the client may send the rest.
-  if (std::size_t unread = s.body_in.size() - s.body_in_pos; unread > 0) {
+  if (std::size_t unread = s.body_in.size(); unread > 0) {
     session_.consumed(s.id, unread);
     s.body_in.clear();
-    s.body_in_pos = 0;
   }
   forget_if_done(s);
   wake_writer();
@@ -906,7 +896,7 @@ void Http2Connection::submit_response(H2Stream& s, Response& response, bool head
     if (response.file) {
       s.out_file = response.file;
     } else {
-      s.out_body = std::move(response.body);
+      s.out_body.assign(std::move(response.body));
     }
     s.streaming = plan.streamed;
     // A body at hand that the windows take, with no other stream waiting its turn, goes now,
@@ -997,15 +987,15 @@ bool Http2Connection::frame_body(H2Stream& s, std::size_t budget) {
     s.output_done = true;
     return true;
   }
-  std::size_t buffered = s.out_body.size() - s.out_pos;
+  std::size_t buffered = s.out_body.size();
   std::size_t n = std::min({buffered, budget, window});
   const bool body_ends = !producing && n == buffered;
   if (n > 0 || (body_ends && !has_trailers)) {
-    s.out_pos += session_.submit_data(s.id, std::string_view(s.out_body).substr(s.out_pos, n),
-                                      body_ends && !has_trailers);
+    s.out_body.consume(
+        session_.submit_data(s.id, s.out_body.view().substr(0, n), body_ends && !has_trailers));
   }
   if (s.streaming && n > 0) s.out_event.set();  // room for the producer
-  if (!body_ends || s.out_pos < s.out_body.size()) return false;
+  if (!body_ends || !s.out_body.empty()) return false;
   if (has_trailers) {
     // The body ends here; the trailers' HEADERS frame ends the stream.
     HpackField::make_room_for_names(names_, *s.out_trailers);
@@ -1167,7 +1157,7 @@ bool Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
       s.path = upgrade->head->target;
       // Connection names HTTP2-Settings: it goes with the hop-by-hop fields.
       for_each_end_to_end(upgrade->head->headers, [&](const Field& f) { s.head.headers.add(f); });
-      s.body_in = upgrade->body;
+      s.body_in.assign(upgrade->body);
       s.body_done = true;
       s.head_complete = true;
       start_handler(s);

@@ -722,7 +722,58 @@ def peak_rss_kib(pid):
     return 0
 
 
-def test_a_gigabyte_streams_each_way_with_bounded_memory(build_dir, tmp_path):
+@pytest.mark.parametrize("protocol", ["http", "h2c"])
+def test_an_http2_client_that_opens_its_window_a_little_at_a_time_costs_a_window_not_the_body(
+        build_dir, tmp_path, protocol):
+    """An HTTP/2 client that gives back each DATA frame's bytes as they come (a window of 20,000
+    bytes) downloads 64 MiB through an HTTP/1.1 or h2c upstream: the gateway's writer to the
+    client (and its reader of an h2c upstream) takes part of what waits, never all of it. The memory held stays
+    what waits (a window each side), not what has passed: the buffers used to keep every byte
+    taken until their reader caught up, and the gateway grew by the body (twice the body through
+    an h2c upstream)."""
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+    size = 64 << 20
+    up = upstream(build_dir, "big")
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: s}}
+services:
+  s: {{url: "http://{addr(up)}", protocol: {protocol}}}
+""", threads=1)
+    try:
+        assert request(gw, "GET", "/plaintext")[0] == 200
+        before = peak_rss_kib(gw.proc.pid)
+        with socket.create_connection((gw.host, gw.port), timeout=30) as s:
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            conn.initiate_connection()
+            conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 20000})
+            conn.send_headers(1, [(":method", "GET"), (":path", f"/bytes/{size}"),
+                                  (":scheme", "http"), (":authority", "a")], end_stream=True)
+            s.sendall(conn.data_to_send())
+            got, ended = 0, False
+            while not ended:
+                data = s.recv(1 << 20)
+                assert data, f"closed after {got} bytes"
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived):
+                        got += len(event.data)
+                        conn.acknowledge_received_data(event.flow_controlled_length, 1)
+                    ended = ended or isinstance(event, h2.events.StreamEnded)
+                s.sendall(conn.data_to_send())
+        assert got == size
+        grown_mib = (peak_rss_kib(gw.proc.pid) - before) / 1024
+        print(f"gateway peak RSS grew by {grown_mib:.1f} MiB for {size >> 20} MiB")
+        assert grown_mib < 16, grown_mib
+    finally:
+        gw.stop()
+        up.stop()
+
+
+@pytest.mark.parametrize("protocol", ["http", "h2c"])
+def test_a_gigabyte_streams_each_way_with_bounded_memory(build_dir, tmp_path, protocol):
     """1 GiB up and 1 GiB down through the gateway (256 MiB under sanitizers, which slow the
     upstream's hashing), then 64 MiB to a client reading at 32 MB/s: the gateway's peak RSS
     grows by a bounded amount, not with the body."""
@@ -732,7 +783,7 @@ def test_a_gigabyte_streams_each_way_with_bounded_memory(build_dir, tmp_path):
 routes:
   - {{name: all, match: {{path_prefix: /}}, service: s}}
 services:
-  s: {{url: "http://{addr(up)}"}}
+  s: {{url: "http://{addr(up)}", protocol: {protocol}}}
 """, threads=1)
     try:
         assert request(gw, "GET", "/plaintext")[0] == 200
