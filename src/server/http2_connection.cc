@@ -189,6 +189,14 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
                   std::span<const std::pair<std::string, std::string>> attributes);
   /// Frames what the streams have to send, as far as the windows allow, up to a turn's worth.
   void frame_bodies();
+  /// True if `s` has answer bytes ready that the client's windows let none of through.
+  bool held_by_client(const H2Stream& s) const;
+  /// When the first stream held by its client has been held the write timeout (never if none).
+  Deadline first_held_too_long() const;
+  /// Resets (CANCEL) the streams held by their client for the write timeout: a client that opens
+  /// no window keeps a stream, its memory and its file no longer than one that stops reading
+  /// its socket keeps the connection.
+  void cut_held_streams();
   /// Frames up to `budget` bytes of one stream's body; true when the stream has sent all.
   bool frame_body(H2Stream& s, std::size_t budget);
   /// Writes the session's output, turn after turn, until the connection ends (or parks).
@@ -322,6 +330,9 @@ class H2Stream final : public BodySource, public InterimSink, public BlockCached
   /// The stream is in the writer's list; the response ended (END_STREAM went).
   bool sending = false;
   bool output_done = false;
+  /// When the writer last framed some of its answer, or found it waiting on anything but the
+  /// client's windows (the worker's poll time; see held_by_client).
+  Clock::time_point moved_at{};
   Event out_event;
 
   /// Reset (by either side) or the connection ended: nothing more goes either way.
@@ -387,6 +398,7 @@ std::size_t H2Stream::read(std::span<char> buffer) {
 
 bool H2Stream::send(std::string_view data, Deadline deadline, std::error_code* error) {
   if (closed) return false;
+  if (out_body.empty()) moved_at = Worker::last_poll_time();  // held by the client from now on
   out_body.append(data);
   conn.want_to_send(*this);
   // Flow control reaches the producer here: it waits while the client does not take more.
@@ -835,6 +847,7 @@ void Http2Connection::reset_stream(H2Stream& s, ErrorCode code) {
 void Http2Connection::want_to_send(H2Stream& s) {
   if (!s.sending && !s.closed) {
     s.sending = true;
+    s.moved_at = Worker::last_poll_time();
     sending_.push_back(&s);
   }
   wake_writer();
@@ -1008,13 +1021,42 @@ bool Http2Connection::frame_body(H2Stream& s, std::size_t budget) {
 }
 
 void Http2Connection::frame_bodies() {
+  const Clock::time_point now = Worker::last_poll_time();
   h2::take_turns(
       session_, sending_, next_sender_,
-      [this](H2Stream& s, std::size_t slice) { return frame_body(s, slice); },
+      [this, now](H2Stream& s, std::size_t slice) {
+        const std::size_t before = session_.output_size();
+        const bool done = frame_body(s, slice);
+        if (!done && (session_.output_size() != before || !held_by_client(s))) s.moved_at = now;
+        return done;
+      },
       [this](H2Stream& s) {
         s.sending = false;
         forget_if_done(s);
       });
+}
+
+bool Http2Connection::held_by_client(const H2Stream& s) const {
+  const bool ready = !s.out_body.empty() || (s.out_file && s.file_sent < s.out_file->length);
+  return ready && !s.closed && session_.send_window(s.id) == 0;
+}
+
+Deadline Http2Connection::first_held_too_long() const {
+  Deadline first = Deadline::never();
+  for (const H2Stream* s : sending_) {
+    if (held_by_client(*s))
+      first = earliest(first, Deadline::at(s->moved_at + options().write_timeout));
+  }
+  return first;
+}
+
+void Http2Connection::cut_held_streams() {
+  const Clock::time_point now = Clock::now();
+  for (H2Stream* s : sending_) {
+    if (held_by_client(*s) && s->moved_at + options().write_timeout <= now) {
+      reset_stream(*s, ErrorCode::kCancel);  // framed no more: it leaves the list below
+    }
+  }
 }
 
 void Http2Connection::write_loop() {
@@ -1041,9 +1083,10 @@ void Http2Connection::write_loop() {
       if (writer_wake_.wait(notice_deadline_) == std::errc::timed_out) shut_down(true);
       continue;
     }
-    // Nobody ran since the output was taken: no wake-up can be missed.
+    // Nobody ran since the output was taken: no wake-up can be missed. Streams whose answer
+    // the client's windows hold may wait the write timeout, no longer.
     writer_wake_.reset();
-    (void)writer_wake_.wait();
+    if (writer_wake_.wait(first_held_too_long()) == std::errc::timed_out) cut_held_streams();
   }
   if (writer_failed_) stop_reader();
 }

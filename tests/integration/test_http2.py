@@ -385,3 +385,113 @@ def test_an_h2c_upgrade_with_settings_it_cannot_take_is_told_why(test_server):
     goaways = [f for f in frames if f[0] == 0x7]
     assert goaways, frames
     assert int.from_bytes(goaways[0][3][4:8], "big") == 0x3  # FLOW_CONTROL_ERROR
+
+
+def test_a_stream_its_client_opens_no_window_for_is_cut_after_the_write_timeout(build_dir,
+                                                                                tmp_path):
+    """CVE-2019-9517's cousin: a client that keeps its stream windows at 0 holds each answer
+    (its memory, its open file) for as long as it likes, as a client that stops reading its
+    socket would hold the connection if writes had no timeout. Such a stream is reset (CANCEL)
+    once the write timeout passes with nothing sent; a stream that moves, however slowly, and
+    one whose answer waits on its producer (a slow upstream) are not; the connection goes on."""
+    from proxy_support import ScriptedUpstream, gateway
+    from test_security import h2_connect, request_headers
+
+    class Pausing(ScriptedUpstream):
+        def handle(self, conn):  # a window's worth, then 2.5 s later five bytes more
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 65540\r\n\r\n" + b"f" * 65535)
+                time.sleep(2.5)
+                conn.sendall(b"later")
+
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "big.bin").write_bytes(b"x" * 200000)
+    (www / "hello.txt").write_bytes(b"Hello, World!")
+    upstream = Pausing()
+    server = gateway(build_dir, tmp_path, f"""
+servers:
+  - listen: 127.0.0.1:0
+    access_log: off
+    http2: true
+    root: {www}
+    timeouts: {{write: 1s}}
+routes:
+  - {{name: up, match: {{path_prefix: /pausing}}, service: s}}
+services:
+  s: {{url: "http://127.0.0.1:{upstream.port}"}}
+""", threads=1)
+    s = None
+    try:
+        s, conn = h2_connect(server)
+        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+        conn.send_headers(1, request_headers("/big.bin"), end_stream=True)  # a file
+        conn.send_headers(3, request_headers("/nothing"), end_stream=True)  # a 404, in memory
+        conn.send_headers(5, request_headers("/big.bin"), end_stream=True)  # opened bit by bit
+        s.sendall(conn.data_to_send())
+        started = time.monotonic()
+        resets, got = {}, {}
+        next_window = started + 0.3
+        s.settimeout(0.1)
+        while time.monotonic() - started < 3.5:
+            try:
+                data = s.recv(65536)
+            except socket.timeout:
+                data = None
+            if data == b"":
+                break
+            for event in conn.receive_data(data or b""):
+                if isinstance(event, h2.events.StreamReset):
+                    resets[event.stream_id] = (event.error_code, time.monotonic() - started)
+                elif isinstance(event, h2.events.DataReceived):
+                    got[event.stream_id] = got.get(event.stream_id, 0) + len(event.data)
+            if time.monotonic() >= next_window and 5 not in resets:  # a little, often
+                next_window += 0.3
+                conn.increment_flow_control_window(1000, stream_id=5)
+                conn.increment_flow_control_window(1000)
+            s.sendall(conn.data_to_send())
+        assert set(resets) == {1, 3}, resets
+        for stream in (1, 3):
+            code, after = resets[stream]
+            assert code == h2.errors.ErrorCodes.CANCEL and 0.9 <= after <= 3, resets
+        assert got.get(5, 0) >= 5000 and not got.get(1) and not got.get(3), got
+        # The connection goes on: open windows, a new stream, and one whose producer pauses
+        # longer than the write timeout, its answer's next bytes held by the client a while
+        # (0.3 s: its first part took the whole window, which the client reopens late).
+        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 65535})
+        conn.increment_flow_control_window(1 << 20)
+        conn.send_headers(7, request_headers("/hello.txt"), end_stream=True)
+        conn.send_headers(9, request_headers("/pausing"), end_stream=True)
+        s.sendall(conn.data_to_send())
+        bodies, ended, unacked, reopen_at = {5: b"", 7: b"", 9: b""}, set(), 0, None
+        s.settimeout(0.1)
+        deadline = time.monotonic() + 8
+        while not {7, 9} <= ended and time.monotonic() < deadline:
+            try:
+                data = s.recv(65536)
+            except socket.timeout:
+                data = None
+            assert data != b"", "the connection closed"
+            for event in conn.receive_data(data or b""):
+                assert not isinstance(event, h2.events.StreamReset), event
+                if isinstance(event, h2.events.DataReceived):
+                    bodies[event.stream_id] += event.data
+                    if event.stream_id == 9:
+                        unacked += event.flow_controlled_length
+                        reopen_at = reopen_at or time.monotonic() + 2.8
+                    else:
+                        conn.acknowledge_received_data(event.flow_controlled_length,
+                                                       event.stream_id)
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended.add(event.stream_id)
+            if reopen_at and time.monotonic() >= reopen_at and unacked:
+                conn.acknowledge_received_data(unacked, 9)
+                unacked = 0
+            s.sendall(conn.data_to_send())
+        assert (bodies[7], bodies[9]) == (b"Hello, World!", b"f" * 65535 + b"later")
+    finally:
+        if s is not None:
+            s.close()
+        server.stop()
+        upstream.stop()
