@@ -196,8 +196,8 @@ void Session::take_output(std::string& into) {
 }
 
 void Session::trim() {
-  if (out_.empty()) out_ = {};
-  if (block_stream_ == 0) block_ = {};
+  if (out_.empty()) release(out_);
+  if (block_stream_ == 0) release(block_);
   reader_.trim();
   decoder_.trim();
   encoder_.trim();

@@ -32,6 +32,7 @@
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/h2/session.h"
 #include "spindle/h2/turns.h"
+#include "spindle/http/release.h"
 #include "spindle/http/status.h"
 #include "spindle/sync/event.h"
 
@@ -1177,13 +1178,13 @@ bool Http2Connection::park(JoinHandle<void>& writer) {
   // What an activation grows, the next one grows again: an idle connection holds its
   // session's state alone.
   session_.trim();
-  open_ = {};
-  sending_ = {};
-  due_ = {};
-  fields_ = {};
-  names_ = {};
-  out_ = {};
-  file_chunk_ = {};
+  release(open_);
+  release(sending_);
+  release(due_);
+  release(fields_);
+  release(names_);
+  release(out_);
+  release(file_chunk_);
   next_sender_ = 0;
   last_found_ = nullptr;
   return true;

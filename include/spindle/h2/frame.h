@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "spindle/http/release.h"
+
 namespace spindle::h2 {
 
 enum class FrameType : std::uint8_t {
@@ -123,7 +125,7 @@ class FrameReader {
   std::size_t pending() const { return partial_.size(); }
   /// Gives its buffer's memory back if it holds nothing.
   void trim() {
-    if (partial_.empty()) partial_ = {};
+    if (partial_.empty()) release(partial_);
   }
 
  private:

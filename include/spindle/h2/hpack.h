@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "spindle/http/header_map.h"
+#include "spindle/http/release.h"
 
 namespace spindle::h2 {
 
@@ -136,7 +137,7 @@ class DynamicTable {
   /// Evicts every entry.
   void clear() { evict_to(0); }
   /// Gives back the storage kept for the next entry (the entries stay).
-  void trim() { spare_ = {}; }
+  void trim() { release(spare_); }
   std::size_t size() const { return size_; }
   std::size_t max_size() const { return max_size_; }
   std::size_t count() const { return count_; }
@@ -243,8 +244,8 @@ class Decoder {
   std::uint64_t value_memo_hits() const { return memo_ ? memo_->hits() : 0; }
   /// Gives back the memory of the buffers kept between blocks (the table stays).
   void trim() {
-    name_buffer_ = {};
-    value_buffer_ = {};
+    release(name_buffer_);
+    release(value_buffer_);
     table_.trim();
   }
   const DynamicTable& table() const { return table_; }
@@ -276,7 +277,9 @@ class Encoder {
   /// See DynamicTable::trim; the last block goes too.
   void trim() {
     table_.trim();
-    last_ = {};
+    release(last_.fields);
+    release(last_.text);
+    release(last_.bytes);
   }
 
  private:

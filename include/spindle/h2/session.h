@@ -116,7 +116,7 @@ class StreamTableOf {
   /// Gives its memory back if it is empty.
   void trim() {
     if (empty()) {
-      entries_ = {};
+      release(entries_);
       head_ = 0;
     }
   }
