@@ -140,12 +140,20 @@ struct Hostile {
 }  // namespace
 
 TEST(H2Client, TalksToTheServerSessionWithBodiesBothWaysAtEverySplit) {
-  for (std::size_t piece : {std::size_t{0}, std::size_t{1}, std::size_t{5}}) {
+  for (auto [piece, on_receipt] : {std::pair{std::size_t{0}, false},
+                                   {std::size_t{1}, false},
+                                   {std::size_t{5}, false},
+                                   {std::size_t{0}, true},
+                                   {std::size_t{1}, true},
+                                   {std::size_t{5}, true}}) {
+    SCOPED_TRACE(testing::Message() << piece << (on_receipt ? " on receipt" : ""));
     Recorder r;
     SessionLimits small;
     small.stream_window = 65535;
     small.connection_window = 65535;  // every window refills many times
-    ClientSession client(small, r);
+    SessionLimits client_limits = small;
+    client_limits.connection_window_on_receipt = on_receipt;  // as the gateway's client has it
+    ClientSession client(client_limits, r);
     r.session = &client;
     Echo e;
     ServerSession server(small, e);
