@@ -52,9 +52,10 @@ struct Run {
 };
 
 template <typename Role>
-void feed(Run& r, std::span<const std::uint8_t> in, std::size_t piece) {
+void feed(Run& r, std::span<const std::uint8_t> in, std::size_t piece, bool on_receipt) {
   SessionLimits limits;
   limits.max_output = 256 * 1024;
+  limits.connection_window_on_receipt = on_receipt;  // as the gateway's upstream client has it
   Role session(limits, r.handler);
   r.handler.session = &session;
   std::string start;
@@ -89,12 +90,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (size < 1) return 0;
   std::span<const std::uint8_t> in(data + 1, size - 1);
   Run whole, pieces;
+  const bool on_receipt = (data[0] & 0x40) != 0;
   if ((data[0] & 0x80) != 0) {
-    feed<ClientSession>(whole, in, in.size() + 1);
-    feed<ClientSession>(pieces, in, 1 + data[0] % 64);
+    feed<ClientSession>(whole, in, in.size() + 1, on_receipt);
+    feed<ClientSession>(pieces, in, 1 + data[0] % 64, on_receipt);
   } else {
-    feed<ServerSession>(whole, in, in.size() + 1);
-    feed<ServerSession>(pieces, in, 1 + data[0] % 64);
+    feed<ServerSession>(whole, in, in.size() + 1, on_receipt);
+    feed<ServerSession>(pieces, in, 1 + data[0] % 64, on_receipt);
   }
   // Output is taken after every piece, so the bytes may be cut differently but not differ.
   check(whole.out == pieces.out);
