@@ -46,6 +46,10 @@ using HpackField = h2::hpack::Field;
 constexpr auto kParkAfter = std::chrono::milliseconds(10);
 // A streamed response body waits for the writer beyond this many buffered bytes.
 constexpr std::size_t kStreamedHighWater = 64 * 1024;
+// What a stream whose answer waits on its client's windows must move within each write
+// timeout (136 bytes a second at the default 30 s): less, as a window opened a byte at a time
+// (data dribble, CVE-2019-9511), and the stream is cut like one that moves nothing.
+constexpr std::size_t kLeastProgress = 4096;
 // A budget of events: `burst` at once, refilled at `rate` per second.
 class TokenBucket {
  public:
@@ -331,9 +335,10 @@ class H2Stream final : public BodySource, public InterimSink, public BlockCached
   /// The stream is in the writer's list; the response ended (END_STREAM went).
   bool sending = false;
   bool output_done = false;
-  /// When the writer last framed some of its answer, or found it waiting on anything but the
-  /// client's windows (the worker's poll time; see held_by_client).
+  /// When its answer last moved kLeastProgress bytes, or was found waiting on anything but the
+  /// client's windows (the worker's poll time; see held_by_client); what it framed since.
   Clock::time_point moved_at{};
+  std::size_t moved_bytes = 0;
   Event out_event;
 
   /// Reset (by either side) or the connection ended: nothing more goes either way.
@@ -399,7 +404,10 @@ std::size_t H2Stream::read(std::span<char> buffer) {
 
 bool H2Stream::send(std::string_view data, Deadline deadline, std::error_code* error) {
   if (closed) return false;
-  if (out_body.empty()) moved_at = Worker::last_poll_time();  // held by the client from now on
+  if (out_body.empty()) {  // held by the client from now on
+    moved_at = Worker::last_poll_time();
+    moved_bytes = 0;
+  }
   out_body.append(data);
   conn.want_to_send(*this);
   // Flow control reaches the producer here: it waits while the client does not take more.
@@ -849,6 +857,7 @@ void Http2Connection::want_to_send(H2Stream& s) {
   if (!s.sending && !s.closed) {
     s.sending = true;
     s.moved_at = Worker::last_poll_time();
+    s.moved_bytes = 0;
     sending_.push_back(&s);
   }
   wake_writer();
@@ -1028,7 +1037,13 @@ void Http2Connection::frame_bodies() {
       [this, now](H2Stream& s, std::size_t slice) {
         const std::size_t before = session_.output_size();
         const bool done = frame_body(s, slice);
-        if (!done && (session_.output_size() != before || !held_by_client(s))) s.moved_at = now;
+        if (done) return true;
+        s.moved_bytes += session_.output_size() - before;
+        if (s.moved_bytes >= kLeastProgress || !held_by_client(s)) {
+          s.moved_at = now;
+          s.moved_bytes = 0;
+        }
+        return false;
         return done;
       },
       [this](H2Stream& s) {

@@ -392,8 +392,9 @@ def test_a_stream_its_client_opens_no_window_for_is_cut_after_the_write_timeout(
     """CVE-2019-9517's cousin: a client that keeps its stream windows at 0 holds each answer
     (its memory, its open file) for as long as it likes, as a client that stops reading its
     socket would hold the connection if writes had no timeout. Such a stream is reset (CANCEL)
-    once the write timeout passes with nothing sent; a stream that moves, however slowly, and
-    one whose answer waits on its producer (a slow upstream) are not; the connection goes on."""
+    once the write timeout passes with nothing sent, or with less than 4 KiB sent (a window
+    opened a byte at a time: data dribble, CVE-2019-9511); a stream that moves more, and one
+    whose answer waits on its producer (a slow upstream), are not; the connection goes on."""
     from proxy_support import ScriptedUpstream, gateway
     from test_security import h2_connect, request_headers
 
@@ -429,10 +430,11 @@ services:
         conn.send_headers(1, request_headers("/big.bin"), end_stream=True)  # a file
         conn.send_headers(3, request_headers("/nothing"), end_stream=True)  # a 404, in memory
         conn.send_headers(5, request_headers("/big.bin"), end_stream=True)  # opened bit by bit
+        conn.send_headers(11, request_headers("/big.bin"), end_stream=True)  # a byte at a time
         s.sendall(conn.data_to_send())
         started = time.monotonic()
         resets, got = {}, {}
-        next_window = started + 0.3
+        next_window = started + 0.1
         s.settimeout(0.1)
         while time.monotonic() - started < 3.5:
             try:
@@ -446,28 +448,33 @@ services:
                     resets[event.stream_id] = (event.error_code, time.monotonic() - started)
                 elif isinstance(event, h2.events.DataReceived):
                     got[event.stream_id] = got.get(event.stream_id, 0) + len(event.data)
-            if time.monotonic() >= next_window and 5 not in resets:  # a little, often
-                next_window += 0.3
-                conn.increment_flow_control_window(1000, stream_id=5)
-                conn.increment_flow_control_window(1000)
+            if time.monotonic() >= next_window:
+                next_window += 0.1
+                if 5 not in resets:  # 700 bytes each 0.1 s: 7,000 a second
+                    conn.increment_flow_control_window(700, stream_id=5)
+                    conn.increment_flow_control_window(700)
+                if 11 not in resets:  # a byte each 0.1 s: it moves, too little (dribble)
+                    conn.increment_flow_control_window(1, stream_id=11)
+                    conn.increment_flow_control_window(1)
             s.sendall(conn.data_to_send())
-        assert set(resets) == {1, 3}, resets
-        for stream in (1, 3):
+        assert set(resets) == {1, 3, 11}, resets
+        for stream in (1, 3, 11):
             code, after = resets[stream]
             assert code == h2.errors.ErrorCodes.CANCEL and 0.9 <= after <= 3, resets
-        assert got.get(5, 0) >= 5000 and not got.get(1) and not got.get(3), got
+        assert got.get(5, 0) >= 15000 and got.get(11, 0) >= 5, got
+        assert not got.get(1) and not got.get(3), got
         # The connection goes on: open windows, a new stream, and one whose producer pauses
         # longer than the write timeout, its answer's next bytes held by the client a while
         # (0.3 s: its first part took the whole window, which the client reopens late).
         conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 65535})
         conn.increment_flow_control_window(1 << 20)
-        conn.send_headers(7, request_headers("/hello.txt"), end_stream=True)
-        conn.send_headers(9, request_headers("/pausing"), end_stream=True)
+        conn.send_headers(13, request_headers("/hello.txt"), end_stream=True)
+        conn.send_headers(15, request_headers("/pausing"), end_stream=True)
         s.sendall(conn.data_to_send())
-        bodies, ended, unacked, reopen_at = {5: b"", 7: b"", 9: b""}, set(), 0, None
+        bodies, ended, unacked, reopen_at = {5: b"", 11: b"", 13: b"", 15: b""}, set(), 0, None
         s.settimeout(0.1)
         deadline = time.monotonic() + 8
-        while not {7, 9} <= ended and time.monotonic() < deadline:
+        while not {13, 15} <= ended and time.monotonic() < deadline:
             try:
                 data = s.recv(65536)
             except socket.timeout:
@@ -477,7 +484,7 @@ services:
                 assert not isinstance(event, h2.events.StreamReset), event
                 if isinstance(event, h2.events.DataReceived):
                     bodies[event.stream_id] += event.data
-                    if event.stream_id == 9:
+                    if event.stream_id == 15:
                         unacked += event.flow_controlled_length
                         reopen_at = reopen_at or time.monotonic() + 2.8
                     else:
@@ -486,10 +493,10 @@ services:
                 elif isinstance(event, h2.events.StreamEnded):
                     ended.add(event.stream_id)
             if reopen_at and time.monotonic() >= reopen_at and unacked:
-                conn.acknowledge_received_data(unacked, 9)
+                conn.acknowledge_received_data(unacked, 15)
                 unacked = 0
             s.sendall(conn.data_to_send())
-        assert (bodies[7], bodies[9]) == (b"Hello, World!", b"f" * 65535 + b"later")
+        assert (bodies[13], bodies[15]) == (b"Hello, World!", b"f" * 65535 + b"later")
     finally:
         if s is not None:
             s.close()
