@@ -339,6 +339,11 @@ class H2Stream final : public BodySource, public InterimSink, public BlockCached
   /// client's windows (the worker's poll time; see held_by_client); what it framed since.
   Clock::time_point moved_at{};
   std::size_t moved_bytes = 0;
+  /// Its answer counts as moving from `now` on.
+  void moved(Clock::time_point now = Worker::last_poll_time()) {
+    moved_at = now;
+    moved_bytes = 0;
+  }
   Event out_event;
 
   /// Reset (by either side) or the connection ended: nothing more goes either way.
@@ -404,10 +409,7 @@ std::size_t H2Stream::read(std::span<char> buffer) {
 
 bool H2Stream::send(std::string_view data, Deadline deadline, std::error_code* error) {
   if (closed) return false;
-  if (out_body.empty()) {  // held by the client from now on
-    moved_at = Worker::last_poll_time();
-    moved_bytes = 0;
-  }
+  if (out_body.empty()) moved();  // held by the client from now on
   out_body.append(data);
   conn.want_to_send(*this);
   // Flow control reaches the producer here: it waits while the client does not take more.
@@ -856,8 +858,7 @@ void Http2Connection::reset_stream(H2Stream& s, ErrorCode code) {
 void Http2Connection::want_to_send(H2Stream& s) {
   if (!s.sending && !s.closed) {
     s.sending = true;
-    s.moved_at = Worker::last_poll_time();
-    s.moved_bytes = 0;
+    s.moved();
     sending_.push_back(&s);
   }
   wake_writer();
@@ -1039,12 +1040,8 @@ void Http2Connection::frame_bodies() {
         const bool done = frame_body(s, slice);
         if (done) return true;
         s.moved_bytes += session_.output_size() - before;
-        if (s.moved_bytes >= kLeastProgress || !held_by_client(s)) {
-          s.moved_at = now;
-          s.moved_bytes = 0;
-        }
+        if (s.moved_bytes >= kLeastProgress || !held_by_client(s)) s.moved(now);
         return false;
-        return done;
       },
       [this](H2Stream& s) {
         s.sending = false;
