@@ -9,7 +9,8 @@ of the rounds' B/A ratios of CPU per request (total and user).
 
   bench/ab_compare.py --a /tmp/before/bin --b build/release/bin --workload "h2c c100 m10"
 
-A workload is one of bench/tls_compare.py's ("h2c c100 m10", "h2 TLS c100 m10", ...) or a
+A workload is one of bench/tls_compare.py's ("h2c c100 m10", "h2 TLS c100 m10", ...), "http
+keep-alive c100" (HTTP/1.1 in clear, wrk), or a
 proxy set-up of bench/proxy_compare.py with its connections ("h2tls->h1 c500": both gateways
 proxy to one nginx upstream). Loopback only; every process started here is stopped by PID.
 """
@@ -27,10 +28,13 @@ from proxy_compare import SETUPS, WARM_UP_SECONDS, start_upstream  # noqa: E402
 from proxy_compare import start_spindle as start_gateway  # noqa: E402
 from tls_compare import WORKLOADS, measure, start_spindle  # noqa: E402
 
+# HTTP/1.1 in clear, which tls_compare's peers do not serve on their cleartext (h2c) port.
+OWN_WORKLOADS = [("http keep-alive c100", "wrk", "http", [])]
+
 
 def find_workload(text):
     """(tool, scheme, connections, start(folder, tmp, certs, upstream)) for `text`, or None."""
-    for name, tool, scheme, extra in WORKLOADS:
+    for name, tool, scheme, extra in WORKLOADS + OWN_WORKLOADS:
         if name == text:
             return tool, scheme, 100, extra, lambda folder, tmp, certs, _: start_spindle(
                 folder, tmp, certs)
@@ -55,7 +59,7 @@ def main():
     a = p.parse_args()
     workload = find_workload(a.workload)
     if workload is None:
-        sys.exit(f"unknown workload {a.workload!r}: one of {[w[0] for w in WORKLOADS]}, or a "
+        sys.exit(f"unknown workload {a.workload!r}: one of {[w[0] for w in WORKLOADS + OWN_WORKLOADS]}, or a "
                  f"set-up of {[s[0] for s in SETUPS]} with its connections (\"h2tls->h1 c500\")")
     tool, scheme, connections, extra, start = workload
     name = a.workload
