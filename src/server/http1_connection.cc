@@ -92,18 +92,13 @@ class Connection final : public BodySource, public ContextSource, public Interim
         date_(state.worker->date),
         shared_(*state.shared),
         parser_(options_.parser),
-        buffer_(worker_buffers(state).reads(read_buffer_size())) {
-    detail::ConnectionBuffers& pools = *state.worker->buffers;
-    // A response buffer that has grown before: no reallocation while a head is appended.
-    if (!pools.outputs.empty()) {
-      out_ = pools.outputs.take();
-    } else {
-      out_.reserve(kOutputReserve);
-    }
-  }
+        buffer_(worker_buffers(state).reads(read_buffer_size())),
+        out_(reused_output(*state.worker->buffers)) {}
   ~Connection() {
     detail::ConnectionBuffers& pools = *state_.worker->buffers;
-    if (out_.capacity() <= kCopyBodyLimit * 4) {
+    // Kept for the next connection: a buffer made for a response (not one never used), unless
+    // a large one grew it.
+    if (out_.capacity() >= kOutputReserve && out_.capacity() <= kCopyBodyLimit * 4) {
       out_.clear();
       (void)pools.outputs.give(std::move(out_));
     }
@@ -112,6 +107,12 @@ class Connection final : public BodySource, public ContextSource, public Interim
   Outcome serve();
   /// The read buffer's size: a whole head at the limit, and room after it.
   std::size_t read_buffer_size() const { return options_.parser.max_head + 4096; }
+  /// A response buffer that has grown before, if the worker has one: no reallocation while a
+  /// head is appended. Otherwise the first response (queue) makes one: a connection that
+  /// turns out to be HTTP/2 never needs it.
+  static std::string reused_output(detail::ConnectionBuffers& pools) {
+    return pools.outputs.empty() ? std::string() : pools.outputs.take();
+  }
   /// The worker's connection buffers, made by its first connection.
   static detail::ConnectionBuffers& worker_buffers(ConnectionState& state) {
     if (!state.worker->buffers) {
@@ -476,6 +477,7 @@ void Connection::queue(Response& response, bool head_only, bool close) {
   std::size_t bound = status.size() + date.size() + shared_.server_line.size() + 80;
   for (const Field& f : response.headers) bound += f.name.size() + f.value.size() + 4;
   std::size_t at = out_.size();
+  if (out_.capacity() < kOutputReserve) out_.reserve(kOutputReserve);
   out_.resize_and_overwrite(at + bound, [&](char* data, std::size_t) {
     detail::HeadWriter w{data + at};
     w.put(status);

@@ -124,6 +124,9 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   /// Submits a header block on `s`: `status` and `fields` (names lower-cased here), then
   /// date, server and content-length when given.
   void submit_head(H2Stream& s, int status, const HeaderMap& fields, bool end_stream);
+  /// Encodes fields_ as a header block on `s`; then lets go of the worker's lists if a long
+  /// one grew them (they are kept for the next block, not for the largest one ever sent).
+  void submit_fields(H2Stream& s, bool end_stream);
 
   /// The request context: the connection's facts (once) and the time now.
   const RequestContext& request_context() override;
@@ -247,10 +250,10 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   std::vector<H2Stream*> sending_;
   /// Where the next turn of frame_bodies starts among sending_ (they take turns).
   std::size_t next_sender_ = 0;
-  /// Fields being submitted and their lower-cased names (reused: the session encodes them
-  /// before the call returns).
-  std::vector<h2::hpack::Field> fields_;
-  std::string names_;
+  /// Fields being submitted and their lower-cased names: the worker's (WorkerState says
+  /// why), as the session encodes them before the call returns.
+  std::vector<h2::hpack::Field>& fields_;
+  std::string& names_;
   /// What the writer is writing (the session's output, taken: the two buffers take turns).
   std::string out_;
   /// A file body's bytes on their way into a DATA frame.
@@ -618,6 +621,8 @@ Http2Connection::Http2Connection(ConnectionState& state)
       shared_(*state.shared),
       worker_(*state.worker),
       session_(session_limits(shared_.options), *this),
+      fields_(worker_.head_fields),
+      names_(worker_.head_names),
       costly_resets_(static_cast<double>(shared_.options.http2_limits.running_reset_burst),
                      static_cast<double>(shared_.options.http2_limits.running_resets_per_second)) {
   worker_.http2.push_back(this);
@@ -864,6 +869,13 @@ void Http2Connection::want_to_send(H2Stream& s) {
   wake_writer();
 }
 
+void Http2Connection::submit_fields(H2Stream& s, bool end_stream) {
+  session_.submit_headers(s.id, fields_, end_stream);
+  constexpr std::size_t kKeptFields = 128, kKeptNames = 4096;
+  if (fields_.capacity() > kKeptFields) release(fields_);
+  if (names_.capacity() > kKeptNames) release(names_);
+}
+
 void Http2Connection::submit_head(H2Stream& s, int status, const HeaderMap& fields,
                                   bool end_stream) {
   // Names go lower case (HTTP/2 requires it) into one buffer; the session encodes the list
@@ -875,7 +887,7 @@ void Http2Connection::submit_head(H2Stream& s, int status, const HeaderMap& fiel
   fields_.push_back(
       HpackField::known(token::kStatus, {code, static_cast<std::size_t>(code_end - code)}));
   for (const Field& f : fields) fields_.push_back(HpackField::to_send(f, names_));
-  session_.submit_headers(s.id, fields_, end_stream);
+  submit_fields(s, end_stream);
   if (end_stream) s.output_done = true;
   wake_writer();
 }
@@ -908,7 +920,7 @@ void Http2Connection::submit_response(H2Stream& s, Response& response, bool head
   const bool opens_tunnel = s.tunnel && response.takeover && response.status >= 200 &&
                             response.status < 300 && !head_only;
   bool has_body = opens_tunnel || (plan.send_body && (plan.streamed || response.body_size() > 0));
-  session_.submit_headers(s.id, fields_, !has_body);
+  submit_fields(s, !has_body);
   if (!has_body) {
     s.output_done = true;
     wake_writer();
@@ -1025,7 +1037,7 @@ bool Http2Connection::frame_body(H2Stream& s, std::size_t budget) {
     HpackField::make_room_for_names(names_, *s.out_trailers);
     fields_.clear();
     for (const Field& f : *s.out_trailers) fields_.push_back(HpackField::to_send(f, names_));
-    session_.submit_headers(s.id, fields_, true);
+    submit_fields(s, true);
   }
   s.output_done = true;
   return true;
@@ -1193,8 +1205,6 @@ bool Http2Connection::park(JoinHandle<void>& writer) {
   release(open_);
   release(sending_);
   release(due_);
-  release(fields_);
-  release(names_);
   release(out_);
   release(file_chunk_);
   next_sender_ = 0;

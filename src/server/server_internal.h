@@ -12,6 +12,7 @@
 
 #include "spindle/fiber/block_slab.h"
 #include "spindle/fiber/idle_cache.h"
+#include "spindle/h2/hpack.h"
 #include "spindle/io/timer_queue.h"
 #include "spindle/net/stream.h"
 #include "spindle/server/server.h"
@@ -90,6 +91,12 @@ struct alignas(64) WorkerState {
   std::size_t runners_starting = 0;     // fibers spawned to serve them that have not begun
   std::vector<Http2Connection*> http2;  // open HTTP/2 connections
   std::size_t open = 0;                 // connections open on this worker
+  /// A header block on its way to an HTTP/2 encoder: its fields and their lower-cased names.
+  /// The worker's, not a connection's: filled and encoded in one call, with no switch between,
+  /// and kept, so that a connection's activation allocates none of it (a burst of new
+  /// connections would leave its blocks as holes between the ones that stay).
+  std::vector<h2::hpack::Field> head_fields;
+  std::string head_names;
 };
 
 /// Runs the router for `request`, turning an exception into an error response (logged).
