@@ -9,26 +9,6 @@ namespace {
 
 constexpr char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; }
 
-// lower() of eight bytes at once: each byte's low seven bits plus 0x3f (0x25) carries into its
-// high bit exactly when they are at least 'A' (above 'Z'), and no byte carries into the next;
-// letters of bytes below 0x80 get 0x20 (the bit is clear in 'A'..'Z').
-constexpr std::uint64_t lower8(std::uint64_t w) {
-  constexpr std::uint64_t kOnes = 0x0101010101010101ull;
-  constexpr std::uint64_t kHighs = kOnes * 0x80;
-  std::uint64_t low7 = w & ~kHighs;
-  std::uint64_t at_least_a = low7 + kOnes * (0x80 - 'A');
-  std::uint64_t above_z = low7 + kOnes * (0x80 - 'Z' - 1);
-  std::uint64_t upper = at_least_a & ~above_z & ~w & kHighs;
-  return w | (upper >> 2);
-}
-
-// Eight bytes of `s` from `at`.
-std::uint64_t word_at(std::string_view s, std::size_t at) {
-  std::uint64_t w;
-  std::memcpy(&w, s.data() + at, 8);
-  return w;
-}
-
 }  // namespace
 
 bool accepts_encoding(std::string_view header, std::string_view coding) {
@@ -50,20 +30,12 @@ bool detail::iequals_same_size(std::string_view a, std::string_view b) {
   if (n >= 8) {
     // Whole words, the last one overlapping its neighbour when n is not a multiple of 8.
     for (std::size_t i = 0; i + 8 <= n; i += 8) {
-      if (!same(word_at(a, i), word_at(b, i))) return false;
+      if (!same(word_at(a.data() + i), word_at(b.data() + i))) return false;
     }
-    return n % 8 == 0 || same(word_at(a, n - 8), word_at(b, n - 8));
+    return n % 8 == 0 || same(word_at(a.data() + n - 8), word_at(b.data() + n - 8));
   }
-  if (n >= 4) {
-    // The first four bytes and the last four (overlapping) in one word: "host", "date".
-    auto pack = [n](std::string_view s) {
-      std::uint32_t lo, hi;
-      std::memcpy(&lo, s.data(), 4);
-      std::memcpy(&hi, s.data() + n - 4, 4);
-      return std::uint64_t{lo} | (std::uint64_t{hi} << 32);
-    };
-    return same(pack(a), pack(b));
-  }
+  // The first four bytes and the last four (overlapping) in one word: "host", "date".
+  if (n >= 4) return same(ends_of(a.data(), n), ends_of(b.data(), n));
   for (std::size_t i = 0; i < n; ++i) {
     if (lower(a[i]) != lower(b[i])) return false;
   }

@@ -8,6 +8,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 namespace spindle::http {
@@ -48,6 +49,53 @@ namespace detail {
 /// True if `a` and `b`, of the same size, are equal without regard to ASCII case (header_map.cc:
 /// a word at a time).
 bool iequals_same_size(std::string_view a, std::string_view b);
+
+/// ASCII lower case of eight bytes at once: each byte's low seven bits plus 0x3f (0x25) carries
+/// into its high bit exactly when they are at least 'A' (above 'Z'), and no byte carries into
+/// the next; letters of bytes below 0x80 get 0x20 (the bit is clear in 'A'..'Z').
+constexpr std::uint64_t lower8(std::uint64_t w) {
+  constexpr std::uint64_t kOnes = 0x0101010101010101ull;
+  constexpr std::uint64_t kHighs = kOnes * 0x80;
+  std::uint64_t low7 = w & ~kHighs;
+  std::uint64_t at_least_a = low7 + kOnes * (0x80 - 'A');
+  std::uint64_t above_z = low7 + kOnes * (0x80 - 'Z' - 1);
+  std::uint64_t upper = at_least_a & ~above_z & ~w & kHighs;
+  return w | (upper >> 2);
+}
+
+/// Eight bytes from `p`.
+inline std::uint64_t word_at(const char* p) {
+  std::uint64_t w;
+  std::memcpy(&w, p, 8);
+  return w;
+}
+
+/// For n of 4 to 8: the first four bytes of `p` and its last four (overlapping) in one word.
+inline std::uint64_t ends_of(const char* p, std::size_t n) {
+  std::uint32_t lo, hi;
+  std::memcpy(&lo, p, 4);
+  std::memcpy(&hi, p + n - 4, 4);
+  return std::uint64_t{lo} | (std::uint64_t{hi} << 32);
+}
+
+/// True if `name` is `lower` (lower case, of the same size) without regard to ASCII case: only
+/// `name` needs lowering, and a word at a time.
+inline bool equals_lower_case(std::string_view lower, std::string_view name) {
+  const std::size_t n = name.size();
+  if (n >= 8) {
+    for (std::size_t i = 0; i + 8 <= n; i += 8) {
+      if (lower8(word_at(name.data() + i)) != word_at(lower.data() + i)) return false;
+    }
+    return lower8(word_at(name.data() + n - 8)) == word_at(lower.data() + n - 8);
+  }
+  if (n >= 4) return lower8(ends_of(name.data(), n)) == ends_of(lower.data(), n);
+  for (std::size_t i = 0; i < n; ++i) {
+    char c = name[i];
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
+    if (c != lower[i]) return false;
+  }
+  return true;
+}
 
 namespace f = field_flag;
 // Every known name, once.
@@ -162,7 +210,7 @@ inline const Token* find_token(std::string_view name) {
   for (std::size_t at = detail::token_slot(name); detail::kTokenIndex[at] != 0;
        at = (at + 1) % detail::kTokenSlots) {
     const Token& token = detail::kTokens[detail::kTokenIndex[at] - 1];
-    if (token.name.size() == name.size() && detail::iequals_same_size(token.name, name))
+    if (token.name.size() == name.size() && detail::equals_lower_case(token.name, name))
       return &token;
   }
   return nullptr;

@@ -46,6 +46,25 @@ TEST(Tokens, EveryKnownNameIsFoundInAnyCaseAsTheSameToken) {
   }
 }
 
+TEST(Tokens, NoOtherByteAtAnyPlaceIsTakenForAKnownName) {
+  // The compare lowers the given name a word at a time: only 'A'..'Z' may stand for a token's
+  // letter. (A byte one case-bit away from '-', ':' or a digit, a control character or one
+  // above 0x7f, is another name.)
+  for (const Token& token : detail::kTokens) {
+    for (std::size_t at = 0; at < token.name.size(); ++at) {
+      const char own = token.name[at];
+      for (int b = 0; b < 256; ++b) {
+        const char c = static_cast<char>(b);
+        std::string name(token.name);
+        name[at] = c;
+        const bool same = c == own || (own >= 'a' && own <= 'z' && c == own - 32);
+        EXPECT_EQ(find_token(name) == &token, same)
+            << token.name << " with byte " << b << " at " << at;
+      }
+    }
+  }
+}
+
 TEST(Tokens, EachNameIsInTheTableOnceWithHpacksIndexesInOrder) {
   std::size_t last_index = 0;
   for (std::size_t i = 0; i < std::size(detail::kTokens); ++i) {
