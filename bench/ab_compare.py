@@ -5,7 +5,8 @@ This machine is shared and noisy: CPU per request moves by a tenth or more betwe
 minutes apart, more than most single changes save. Both servers run at once (each one worker,
 both pinned to CPU 0, the load generator to CPU 1), and the load goes to A, then B, then A...,
 so that whatever else the machine does falls on both alike. Prints each round and the median
-of the rounds' B/A ratios of CPU per request (total and user).
+of the rounds' B/A ratios of CPU per request (total and user), with the interval that holds
+the true median nine times in ten (from five rounds; http_compare.median_interval).
 
   bench/ab_compare.py --a /tmp/before/bin --b build/release/bin --workload "h2c c100 m10"
 
@@ -23,7 +24,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from http_compare import ROOT, stop, wait_listening  # noqa: E402
+from http_compare import ROOT, median_interval, stop, wait_listening  # noqa: E402
 from proxy_compare import SETUPS, WARM_UP_SECONDS, start_upstream  # noqa: E402
 from proxy_compare import start_spindle as start_gateway  # noqa: E402
 from tls_compare import WORKLOADS, measure, start_spindle  # noqa: E402
@@ -103,8 +104,10 @@ def main():
                   f"(user {got['A']['user_us_per_request']:.3f})  B "
                   f"{got['B']['cpu_us_per_request']:.3f} (user "
                   f"{got['B']['user_us_per_request']:.3f})  B/A {ratio:.3f}", flush=True)
+        interval = median_interval(ratios)
         print(f"{name}: B/A CPU per request, median of {a.rounds} rounds: "
-              f"{statistics.median(ratios):.3f} (user {statistics.median(user_ratios):.3f})")
+              f"{statistics.median(ratios):.3f} (user {statistics.median(user_ratios):.3f})"
+              + (f", 90% interval {interval[1]:.3f}-{interval[2]:.3f}" if interval else ""))
     finally:
         for proc, _ in servers.values():
             stop(proc)

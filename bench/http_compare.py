@@ -11,11 +11,13 @@ With one worker, the server is pinned to CPU 0 and wrk to CPU 1. With two worker
 pinned (they share both cores). Loopback only; every process started here is stopped by PID.
 """
 import argparse
+import math
 import os
 import re
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -231,15 +233,41 @@ def median_round(rounds):
     return median
 
 
+def median_interval(values, confidence=0.9):
+    """The median of `values` and an interval that holds the true median with at least
+    `confidence` whatever the distribution (order statistics: the number of values below the
+    median is binomial(n, 1/2)), or None for fewer than 5 values. With a noisy machine the
+    rounds' ratios scatter; a goal is met when the whole interval is within it."""
+    n = len(values)
+    if n < 5:
+        return None
+    ordered = sorted(values)
+    # The widest k with P(Binomial(n, 1/2) < k) <= (1 - confidence) / 2 on each side.
+    tail, k = 0.0, 0
+    while True:
+        p_k = math.comb(n, k) / 2 ** n
+        if tail + p_k > (1 - confidence) / 2:
+            break
+        tail += p_k
+        k += 1
+    k = max(k, 1)
+    return statistics.median(ordered), ordered[k - 1], ordered[n - k]
+
+
 def ratio_text(a, b):
     """`a`'s CPU per request over `b`'s (two median_round results) as text: the ratio of the
     medians and, when both ran the same rounds in turn, the range of the rounds' own ratios
-    (how far the machine moved the figure within this run)."""
+    (how far the machine moved the figure within this run) and, from five rounds, the median
+    of those ratios with its 90% interval (median_interval)."""
     text = f"{a['cpu_us_per_request'] / b['cpu_us_per_request']:.2f}x"
     pairs = [x / y for x, y in zip(a.get("round_cpu_us", []), b.get("round_cpu_us", []))
              if x and y]
     if len(pairs) > 1:
-        text += f" (rounds {min(pairs):.2f}-{max(pairs):.2f})"
+        text += f" (rounds {min(pairs):.2f}-{max(pairs):.2f}"
+        interval = median_interval(pairs)
+        if interval:
+            text += f"; paired {interval[0]:.2f}, 90% {interval[1]:.2f}-{interval[2]:.2f}"
+        text += ")"
     return text
 
 
