@@ -9,6 +9,7 @@
 # difference of the requests cancels start-up and connection set-up.
 #   bench/cache_misses.sh            (needs valgrind, h2load, nginx, h2o; about 3 minutes)
 #   BIN=dir OUT=file.json bench/cache_misses.sh
+#   BIN=dir SPINDLE_ONLY=1 bench/cache_misses.sh   (an A/B of two builds: h2o is not run)
 # Prints, for each gateway: instructions, first-level instruction-cache misses, first-level
 # data-cache misses and L2 misses (data) per request, and spindle's ratio to h2o.
 set -euo pipefail
@@ -75,6 +76,7 @@ services:
   up: {url: "http://127.0.0.1:$up_port"}
 CONF
 measure spindle "$spindle_port" "$bin/spindle" serve --config "$tmp/spindle.yaml" --threads 1
+[ -n "${SPINDLE_ONLY:-}" ] && exit 0
 
 # h2o as bench/proxy_compare.py runs it; it keeps the user it was started as (as root it would
 # become nobody, and callgrind_control could no longer ask it to write its counts).
