@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Issue 24's goals in one chart: for each comparison, spindle's CPU per request over the peer's,
+round by round (each round measures both in turn), with the goal beside it.
+
+Reads the --out files of bench/tls_compare.py, bench/proxy_compare.py and bench/http_compare.py
+(any of them; run with --rounds 5 or more for an interval):
+
+  bench/goals_chart.py --tls tls.json --proxy proxy.json --http http.json --out goals.png
+
+A dot is the median of the rounds' paired ratios; its bar the interval that holds their true
+median nine times in ten (http_compare.median_interval), or the rounds' range with fewer than
+five rounds (drawn thin); a red dash the goal. Prints the same as text, with a verdict: met
+when the whole bar is at or below the goal, not met when all of it is above, else within the
+noise.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from http_compare import median_interval  # noqa: E402
+from report import PROXY_GOALS, TLS_GOALS  # noqa: E402
+
+HTTP_GOALS = {"keep-alive c100": (1.05, "ceiling")}  # issue 24: back to at most 1.05x
+
+
+def comparisons(results, key_of, goals):
+    """(label, paired ratios, goal) for each result of spindle's that has a goal."""
+    by = {(r["server"], key_of(r)): r for r in results}
+    out = []
+    for name, (goal, peer) in goals.items():
+        name = name.strip()  # PROXY_GOALS pads repeated set-ups with spaces to keep them apart
+        a, b = by.get(("spindle", name)), by.get((peer, name))
+        if not a or not b:
+            continue
+        pairs = [x / y for x, y in zip(a.get("round_cpu_us", []), b.get("round_cpu_us", []))
+                 if x and y]
+        if pairs:
+            out.append((f"{name}\n/ {peer}", pairs, goal))
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--tls")
+    p.add_argument("--proxy")
+    p.add_argument("--http")
+    p.add_argument("--out", required=True)
+    p.add_argument("--title", default="spindle's CPU per request over the peer's, issue 24's goals")
+    a = p.parse_args()
+    rows = []
+    if a.tls:
+        rows += comparisons(json.load(open(a.tls))["results"], lambda r: r["workload"], TLS_GOALS)
+    if a.proxy:
+        rows += comparisons(json.load(open(a.proxy))["results"],
+                            lambda r: f"{r['setup']} c{r['connections']}", PROXY_GOALS)
+    if a.http:
+        rows += comparisons(json.load(open(a.http))["results"], lambda r: r["workload"],
+                            HTTP_GOALS)
+    if not rows:
+        sys.exit("goals_chart.py: no comparison with a goal in the files given")
+    fig, ax = plt.subplots(figsize=(12, 4.8))
+    for i, (label, pairs, goal) in enumerate(rows):
+        interval = median_interval(pairs)
+        mid, low, high = interval or (statistics.median(pairs), min(pairs), max(pairs))
+        # Met when the whole interval is within the goal, missed when none of it is.
+        verdict = "met" if high <= goal else "not met" if low > goal else "within the noise"
+        ax.errorbar([i], [mid], yerr=[[mid - low], [high - mid]], fmt="o", capsize=4,
+                    color="#4472c4", elinewidth=2 if interval else 0.8)
+        ax.plot([i - 0.3, i + 0.3], [goal, goal], color="#c00000", linewidth=2)
+        spread = "90% interval" if interval else "the rounds' range"
+        print(f"{label.replace(chr(10), ' ')}: {mid:.2f}x ({spread} {low:.2f}-{high:.2f}, "
+              f"{len(pairs)} rounds), goal {goal}x: {verdict}")
+    ax.axhline(1.0, color="#a5a5a5", linewidth=0.8)
+    ax.set_xticks(range(len(rows)), [r[0] for r in rows], fontsize=8)
+    ax.set_ylabel("spindle / peer, CPU per request (lower is better)")
+    ax.set_title(a.title)
+    fig.tight_layout()
+    fig.savefig(a.out, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
