@@ -148,7 +148,9 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
     addresses.insert(admin.identity);
     prepared.push_back(std::move(admin));
   }
-  // New addresses are bound now; if one cannot be, those bound so far are closed again.
+  // New addresses are bound now, not yet accepting (their first requests must find this
+  // configuration's routes: they are published below); if one cannot be bound, those bound so
+  // far are closed again.
   std::map<std::string, std::unique_ptr<http::HttpServer>> opened;
   for (Prepared& p : prepared) {
     const std::string& address = p.identity;
@@ -158,14 +160,14 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
       inherited = std::move(it->second);
       inherited_.erase(it);
     }
-    auto started = http::HttpServer::start(runtime_, p.listen, std::move(p.router), p.options,
-                                           std::move(inherited));
-    if (!started) {
+    auto bound = http::HttpServer::open(runtime_, p.listen, std::move(p.router), p.options,
+                                        std::move(inherited));
+    if (!bound) {
       for (auto& [_, server] : opened) server->stop();
       return std::unexpected(
-          fmt::format("cannot listen on {}: {}", p.listen.to_string(), started.error().message()));
+          fmt::format("cannot listen on {}: {}", p.listen.to_string(), bound.error().message()));
     }
-    opened.emplace(address, std::move(*started));
+    opened.emplace(address, std::move(*bound));
   }
 
   // Sockets handed over for a listener this configuration does not have are not needed (from
@@ -176,8 +178,9 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   }
   inherited_.clear();
 
-  // 2. The switch. Nothing below fails. What /config shows changes first: a listener that
-  // is new opens below, and may be asked at once.
+  // 2. The switch. Nothing below fails. What /config shows changes first, then the routes;
+  // a listener that is new starts accepting after both (connections that came meanwhile, or
+  // waited in a socket systemd or our predecessor handed over, are served with them).
   {
     std::string text = proxy::redacted_source(config);
     std::lock_guard guard(shown_lock_);
@@ -188,6 +191,7 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   for (Prepared& p : prepared) {
     const std::string& address = p.identity;
     if (auto it = opened.find(address); it != opened.end()) {
+      it->second->accept_connections();
       announce(listening_line(*it->second, p.options, runtime_.size(), p.admin));
       listeners_[address] = Listener{p.fingerprint, std::move(it->second)};
       continue;

@@ -33,10 +33,12 @@ void serve_connection(Worker& worker, UniqueFd fd,
   }
 }
 
-// Accepts until cancelled. Connections go to `workers` round-robin (just this worker when each
-// worker has its own listener).
+// Accepts once `accepting` is set, until cancelled. Connections go to `workers` round-robin
+// (just this worker when each worker has its own listener).
 void accept_loop(TcpListener listener, std::shared_ptr<const TcpServer::Handler> handler,
-                 TcpServerOptions options, std::vector<Worker*> workers) {
+                 TcpServerOptions options, std::vector<Worker*> workers,
+                 const std::shared_ptr<Event>& accepting) {
+  if (accepting->wait()) return;  // cancelled before it was told to accept
   auto last_warning = Clock::time_point{};
   std::size_t next = 0;
   for (;;) {
@@ -66,6 +68,15 @@ void accept_loop(TcpListener listener, std::shared_ptr<const TcpServer::Handler>
 Result<std::unique_ptr<TcpServer>> TcpServer::start(Runtime& runtime, const Address& address,
                                                     Handler handler, TcpServerOptions options,
                                                     std::vector<UniqueFd> inherited) {
+  auto server =
+      open(runtime, address, std::move(handler), std::move(options), std::move(inherited));
+  if (server) (*server)->accept_connections();
+  return server;
+}
+
+Result<std::unique_ptr<TcpServer>> TcpServer::open(Runtime& runtime, const Address& address,
+                                                   Handler handler, TcpServerOptions options,
+                                                   std::vector<UniqueFd> inherited) {
   if (Worker::current() == nullptr) runtime.start();
   options.listen.nodelay = options.listen.nodelay || options.nodelay;
   Address bound = address;
@@ -110,10 +121,11 @@ Result<std::unique_ptr<TcpServer>> TcpServer::start(Runtime& runtime, const Addr
     // Per-worker copy: connection fibers share it without cross-core reference counting.
     auto worker_handler = std::make_shared<const Handler>(handler);
     std::vector<Worker*> targets = per_worker ? std::vector<Worker*>{&worker} : all_workers;
-    server->acceptors_.push_back(
-        spawn_on(worker, [l = std::move(*listener), worker_handler, options, targets]() mutable {
-          accept_loop(std::move(l), std::move(worker_handler), options, std::move(targets));
-        }));
+    server->acceptors_.push_back(spawn_on(worker, [l = std::move(*listener), worker_handler,
+                                                   options, targets,
+                                                   accepting = server->accepting_]() mutable {
+      accept_loop(std::move(l), std::move(worker_handler), options, std::move(targets), accepting);
+    }));
   }
   return server;
 }

@@ -335,10 +335,18 @@ void start_draining(const std::shared_ptr<HttpServer::Shared>& shared, bool clos
 Result<std::unique_ptr<HttpServer>> HttpServer::start(Runtime& runtime, const Address& address,
                                                       Router router, ServerOptions options,
                                                       std::vector<UniqueFd> inherited) {
+  auto server = open(runtime, address, std::move(router), std::move(options), std::move(inherited));
+  if (server) (*server)->accept_connections();
+  return server;
+}
+
+Result<std::unique_ptr<HttpServer>> HttpServer::open(Runtime& runtime, const Address& address,
+                                                     Router router, ServerOptions options,
+                                                     std::vector<UniqueFd> inherited) {
   auto shared = make_shared_state(runtime, std::move(router), std::move(options));
   auto in_force = std::make_shared<InForce>();
   in_force->per_worker.assign(runtime.size(), shared);
-  auto tcp = TcpServer::start(
+  auto tcp = TcpServer::open(
       runtime, address,
       [in_force](TcpStream tcp) {
         serve_accepted(in_force->per_worker[Worker::current()->index()], std::move(tcp));

@@ -12,6 +12,7 @@
 #include "spindle/net/address.h"
 #include "spindle/net/tcp_listener.h"
 #include "spindle/net/tcp_stream.h"
+#include "spindle/sync/event.h"
 
 namespace spindle {
 
@@ -44,6 +45,14 @@ class TcpServer {
   [[nodiscard]] static Result<std::unique_ptr<TcpServer>> start(
       Runtime& runtime, const Address& address, Handler handler, TcpServerOptions options = {},
       std::vector<UniqueFd> inherited = {});
+  /// As start(), but nothing is accepted until accept_connections(): clients that connect
+  /// meanwhile wait in the listeners' queues (as do those already in inherited ones). For a
+  /// caller that must put in force what the handler reads before the first connection.
+  [[nodiscard]] static Result<std::unique_ptr<TcpServer>> open(
+      Runtime& runtime, const Address& address, Handler handler, TcpServerOptions options = {},
+      std::vector<UniqueFd> inherited = {});
+  /// Starts accepting on a server open() made (idempotent). Safe from any thread.
+  void accept_connections() { accepting_->set(); }
 
   /// Stops accepting (waits for the acceptor fibers to end). Connections already accepted run
   /// on. Idempotent.
@@ -64,6 +73,8 @@ class TcpServer {
   Address address_;
   /// One acceptor per worker.
   std::vector<JoinHandle<void>> acceptors_;
+  /// Set when the acceptors may accept (they wait for it first).
+  std::shared_ptr<Event> accepting_ = std::make_shared<Event>();
   std::vector<int> listener_fds_;
 };
 

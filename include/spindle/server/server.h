@@ -98,6 +98,14 @@ class HttpServer {
   [[nodiscard]] static Result<std::unique_ptr<HttpServer>> start(
       Runtime& runtime, const Address& address, Router router, ServerOptions options = {},
       std::vector<UniqueFd> inherited = {});
+  /// As start(), but bound only: no connection is accepted until accept_connections() (they
+  /// wait in the listening sockets' queues), so that what the router reads can be put in
+  /// force first. stop() works on it too.
+  [[nodiscard]] static Result<std::unique_ptr<HttpServer>> open(
+      Runtime& runtime, const Address& address, Router router, ServerOptions options = {},
+      std::vector<UniqueFd> inherited = {});
+  /// Starts accepting on a server open() made (idempotent).
+  void accept_connections() { tcp_->accept_connections(); }
   /// Stops accepting new connections (idempotent). Open connections go on.
   void stop();
   /// Serves `router` with `options` from now on, on the same listening socket: connections

@@ -310,6 +310,45 @@ TEST(TcpServer, AcceptsOnEveryWorkerAndServesConcurrentClients) {
   EXPECT_FALSE(refused.has_value());
 }
 
+TEST(TcpServer, AnOpenServerAcceptsNothingUntilToldAndStopsWhileWaiting) {
+  Runtime runtime(RuntimeOptions{.workers = 2});
+  std::atomic<int> accepted{0};
+  auto echo_one = [&](TcpStream stream) {
+    ++accepted;
+    char c = 0;
+    if (stream.read_exact({&c, 1}, Deadline::after(5s))) {
+      (void)stream.write_all(std::string_view(&c, 1));
+    }
+  };
+  auto server = TcpServer::open(runtime, Address::loopback_v4(0), echo_one);
+  ASSERT_TRUE(server.has_value()) << server.error().message();
+  Address address = (*server)->address();
+  // Bound and listening: the kernel completes the handshake and queues the byte, but nobody
+  // takes the connection yet.
+  int client = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(::connect(client, address.data(), address.size()), 0);
+  ASSERT_EQ(::write(client, "y", 1), 1);
+  timeval short_wait{.tv_sec = 0, .tv_usec = 300'000};
+  ::setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &short_wait, sizeof short_wait);
+  char c = 0;
+  EXPECT_EQ(::read(client, &c, 1), -1);  // no answer within 300 ms
+  EXPECT_EQ(accepted.load(), 0);
+  (*server)->accept_connections();
+  timeval long_wait{.tv_sec = 5, .tv_usec = 0};
+  ::setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &long_wait, sizeof long_wait);
+  EXPECT_EQ(::read(client, &c, 1), 1);  // the connection that waited is served
+  EXPECT_EQ(c, 'y');
+  EXPECT_EQ(accepted.load(), 1);
+  ::close(client);
+
+  // Another one never told to accept stops at once: its acceptors end while waiting.
+  auto idle = TcpServer::open(runtime, Address::loopback_v4(0), echo_one);
+  ASSERT_TRUE(idle.has_value());
+  (*idle)->stop();
+  EXPECT_TRUE((*idle)->listener_fds().empty());
+  EXPECT_EQ(accepted.load(), 1);
+}
+
 TEST(TcpServer, StartFailsCleanlyWhenThePortIsTaken) {
   Runtime runtime(RuntimeOptions{.workers = 2});
   auto first = TcpServer::start(
