@@ -26,9 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from http_compare import median_interval  # noqa: E402
-from report import PROXY_GOALS, TLS_GOALS  # noqa: E402
-
-HTTP_GOALS = {"keep-alive c100": (1.05, "ceiling")}  # issue 24: back to at most 1.05x
+from report import HTTP_GOALS, PROXY_GOALS, TLS_GOALS  # noqa: E402
 
 
 def comparisons(results, key_of, goals):

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, Server
+from conftest import ROOT, Conn, Server, read_response
 
 UNIT = os.path.join(ROOT, "packaging", "spindle.service")
 
@@ -196,24 +196,6 @@ def test_socket_activation_a_restart_under_load_refuses_nothing(build_dir, tmp_p
     assert "only the 1 inherited listener(s) accept" in log
 
 
-def read_response(sock):
-    """One whole HTTP/1.1 response with a Content-Length (the head and body as bytes)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = int(re.search(rb"(?i)\r\ncontent-length: *(\d+)", head).group(1))
-    while len(body) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return head + b"\r\n\r\n" + body
-
-
 def test_socket_activation_requests_waiting_before_the_start_are_routed(build_dir, tmp_path):
     # Requests that reached the socket before spindle ran (systemd queues them) are served the
     # moment its listener starts accepting: by then the routes must be in force. (They were
@@ -228,7 +210,7 @@ def test_socket_activation_requests_waiting_before_the_start_are_routed(build_di
         "services:\n  never: {url: \"http://127.0.0.1:9\"}\n")  # respond answers first
     clients = []
     for i in range(64):
-        c = socket.create_connection(("127.0.0.1", port), timeout=20)
+        c = Conn(socket.create_connection(("127.0.0.1", port), timeout=20))
         c.sendall(f"GET /waiting/{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
         clients.append(c)
     proc = activated(build_dir, held, config)
@@ -240,9 +222,8 @@ def test_socket_activation_requests_waiting_before_the_start_are_routed(build_di
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
         held.close()
-    statuses = [a.split(b"\r\n", 1)[0] for a in answers]
-    assert statuses == [b"HTTP/1.1 200 OK"] * len(clients), statuses
-    assert all(a.endswith(b"\r\n\r\nrouted") for a in answers), answers[:2]
+    assert [status for status, _, _ in answers] == [200] * len(clients), answers[:2]
+    assert all(body == b"routed" for _, _, body in answers), answers[:2]
 
 
 def test_a_socket_for_another_process_or_not_listening_is_not_taken(build_dir, tmp_path):
