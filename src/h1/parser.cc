@@ -1,6 +1,7 @@
 #include "spindle/h1/parser.h"
 
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -100,6 +101,41 @@ ParseResult interpret_headers(RequestHead& head) {
   return {State::kComplete, 0, 0, {}};
 }
 
+// The common case of a field line in one pass: if the line from `pos` is a token, ':' and a
+// value of field-value characters ended by a CR, returns that CR's offset (with `colon` set);
+// otherwise npos (an invalid line, or its CR has not arrived), and the caller takes the careful
+// way, which finds the same CR and says what is wrong. Saves each valid line a search for its
+// CR and a second pass over its value.
+std::size_t valid_field_line(std::string_view in, std::size_t pos, std::size_t& colon) {
+  std::size_t i = pos;
+  while (i < in.size() && is_tchar(in[i])) ++i;
+  if (i == pos || i == in.size() || in[i] != ':') return std::string_view::npos;
+  colon = i++;
+  // The value eight bytes at a time (reading past the line's end, within `in`): the first byte
+  // below 0x20 (CR, tab and the forbidden controls all are) or equal to 0x7f is found in the
+  // word. (Each mask may flag bytes above a flagged one wrongly, never below: its lowest is
+  // right.) Then the last bytes of `in` one by one.
+  while (i + 8 <= in.size()) {
+    std::uint64_t w;
+    std::memcpy(&w, in.data() + i, 8);
+    const std::uint64_t del = w ^ (detail::kOnes * 0x7f);
+    const std::uint64_t stops = ((w - detail::kOnes * 0x20) & ~w & detail::kHighs) |
+                                ((del - detail::kOnes) & ~del & detail::kHighs);
+    if (stops == 0) {
+      i += 8;
+      continue;
+    }
+    i += static_cast<std::size_t>(std::countr_zero(stops)) / 8;
+    if (in[i] != '\t') return in[i] == '\r' ? i : std::string_view::npos;
+    ++i;
+  }
+  for (; i < in.size(); ++i) {
+    if (is_field_value_char(in[i])) continue;
+    return in[i] == '\r' ? i : std::string_view::npos;
+  }
+  return std::string_view::npos;
+}
+
 // One header line (without CRLF), added to `headers`.
 ParseResult parse_field(std::string_view line, HeaderMap& headers) {
   if (line.front() == ' ' || line.front() == '\t') return error(400, "obsolete line folding");
@@ -163,6 +199,15 @@ ParseResult RequestParser::parse_head(std::string_view message, RequestHead& hea
       if (pos + 2 > limits_.max_head) return error(431, "request header too large");
       if (auto r = interpret_headers(head); r.state == State::kError) return r;
       return {State::kComplete, pos + 2, 0, {}};
+    }
+    std::size_t colon = 0;
+    if (std::size_t cr = valid_field_line(message, pos, colon);
+        cr != std::string_view::npos && cr + 1 < message.size() && message[cr + 1] == '\n' &&
+        cr + 4 <= limits_.max_head && head.headers.size() < limits_.max_headers) {
+      head.headers.add_view(message.substr(pos, colon - pos),
+                            trim_ows(message.substr(colon + 1, cr - colon - 1)));
+      pos = cr + 2;
+      continue;
     }
     std::size_t eol = message.find('\r', pos);
     if (eol == std::string_view::npos || eol + 1 == message.size()) {
@@ -234,6 +279,16 @@ ParseResult ResponseParser::parse(std::string_view input, ResponseHead& head) {
   head.reason = line.size() > 13 ? line.substr(13) : std::string_view();
   std::size_t pos = line_end + 2;
   while (pos < end + 2) {
+    std::size_t colon = 0;
+    if (std::size_t cr = valid_field_line(input, pos, colon);
+        cr != std::string_view::npos && input[cr + 1] == '\n' &&
+        head.headers.size() < limits_.max_headers) {
+      // (A CR at or before the head's end: the one that begins its empty line at the latest.)
+      head.headers.add_view(input.substr(pos, colon - pos),
+                            trim_ows(input.substr(colon + 1, cr - colon - 1)));
+      pos = cr + 2;
+      continue;
+    }
     std::size_t eol = input.find('\r', pos);
     if (input[eol + 1] != '\n') return error(502, "bare CR in header");
     std::string_view field = input.substr(pos, eol - pos);

@@ -221,6 +221,32 @@ TEST(Http1Parser, EveryByteIsJudgedAtEveryPositionOfTargetAndValue) {
   }
 }
 
+// A field line ends only at CR LF: a control byte followed by LF inside a value (which a
+// parser that took any control byte for the line's end would read as CR LF, and the rest as a
+// field of its own) is refused, in a request and in a response, wherever it is in the value.
+TEST(Http1Parser, AControlByteBeforeAnLfDoesNotEndAFieldLine) {
+  using spindle::http::ResponseHead;
+  using spindle::http::ResponseParser;
+  for (int byte = 0; byte < 0x20; ++byte) {
+    if (byte == '\t' || byte == '\r') continue;
+    for (std::size_t at = 0; at < 20; ++at) {
+      // What follows the LF is a well-formed field of its own.
+      std::string fields = "X-A: " + std::string("abcdefghijklmnopqrstu").substr(0, at) +
+                           static_cast<char>(byte) + "\nX-B: smuggled\r\n";
+      RequestHead head;
+      auto r = parse("GET / HTTP/1.1\r\nHost: h\r\n" + fields + "\r\n", head);
+      EXPECT_EQ(r.state, State::kError) << "byte " << byte << " at " << at;
+      EXPECT_EQ(r.status, 400);
+      ResponseParser parser;
+      ResponseHead response;
+      auto rr =
+          parser.parse("HTTP/1.1 200 OK\r\n" + fields + "Content-Length: 0\r\n\r\n", response);
+      EXPECT_EQ(rr.state, State::kError) << "byte " << byte << " at " << at;
+      EXPECT_EQ(rr.status, 502);
+    }
+  }
+}
+
 TEST(Http1Parser, RejectsInvalidFieldNameCharacters) {
   for (const char* name : {"X(A)", "X\"A", "X/A", "X@A", "X{A}", "X A", "\x80X", "[X]"}) {
     std::string text = std::string("GET / HTTP/1.1\r\nHost: h\r\n") + name + ": v\r\n\r\n";
