@@ -112,15 +112,12 @@ std::size_t valid_field_line(std::string_view in, std::size_t pos, std::size_t& 
   if (i == pos || i == in.size() || in[i] != ':') return std::string_view::npos;
   colon = i++;
   // The value eight bytes at a time (reading past the line's end, within `in`): the first byte
-  // below 0x20 (CR, tab and the forbidden controls all are) or equal to 0x7f is found in the
-  // word. (Each mask may flag bytes above a flagged one wrongly, never below: its lowest is
-  // right.) Then the last bytes of `in` one by one.
+  // below 0x20 (CR, tab and the forbidden controls all are) or equal to 0x7f is the lowest
+  // flagged in the word. Then the last bytes of `in` one by one.
   while (i + 8 <= in.size()) {
     std::uint64_t w;
     std::memcpy(&w, in.data() + i, 8);
-    const std::uint64_t del = w ^ (detail::kOnes * 0x7f);
-    const std::uint64_t stops = ((w - detail::kOnes * 0x20) & ~w & detail::kHighs) |
-                                ((del - detail::kOnes) & ~del & detail::kHighs);
+    const std::uint64_t stops = detail::below_mask(w, 0x20) | detail::equal_mask(w, 0x7f);
     if (stops == 0) {
       i += 8;
       continue;

@@ -33,11 +33,17 @@ inline constexpr std::array<bool, 256> kTokenChars = make_token_table();
 /// to b, or at least 0x7f. Exact as yes/no answers; a bytewise check then finds the one.
 constexpr std::uint64_t kOnes = 0x0101010101010101ull;
 constexpr std::uint64_t kHighs = 0x8080808080808080ull;
-inline bool any_below(std::uint64_t w, unsigned n) { return ((w - kOnes * n) & ~w & kHighs) != 0; }
-inline bool any_equal(std::uint64_t w, unsigned b) {
-  std::uint64_t x = w ^ (kOnes * b);
-  return ((x - kOnes) & ~x & kHighs) != 0;
+/// The high bit of each byte below n (or equal to b): the lowest one set is exact; a byte above
+/// a flagged one may be flagged wrongly (a borrow), never one below.
+inline std::uint64_t below_mask(std::uint64_t w, unsigned n) {
+  return (w - kOnes * n) & ~w & kHighs;
 }
+inline std::uint64_t equal_mask(std::uint64_t w, unsigned b) {
+  std::uint64_t x = w ^ (kOnes * b);
+  return (x - kOnes) & ~x & kHighs;
+}
+inline bool any_below(std::uint64_t w, unsigned n) { return below_mask(w, n) != 0; }
+inline bool any_equal(std::uint64_t w, unsigned b) { return equal_mask(w, b) != 0; }
 inline bool any_at_least_7f(std::uint64_t w) {
   return ((((w & ~kHighs) + kOnes) | w) & kHighs) != 0;
 }
