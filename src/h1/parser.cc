@@ -133,6 +133,11 @@ std::size_t valid_field_line(std::string_view in, std::size_t pos, std::size_t& 
   return std::string_view::npos;
 }
 
+// Adds the field of a valid line (without CRLF) whose name ends at `colon`.
+void add_field_line(std::string_view line, std::size_t colon, HeaderMap& headers) {
+  headers.add_view(line.substr(0, colon), trim_ows(line.substr(colon + 1)));
+}
+
 // One header line (without CRLF), added to `headers`.
 ParseResult parse_field(std::string_view line, HeaderMap& headers) {
   if (line.front() == ' ' || line.front() == '\t') return error(400, "obsolete line folding");
@@ -143,9 +148,10 @@ ParseResult parse_field(std::string_view line, HeaderMap& headers) {
                                            : "invalid character in header name");
   }
   if (colon == 0) return error(400, "empty header name");
-  std::string_view value = line.substr(colon + 1);
-  if (!is_field_value(value)) return error(400, "invalid character in header value");
-  headers.add_view(line.substr(0, colon), trim_ows(value));
+  if (!is_field_value(line.substr(colon + 1))) {
+    return error(400, "invalid character in header value");
+  }
+  add_field_line(line, colon, headers);
   return {State::kComplete, 0, 0, {}};
 }
 
@@ -201,8 +207,7 @@ ParseResult RequestParser::parse_head(std::string_view message, RequestHead& hea
     if (std::size_t cr = valid_field_line(message, pos, colon);
         cr != std::string_view::npos && cr + 1 < message.size() && message[cr + 1] == '\n' &&
         cr + 4 <= limits_.max_head && head.headers.size() < limits_.max_headers) {
-      head.headers.add_view(message.substr(pos, colon - pos),
-                            trim_ows(message.substr(colon + 1, cr - colon - 1)));
+      add_field_line(message.substr(pos, cr - pos), colon - pos, head.headers);
       pos = cr + 2;
       continue;
     }
@@ -281,8 +286,7 @@ ParseResult ResponseParser::parse(std::string_view input, ResponseHead& head) {
         cr != std::string_view::npos && input[cr + 1] == '\n' &&
         head.headers.size() < limits_.max_headers) {
       // (A CR at or before the head's end: the one that begins its empty line at the latest.)
-      head.headers.add_view(input.substr(pos, colon - pos),
-                            trim_ows(input.substr(colon + 1, cr - colon - 1)));
+      add_field_line(input.substr(pos, cr - pos), colon - pos, head.headers);
       pos = cr + 2;
       continue;
     }
