@@ -29,19 +29,21 @@ from http_compare import median_interval  # noqa: E402
 from report import HTTP_GOALS, PROXY_GOALS, TLS_GOALS  # noqa: E402
 
 
-def comparisons(results, key_of, goals):
-    """(label, paired ratios, goal) for each result of spindle's that has a goal."""
+def comparisons(results, key_of, goals, spindle="spindle"):
+    """(label, paired ratios, goal) for each result of `spindle`'s (a benchmark's name for a
+    spindle variant, "spindle+huge" for one) that has a goal."""
     by = {(r["server"], key_of(r)): r for r in results}
     out = []
     for name, (goal, peer) in goals.items():
         name = name.strip()  # PROXY_GOALS pads repeated set-ups with spaces to keep them apart
-        a, b = by.get(("spindle", name)), by.get((peer, name))
+        a, b = by.get((spindle, name)), by.get((peer, name))
         if not a or not b:
             continue
         pairs = [x / y for x, y in zip(a.get("round_cpu_us", []), b.get("round_cpu_us", []))
                  if x and y]
         if pairs:
-            out.append((f"{name}\n/ {peer}", pairs, goal))
+            out.append((f"{name}\n{'' if spindle == 'spindle' else spindle + ' '}/ {peer}",
+                        pairs, goal))
     return out
 
 
@@ -51,17 +53,20 @@ def main():
     p.add_argument("--proxy")
     p.add_argument("--http")
     p.add_argument("--out", required=True)
+    p.add_argument("--spindle", default="spindle",
+                   help="the spindle variant to compare (e.g. spindle+huge), as the files name it")
     p.add_argument("--title", default="spindle's CPU per request over the peer's, issue 24's goals")
     a = p.parse_args()
     rows = []
     if a.tls:
-        rows += comparisons(json.load(open(a.tls))["results"], lambda r: r["workload"], TLS_GOALS)
+        rows += comparisons(json.load(open(a.tls))["results"], lambda r: r["workload"], TLS_GOALS,
+                            a.spindle)
     if a.proxy:
         rows += comparisons(json.load(open(a.proxy))["results"],
-                            lambda r: f"{r['setup']} c{r['connections']}", PROXY_GOALS)
+                            lambda r: f"{r['setup']} c{r['connections']}", PROXY_GOALS, a.spindle)
     if a.http:
         rows += comparisons(json.load(open(a.http))["results"], lambda r: r["workload"],
-                            HTTP_GOALS)
+                            HTTP_GOALS, a.spindle)
     if not rows:
         sys.exit("goals_chart.py: no comparison with a goal in the files given")
     fig, ax = plt.subplots(figsize=(12, 4.8))

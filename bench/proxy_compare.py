@@ -67,7 +67,7 @@ http {{
 
 
 def start_spindle(binaries, tmp, certs, up_h1, up_h2, upstream_protocol, chain=False,
-                  log_only=False, max_connections=None):
+                  log_only=False, max_connections=None, huge_page_stacks=False):
     plain, tls = free_port(), free_port()
     # With `chain`, the route has what a gateway typically runs on every request: a header
     # edit each way, a local rate limit (far above the load) and the access log, to a file.
@@ -89,7 +89,7 @@ def start_spindle(binaries, tmp, certs, up_h1, up_h2, upstream_protocol, chain=F
 """
     config = os.path.join(tmp, "spindle.yaml")
     with open(config, "w") as f:
-        f.write(f"""servers:
+        f.write(("huge_page_stacks: true\n" if huge_page_stacks else "") + f"""servers:
   - listen: 127.0.0.1:{plain}
     default_site: false
     compression: false
@@ -208,6 +208,7 @@ GATEWAYS = {"spindle": start_spindle,
             "spindle+chain": lambda *args: start_spindle(*args, chain=True),
             "spindle+log": lambda *args: start_spindle(*args, log_only=True),
             "spindle+1024": lambda *args: start_spindle(*args, max_connections=1024),
+            "spindle+huge": lambda *args: start_spindle(*args, huge_page_stacks=True),
             "nginx": start_nginx, "haproxy": start_haproxy, "h2o": start_h2o}
 
 
@@ -259,7 +260,8 @@ def main():
     p.add_argument("--gateways", default="spindle,nginx,haproxy,h2o",
                    help="of spindle, spindle+log (its access log on), spindle+chain (a typical "
                         "middleware chain and the access log), spindle+1024 (limits."
-                        "max_connections: 1024), nginx, haproxy, h2o")
+                        "max_connections: 1024), spindle+huge (huge_page_stacks: true), nginx, "
+                        "haproxy, h2o")
     p.add_argument("--setups", default="", help="only these set-ups, by name (comma-separated)")
     p.add_argument("--connections", default="100,500")
     p.add_argument("--syscalls", action="store_true",

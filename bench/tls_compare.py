@@ -33,11 +33,11 @@ WORKLOADS = [  # name, tool, scheme, extra arguments
 ]
 
 
-def start_spindle(binaries, tmp, certs):
+def start_spindle(binaries, tmp, certs, huge_page_stacks=False):
     tls_port, plain_port = free_port(), free_port()
     config = os.path.join(tmp, "spindle.yaml")
     with open(config, "w") as f:
-        f.write(f"""servers:
+        f.write(("huge_page_stacks: true\n" if huge_page_stacks else "") + f"""servers:
   - listen: 127.0.0.1:{tls_port}
     default_site: true
     compression: false
@@ -109,7 +109,9 @@ hosts:
     return proc, tls_port, plain_port
 
 
-SERVERS = {"spindle": start_spindle, "nginx": start_nginx, "h2o": start_h2o}
+SERVERS = {"spindle": start_spindle,
+           "spindle+huge": lambda *args: start_spindle(*args, huge_page_stacks=True),
+           "nginx": start_nginx, "h2o": start_h2o}
 
 
 def parse_h2load(text):

@@ -107,6 +107,9 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   if (started_ && config.threads != config_.threads) {
     log_warn("threads: a change takes effect on restart; {} workers go on", runtime_.size());
   }
+  if (started_ && config.huge_page_stacks != config_.huge_page_stacks) {
+    log_warn("huge_page_stacks: a change takes effect on restart");
+  }
   // 1. Everything that can fail, while the configuration in force serves on untouched.
   std::shared_ptr<proxy::Gateway> gateway;
   // Target names and SRV names are looked up with discovery (TTLs), and kept up to date once

@@ -213,7 +213,19 @@ int serve(const ServeFlags& flags) {
     fmt::print(stderr, "spindle: signalfd: {}\n", signal_fd.error().message());
     return 1;
   }
-  Runtime runtime(RuntimeOptions{.workers = config.threads});
+  if (config.huge_page_stacks) {
+    std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string modes;
+    std::getline(thp, modes);
+    if (modes.find("[never]") != std::string::npos) {
+      log_warn(
+          "huge_page_stacks: transparent huge pages are off in this kernel "
+          "(/sys/kernel/mm/transparent_hugepage/enabled: {}): stacks use 4 KiB pages",
+          modes);
+    }
+  }
+  Runtime runtime(
+      RuntimeOptions{.workers = config.threads, .huge_page_stacks = config.huge_page_stacks});
   runtime.start();
   Instance instance(runtime);
 

@@ -24,7 +24,9 @@ thread_local Worker* t_current_worker = nullptr;
 Worker* Worker::current() { return t_current_worker; }
 
 Worker::Worker(Runtime& runtime, std::size_t index, const RuntimeOptions& options)
-    : runtime_(&runtime), index_(index), stacks_(options.stack_size, options.stack_cache) {
+    : runtime_(&runtime),
+      index_(index),
+      stacks_(options.stack_size, options.stack_cache, options.huge_page_stacks) {
   trim_timer_.owner = this;
   trim_timer_.on_fire = [](Timer& timer) {
     (void)static_cast<Worker*>(timer.owner)->trim_idle_memory();

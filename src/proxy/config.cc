@@ -262,10 +262,11 @@ Config read_config(const YAML::Node& root, const std::string& file) {
         fmt::format("{}:1: servers: the file is empty (expected a list of servers)", file));
   }
   ConfigReader top(file, root, "");
-  top.only({"threads", "drain_timeout", "admin", "redis", "dns", "servers", "routes", "services",
-            "upstreams"});
+  top.only({"threads", "huge_page_stacks", "drain_timeout", "admin", "redis", "dns", "servers",
+            "routes", "services", "upstreams"});
   Config config;
   config.threads = top.number("threads", 0, 1024);
+  config.huge_page_stacks = top.boolean("huge_page_stacks", config.huge_page_stacks);
   config.drain_timeout = top.duration("drain_timeout", config.drain_timeout);
   read_admin(top, config);
   YAML::Node servers = top.get("servers");

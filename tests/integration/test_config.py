@@ -23,6 +23,7 @@ DOC = os.path.join(ROOT, "docs", "configuration.md")
 # documentation lists without a value here fails the test below: add one.
 SAMPLES = {
     "threads": "2",
+    "huge_page_stacks": "true",
     "drain_timeout": "3s",
     "admin": "{listen: 127.0.0.1:0}",
     "redis": None,  # a section: its keys one by one
@@ -329,3 +330,44 @@ def test_max_connections_per_worker_is_enforced(build_dir, tmp_path, http):
         assert http.read_response(fourth)[0] == 200
     finally:
         server.stop()
+
+
+def _transparent_huge_pages():
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return "[never]" not in f.read()
+    except OSError:
+        return False
+
+
+def _anon_huge_kb(pid):
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_huge_page_stacks_put_the_fibers_stacks_on_huge_pages(build_dir, tmp_path, http):
+    if not _transparent_huge_pages():
+        pytest.skip("transparent huge pages are off in this kernel ([never])")
+    results = {}
+    for flag in ("false", "true"):
+        config = tmp_path / f"huge-{flag}.yaml"
+        config.write_text(f"huge_page_stacks: {flag}\n"
+                          "servers:\n  - listen: 127.0.0.1:0\n    access_log: off\n")
+        server = Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config",
+                         str(config), "--threads", "1"])
+        try:
+            conns = [server.connect() for _ in range(20)]
+            for c in conns:
+                c.sendall(b"GET /plaintext HTTP/1.1\r\nHost: x\r\n\r\n")
+            for c in conns:
+                status, _, body = http.read_response(c)
+                assert (status, body) == (200, b"Hello, World!")
+            results[flag] = _anon_huge_kb(server.proc.pid)
+        finally:
+            assert server.stop() == 0
+    # A chunk's first 2 MiB page at least; without the key no stack is on one.
+    assert results["true"] >= 2048, results
+    assert results["false"] < results["true"], results

@@ -21,6 +21,10 @@ struct RuntimeOptions {
   std::size_t stack_size = StackPool::kDefaultStackSize;
   /// Stacks each worker keeps for reuse.
   std::size_t stack_cache = 1024;
+  /// Fiber stacks of the default size from huge-page chunks (StackPool): less CPU where many
+  /// fibers wait at once, their whole size resident per stack in use, a canary instead of a
+  /// guard page between them.
+  bool huge_page_stacks = false;
   /// Ignore SIGPIPE process-wide on start (so a write to a closed socket is an EPIPE error, not
   /// a signal; sendfile has no MSG_NOSIGNAL).
   bool ignore_sigpipe = true;

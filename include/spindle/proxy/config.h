@@ -436,6 +436,8 @@ struct DnsConfig {
 struct Config {
   /// Worker threads; 0 means one per core.
   std::size_t threads = 0;
+  /// Fiber stacks from huge-page chunks (RuntimeOptions::huge_page_stacks).
+  bool huge_page_stacks = false;
   /// How long a shutdown waits for requests in flight before it closes their connections.
   std::chrono::milliseconds drain_timeout{std::chrono::seconds(10)};
   /// Where the admin listener (metrics, health, readiness, configuration) listens; none if
