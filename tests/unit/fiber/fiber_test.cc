@@ -335,3 +335,13 @@ TEST(FiberDeathTest, StackOverflowCrashesWithAClearMessage) {
       },
       "stack overflow");
 }
+
+TEST(FiberDeathTest, AnOverflowOfAChunksLowestStackFaultsOnTheChunksGuard) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        Runtime runtime(RuntimeOptions{.workers = 1, .huge_page_stacks = true});
+        runtime.block_on([] { return recurse(0); });
+      },
+      "stack overflow");
+}

@@ -135,26 +135,5 @@ TEST(Runtime, FibersRunOnHugePageStacks) {
   EXPECT_TRUE(runtime.worker(0).stacks().huge_pages());
 }
 
-namespace {
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Winfinite-recursion"
-int recurse(int depth) {
-  volatile char frame[512];
-  frame[0] = static_cast<char>(depth);
-  return recurse(depth + 1) + frame[0];
-}
-#pragma GCC diagnostic pop
-}  // namespace
-
-TEST(FiberDeathTest, AnOverflowOfAChunksLowestStackFaultsOnTheChunksGuard) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_DEATH(
-      {
-        Runtime runtime(RuntimeOptions{.workers = 1, .huge_page_stacks = true});
-        runtime.block_on([] { return recurse(0); });
-      },
-      "stack overflow");
-}
-
 }  // namespace
 }  // namespace spindle
