@@ -6,7 +6,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <system_error>
 
 #include "pages.h"
@@ -88,11 +87,12 @@ StackPool::~StackPool() {
 
 void StackPool::add_chunk() {
   // The mapping has room to align the chunk to a huge page, with a page below it (outside
-  // every huge page, so none is split) as the lowest stack's guard.
+  // every huge page, so none is split) as the lowest stack's guard. No MAP_STACK: since Linux
+  // 6.7 it means "no huge pages".
   const std::size_t guard = guard_size();
   const std::size_t mapped = kChunkSize + kHugePage + guard;
   void* region = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (region == MAP_FAILED) throw std::system_error(last_errno(), "fiber stack chunk: mmap");
   auto* start = static_cast<char*>(region);
   auto* base = reinterpret_cast<char*>(
