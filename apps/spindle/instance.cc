@@ -3,27 +3,17 @@
 #include <fmt/format.h>
 
 #include <cstdio>
-#include <fstream>
 #include <set>
 #include <utility>
 
 #include "serve.h"
 #include "site.h"
 #include "spindle/base/log.h"
+#include "spindle/net/tls.h"
 #include "spindle/proxy/admin.h"
 
 namespace spindle::app {
 namespace {
-
-// Whether the kernel offers kTLS (its "tls" upper-layer protocol is loaded).
-bool kernel_offers_ktls() {
-  std::ifstream in("/proc/sys/net/ipv4/tcp_available_ulp");
-  std::string ulp;
-  while (in >> ulp) {
-    if (ulp == "tls") return true;
-  }
-  return false;
-}
 
 // The line on standard output that says an address is served (tests and scripts wait for it).
 // "ktls_available": the kernel offers kTLS, so OpenSSL may hand a connection's records to it

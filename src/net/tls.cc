@@ -2,9 +2,12 @@
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -220,6 +223,23 @@ struct TlsCallbacks {
   }
 };
 
+bool kernel_offers_ktls() {
+  // OpenSSL asks for the "tls" protocol on every connection after its handshake; without it
+  // the kernel answers ENOENT each time. Asked here once, on a socket of our own: ENOENT means
+  // none (and none to load); with one, an unconnected socket is refused otherwise (ENOTCONN).
+  // Anything else (a sandbox's EPERM, no socket at all) leaves the question to OpenSSL.
+  static const bool offered = [] {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return true;
+    static constexpr char kName[] = "tls";
+    bool refused =
+        ::setsockopt(fd, SOL_TCP, TCP_ULP, kName, sizeof kName - 1) != 0 && errno == ENOENT;
+    ::close(fd);
+    return !refused;
+  }();
+  return offered;
+}
+
 std::expected<std::shared_ptr<const TlsServerContext>, std::string> TlsServerContext::create(
     TlsServerOptions options) {
   if (options.certificates.empty()) return std::unexpected("no certificate given");
@@ -248,7 +268,7 @@ std::expected<std::shared_ptr<const TlsServerContext>, std::string> TlsServerCon
                           SSL_OP_IGNORE_UNEXPECTED_EOF | SSL_OP_NO_COMPRESSION;
     if (!options.session_tickets) flags |= SSL_OP_NO_TICKET;
     SSL_CTX_set_max_send_fragment(ctx, static_cast<long>(options.max_record_size));
-    if (options.ktls) flags |= SSL_OP_ENABLE_KTLS;
+    if (options.ktls && kernel_offers_ktls()) flags |= SSL_OP_ENABLE_KTLS;
     SSL_CTX_set_options(ctx, flags);
     // Buffers go back while a connection is idle (idle keep-alive connections stay small). The
     // chain is sent as the file gives it: OpenSSL would otherwise try to complete it from the
@@ -308,7 +328,8 @@ std::expected<std::shared_ptr<const TlsClientContext>, std::string> TlsClientCon
   SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
   SSL_CTX_set_cipher_list(ctx, kCiphers12);
   SSL_CTX_set_options(ctx, SSL_OP_NO_RENEGOTIATION | SSL_OP_IGNORE_UNEXPECTED_EOF |
-                               SSL_OP_NO_COMPRESSION | SSL_OP_ENABLE_KTLS);
+                               SSL_OP_NO_COMPRESSION |
+                               (kernel_offers_ktls() ? SSL_OP_ENABLE_KTLS : 0));
   SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
   // Not OpenSSL's read-ahead: ours (ReadAheadBio) reads the socket ahead as it does.

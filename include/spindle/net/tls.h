@@ -44,6 +44,11 @@ struct TlsCertificate {
   std::vector<std::string> names;
 };
 
+/// Whether the kernel offers kTLS: it has, or can load, the "tls" upper-layer protocol. Asked
+/// once per process; contexts enable OpenSSL's kTLS only then, so that no connection pays a
+/// refused system call for it.
+bool kernel_offers_ktls();
+
 /// How a server speaks TLS.
 struct TlsServerOptions {
   /// The certificates; the first one also answers clients that send no or an unknown name.

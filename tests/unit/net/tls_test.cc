@@ -1,6 +1,7 @@
 #include "spindle/net/tls.h"
 
 #include <gtest/gtest.h>
+#include <openssl/ssl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -295,14 +296,22 @@ TEST(Tls, ConfigurationErrorsNameTheFile) {
   EXPECT_FALSE(TlsServerContext::create(TlsServerOptions{}).has_value());
 }
 
-FIBER_TEST(Tls, KtlsEngagesOnlyWhereTheKernelOffersIt) {
+// Whether the kernel has the "tls" upper-layer protocol loaded, as it lists them.
+bool kernel_lists_tls() {
   std::ifstream ulps("/proc/sys/net/ipv4/tcp_available_ulp");
   std::string ulp;
-  bool kernel_tls = false;
-  while (ulps >> ulp) kernel_tls = kernel_tls || ulp == "tls";
+  bool listed = false;
+  while (ulps >> ulp) listed = listed || ulp == "tls";
+  return listed;
+}
+
+FIBER_TEST(Tls, KtlsEngagesOnlyWhereTheKernelOffersIt) {
   TlsTestServer server(echo);
   auto client = connect_to(server.address, "localhost", client_context());
   ASSERT_TRUE(client.has_value());
+  // Asked after the contexts were made: asking may have loaded the module.
+  bool kernel_tls = kernel_lists_tls();
+  EXPECT_EQ(kernel_offers_ktls(), kernel_tls);
   std::printf("kTLS: kernel %s the tls ULP; this connection's sends are %s\n",
               kernel_tls ? "offers" : "does not offer",
               client->ktls_send() ? "kernel-encrypted" : "encrypted by OpenSSL");
@@ -312,6 +321,23 @@ FIBER_TEST(Tls, KtlsEngagesOnlyWhereTheKernelOffersIt) {
   // Either way the bytes get through.
   ASSERT_TRUE(client->write_all(std::string_view("via ktls?"), Deadline::after(5s)));
   EXPECT_EQ(read_n(*client, 9), "via ktls?");
+}
+
+TEST(Tls, ContextsAskOpenSslForKtlsOnlyWhereTheKernelOffersIt) {
+  // Else every handshake ends with a system call the kernel refuses (ENOENT), on both sides.
+  const std::uint64_t wanted = kernel_offers_ktls() ? SSL_OP_ENABLE_KTLS : 0;
+  const std::string& d = cert_dir();
+  auto server = TlsServerContext::create(
+      TlsServerOptions{.certificates = {{d + "/localhost.pem", d + "/localhost.key", {}}}});
+  ASSERT_TRUE(server.has_value()) << server.error();
+  EXPECT_EQ(SSL_CTX_get_options((*server)->default_context()) & SSL_OP_ENABLE_KTLS, wanted);
+  auto off = TlsServerContext::create(TlsServerOptions{
+      .certificates = {{d + "/localhost.pem", d + "/localhost.key", {}}}, .ktls = false});
+  ASSERT_TRUE(off.has_value()) << off.error();
+  EXPECT_EQ(SSL_CTX_get_options((*off)->default_context()) & SSL_OP_ENABLE_KTLS, 0u);
+  auto client = TlsClientContext::create();
+  ASSERT_TRUE(client.has_value()) << client.error();
+  EXPECT_EQ(SSL_CTX_get_options((*client)->native()) & SSL_OP_ENABLE_KTLS, wanted);
 }
 
 FIBER_TEST(Tls, TwoWritersParkedOnOneWorkerEachSendOnlyTheirOwnBytes) {
