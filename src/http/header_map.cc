@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "spindle/http/bytes.h"
+
 namespace spindle::http {
 namespace {
 
@@ -153,7 +155,7 @@ std::string_view HeaderMap::copy(std::string_view text) {
   if (text.empty()) return {};
   if (arena_used_ + text.size() <= kArenaInline) {
     char* out = arena_ + arena_used_;
-    std::memcpy(out, text.data(), text.size());
+    copy_bytes(out, text.data(), text.size());
     arena_used_ += text.size();
     return {out, text.size()};
   }
@@ -164,7 +166,7 @@ std::string_view HeaderMap::copy(std::string_view text) {
     block_left_ = size;
   }
   char* out = block_free_;
-  std::memcpy(out, text.data(), text.size());
+  copy_bytes(out, text.data(), text.size());
   block_free_ += text.size();
   block_left_ -= text.size();
   return {out, text.size()};

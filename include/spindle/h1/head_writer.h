@@ -6,8 +6,9 @@
 
 #include <charconv>
 #include <cstdint>
-#include <cstring>
 #include <string_view>
+
+#include "spindle/http/bytes.h"
 
 namespace spindle::http::detail {
 
@@ -16,7 +17,7 @@ struct HeadWriter {
   char* at;
 
   void put(std::string_view piece) {
-    std::memcpy(at, piece.data(), piece.size());
+    copy_bytes(at, piece.data(), piece.size());
     at += piece.size();
   }
   /// "name: value\r\n".

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string_view>
 
+#include "spindle/http/bytes.h"
 #include "spindle/http/header_map.h"
 #include "spindle/http/tokens.h"
 
@@ -56,7 +57,7 @@ bool all_words(std::string_view s, char pad, Good good) {
   std::uint64_t w;
   if (s.size() < 8) {
     w = kOnes * static_cast<unsigned char>(pad);
-    std::memcpy(&w, s.data(), s.size());
+    copy_bytes(reinterpret_cast<char*>(&w), s.data(), s.size());
     return good(w);
   }
   for (std::size_t i = 0; i + 8 <= s.size(); i += 8) {

@@ -11,6 +11,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "spindle/http/bytes.h"
+
 namespace spindle::http {
 
 /// What spindle's rules say of a field name (Token::flags).
@@ -61,21 +63,6 @@ constexpr std::uint64_t lower8(std::uint64_t w) {
   std::uint64_t above_z = low7 + kOnes * (0x80 - 'Z' - 1);
   std::uint64_t upper = at_least_a & ~above_z & ~w & kHighs;
   return w | (upper >> 2);
-}
-
-/// Eight bytes from `p`.
-inline std::uint64_t word_at(const char* p) {
-  std::uint64_t w;
-  std::memcpy(&w, p, 8);
-  return w;
-}
-
-/// For n of 4 to 8: the first four bytes of `p` and its last four (overlapping) in one word.
-inline std::uint64_t ends_of(const char* p, std::size_t n) {
-  std::uint32_t lo, hi;
-  std::memcpy(&lo, p, 4);
-  std::memcpy(&hi, p + n - 4, 4);
-  return std::uint64_t{lo} | (std::uint64_t{hi} << 32);
 }
 
 /// True if `name` is `lower` (lower case, of the same size) without regard to ASCII case: only

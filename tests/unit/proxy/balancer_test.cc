@@ -108,7 +108,9 @@ TEST(Balancer, ConsistentHashKeepsKeysWhereTheyWereWhenATargetGoes) {
   for (int k = 0; k < 4000; ++k) {
     std::size_t now = b->pick(targets, hash_key("user-" + std::to_string(k))).value();
     EXPECT_NE(now, 2u);
-    if (before[k] != 2) EXPECT_EQ(now, before[k]) << k;
+    if (before[k] != 2) {
+      EXPECT_EQ(now, before[k]) << k;
+    }
     moved += now != before[k];
   }
   EXPECT_EQ(moved, spread[2]);
