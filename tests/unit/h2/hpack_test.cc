@@ -480,7 +480,9 @@ TEST(Hpack, DecodedFieldsCarryTheirTokenAndWhetherTheyWereChecked) {
     EXPECT_EQ(seen[i].name, name) << i;
     EXPECT_EQ(seen[i].token, t) << i;
     EXPECT_EQ(seen[i].checked, checked) << i;
-    if (!checked) EXPECT_EQ(seen[i].name_checked, name_checked) << i;
+    if (!checked) {
+      EXPECT_EQ(seen[i].name_checked, name_checked) << i;
+    }
   };
   expect(0, ":method", &token::kMethod, true, true);
   expect(1, "content-type", &token::kContentType, true, true);
