@@ -170,6 +170,16 @@ class Conn:
         self.close()
 
 
+def memory_kib(pid, field="VmRSS", file="status"):
+    """A memory figure of process `pid` in KiB, from /proc/PID/`file`: VmRSS (resident now),
+    VmHWM (its peak) from status, AnonHugePages from smaps_rollup. The one reader of these."""
+    with open(f"/proc/{pid}/{file}") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/{pid}/{file} has no {field}")
+
+
 def read_response(conn, head_only=False):
     """Reads one HTTP/1.1 response; returns (status, headers dict lower-cased, body bytes)."""
     while b"\r\n\r\n" not in conn.buffer:

@@ -12,7 +12,7 @@ import time
 import pytest
 import yaml
 
-from conftest import ROOT, Server
+from conftest import ROOT, Server, memory_kib
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import config_examples  # noqa: E402
@@ -340,14 +340,6 @@ def _transparent_huge_pages():
         return False
 
 
-def _anon_huge_kb(pid):
-    with open(f"/proc/{pid}/smaps_rollup") as f:
-        for line in f:
-            if line.startswith("AnonHugePages:"):
-                return int(line.split()[1])
-    return 0
-
-
 def test_huge_page_stacks_put_the_fibers_stacks_on_huge_pages(build_dir, tmp_path, http):
     if not _transparent_huge_pages():
         pytest.skip("transparent huge pages are off in this kernel ([never])")
@@ -365,7 +357,7 @@ def test_huge_page_stacks_put_the_fibers_stacks_on_huge_pages(build_dir, tmp_pat
             for c in conns:
                 status, _, body = http.read_response(c)
                 assert (status, body) == (200, b"Hello, World!")
-            results[flag] = _anon_huge_kb(server.proc.pid)
+            results[flag] = memory_kib(server.proc.pid, "AnonHugePages", "smaps_rollup")
         finally:
             assert server.stop() == 0
     # A chunk's first 2 MiB page at least; without the key no stack is on one.

@@ -9,7 +9,7 @@ import zlib
 import brotli
 import pytest
 
-from conftest import Server
+from conftest import Server, memory_kib
 
 brotli_decode = brotli.decompress
 
@@ -499,13 +499,6 @@ def test_idle_keep_alive_connections_are_closed_after_the_timeout(test_server, h
         assert 1.0 < time.monotonic() - started < 4
 
 
-def rss_bytes(pid):
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
-
-
 def test_idle_connections_hold_no_stack_and_no_buffer(build_dir, http):
     """2,000 idle keep-alive connections must cost the server far less than a fiber stack
     (64 KiB) or a read buffer (20 KiB) each: the bound here is 2 KiB per connection."""
@@ -527,7 +520,7 @@ def test_idle_connections_hold_no_stack_and_no_buffer(build_dir, http):
         for c in warm:
             c.close()
         time.sleep(0.3)
-        before = rss_bytes(server.proc.pid)
+        before = memory_kib(server.proc.pid) * 1024
         # One at a time, so that what remains is what an idle connection holds, not the peak
         # of concurrently active ones (their stacks and buffers go back to the pools).
         for _ in range(count):
@@ -536,7 +529,7 @@ def test_idle_connections_hold_no_stack_and_no_buffer(build_dir, http):
             assert http.read_response(c)[0] == 200
             conns.append(c)
         time.sleep(0.3)
-        per_connection = (rss_bytes(server.proc.pid) - before) / count
+        per_connection = (memory_kib(server.proc.pid) * 1024 - before) / count
         print(f"{per_connection:.0f} bytes per idle connection")
         assert per_connection < 2048, f"{per_connection:.0f} bytes per idle connection"
     finally:

@@ -512,7 +512,7 @@ def idle_http2_bytes_per_connection(build_dir, tmp_path, count, burst):
     import resource
     import selectors
     from conftest import sanitizer_build
-    from test_http1 import rss_bytes
+    from conftest import memory_kib
     if sanitizer_build(build_dir):
         pytest.skip("a sanitizer's memory figures say nothing about spindle's")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -571,7 +571,7 @@ def idle_http2_bytes_per_connection(build_dir, tmp_path, count, burst):
                 s.sendall(hello)
                 answer(s)
         time.sleep(3)
-        before = rss_bytes(server.proc.pid)
+        before = memory_kib(server.proc.pid) * 1024
         if burst:
             socks = open_burst()
         else:
@@ -582,7 +582,7 @@ def idle_http2_bytes_per_connection(build_dir, tmp_path, count, burst):
         # Each parks once quiet for a moment; the worker gives back what they freed (its trim,
         # once a second, malloc_trim once it is quiet).
         time.sleep(3)
-        per_connection = (rss_bytes(server.proc.pid) - before) / count
+        per_connection = (memory_kib(server.proc.pid) * 1024 - before) / count
         print(f"{per_connection:.0f} bytes per idle HTTP/2 connection")
         return per_connection
     finally:

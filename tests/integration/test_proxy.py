@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import Server
+from conftest import Server, memory_kib
 from proxy_support import (SERVER, ScriptedUpstream, addr, all_to, free_port, gateway,
                            held_dead_port, logged, middleware_config_error, read_request_head,
                            request, response_head, upstream, wait_until)
@@ -714,14 +714,6 @@ upstreams:
             revived.stop()
 
 
-def peak_rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
-
-
 @pytest.mark.parametrize("protocol", ["http", "h2c"])
 def test_an_http2_client_that_opens_its_window_a_little_at_a_time_costs_a_window_not_the_body(
         build_dir, tmp_path, protocol):
@@ -745,7 +737,7 @@ services:
 """, threads=1)
     try:
         assert request(gw, "GET", "/plaintext")[0] == 200
-        before = peak_rss_kib(gw.proc.pid)
+        before = memory_kib(gw.proc.pid, "VmHWM")
         with socket.create_connection((gw.host, gw.port), timeout=30) as s:
             conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
             conn.initiate_connection()
@@ -764,7 +756,7 @@ services:
                     ended = ended or isinstance(event, h2.events.StreamEnded)
                 s.sendall(conn.data_to_send())
         assert got == size
-        grown_mib = (peak_rss_kib(gw.proc.pid) - before) / 1024
+        grown_mib = (memory_kib(gw.proc.pid, "VmHWM") - before) / 1024
         print(f"gateway peak RSS grew by {grown_mib:.1f} MiB for {size >> 20} MiB")
         assert grown_mib < 16, grown_mib
     finally:
@@ -787,7 +779,7 @@ services:
 """, threads=1)
     try:
         assert request(gw, "GET", "/plaintext")[0] == 200
-        before = peak_rss_kib(gw.proc.pid)
+        before = memory_kib(gw.proc.pid, "VmHWM")
         # Upload: streamed from a generator with its Content-Length, nothing of that size held.
         piece = b"u" * (1 << 20)
         status, _, body = request(gw, "POST", "/digest", body=(piece for _ in range(size >> 20)),
@@ -800,7 +792,7 @@ services:
                                "%{size_download}", f"http://{addr(gw)}/bytes/{64 << 20}"],
                               capture_output=True, timeout=60)
         assert slow.returncode == 0 and slow.stdout == str(64 << 20).encode(), slow
-        grown_mib = (peak_rss_kib(gw.proc.pid) - before) / 1024
+        grown_mib = (memory_kib(gw.proc.pid, "VmHWM") - before) / 1024
         print(f"gateway peak RSS grew by {grown_mib:.1f} MiB for {size >> 20} MiB each way")
         assert grown_mib < 32, grown_mib
     finally:

@@ -15,7 +15,7 @@ import h2.errors
 import h2.events
 import pytest
 
-from conftest import Server, sanitizer_build
+from conftest import Server, memory_kib, sanitizer_build
 from proxy_support import (RecordingUpstream, addr, config_error, free_port, gateway,
                            read_request_head, request, response_head, wait_until)
 
@@ -209,11 +209,6 @@ def test_a_client_cannot_strip_the_fields_the_gateway_adds(build_dir, tmp_path, 
 # ---- 5: memory amplification by pipelining ------------------------------------------------------
 
 
-def rss_kib(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
-
-
 def test_pipelined_requests_that_are_never_read_hold_bounded_memory(build_dir, tmp_path):
     root = tmp_path / "www"
     root.mkdir()
@@ -224,7 +219,7 @@ def test_pipelined_requests_that_are_never_read_hold_bounded_memory(build_dir, t
     socks = []
     try:
         assert request(server, "GET", "/small")[0] == 200
-        before = rss_kib(server.proc.pid)
+        before = memory_kib(server.proc.pid)
         burst = b"GET /small HTTP/1.1\r\nHost: a\r\n\r\n" * 640  # 20 KiB
         for _ in range(100):
             s = socket.create_connection((server.host, server.port))
@@ -232,7 +227,7 @@ def test_pipelined_requests_that_are_never_read_hold_bounded_memory(build_dir, t
             s.sendall(burst)
             socks.append(s)
         time.sleep(2)
-        grown = (rss_kib(server.proc.pid) - before) // 1024
+        grown = (memory_kib(server.proc.pid) - before) // 1024
         print(f"RSS grew by {grown} MiB for 100 connections of 640 unread pipelined requests")
         assert grown < 64, grown
         # The server still answers others.

@@ -21,7 +21,8 @@ import websockets
 
 from proxy_support import (RecordingUpstream, ScriptedUpstream, config_error, gateway,
                            read_request_head)
-from test_security import raw, rss_kib
+from conftest import memory_kib
+from test_security import raw
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 KEY = "dGhlIHNhbXBsZSBub25jZQ=="
@@ -455,7 +456,7 @@ def test_an_upstream_that_stops_reading_holds_the_client_back_not_memory(build_d
     server = gateway_to(build_dir, tmp_path, upstream.port)
     try:
         ws = H2WebSocket(server.host, server.port)
-        before = rss_kib(server.proc.pid)
+        before = memory_kib(server.proc.pid)
         sent = 0
         chunk = os.urandom(65536)
         deadline = time.monotonic() + 3
@@ -476,7 +477,7 @@ def test_an_upstream_that_stops_reading_holds_the_client_back_not_memory(build_d
                 sent += window
         except OSError:
             pass
-        grown = (rss_kib(server.proc.pid) - before) // 1024
+        grown = (memory_kib(server.proc.pid) - before) // 1024
         print(f"sent {sent >> 10} KiB before flow control stopped it; RSS grew {grown} MiB")
         assert sent < 16 << 20, "flow control never held the client back"
         assert grown < 24, grown
