@@ -70,6 +70,9 @@ struct TargetState {
     std::size_t waiting = 1;
   };
   std::vector<std::shared_ptr<Http2Connect>> http2_connects;
+  /// When the HTTP/2 connections are next looked over for the idle ones to close (exchange.cc,
+  /// http2_with_room): a second after the last time, or the idle timeout if it is shorter.
+  Clock::time_point http2_sweep_due{};
   /// The limits of the last open().
   PoolLimits limits;
   /// With max_connections: one permit per HTTP/1.1 exchange in flight; open() calls beyond

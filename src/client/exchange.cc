@@ -138,10 +138,23 @@ namespace {
 /// but the first that had none open for the idle timeout (made for a burst: streams go on the
 /// first with room, so the last ones fall idle when the load drops); the first of the others
 /// with room for one more stream, or nullptr.
+///
+/// Looking every connection over costs a request a visit to each (dozens, with thousands of
+/// streams in flight): between two looks (see http2_sweep_due) the first with room is taken as
+/// it is found, so an idle connection is closed, and one no longer usable forgotten, up to a
+/// second late.
 detail::Http2Session* http2_with_room(TargetState& target) {
+  const Clock::time_point now = coarse_now();
+  if (now < target.http2_sweep_due) {
+    for (const auto& session : target.http2) {
+      if (session->has_room()) return session.get();
+    }
+  }
+  target.http2_sweep_due =
+      now + std::min<Clock::duration>(std::chrono::seconds(1), target.limits.idle_timeout);
   std::erase_if(target.http2, [](const auto& session) { return !session->usable(); });
-  if (target.http2.size() > 1) {  // (the clock is read only when there are others to close)
-    const Clock::time_point idle_before = coarse_now() - target.limits.idle_timeout;
+  if (target.http2.size() > 1) {
+    const Clock::time_point idle_before = now - target.limits.idle_timeout;
     auto idle =
         std::remove_if(target.http2.begin() + 1, target.http2.end(), [&](const auto& session) {
           if (session->idle_since() >= idle_before) return false;
