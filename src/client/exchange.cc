@@ -144,6 +144,7 @@ namespace {
 /// it is found, so an idle connection is closed, and one no longer usable forgotten, up to a
 /// second late.
 detail::Http2Session* http2_with_room(TargetState& target) {
+  if (target.http2.empty()) return nullptr;  // (an HTTP/1.1 target's wait: no clock read)
   const Clock::time_point now = coarse_now();
   if (now < target.http2_sweep_due) {
     for (const auto& session : target.http2) {
