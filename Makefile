@@ -4,6 +4,7 @@
 #   make test    format check, then the whole suite in release, asan (ASan+UBSan) and tsan
 #   make build   release build: build/release/bin/
 #   make bench   micro-benchmarks and the echo throughput comparison, written to docs/
+#   make goals   issue 24's goals against h2o, haproxy and the C ceiling, 30 rounds (~45 min)
 #   make soak    10,000 connections through the proxy for 3 minutes: errors, RSS, descriptors
 #   make fuzz    libFuzzer drivers (HTTP/1, chunked, responses, configuration, JWT; FUZZ_SECONDS each)
 #   make format  reformat every source file with clang-format
@@ -15,7 +16,7 @@
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 
-.PHONY: run test build bench soak fuzz format format-check deps deps-test deps-bench debug asan tsan package install pgo
+.PHONY: run test build bench goals soak fuzz format format-check deps deps-test deps-bench debug asan tsan package install pgo
 
 deps:
 	@scripts/install-deps.sh build
@@ -49,6 +50,10 @@ pgo: deps-bench
 bench: deps-bench
 	@scripts/build.sh release
 	@bench/run.sh
+
+goals: deps-bench
+	@scripts/build.sh release
+	@bench/goals.sh
 
 format: deps-test
 	@git ls-files '*.h' '*.cc' | xargs clang-format -i
