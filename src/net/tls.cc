@@ -270,11 +270,13 @@ std::expected<std::shared_ptr<const TlsServerContext>, std::string> TlsServerCon
     SSL_CTX_set_max_send_fragment(ctx, static_cast<long>(options.max_record_size));
     if (options.ktls && kernel_offers_ktls()) flags |= SSL_OP_ENABLE_KTLS;
     SSL_CTX_set_options(ctx, flags);
-    // Buffers go back while a connection is idle (idle keep-alive connections stay small). The
-    // chain is sent as the file gives it: OpenSSL would otherwise try to complete it from the
-    // trust store on every handshake (as nginx, we leave that to whoever made the file).
-    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER |
-                              SSL_MODE_NO_AUTO_CHAIN);
+    // OpenSSL's record buffers stay from record to record (not SSL_MODE_RELEASE_BUFFERS, which
+    // frees and takes both around every record: ~170 instructions a request of h2 over TLS);
+    // the server gives them back from connections quiet for a second (release_buffers), so
+    // idle ones stay small. The chain is sent as the file gives it: OpenSSL would otherwise try
+    // to complete it from the trust store on every handshake (as nginx, we leave that to
+    // whoever made the file).
+    SSL_CTX_set_mode(ctx, SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER | SSL_MODE_NO_AUTO_CHAIN);
     SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
     // Read whole records (and whatever follows) in one read(2), not header then body: one
     // system call less per request. has_pending() counts what is held ahead.
@@ -378,6 +380,7 @@ TlsStream::TlsStream(TlsStream&& other) noexcept
       ahead_begin_(std::exchange(other.ahead_begin_, 0)),
       ahead_end_(std::exchange(other.ahead_end_, 0)),
       reads_ahead_(other.reads_ahead_),
+      io_(other.io_),
       context_(std::move(other.context_)),
       peer_name_(std::move(other.peer_name_)) {
   watch_reads();
@@ -392,6 +395,7 @@ TlsStream& TlsStream::operator=(TlsStream&& other) noexcept {
     ahead_begin_ = std::exchange(other.ahead_begin_, 0);
     ahead_end_ = std::exchange(other.ahead_end_, 0);
     reads_ahead_ = other.reads_ahead_;
+    io_ = other.io_;
     context_ = std::move(other.context_);
     peer_name_ = std::move(other.peer_name_);
     watch_reads();
@@ -488,6 +492,7 @@ TlsStream::~TlsStream() {
 // each handshake (which also guards against errors other code left).
 template <typename Op>
 Result<int> TlsStream::drive(Deadline deadline, Op&& op) {
+  ++io_;
   for (;;) {
     int r = op();
     if (r > 0) return r;
@@ -663,6 +668,11 @@ Result<void> TlsStream::shutdown(TcpStream::Shutdown how) {
     ERR_clear_error();
   }
   return tcp_.shutdown(how);
+}
+
+bool TlsStream::release_buffers() {
+  // (SSL_free_buffers refuses, and keeps them, while a record is half read or half written.)
+  return ssl_ == nullptr || (!has_pending() && SSL_free_buffers(ssl_) == 1);
 }
 
 bool TlsStream::has_pending() const {

@@ -163,6 +163,7 @@ void go_idle(ConnectionPtr owned) {
 // HTTP/2). Whatever the driver throws ends this connection only: `state` closes it on the way
 // out.
 void run_connection(ConnectionPtr state, bool h2) {
+  if (state->stream.tls() != nullptr) state->worker->tls_buffers->activate(*state);
   auto outcome = detail::Activation::kClose;
   try {
     outcome = h2 || state->http2 ? detail::serve_http2(*state) : detail::serve_http1(*state);
@@ -196,6 +197,13 @@ detail::ConnectionState::ConnectionState(Stream s, std::shared_ptr<HttpServer::S
     : stream(std::move(s)), shared(std::move(sh)), worker(&w) {
   ++worker->open;
   shared->active.add();
+  if (stream.tls() != nullptr) {
+    if (!worker->tls_buffers) {
+      worker->tls_buffers = std::make_shared<TlsBuffers>();
+      Worker::current()->keep_trimmed(worker->tls_buffers);
+    }
+    worker->tls_buffers->add(*this);
+  }
 }
 
 detail::ConnectionState::~ConnectionState() {
@@ -203,10 +211,51 @@ detail::ConnectionState::~ConnectionState() {
   Worker::current()->timers().erase(&idle_timer);
   // TLS ends with close_notify: a client whose connection just stops takes it for a truncation
   // and forgets the session, so its next connection would pay for a full handshake.
-  if (TlsStream* tls = stream.tls()) (void)tls->shutdown(TcpStream::Shutdown::kWrite);
+  if (TlsStream* tls = stream.tls()) {
+    (void)tls->shutdown(TcpStream::Shutdown::kWrite);
+    worker->tls_buffers->remove(*this);
+  }
   --worker->open;
   Worker::current()->note_released(sizeof(ConnectionState));
   shared->active.done();  // the socket closes right after, with the members
+}
+
+void detail::TlsBuffers::add(ConnectionState& state) {
+  state.next_tls = head_;
+  if (head_ != nullptr) head_->prev_tls = &state;
+  head_ = &state;
+  state.tls_buffers_held = true;
+  ++holding_;
+}
+
+void detail::TlsBuffers::remove(ConnectionState& state) {
+  if (state.prev_tls != nullptr) {
+    state.prev_tls->next_tls = state.next_tls;
+  } else {
+    head_ = state.next_tls;
+  }
+  if (state.next_tls != nullptr) state.next_tls->prev_tls = state.prev_tls;
+  state.prev_tls = state.next_tls = nullptr;
+  if (std::exchange(state.tls_buffers_held, false)) --holding_;
+}
+
+void detail::TlsBuffers::activate(ConnectionState& state) {
+  if (!std::exchange(state.tls_buffers_held, true)) ++holding_;
+}
+
+std::size_t detail::TlsBuffers::trim() {
+  constexpr std::size_t kBuffers = 34 * 1024;  // a read and a write buffer, about
+  std::size_t released = 0;
+  for (ConnectionState* state = head_; state != nullptr; state = state->next_tls) {
+    if (!state->tls_buffers_held) continue;
+    TlsStream& tls = *state->stream.tls();
+    if (std::exchange(state->tls_io_seen, tls.io_count()) != tls.io_count()) continue;  // busy
+    if (!tls.release_buffers()) continue;  // a record half read or written: the next trim
+    state->tls_buffers_held = false;
+    --holding_;
+    ++released;
+  }
+  return released * kBuffers;
 }
 
 void detail::wake_idle(ConnectionState& state) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <ctime>
 #include <memory>
 #include <string>
@@ -79,12 +80,36 @@ struct ConnectionBuffers final : IdleCache {
   std::vector<std::unique_ptr<BlockSlab>> read_slabs_;
 };
 
+/// A worker's TLS connections, for OpenSSL's record buffers (about 34 KiB a connection). A
+/// connection keeps them from record to record while busy (the server's contexts do not set
+/// SSL_MODE_RELEASE_BUFFERS, which frees and takes both around every record), and gives them
+/// back at the worker's trim (once a second while one holds them) if it read and wrote nothing
+/// since the trim before: a quiet connection, idle or not (a handler waiting, a tunnel, an
+/// HTTP/2 stream open), holds none after a second or two. Trimmed with the worker's pools
+/// (Worker::keep_trimmed); touched only by its worker.
+class TlsBuffers final : public IdleCache {
+ public:
+  /// Links a new TLS connection (it holds the buffers of its handshake).
+  void add(ConnectionState& state);
+  /// Unlinks a connection that closes.
+  void remove(ConnectionState& state);
+  /// A connection's activation begins: it reads and writes again, and takes buffers.
+  void activate(ConnectionState& state);
+  bool over_floor() const override { return holding_ > 0; }
+  std::size_t trim() override;
+
+ private:
+  ConnectionState* head_ = nullptr;  // through ConnectionState::prev_tls and next_tls
+  std::size_t holding_ = 0;          // connections that may hold buffers
+};
+
 /// What a worker knows of its connections: the Date cache, read buffers to reuse, the idle
 /// HTTP/1 connections, those that woke and wait for a fiber, and the HTTP/2 ones (for
 /// draining). Touched only by its worker.
 struct alignas(64) WorkerState {
   DateCache date;
   std::shared_ptr<ConnectionBuffers> buffers;  // made by the worker's first connection
+  std::shared_ptr<TlsBuffers> tls_buffers;     // made by its first TLS connection
   ConnectionState* idle_head = nullptr;        // intrusive list of idle connections
   ConnectionState* ready_head = nullptr;       // woken idle connections, oldest first (same links)
   ConnectionState* ready_tail = nullptr;
@@ -176,6 +201,12 @@ struct ConnectionState {
   /// Links in the worker's idle list (or its ready list: next_idle only).
   ConnectionState* prev_idle = nullptr;
   ConnectionState* next_idle = nullptr;
+  /// A TLS connection's place in its worker's TlsBuffers: its links, the stream's io_count()
+  /// at the last trim, and whether OpenSSL may hold its buffers.
+  ConnectionState* prev_tls = nullptr;
+  ConnectionState* next_tls = nullptr;
+  std::uint32_t tls_io_seen = 0;
+  bool tls_buffers_held = false;
 
   /// The client's address for the access log (looked up on first use).
   const std::string& remote_text();

@@ -167,6 +167,14 @@ class TlsStream {
   /// Sends close_notify (without waiting for the peer's), then half-closes TCP.
   [[nodiscard]] Result<void> shutdown(TcpStream::Shutdown how);
 
+  /// Gives OpenSSL's record buffers (about 34 KiB) back; the next read or write takes them
+  /// again. True if it did (or held none); false while OpenSSL holds bytes in them (a record
+  /// half read or half written, or has_pending()). A server keeps them between the records of
+  /// a busy connection and gives them back from a connection quiet for a while (server.cc).
+  bool release_buffers();
+  /// A count of the reads, writes and handshake steps so far (it wraps): unchanged between
+  /// two looks, the stream was quiet in between.
+  std::uint32_t io_count() const { return io_; }
   /// True if decrypted or undecrypted bytes wait in OpenSSL's buffers (a read would not block).
   bool has_pending() const;
   /// True if the last read of the socket came back shorter than asked or would have blocked,
@@ -224,6 +232,8 @@ class TlsStream {
   std::uint32_t ahead_begin_ = 0;
   std::uint32_t ahead_end_ = 0;
   bool reads_ahead_ = false;
+  /// io_count().
+  std::uint32_t io_ = 0;
   /// Keeps the context (and its SSL_CTXs) alive as long as the connection.
   std::shared_ptr<const void> context_;
   /// Client side: the server's name, on the heap so that SSL app data can point at it.
