@@ -451,6 +451,8 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
 
 Http2Session::Http2Session(Stream stream) : impl_(std::make_unique<Impl>()) {
   impl_->stream = std::move(stream);
+  // Few and busy (every stream to the upstream goes on one): OpenSSL's buffers stay.
+  if (TlsStream* tls = impl_->stream.tls()) tls->keep_buffers();
 }
 
 Http2Session::~Http2Session() = default;

@@ -675,6 +675,10 @@ bool TlsStream::release_buffers() {
   return ssl_ == nullptr || (!has_pending() && SSL_free_buffers(ssl_) == 1);
 }
 
+void TlsStream::keep_buffers() {
+  if (ssl_ != nullptr) SSL_clear_mode(ssl_, SSL_MODE_RELEASE_BUFFERS);
+}
+
 bool TlsStream::has_pending() const {
   return ssl_ != nullptr && (SSL_has_pending(ssl_) == 1 || ahead_begin_ != ahead_end_);
 }
