@@ -255,7 +255,10 @@ std::size_t detail::TlsBuffers::trim() {
     --holding_;
     ++released;
   }
-  return released * kBuffers;
+  // Counted as other layers' frees are: a malloc_trim for them only once the worker is quiet
+  // (connections going quiet one by one while others are busy leave blocks they will reuse).
+  Worker::current()->note_released(released * kBuffers);
+  return 0;
 }
 
 void detail::wake_idle(ConnectionState& state) {
