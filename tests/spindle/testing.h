@@ -2,6 +2,7 @@
 // Test helpers: run a test body inside a fiber of a fresh Runtime (like userver's UTEST).
 
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -10,6 +11,11 @@
 #include <string>
 
 #include "spindle/fiber/runtime.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+// The sanitizer runtimes' count of heap in use (GCC ships no header declaring it).
+extern "C" std::size_t __sanitizer_get_current_allocated_bytes();
+#endif
 
 namespace spindle::testing {
 
@@ -33,6 +39,16 @@ inline const std::string& test_cert_dir() {
   return dir;
 }
 #endif
+
+/// Bytes of heap handed out and not given back, every arena: malloc's count, or the
+/// sanitizer allocator's in a sanitizer build (where malloc's is not kept).
+inline std::size_t heap_in_use() {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  return __sanitizer_get_current_allocated_bytes();
+#else
+  return ::mallinfo2().uordblks;
+#endif
+}
 
 /// The current value of a /proc/sys setting, or -1.
 inline long read_proc_number(const std::string& path) {

@@ -1,7 +1,6 @@
 #include "spindle/net/tls.h"
 
 #include <gtest/gtest.h>
-#include <malloc.h>
 #include <openssl/ssl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -405,7 +404,6 @@ FIBER_TEST(Tls, TwoWritersParkedOnOneWorkerEachSendOnlyTheirOwnBytes) {
 TEST(Tls, AStreamKeepsItsBuffersBetweenRecordsOnlyWhenAsked) {
   spindle::testing::run_in_fiber(
       [] {
-        auto heap = [] { return mallinfo2().uordblks; };
         TlsTestServer server(echo);
         auto client = connect_to(server.address, "localhost", client_context());
         ASSERT_TRUE(client.has_value()) << client.error().message();
@@ -416,9 +414,9 @@ TEST(Tls, AStreamKeepsItsBuffersBetweenRecordsOnlyWhenAsked) {
         // What release_buffers() frees after an exchange.
         auto held_after = [&](std::string_view text) {
           exchange(text);
-          const std::size_t before = heap();
+          const std::size_t before = spindle::testing::heap_in_use();
           EXPECT_TRUE(client->release_buffers());
-          return before - heap();
+          return before - spindle::testing::heap_in_use();
         };
         const std::size_t given_back = held_after("given back after records");
         client->keep_buffers();

@@ -5,7 +5,6 @@
 // OpenSSL's own giving back around every record, the connections hold nothing when the test
 // first looks, and it fails as it does when the trim gives nothing back.)
 #include <gtest/gtest.h>
-#include <malloc.h>
 
 #include <memory>
 #include <string>
@@ -24,9 +23,6 @@ using namespace spindle;
 using namespace spindle::http;
 
 namespace {
-
-// Bytes malloc has handed out and not had back, every arena.
-std::size_t heap_in_use() { return mallinfo2().uordblks; }
 
 std::shared_ptr<const TlsServerContext> server_context() {
   const std::string& d = spindle::testing::test_cert_dir();
@@ -79,14 +75,14 @@ TEST(TlsBuffers, AConnectionWhoseRequestWaitsGivesItsBuffersBackOnceQuiet) {
       clients.push_back(std::move(*tls));
     }
     ASSERT_FALSE(waiting.wait(Deadline::after(10s)));
-    const std::size_t busy = heap_in_use();
+    const std::size_t busy = spindle::testing::heap_in_use();
 
     // Quiet for two of the worker's trims (a second apart): the first sees them quiet since
     // its look before, the second gives their buffers back.
     std::size_t freed = 0;
     for (int i = 0; i < 40 && freed < kConnections * 24 * 1024; ++i) {
       (void)this_fiber::sleep_for(100ms);
-      const std::size_t now = heap_in_use();
+      const std::size_t now = spindle::testing::heap_in_use();
       freed = busy > now ? busy - now : 0;
     }
     EXPECT_GE(freed, kConnections * 24 * 1024)
