@@ -20,13 +20,14 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from http_compare import (ROOT, SyscallCount, cpu_seconds, cpu_us_per_request,  # noqa: E402
+from http_compare import (ROOT, SyscallCount, browser_headers, cpu_seconds, cpu_us_per_request,  # noqa: E402
                           free_port, median_round, parse_wrk, pin, ratio_text, stop,
                           wait_listening)
 from results_file import write_results  # noqa: E402
 
 WORKLOADS = [  # name, tool, scheme, extra arguments
     ("h2 TLS c100 m10", "h2load", "https", []),
+    ("h2 TLS c100 m10 browser", "h2load", "https", browser_headers()),
     ("h2c c100 m10", "h2load", "http", []),
     ("https keep-alive c100", "wrk", "https", []),
     ("https close c100", "wrk", "https", ["-H", "Connection: close"]),
@@ -146,7 +147,7 @@ def load(pid, tool, url, connections, seconds, extra=(), count=False):
             # a server that drops a request is then an error in its figures, not a run that
             # never ends (h2load waits for every request it sent, past -D).
             args = pin(1, 1) + ["h2load", f"-c{connections}", "-m10", "-t1", "-D", str(seconds),
-                                "-N", "10", url]
+                                "-N", "10", *extra, url]
             out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
             result = parse_h2load(out.stdout)
         else:
