@@ -107,30 +107,17 @@ ParseResult interpret_headers(RequestHead& head) {
 // way, which finds the same CR and says what is wrong. Saves each valid line a search for its
 // CR and a second pass over its value.
 std::size_t valid_field_line(std::string_view in, std::size_t pos, std::size_t& colon) {
-  std::size_t i = pos;
-  while (i < in.size() && is_tchar(in[i])) ++i;
+  std::size_t i = pos + detail::token_run(in.data() + pos, in.size() - pos);
   if (i == pos || i == in.size() || in[i] != ':') return std::string_view::npos;
   colon = i++;
-  // The value eight bytes at a time (reading past the line's end, within `in`): the first byte
-  // below 0x20 (CR, tab and the forbidden controls all are) or equal to 0x7f is the lowest
-  // flagged in the word. Then the last bytes of `in` one by one.
-  while (i + 8 <= in.size()) {
-    std::uint64_t w;
-    std::memcpy(&w, in.data() + i, 8);
-    const std::uint64_t stops = detail::below_mask(w, 0x20) | detail::equal_mask(w, 0x7f);
-    if (stops == 0) {
-      i += 8;
-      continue;
-    }
-    i += static_cast<std::size_t>(std::countr_zero(stops)) / 8;
-    if (in[i] != '\t') return in[i] == '\r' ? i : std::string_view::npos;
+  // The value up to its first control byte (reading past the line's end, within `in`): a tab
+  // goes on, a CR ends the line, anything else makes it invalid.
+  i += detail::first_control(in.data() + i, in.size() - i);
+  while (i < in.size() && in[i] == '\t') {
     ++i;
+    i += detail::first_control(in.data() + i, in.size() - i);
   }
-  for (; i < in.size(); ++i) {
-    if (is_field_value_char(in[i])) continue;
-    return in[i] == '\r' ? i : std::string_view::npos;
-  }
-  return std::string_view::npos;
+  return i < in.size() && in[i] == '\r' ? i : std::string_view::npos;
 }
 
 // Adds the field of a valid line (without CRLF) whose name ends at `colon`.

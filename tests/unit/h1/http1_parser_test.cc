@@ -3,6 +3,7 @@
 #include <string>
 
 #include "spindle/h1/parser.h"
+#include "spindle/http/rules.h"
 
 using spindle::http::ParseResult;
 using spindle::http::ParserLimits;
@@ -214,8 +215,53 @@ TEST(Http1Parser, EveryByteIsJudgedAtEveryPositionOfTargetAndValue) {
       }
       if (c != '\r' && c != '\n') {
         RequestHead head;
-        auto r = parse("GET / HTTP/1.1\r\nHost: h\r\nX: " + value + "\r\n\r\n", head);
+        const std::string text = "GET / HTTP/1.1\r\nHost: h\r\nX: " + value + "\r\n\r\n";
+        auto r = parse(text, head);  // (the head's fields are views into `text`)
         EXPECT_EQ(r.state == State::kComplete, value_ok) << "byte " << byte << " at " << at;
+      }
+    }
+  }
+}
+
+// The same for a field line's name and value at every position of lines long enough for two
+// blocks of sixteen bytes and an overlapping last one (the one-pass check of a valid line), in
+// a request and in a response.
+TEST(Http1Parser, EveryByteIsJudgedAtEveryPositionOfALongFieldLine) {
+  using spindle::http::ResponseHead;
+  using spindle::http::ResponseParser;
+  for (int byte = 0; byte < 256; ++byte) {
+    const char c = static_cast<char>(byte);
+    const bool name_ok = spindle::http::is_tchar(c);
+    const bool value_ok = spindle::http::is_field_value_char(c);
+    for (std::size_t at = 0; at < 40; ++at) {
+      std::string name = "Abcdefghijklmnopqrstuvwxyz-0123456789ABCD";  // 41 characters
+      std::string value = "abcdefghijklmnopqrstuvwxyz 0123456789ABCD";
+      if (c != ':' && c != '\r' && c != '\n') {
+        name[at] = c;
+        RequestHead head;
+        auto r = parse("GET / HTTP/1.1\r\nHost: h\r\n" + name + ": v\r\n\r\n", head);
+        ASSERT_EQ(r.state == State::kComplete, name_ok) << "byte " << byte << " at " << at;
+        ResponseParser parser;
+        ResponseHead response;
+        auto rr = parser.parse("HTTP/1.1 200 OK\r\n" + name + ": v\r\nContent-Length: 0\r\n\r\n",
+                               response);
+        ASSERT_EQ(rr.state == State::kComplete, name_ok) << "byte " << byte << " at " << at;
+      }
+      // (Not the value's ends, where SP and HTAB are the whitespace around it.)
+      if (c != '\r' && c != '\n' && at > 0) {
+        value[at] = c;
+        RequestHead head;
+        const std::string text = "GET / HTTP/1.1\r\nHost: h\r\nX: " + value + "\r\n\r\n";
+        auto r = parse(text, head);  // (the head's fields are views into `text`)
+        ASSERT_EQ(r.state == State::kComplete, value_ok) << "byte " << byte << " at " << at;
+        ResponseParser parser;
+        ResponseHead response;
+        auto rr = parser.parse("HTTP/1.1 200 OK\r\nX: " + value + "\r\nContent-Length: 0\r\n\r\n",
+                               response);
+        ASSERT_EQ(rr.state == State::kComplete, value_ok) << "byte " << byte << " at " << at;
+        if (value_ok) {
+          ASSERT_EQ(head.headers.get("x").value_or(""), value);
+        }
       }
     }
   }

@@ -42,9 +42,9 @@ TEST(HttpRules, FieldValuesRefuseEveryControlCharacterButTab) {
     std::string value = "abc" + std::string(1, static_cast<char>(c)) + "defghijklmnop";
     bool allowed = c == '\t' || (c >= 0x20 && c != 0x7f);
     EXPECT_EQ(is_field_value(value), allowed) << "byte " << c;
-    // The same answer at every position of values of 1 to 20 bytes (the word-at-a-time path:
-    // whole words, an overlapping last word, a padded short one).
-    for (std::size_t size = 1; size <= 20; ++size) {
+    // The same answer at every position of values of 1 to 40 bytes (sixteen and eight bytes at
+    // a time: whole blocks, an overlapping last one, a padded short word).
+    for (std::size_t size = 1; size <= 40; ++size) {
       for (std::size_t at = 0; at < size; ++at) {
         std::string v(size, 'x');
         v[at] = static_cast<char>(c);
@@ -54,6 +54,25 @@ TEST(HttpRules, FieldValuesRefuseEveryControlCharacterButTab) {
   }
   EXPECT_TRUE(is_field_value(""));
   EXPECT_FALSE(is_field_value("ok\r\nSet-Cookie: evil=1"));
+}
+
+// A tab is the one control byte a value may hold: the check goes on past it, so a forbidden
+// byte anywhere after one (in the same block, or blocks later) is still refused.
+TEST(HttpRules, AFieldValueIsCheckedOnPastEachTab) {
+  for (std::size_t tab = 0; tab < 40; ++tab) {
+    std::string v(40, 'x');
+    v[tab] = '\t';
+    ASSERT_TRUE(is_field_value(v)) << "tab at " << tab;
+    for (std::size_t at = tab + 1; at < 40; ++at) {
+      for (char bad : {'\0', '\r', '\n', '\x1f', '\x7f'}) {
+        std::string w = v;
+        w[at] = bad;
+        ASSERT_FALSE(is_field_value(w))
+            << "tab at " << tab << ", byte " << int(bad) << " at " << at;
+      }
+    }
+  }
+  EXPECT_TRUE(is_field_value(std::string(33, '\t')));
 }
 
 TEST(HttpRules, NamesAndMethodsAreTokens) {
