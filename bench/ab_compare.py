@@ -27,10 +27,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from http_compare import ROOT, median_interval, stop, wait_listening  # noqa: E402
 from proxy_compare import SETUPS, WARM_UP_SECONDS, start_upstream  # noqa: E402
 from proxy_compare import start_spindle as start_gateway  # noqa: E402
+from http_compare import browser_headers  # noqa: E402
 from tls_compare import WORKLOADS, measure, start_spindle  # noqa: E402
 
 # HTTP/1.1 in clear, which tls_compare's peers do not serve on their cleartext (h2c) port.
-OWN_WORKLOADS = [("http keep-alive c100", "wrk", "http", [])]
+OWN_WORKLOADS = [("http keep-alive c100", "wrk", "http", []),
+                 ("http keep-alive c100 browser", "wrk", "http", browser_headers())]
 
 
 def find_workload(text):
