@@ -75,6 +75,28 @@ TEST(HttpRules, AFieldValueIsCheckedOnPastEachTab) {
   EXPECT_TRUE(is_field_value(std::string(33, '\t')));
 }
 
+// The parsers take a line's end and a name's end from these two: each must give the exact
+// offset (not only a yes or no), for every byte at every place of 0 to 40 bytes.
+TEST(HttpRules, TheFirstControlByteAndTheTokenRunAreFoundExactly) {
+  using spindle::http::detail::first_control;
+  using spindle::http::detail::token_run;
+  for (std::size_t size = 0; size <= 40; ++size) {
+    for (std::size_t at = 0; at < size; ++at) {
+      for (int c = 0; c < 256; ++c) {
+        std::string value(size, 'x');
+        value[at] = static_cast<char>(c);
+        const bool control = c < 0x20 || c == 0x7f;
+        ASSERT_EQ(first_control(value.data(), value.size()), control ? at : size)
+            << "byte " << c << " at " << at << " of " << size;
+        std::string name(size, 'a');
+        name[at] = static_cast<char>(c);
+        ASSERT_EQ(token_run(name.data(), name.size()), is_tchar(static_cast<char>(c)) ? size : at)
+            << "byte " << c << " at " << at << " of " << size;
+      }
+    }
+  }
+}
+
 TEST(HttpRules, NamesAndMethodsAreTokens) {
   EXPECT_TRUE(is_field_name("X-Request-Id"));
   EXPECT_TRUE(is_method("PROPFIND"));
