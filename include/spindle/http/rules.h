@@ -49,28 +49,8 @@ inline std::uint64_t equal_mask(std::uint64_t w, unsigned b) {
   return (x - kOnes) & ~x & kHighs;
 }
 inline bool any_below(std::uint64_t w, unsigned n) { return below_mask(w, n) != 0; }
-inline bool any_equal(std::uint64_t w, unsigned b) { return equal_mask(w, b) != 0; }
 inline bool any_at_least_7f(std::uint64_t w) {
   return ((((w & ~kHighs) + kOnes) | w) & kHighs) != 0;
-}
-
-/// True if `good` passes every word of `s`: whole words, then the last eight bytes (which
-/// overlap the word before them), or for fewer than eight bytes a word of `s` padded with `pad`
-/// (a byte `good` accepts).
-template <typename Good>
-bool all_words(std::string_view s, char pad, Good good) {
-  std::uint64_t w;
-  if (s.size() < 8) {
-    w = kOnes * static_cast<unsigned char>(pad);
-    copy_bytes(reinterpret_cast<char*>(&w), s.data(), s.size());
-    return good(w);
-  }
-  for (std::size_t i = 0; i + 8 <= s.size(); i += 8) {
-    std::memcpy(&w, s.data() + i, 8);
-    if (!good(w)) return false;
-  }
-  std::memcpy(&w, s.data() + s.size() - 8, 8);
-  return good(w);
 }
 
 /// The length of the prefix of `s` whose characters all pass `ok`; `suspect` flags words that
