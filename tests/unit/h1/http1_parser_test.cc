@@ -387,6 +387,43 @@ TEST(Http1Parser, FragmentedInputSplitAtEveryByteOffsetGivesTheSameResult) {
   }
 }
 
+// A browser's head (long names and values, a tab inside one, obs-text in another) fed a byte
+// at a time: every prefix waits for more, none is refused, and the whole gives every field as
+// sent. The one-pass field line check reads sixteen bytes at a time, so a line cut anywhere
+// must send it to the careful way, never past the bytes that arrived.
+TEST(Http1Parser, ABrowsersHeadFedAByteAtATimeWaitsThenParsesWhole) {
+  const std::string text =
+      "GET /index.html HTTP/1.1\r\nHost: www.example.com\r\n"
+      "Accept: text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8\r\n"
+      "Accept-Language: en-US,en;q=0.9,\tfr;q=0.8\r\n"
+      "Cookie: session=8f2a9c4e1b7d4a6f9e3c2b1a0d8e7f6a; theme=dark; name=\xc3\xa9t\xc3\xa9\r\n"
+      "Upgrade-Insecure-Requests: 1\r\n"
+      "User-Agent: Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko)\r\n"
+      "\r\n";
+  RequestParser parser;
+  RequestHead head;
+  for (std::size_t n = 1; n < text.size(); ++n) {
+    auto r = parser.parse(std::string_view(text).substr(0, n), head);
+    ASSERT_EQ(r.state, State::kIncomplete) << "prefix " << n << ": " << r.reason;
+    // A parser's first call reads the whole head as far as it came (later calls wait for its
+    // end): each prefix, the first bytes a fresh parser sees.
+    RequestParser fresh;
+    RequestHead partial;
+    r = fresh.parse(std::string_view(text).substr(0, n), partial);
+    ASSERT_EQ(r.state, State::kIncomplete) << "fresh, prefix " << n << ": " << r.reason;
+  }
+  auto r = parser.parse(text, head);
+  ASSERT_EQ(r.state, State::kComplete) << r.reason;
+  EXPECT_EQ(r.consumed, text.size());
+  EXPECT_EQ(head.headers.size(), 6u);
+  EXPECT_EQ(head.headers.get("accept-language"), "en-US,en;q=0.9,\tfr;q=0.8");
+  EXPECT_EQ(head.headers.get("cookie"),
+            "session=8f2a9c4e1b7d4a6f9e3c2b1a0d8e7f6a; theme=dark; name=\xc3\xa9t\xc3\xa9");
+  EXPECT_EQ(head.headers.get("upgrade-insecure-requests"), "1");
+  EXPECT_EQ(head.headers.get("user-agent"),
+            "Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko)");
+}
+
 TEST(Http1Parser, FragmentedBadInputIsRejectedAtWhateverSplit) {
   const std::string text = "GET / HTTP/1.1\r\nHost: h\r\nBad Name: v\r\n\r\n";
   for (std::size_t split = 1; split < text.size(); ++split) {
