@@ -24,10 +24,10 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from http_compare import ROOT, median_interval, stop, wait_listening  # noqa: E402
+from http_compare import (ROOT, browser_headers, median_interval, stop,  # noqa: E402
+                          wait_listening)
 from proxy_compare import SETUPS, WARM_UP_SECONDS, start_upstream  # noqa: E402
 from proxy_compare import start_spindle as start_gateway  # noqa: E402
-from http_compare import browser_headers  # noqa: E402
 from tls_compare import WORKLOADS, measure, start_spindle  # noqa: E402
 
 # HTTP/1.1 in clear, which tls_compare's peers do not serve on their cleartext (h2c) port.

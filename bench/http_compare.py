@@ -29,7 +29,6 @@ ROOT = os.path.dirname(HERE)
 STATIC = os.path.join(HERE, "http")
 
 
-
 def browser_headers():
     """The request fields a browser sends with a page (bench/http/browser-headers.txt: 14
     fields, 702 bytes, a cookie among them), as -H arguments for wrk or h2load: what a server
