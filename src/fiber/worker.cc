@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <cassert>
+#include <optional>
 
 #include "sanitizer.h"
 #include "spindle/base/log.h"
@@ -210,11 +211,11 @@ std::chrono::milliseconds Worker::poll_timeout(Clock::time_point now) const {
   }
   // While stopping, wake up now and then to report fibers that ignore cancellation.
   milliseconds cap = stopping_ ? milliseconds(1000) : milliseconds(-1);
-  const Timer* next = timers_.top();
+  const std::optional<Clock::time_point> next = timers_.next_deadline();
   if (!next) return cap;
-  if (next->when <= now) return milliseconds(0);
+  if (*next <= now) return milliseconds(0);
   // Round up: waking a little late is fine, waking early only spins.
-  auto left = std::chrono::ceil<milliseconds>(next->when - now);
+  auto left = std::chrono::ceil<milliseconds>(*next - now);
   return cap.count() >= 0 ? std::min(left, cap) : left;
 }
 

@@ -1,12 +1,13 @@
 #include "spindle/io/timer_queue.h"
 
+#include <algorithm>
 #include <cassert>
 
 namespace spindle {
 
 void TimerQueue::place(std::size_t i, const Entry& e) {
   heap_[i] = e;
-  e.timer->index = i;
+  if (e.timer != nullptr) e.timer->index = i;
 }
 
 void TimerQueue::push(Timer* t) {
@@ -20,21 +21,49 @@ void TimerQueue::erase(Timer* t) {
   if (!t->queued()) return;
   std::size_t i = t->index;
   assert(i < heap_.size() && heap_[i].timer == t);
-  Entry last = heap_.back();
-  heap_.pop_back();
   t->index = Timer::kNotQueued;
-  if (last.timer == t) return;
-  place(i, last);
-  // The moved element may belong above or below its new position.
-  sift_up(i);
-  sift_down(last.timer->index);
+  if (i + 1 == heap_.size()) {
+    heap_.pop_back();  // the last entry leaves no gap
+  } else {
+    heap_[i].timer = nullptr;
+    ++holes_;
+  }
+  if (holes_ == heap_.size()) {
+    heap_.clear();  // nothing but holes: an idle worker keeps no deadline to wake for
+    holes_ = 0;
+  } else if (holes_ > kHoleFloor && holes_ > heap_.size() / 2) {
+    compact();
+  }
 }
 
 Timer* TimerQueue::pop_due(Clock::time_point now) {
-  if (heap_.empty() || heap_.front().when > now) return nullptr;
-  Timer* t = heap_.front().timer;
-  erase(t);
-  return t;
+  while (!heap_.empty() && heap_.front().when <= now) {
+    Timer* t = heap_.front().timer;
+    remove_root();
+    if (t != nullptr) {
+      t->index = Timer::kNotQueued;
+      return t;
+    }
+    --holes_;
+  }
+  return nullptr;
+}
+
+void TimerQueue::remove_root() {
+  Entry last = heap_.back();
+  heap_.pop_back();
+  if (heap_.empty()) return;
+  place(0, last);
+  sift_down(0);
+}
+
+void TimerQueue::compact() {
+  std::erase_if(heap_, [](const Entry& e) { return e.timer == nullptr; });
+  holes_ = 0;
+  // The standard heap algorithms use this heap's layout (a parent at (i - 1) / 2): made in
+  // linear time within this array, then each timer's index written once.
+  std::ranges::make_heap(heap_, [](const Entry& a, const Entry& b) { return earlier(b, a); });
+  for (std::size_t i = 0; i < heap_.size(); ++i) heap_[i].timer->index = i;
 }
 
 void TimerQueue::sift_up(std::size_t i) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -37,7 +38,9 @@ TEST(TimerQueue, DoesNotPopTimersThatAreNotDue) {
   queue.push(&early);
   EXPECT_EQ(queue.pop_due(at(15)), &early);
   EXPECT_EQ(queue.pop_due(at(15)), nullptr);
-  EXPECT_EQ(queue.top(), &late);
+  EXPECT_EQ(queue.next_deadline(), at(20));
+  EXPECT_EQ(queue.pop_due(at(20)), &late);
+  EXPECT_EQ(queue.next_deadline(), std::nullopt);
 }
 
 TEST(TimerQueue, EqualDeadlinesFireInInsertionOrder) {
@@ -78,4 +81,92 @@ TEST(TimerQueue, EraseOfAnUnqueuedTimerIsANoOp) {
   queue.erase(&t);
   queue.erase(&t);
   EXPECT_TRUE(queue.empty());
+}
+
+// Erased timers leave holes; the queue must still give every other timer, in order, whatever
+// mix of pushes, erases and pops came before (compactions included), and each timer it still
+// holds must be erasable. A model (deadline, push order) -> timer checks each step.
+TEST(TimerQueue, AnyMixOfPushEraseAndPopMatchesAnOrderedModel) {
+  std::mt19937 random(7);
+  TimerQueue queue;
+  std::vector<Timer> timers(3000);
+  std::map<std::pair<Clock::time_point, int>, Timer*> model;
+  std::vector<int> pushed_at(timers.size(), 0);
+  int pushes = 0;
+  int now = 0;
+  std::size_t compactions = 0;  // holes removed all at once: more than a pop or an erase takes
+  for (int step = 0; step < 200'000; ++step) {
+    const std::size_t slots_before = queue.slots();
+    Timer& t = timers[random() % timers.size()];
+    const auto id = static_cast<std::size_t>(&t - timers.data());
+    const auto op = random() % 8;
+    switch (op) {
+      case 0:
+      case 1:
+      case 2:  // push (a timeout from now, most often; sometimes an earlier one)
+        if (!t.queued()) {
+          t.when = at(now + static_cast<int>(random() % (random() % 4 == 0 ? 50 : 50'000)));
+          queue.push(&t);
+          pushed_at[id] = ++pushes;
+          model[{t.when, pushed_at[id]}] = &t;
+        }
+        break;
+      case 3:
+      case 4:
+      case 5:
+      case 6:  // erase, queued or not
+        if (t.queued()) model.erase({t.when, pushed_at[id]});
+        queue.erase(&t);
+        EXPECT_FALSE(t.queued());
+        break;
+      case 7:  // time passes; what is due comes out in order
+        now += static_cast<int>(random() % 20);
+        while (Timer* due = queue.pop_due(at(now))) {
+          ASSERT_FALSE(model.empty());
+          ASSERT_EQ(due, model.begin()->second) << "step " << step;
+          EXPECT_FALSE(due->queued());
+          model.erase(model.begin());
+        }
+        ASSERT_TRUE(model.empty() || model.begin()->first.first > at(now));
+        break;
+    }
+    ASSERT_EQ(queue.size(), model.size()) << "step " << step;
+    // What the worker sleeps until is never later than the earliest timer.
+    if (!model.empty()) {
+      ASSERT_LE(*queue.next_deadline(), model.begin()->first.first);
+    }
+    ASSERT_LE(queue.slots(), 2 * queue.size() + TimerQueue::kHoleFloor + 1) << "step " << step;
+    if (op != 7 && queue.slots() + 1 < slots_before) ++compactions;
+  }
+  EXPECT_GT(compactions, 10u);
+  while (Timer* due = queue.pop_due(at(1'000'000))) {
+    ASSERT_EQ(due, model.begin()->second);
+    model.erase(model.begin());
+  }
+  EXPECT_TRUE(model.empty());
+  EXPECT_EQ(queue.slots(), 0u);
+}
+
+// A request that waits with a long timeout and ends at once, again and again (a client's pace),
+// must not grow the queue: erased timers' holes do not pile up, and once the last timer goes the
+// worker has no deadline to wake for.
+TEST(TimerQueue, ErasedTimersDoNotPileUp) {
+  TimerQueue queue;
+  Timer waiting;  // one long-lived timer, so the heap never empties by itself
+  waiting.when = at(1);
+  queue.push(&waiting);
+  std::vector<Timer> timers(16);
+  for (int round = 0; round < 100'000; ++round) {
+    Timer& t = timers[static_cast<std::size_t>(round) % timers.size()];
+    t.when = at(60'000 + round);
+    queue.push(&t);
+    if (round >= 8) queue.erase(&timers[static_cast<std::size_t>(round - 8) % timers.size()]);
+    ASSERT_LE(queue.slots(), 2 * queue.size() + TimerQueue::kHoleFloor + 1) << "round " << round;
+  }
+  EXPECT_EQ(queue.size(), 9u);
+  EXPECT_EQ(queue.next_deadline(), at(1));
+  queue.erase(&waiting);
+  for (Timer& t : timers) queue.erase(&t);
+  EXPECT_TRUE(queue.empty());
+  EXPECT_EQ(queue.next_deadline(), std::nullopt);
 }
