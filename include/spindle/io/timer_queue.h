@@ -10,7 +10,7 @@
 /// its own array (reading each `when` on the way cost a cache miss a level). And erase leaves a
 /// hole: the entry keeps its key, and so its place, without its timer. Erasing the textbook way
 /// (the last entry moved into the gap and sifted down) wrote the `index` of every timer it moved
-/// past — seven to eleven other parked fibers' stacks an erase with a thousand requests waiting,
+/// past — about seven other parked fibers' stacks an erase with a thousand requests waiting,
 /// each write a cache miss and often a TLB miss, and most timers are erased, not fired. Holes
 /// leave as they reach the root, or all at once when they outnumber the timers (so the heap holds
 /// at most about twice its timers, whatever the pattern of pushes and erases).
