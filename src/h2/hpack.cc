@@ -474,7 +474,10 @@ bool Encoder::repeats_last(std::span<const Field> fields) const {
       return false;
     }
     text += was.name_size;
-    if (std::memcmp(f.value.data(), text, f.value.size()) != 0) return false;
+    if (was.literal_at == LastBlock::kNoLiteral &&
+        std::memcmp(f.value.data(), text, f.value.size()) != 0) {
+      return false;
+    }
     text += was.value_size;
   }
   return true;
@@ -483,9 +486,11 @@ bool Encoder::repeats_last(std::span<const Field> fields) const {
 void Encoder::remember(std::span<const Field> fields, std::string_view bytes) {
   last_.fields.clear();
   last_.text.clear();
-  for (const Field& f : fields) {
+  for (std::size_t i = 0; i < fields.size(); ++i) {
+    const Field& f = fields[i];
     last_.fields.push_back({f.token, static_cast<std::uint32_t>(f.name.size()),
-                            static_cast<std::uint32_t>(f.value.size()), f.sensitive});
+                            static_cast<std::uint32_t>(f.value.size()), f.sensitive,
+                            literal_at_[i]});
     last_.text.append(f.name).append(f.value);
   }
   last_.bytes.assign(bytes);
@@ -493,7 +498,14 @@ void Encoder::remember(std::span<const Field> fields, std::string_view bytes) {
 
 void Encoder::encode(std::span<const Field> fields, std::string& out) {
   if (repeats_last(fields)) {
+    const std::size_t start = out.size();
     out.append(last_.bytes);
+    for (std::size_t i = 0; i < fields.size(); ++i) {
+      if (std::uint32_t at = last_.fields[i].literal_at; at != LastBlock::kNoLiteral) {
+        std::memcpy(out.data() + start + at, fields[i].value.data(), fields[i].value.size());
+      }
+    }
+    ++copied_blocks_;
     return;
   }
   // Written in place: room for the worst case first (each field's name and value as literals
@@ -507,7 +519,7 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
     // (The end comes from what was written: g++ 12 may pass the grown capacity as size.)
     return static_cast<std::size_t>(encode_to(fields, data + start) - data);
   });
-  if (!update && table_.added() == added && !fields.empty() && !unique_in_block_) {
+  if (!update && table_.added() == added && !fields.empty()) {
     remember(fields, std::string_view(out).substr(start));
   } else {
     last_.bytes.clear();
@@ -515,7 +527,8 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
 }
 
 char* Encoder::encode_to(std::span<const Field> fields, char* p) {
-  unique_in_block_ = false;
+  char* const block = p;
+  literal_at_.assign(fields.size(), LastBlock::kNoLiteral);
   if (update_pending_) {
     // The smallest size since the last block first (so the peer evicts as we did), then the
     // size in force (RFC 7541 §4.2).
@@ -526,7 +539,8 @@ char* Encoder::encode_to(std::span<const Field> fields, char* p) {
     update_pending_ = false;
     smallest_since_update_ = SIZE_MAX;
   }
-  for (const Field& f : fields) {
+  for (std::size_t field = 0; field < fields.size(); ++field) {
+    const Field& f = fields[field];
     // The token table gives the name's first static index (entries of one name are
     // together) and whether its values are secrets or new in every message.
     // (Names go as given: a name in another case than the token's is written as it is.)
@@ -552,7 +566,6 @@ char* Encoder::encode_to(std::span<const Field> fields, char* p) {
       continue;
     }
     const bool unique = (flags & http::field_flag::kUniquePerMessage) != 0;
-    unique_in_block_ |= unique;
     // (A value unique to its message is not looked for, but its name is: see below.)
     std::size_t dynamic_name = 0;
     std::size_t dynamic_full = sensitive ? 0 : find(f, token, dynamic_name, !unique);
@@ -574,8 +587,14 @@ char* Encoder::encode_to(std::span<const Field> fields, char* p) {
     }
     if (name_index == 0) p = put_string(p, f.name);
     // A value new in every message (a random id) goes as it is: Huffman would save about a
-    // third of its hex digits, for more instructions than the rest of its field costs.
-    p = unique ? put_literal(p, f.value) : put_string(p, f.value);
+    // third of its hex digits, for more instructions than the rest of its field costs; and a
+    // copy of this block (repeats_last) takes the next value of its length in its place.
+    if (unique) {
+      p = put_literal(p, f.value);
+      literal_at_[field] = static_cast<std::uint32_t>(p - block - f.value.size());
+    } else {
+      p = put_string(p, f.value);
+    }
     if (indexing) {
       table_.add(f.name, f.value, token);
       if (token != nullptr) recent_[recent_slot(token)] = {token_number(token), table_.added()};

@@ -274,17 +274,21 @@ class Encoder {
   /// The peer's SETTINGS_HEADER_TABLE_SIZE: the next block starts with a size update.
   void set_peer_max_table_size(std::size_t size);
   const DynamicTable& table() const { return table_; }
+  /// Blocks written as a copy of the one before (see LastBlock): how well the fields repeat.
+  std::uint64_t copied_blocks() const { return copied_blocks_; }
   /// See DynamicTable::trim; the last block goes too.
   void trim() {
     table_.trim();
     release(last_.fields);
     release(last_.text);
     release(last_.bytes);
+    release(literal_at_);
   }
 
  private:
   /// True if `fields` are those of the last block, and what that block wrote is what they
-  /// write now: it left the table as it was, and the table is as it left it.
+  /// write now: it left the table as it was, and the table is as it left it. A value new in
+  /// every message (a request id) need only be as long as the last one's: it went as it is.
   bool repeats_last(std::span<const Field> fields) const;
   /// Keeps `fields` and `bytes` as the last block (one that changed nothing in the table).
   void remember(std::span<const Field> fields, std::string_view bytes);
@@ -307,20 +311,30 @@ class Encoder {
   /// The last block, when it changed nothing in the table (every field found there or in the
   /// static table, none added): a server's responses repeat their fields (content-type,
   /// server, date within its second), and the same fields then write the same bytes, which
-  /// are copied instead of looked up again. Empty (`bytes` empty) otherwise.
+  /// are copied instead of looked up again. A gateway's requests repeat too, but for the
+  /// values new in each (x-request-id, traceparent): those went as they are, not indexed, so
+  /// a new value of the same length is written over the old one in the copy. Empty (`bytes`
+  /// empty) otherwise.
   struct LastBlock {
+    /// No literal_at: the value was not written as it is (found in a table, or Huffman-coded).
+    static constexpr std::uint32_t kNoLiteral = UINT32_MAX;
     struct Shape {
       const http::Token* token;
       std::uint32_t name_size, value_size;
       bool sensitive;
+      /// Where in `bytes` the value of a field new in every message was written as it is
+      /// (compared by its length only); kNoLiteral for the others (compared whole).
+      std::uint32_t literal_at;
     };
     std::vector<Shape> fields;
     std::string text;   ///< the names and values, one after another
     std::string bytes;  ///< what they wrote
   } last_;
-  /// The block encode_to() wrote had a field whose value is new in every message (a request
-  /// id, a traceparent): it will not repeat, so it is not kept as the last block.
-  bool unique_in_block_ = false;
+  /// Set by encode_to: for each field, where in the block its value was written as it is
+  /// because it is new in every message, or kNoLiteral (remember() keeps them).
+  std::vector<std::uint32_t> literal_at_;
+  /// Blocks copied from the last one (see last_).
+  std::uint64_t copied_blocks_ = 0;
   std::size_t own_limit_;
   bool update_pending_ = false;
   std::size_t smallest_since_update_ = SIZE_MAX;

@@ -288,6 +288,70 @@ TEST(Hpack, FieldsUniqueToEachMessageDoNotChurnTheTable) {
   EXPECT_EQ(encoder.table().count(), 3u);  // the first id and trace, x-forwarded-proto
 }
 
+// A gateway's requests to one upstream repeat but for their request id and traceparent. Once
+// those names are in the table, each block is the last one copied with the new values written
+// over the old ones (they went as they are); any other change, or a value of another length,
+// and the block is encoded again. nghttp2 reads every block back as the fields sent.
+TEST(Hpack, RequestsThatDifferOnlyInTheirIdsAreCopiesWithTheNewIds) {
+  std::mt19937 random(20261128);
+  auto hex = [&](std::size_t n) {
+    std::string s(n, '0');
+    for (char& c : s) c = "0123456789abcdef"[random() % 16];
+    return s;
+  };
+  Encoder encoder;
+  OracleInflater inflater;
+  std::uint64_t expected_copies = 0;
+  bool previous_copyable = false;
+  FieldList previous;
+  for (int block = 0; block < 3000; ++block) {
+    FieldList fields = {{":method", "GET"},
+                        {":scheme", "https"},
+                        {":authority", "upstream"},
+                        {":path", "/plaintext"},
+                        {"x-request-id", hex(16)},
+                        {"x-forwarded-for", "127.0.0.1"},
+                        {"traceparent", "00-" + hex(32) + "-" + hex(16) + "-01"}};
+    const unsigned roll = random() % 100;
+    if (roll < 5) fields[4].second = hex(1 + random() % 30);  // an id of another length
+    if (roll >= 5 && roll < 10) fields[3].second = "/" + hex(1 + random() % 3);
+    if (roll >= 10 && roll < 12) fields[5].second = "10.0.0." + std::to_string(random() % 3);
+    if (roll == 12) fields[4].first = "X-Request-Id";  // not the token: compared whole
+    if (roll == 13) encoder.set_peer_max_table_size(random() % 2 == 0 ? 4096 : 300);
+    std::vector<Field> ours;
+    for (const auto& [n, v] : fields) ours.push_back({n, v});
+    if (roll == 14) ours[6].sensitive = true;
+    const std::uint32_t added_before = encoder.table().added();
+    const std::uint64_t copies_before = encoder.copied_blocks();
+    std::string out;
+    encoder.encode(ours, out);
+    auto back = inflater.inflate(out);
+    ASSERT_TRUE(back.has_value()) << block;
+    ASSERT_EQ(*back, fields) << block;
+    // A copy exactly when the block before was kept (it added nothing) and these fields match
+    // it but for the ids, of the same lengths.
+    bool same_shape =
+        previous_copyable && roll != 13 && roll != 14 && fields.size() == previous.size();
+    for (std::size_t i = 0; same_shape && i < fields.size(); ++i) {
+      same_shape = fields[i].first == previous[i].first &&
+                   (i == 4 || i == 6 ? fields[i].second.size() == previous[i].second.size()
+                                     : fields[i].second == previous[i].second);
+    }
+    EXPECT_EQ(encoder.copied_blocks() - copies_before, same_shape ? 1u : 0u) << block;
+    if (same_shape) {
+      ++expected_copies;
+      // The ids as they are behind a name index: the block is no longer than an encoding.
+      EXPECT_NE(out.find(fields[4].second), std::string::npos) << block;
+      EXPECT_NE(out.find(fields[6].second), std::string::npos) << block;
+    }
+    previous = fields;
+    previous_copyable = encoder.table().added() == added_before && roll != 13 && roll != 14;
+  }
+  EXPECT_EQ(encoder.copied_blocks(), expected_copies);
+  // (A change costs two or three blocks: its own, and the next, which adds or finds again.)
+  EXPECT_GT(expected_copies, 1200u);
+}
+
 TEST(Hpack, ATableSizeTheyAskForIsSaidAtTheNextBlock) {
   Encoder encoder;
   OracleInflater oracle;
