@@ -329,7 +329,7 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
     if (call_->out_end) return fail(std::errc::invalid_argument);
     call_->out.append(data);
     s_.want_to_send(*call_);
-    Deadline deadline = Deadline::after(timeouts_.write);
+    Deadline deadline = Deadline::after_coarse(timeouts_.write);
     while (call_->out.size() > kMaxUnsent) {
       call_->wake.reset();
       if (auto failed = check()) return fail(failed);
@@ -357,7 +357,7 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
   }
 
   Result<const ClientResponseHead*> read_head() override {
-    Deadline deadline = Deadline::after(timeouts_.first_byte);
+    Deadline deadline = Deadline::after_coarse(timeouts_.first_byte);
     for (;;) {
       if (!call_->interim.empty()) pass_interims();
       if (call_->have_head) break;
@@ -388,7 +388,7 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
     if (!call_->have_head) {
       if (auto head = read_head(); !head) return fail(head.error());
     }
-    Deadline deadline = Deadline::after(timeouts_.read);
+    Deadline deadline = Deadline::after_coarse(timeouts_.read);
     for (;;) {
       if (!call_->in.empty()) {
         std::size_t n = std::min(buffer.size(), call_->in.size());
@@ -530,7 +530,9 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
                                                            const ExchangeTimeouts& timeouts) {
   Impl& s = *impl_;
   // At the server's SETTINGS_MAX_CONCURRENT_STREAMS, a new stream waits for one to end.
-  Deadline deadline = Deadline::after(timeouts.write);
+  // (The exchange's deadlines are set from the coarse clock, as Http1Exchange's: timeouts of
+  // seconds, set on every request, where a clock read each shows in its cost.)
+  Deadline deadline = Deadline::after_coarse(timeouts.write);
   while (usable() && !s.session.can_open()) {
     std::unique_lock guard(s.room_lock);
     if (s.room.wait(s.room_lock, deadline) == std::errc::timed_out) {
