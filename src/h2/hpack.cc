@@ -387,16 +387,20 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
         }
         if (huffman && memo_) memo = memo_->add(coded, f.value);
       }
-      if (memo != nullptr && !indexing) d.checked = d.name_checked && memo->valid;
+      const bool table_too_small =
+          indexing && f.name.size() + f.value.size() + kEntryOverhead > table_.max_size();
+      if (memo != nullptr && (!indexing || table_too_small)) {
+        d.checked = d.name_checked && memo->valid;
+      }
       if (indexing) {
-        if (f.name.size() + f.value.size() + kEntryOverhead > table_.max_size()) {
-          // Too large for the table, which it empties (RFC 7541 §4.4); the name may be one of
-          // the entries going, so it is kept aside first (the value is a literal: in the block
-          // or its buffer).
-          if (f.name.data() != name_buffer_.data()) {
+        if (table_too_small) {
+          // Too large for the table, which it empties (RFC 7541 §4.4; with a table of size 0,
+          // every field sent "with incremental indexing"); a name of one of the entries going
+          // is kept aside first (the value is a literal: in the block or its buffer).
+          if (index > kStaticCount) {
             name_buffer_.assign(f.name.data(), f.name.size());
+            f.name = name_buffer_;
           }
-          f.name = name_buffer_;
           table_.clear();
         } else {
           // Checked once for every later reference to it; then read from the new entry (the

@@ -11,6 +11,8 @@ namespace token = http::token;
 namespace {
 
 constexpr std::string_view kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+// Our SETTINGS_HEADER_TABLE_SIZE: RFC 7541's default, for the server side and the client side.
+constexpr std::uint32_t kDecoderTableSize = 4096;
 
 // Fields that belong to one HTTP/1.1 connection, never to an HTTP/2 message (RFC 9113 §8.2.2).
 bool connection_specific(const http::Token* token) {
@@ -138,7 +140,7 @@ Session::Session(Role role, SessionLimits limits, SessionHandler& handler)
       limits_(limits),
       handler_(handler),
       reader_(limits.max_frame_size),
-      decoder_(4096, limits.max_header_list_size),
+      decoder_(kDecoderTableSize, limits.max_header_list_size),
       connection_receive_window_(std::max<std::int64_t>(65535, limits.connection_window)) {
   if (role == Role::kClient) {
     // An upstream answers every request on few connections, often with the same values
@@ -146,7 +148,11 @@ Session::Session(Role role, SessionLimits limits, SessionHandler& handler)
     decoder_.enable_value_memo();
     out_.assign(kPreface);
     preface_seen_ = kPreface.size();  // none comes from a server
+    // The table size is the default, said anyway: nginx, told any, answers with a size update
+    // to 0 and its response fields (each sent "with incremental indexing", none ever referenced)
+    // no longer go through our table.
     std::pair<SettingId, std::uint32_t> settings[] = {
+        {SettingId::kHeaderTableSize, kDecoderTableSize},
         {SettingId::kEnablePush, 0},
         {SettingId::kInitialWindowSize, limits.stream_window},
         {SettingId::kMaxFrameSize, limits.max_frame_size},

@@ -406,3 +406,69 @@ TEST(H2Client, AnHpackBombFromTheUpstreamResetsItsStreamWithoutCallingItRefused)
   EXPECT_EQ(r.resets[id], ErrorCode::kProtocolError);
   EXPECT_LE(r.fields[id].size(), 16u * 1024 / 4000 + 1);
 }
+
+// The client states its table size (the default) in its first SETTINGS, so that nginx stops
+// indexing into it (a size update to 0, then every field "with incremental indexing"); nginx's
+// own bytes for three responses (captured from nginx 1.22 over h2) are read as it meant them,
+// a value that is no valid field value in that form resets its stream, and the client's table
+// keeps nothing.
+TEST(H2Client, StatesItsTableSizeAndReadsNginxsFieldsIndexedIntoNothing) {
+  Recorder r;
+  ClientSession client(SessionLimits{}, r);
+  r.session = &client;
+  std::string out = client.take_output();
+  ASSERT_TRUE(out.starts_with("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"));
+  std::optional<std::uint32_t> table_size;
+  FrameReader reader(1 << 24);
+  (void)reader.feed(bytes(std::string_view(out).substr(24)), [&](const Frame& f) {
+    if (f.kind() == FrameType::kSettings) {
+      for_each_setting(f.payload, [&](std::uint16_t id, std::uint32_t value) {
+        if (id == static_cast<std::uint16_t>(SettingId::kHeaderTableSize)) table_size = value;
+      });
+    }
+    return true;
+  });
+  EXPECT_EQ(table_size, 4096u);
+  std::string settings;
+  write::settings(settings, {});
+  ASSERT_TRUE(client.receive(bytes(settings)));
+  const std::string blocks[] = {
+      "20887684aa6355e76196dc34fd282794d27eea0802714106e001704fa98b46ff5f87497ca58ae819aa5c023133",
+      "887684aa6355e76196dc34fd282794d27eea0802714106e0017190298b46ff5f87497ca58ae819aa5c023133",
+      "887684aa6355e76196dc34fd282794d27eea0802714106e0017190298b46ff5f87497ca58ae819aa5c023133"};
+  auto unhex = [](std::string_view hex) {
+    std::string raw;
+    for (std::size_t i = 0; i < hex.size(); i += 2) {
+      raw.push_back(static_cast<char>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16)));
+    }
+    return raw;
+  };
+  for (const std::string& hex : blocks) {
+    std::uint32_t id = client.open(request(), true);
+    std::string in;
+    write::headers(in, id, unhex(hex), false);
+    write::data(in, id, "Hello, World!", true);
+    ASSERT_TRUE(client.receive(bytes(in)));
+    EXPECT_TRUE(r.ended[id]);
+    EXPECT_FALSE(r.resets.contains(id));
+    ASSERT_EQ(r.fields[id].size(), 5u) << hex;
+    EXPECT_EQ(r.fields[id][1], (std::pair<std::string, std::string>{"server", "nginx"}));
+    EXPECT_TRUE(r.fields[id][2].second.ends_with(" GMT")) << r.fields[id][2].second;
+    EXPECT_EQ(r.fields[id][3], (std::pair<std::string, std::string>{"content-type", "text/plain"}));
+    EXPECT_EQ(r.fields[id][4], (std::pair<std::string, std::string>{"content-length", "13"}));
+    EXPECT_EQ(r.body[id], "Hello, World!");
+  }
+  // The same form with a value no field may have (a line break), Huffman-coded, twice (the
+  // second from the client's memo of decoded values): each resets its stream.
+  for (int i = 0; i < 2; ++i) {
+    std::uint32_t id = client.open(request(), true);
+    std::string block = "\x88";
+    hpack::encode_integer(54, 6, 0x40, block);  // server, with incremental indexing
+    hpack::encode_integer(hpack::huffman::encoded_size("a\r\nb"), 7, 0x80, block);
+    hpack::huffman::encode("a\r\nb", block);
+    std::string in;
+    write::headers(in, id, block, true);
+    ASSERT_TRUE(client.receive(bytes(in)));
+    EXPECT_EQ(r.resets[id], ErrorCode::kProtocolError) << i;
+  }
+}

@@ -617,6 +617,108 @@ TEST(Hpack, TheValueMemoChangesNothingButTheWork) {
   EXPECT_EQ(plain.value_memo_hits(), 0u);
 }
 
+// nginx, told a table size, answers with a size update to 0 and then sends every field
+// "with incremental indexing": each empties the table instead of entering it. Those fields are
+// delivered as nghttp2 reads them, a value from the memo under a static name counts as checked
+// only if it is valid, a value never Huffman-coded or a name sent as a literal stays unchecked,
+// and the table keeps nothing (nor grows) however many such fields come.
+TEST(Hpack, FieldsIndexedIntoATableOfSizeZeroAreDeliveredAndCheckedAndKeepNothing) {
+  Decoder plain;
+  Decoder memo;
+  memo.enable_value_memo();
+  OracleInflater oracle;
+  auto indexed_literal = [](std::size_t name_index, std::string_view name, std::string_view value,
+                            bool huffman, std::string& out) {
+    encode_integer(name_index, 6, 0x40, out);  // 01xxxxxx: with incremental indexing
+    if (name_index == 0) {
+      encode_integer(name.size(), 7, 0, out);
+      out.append(name);
+    }
+    if (huffman) {
+      encode_integer(huffman::encoded_size(value), 7, 0x80, out);
+      huffman::encode(value, out);
+    } else {
+      encode_integer(value.size(), 7, 0, out);
+      out.append(value);
+    }
+  };
+  struct Seen {
+    std::string name, value;
+    bool checked;
+  };
+  for (int round = 0; round < 6; ++round) {
+    std::string block;
+    if (round == 0) block.push_back(0x20);                                     // size update to 0
+    block.push_back(static_cast<char>(0x88));                                  // :status 200
+    indexed_literal(54, "", "nginx", true, block);                             // server
+    indexed_literal(33, "", round % 2 ? " bad" : "Sat, 28 Nov", true, block);  // date
+    indexed_literal(31, "", "text/plain", false, block);                       // content-type, raw
+    indexed_literal(0, "x-mine", "value", true, block);                        // a literal name
+    auto decode = [&](Decoder& decoder) {
+      std::vector<Seen> seen;
+      EXPECT_EQ(
+          decoder.decode(
+              bytes(block),
+              [&](const Decoded& d) {
+                seen.push_back({std::string(d.field.name), std::string(d.field.value), d.checked});
+              }),
+          Status::kOk);
+      return seen;
+    };
+    std::vector<Seen> a = decode(plain), b = decode(memo);
+    auto expected = oracle.inflate(block);
+    ASSERT_TRUE(expected.has_value());
+    ASSERT_EQ(a.size(), 5u);
+    ASSERT_EQ(b.size(), 5u);
+    for (std::size_t i = 0; i < 5; ++i) {
+      EXPECT_EQ(a[i].name, (*expected)[i].first);
+      EXPECT_EQ(a[i].value, (*expected)[i].second);
+      EXPECT_EQ(b[i].name, (*expected)[i].first);
+      EXPECT_EQ(b[i].value, (*expected)[i].second);
+    }
+    EXPECT_TRUE(b[0].checked);
+    EXPECT_TRUE(b[1].checked) << round;                // nginx, from the memo
+    EXPECT_EQ(b[2].checked, round % 2 == 0) << round;  // " bad" never counts as checked
+    EXPECT_FALSE(b[3].checked);                        // not Huffman-coded: no memo
+    EXPECT_FALSE(b[4].checked);                        // a literal name
+    for (std::size_t i = 1; i < 5; ++i) EXPECT_FALSE(a[i].checked) << i;  // no memo
+    EXPECT_EQ(plain.table().count(), 0u);
+    EXPECT_EQ(memo.table().count(), 0u);
+    EXPECT_EQ(memo.table().size(), 0u);
+  }
+  EXPECT_EQ(memo.value_memo_hits(), 6u * 3 - 4);  // nginx, x-mine's value, both dates once
+}
+
+// A field named by a dynamic entry and too large for the table empties the table, its own
+// name's entry with it: the name delivered is still the entry's (and the oracle's).
+TEST(Hpack, AFieldTooLargeForTheTableKeepsTheNameOfTheEntryItPushesOut) {
+  for (bool memo_on : {false, true}) {
+    Decoder decoder(100);
+    if (memo_on) decoder.enable_value_memo();
+    OracleInflater oracle;
+    std::string first = "\x40";  // with incremental indexing, a literal name
+    encode_integer(11, 7, 0, first);
+    first += "x-long-name";
+    encode_integer(1, 7, 0, first);
+    first += "v";
+    std::string resize = "\x3f\x45";  // size update to 100 for the oracle (as ours)
+    ASSERT_EQ(decode(decoder, resize + first), (FieldList{{"x-long-name", "v"}}));
+    ASSERT_TRUE(oracle.inflate(resize + first).has_value());
+    ASSERT_EQ(decoder.table().count(), 1u);
+    std::string value(80, 'z');
+    std::string second;
+    encode_integer(62, 6, 0x40, second);  // named by the entry, with incremental indexing
+    encode_integer(huffman::encoded_size(value), 7, 0x80, second);
+    huffman::encode(value, second);
+    Status status;
+    FieldList got = decode(decoder, second, &status);
+    EXPECT_EQ(status, Status::kOk);
+    EXPECT_EQ(got, (FieldList{{"x-long-name", value}})) << memo_on;
+    EXPECT_EQ(oracle.inflate(second), got);
+    EXPECT_EQ(decoder.table().count(), 0u);
+  }
+}
+
 // The encoder finds a repeated field of a known name at once (the newest entry of its name),
 // however many entries of that name the table holds: a date a second, say.
 TEST(Hpack, RepeatedFieldsGoByIndexAmongManyOfTheirName) {
