@@ -436,17 +436,10 @@ TEST(H2Client, StatesItsTableSizeAndReadsNginxsFieldsIndexedIntoNothing) {
       "20887684aa6355e76196dc34fd282794d27eea0802714106e001704fa98b46ff5f87497ca58ae819aa5c023133",
       "887684aa6355e76196dc34fd282794d27eea0802714106e0017190298b46ff5f87497ca58ae819aa5c023133",
       "887684aa6355e76196dc34fd282794d27eea0802714106e0017190298b46ff5f87497ca58ae819aa5c023133"};
-  auto unhex = [](std::string_view hex) {
-    std::string raw;
-    for (std::size_t i = 0; i < hex.size(); i += 2) {
-      raw.push_back(static_cast<char>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16)));
-    }
-    return raw;
-  };
   for (const std::string& hex : blocks) {
     std::uint32_t id = client.open(request(), true);
     std::string in;
-    write::headers(in, id, unhex(hex), false);
+    write::headers(in, id, spindle::testing::from_hex(hex), false);
     write::data(in, id, "Hello, World!", true);
     ASSERT_TRUE(client.receive(bytes(in)));
     EXPECT_TRUE(r.ended[id]);

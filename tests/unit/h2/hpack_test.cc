@@ -17,22 +17,11 @@
 using namespace spindle::h2::hpack;
 using spindle::testing::bytes;
 using spindle::testing::FieldList;
+using spindle::testing::from_hex;
 using spindle::testing::OracleDeflater;
 using spindle::testing::OracleInflater;
 
 namespace {
-
-std::string from_hex(std::string_view hex) {
-  std::string out;
-  for (std::size_t i = 0; i + 1 < hex.size(); i += 2) {
-    if (hex[i] == ' ') {
-      --i;
-      continue;
-    }
-    out.push_back(static_cast<char>(std::stoi(std::string(hex.substr(i, 2)), nullptr, 16)));
-  }
-  return out;
-}
 
 // Decodes `block`; the fields, and the status in `status`.
 FieldList decode(Decoder& decoder, const std::string& block, Status* status = nullptr) {
