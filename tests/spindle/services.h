@@ -17,6 +17,8 @@
 #include <string>
 #include <thread>
 
+#include "spindle/testing.h"
+
 namespace spindle::testing {
 
 /// A free TCP port on 127.0.0.1 (bound and released: good enough for a test).
@@ -68,7 +70,7 @@ class TestPostgres {
   }
 
  private:
-  TestPostgres() : dir_("/tmp/spindle-pg-" + std::to_string(::getpid())), port_(free_port()) {
+  TestPostgres() : dir_(make_temp_dir("spindle-pg")), port_(free_port()) {
     auto [out, status] =
         run_command(script() + " start " + dir_ + " " + std::to_string(port_) + " 2>&1");
     if (status == 0) {

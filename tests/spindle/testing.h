@@ -5,8 +5,11 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -26,17 +29,42 @@ void run_in_fiber(Fn&& body, std::size_t workers = 2) {
   runtime.block_on(std::forward<Fn>(body));
 }
 
+/// A new empty folder /tmp/PREFIX-XXXXXX of this process's own, or "" (with a test failure).
+/// Never a name made from the pid: such a folder outlives a process that dies before removing
+/// it, and a later process given the same pid would find it full.
+inline std::string make_temp_dir(const std::string& prefix) {
+  std::string name = "/tmp/" + prefix + "-XXXXXX";
+  if (::mkdtemp(name.data()) == nullptr) {
+    ADD_FAILURE() << "mkdtemp " << name << " failed: " << std::strerror(errno);
+    return {};
+  }
+  return name;
+}
+
 #ifdef SPINDLE_SOURCE_DIR
 /// The folder holding the test CA and certificates of tests/tls/make-certs.sh (ca.pem,
-/// localhost.pem/.key, other.pem/.key), made once per test binary. Needs SPINDLE_SOURCE_DIR.
+/// localhost.pem/.key, other.pem/.key), made once per test binary in a folder of its own and
+/// removed when the process that made it exits. (A folder named by the pid outlived its
+/// process; a later process given the same pid found certificates a day old, expired.)
+/// Needs SPINDLE_SOURCE_DIR.
 inline const std::string& test_cert_dir() {
-  static const std::string dir = [] {
-    std::string d = "/tmp/spindle-test-certs-" + std::to_string(::getpid());
-    std::string command = std::string(SPINDLE_SOURCE_DIR) + "/tests/tls/make-certs.sh " + d;
-    if (std::system(command.c_str()) != 0) ADD_FAILURE() << "make-certs.sh failed (openssl?)";
-    return d;
-  }();
-  return dir;
+  struct Folder {
+    std::string path;
+    pid_t owner = ::getpid();
+    Folder() : path(make_temp_dir("spindle-test-certs")) {
+      if (path.empty()) return;
+      std::string command = std::string(SPINDLE_SOURCE_DIR) + "/tests/tls/make-certs.sh " + path;
+      if (std::system(command.c_str()) != 0) ADD_FAILURE() << "make-certs.sh failed (openssl?)";
+    }
+    ~Folder() {  // not in a forked child (a death test's): the folder is its parent's
+      if (!path.empty() && ::getpid() == owner) {
+        std::error_code ignored;
+        std::filesystem::remove_all(path, ignored);
+      }
+    }
+  };
+  static const Folder folder;
+  return folder.path;
 }
 #endif
 

@@ -5,11 +5,11 @@
 #   other.pem/.key         for other.test and *.other.test
 # Used by the unit and integration tests; keys are EC P-256, valid for a day.
 #   tests/tls/make-certs.sh DIR
+# Always makes new ones: certificates found in DIR may have expired.
 set -eu
 dir=$1
 mkdir -p "$dir"
 cd "$dir"
-[ -f other.pem ] && exit 0
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 \
   -subj "/CN=spindle test CA" -keyout ca.key -out ca.pem 2>/dev/null
 leaf() {  # leaf NAME SUBJECT_ALT_NAMES

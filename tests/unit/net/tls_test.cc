@@ -15,6 +15,7 @@
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/net/tcp_listener.h"
 #include "spindle/sync/event.h"
+#include "spindle/sync/wait_group.h"
 #include "spindle/testing.h"
 
 using namespace std::chrono_literals;
@@ -42,22 +43,35 @@ std::shared_ptr<const TlsClientContext> client_context(TlsClientOptions options 
   return *ctx;
 }
 
-// A listener whose accepted connections run `serve` on their own fibers.
+// A listener whose accepted connections run `serve` on their own fibers. Its destructor
+// stops accepting and waits for those fibers, so a test's locals declared before the server
+// (which `serve` may touch) outlive them even when an assertion ends the test early.
 struct TlsTestServer {
   TcpListener listener;
   Address address;
+  WaitGroup serving;
+  JoinHandle<void> acceptor;
 
   template <typename Fn>
   explicit TlsTestServer(Fn serve, int connections = 1)
       : listener(TcpListener::bind(Address::loopback_v4(0)).value()),
         address(listener.local_address().value()) {
-    spawn([this, serve, connections] {
+    acceptor = spawn([this, serve, connections] {
       for (int i = 0; i < connections; ++i) {
         auto stream = listener.accept(Deadline::after(10s));
         if (!stream) return;
-        spawn([serve, s = std::move(*stream)]() mutable { serve(std::move(s)); }).detach();
+        serving.add();
+        spawn([this, serve, s = std::move(*stream)]() mutable {
+          serve(std::move(s));
+          serving.done();
+        }).detach();
       }
-    }).detach();
+    });
+  }
+  ~TlsTestServer() {
+    acceptor.request_stop();
+    acceptor.join();
+    (void)serving.wait(Deadline::never(), kNotCancellable);
   }
 };
 

@@ -128,6 +128,7 @@ TEST(ServerRules, HopByHopFieldsAHandlerSetsAreDroppedWithThoseConnectionNames) 
 
 TEST(ServerRules, Http1AndHttp2WriteTheSameAccessLogRecordForAnIpv6Client) {
   std::string path = "/tmp/spindle-access-" + std::to_string(::getpid()) + ".log";
+  ::unlink(path.c_str());  // a process of this pid that failed here may have left it
   {
     Runtime runtime(RuntimeOptions{.workers = 1});
     runtime.start();
