@@ -10,6 +10,7 @@
 #   bench/cache_misses.sh            (needs valgrind, h2load, nginx, h2o; about 3 minutes)
 #   BIN=dir OUT=file.json bench/cache_misses.sh
 #   BIN=dir SPINDLE_ONLY=1 bench/cache_misses.sh   (an A/B of two builds: h2o is not run)
+#   UPSTREAM=h2 bench/cache_misses.sh   (spindle only, to nginx over HTTP/2 with TLS: h2 -> h2)
 # Prints, for each gateway: instructions, first-level instruction-cache misses, first-level
 # data-cache misses and L2 misses (data) per request, and spindle's ratio to h2o.
 set -euo pipefail
@@ -75,6 +76,11 @@ routes:
 services:
   up: {url: "http://127.0.0.1:$up_port"}
 CONF
+if [ "${UPSTREAM:-h1}" = h2 ]; then  # h2o has no HTTP/2 upstream: spindle alone
+  sed -i "s|up: {url: .*|up: {url: \"https://localhost:$up_h2_port\", protocol: h2, tls: {ca: $tmp/certs/ca.pem}}|" \
+    "$tmp/spindle.yaml"
+  SPINDLE_ONLY=1
+fi
 measure spindle "$spindle_port" "$bin/spindle" serve --config "$tmp/spindle.yaml" --threads 1
 [ -n "${SPINDLE_ONLY:-}" ] && exit 0
 
