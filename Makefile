@@ -5,8 +5,10 @@
 #   make build   release build: build/release/bin/
 #   make bench   micro-benchmarks and the echo throughput comparison, written to docs/
 #   make goals   issue 24's goals against h2o, haproxy and the C ceiling, 30 rounds (~45 min)
-#   make soak    10,000 connections through the proxy for 3 minutes: errors, RSS, descriptors
-#   make fuzz    libFuzzer drivers (HTTP/1, chunked, responses, configuration, JWT; FUZZ_SECONDS each)
+#   make soak    10,000 connections through the proxy for 3 minutes, HTTP/1.1 then HTTP/2 over
+#                TLS both ways: errors, RSS, descriptors
+#   make fuzz    libFuzzer drivers (HTTP/1, chunked, responses, configuration, JWT, exchange,
+#                PostgreSQL values, HPACK, HTTP/2 frames and sessions; FUZZ_SECONDS each)
 #   make format  reformat every source file with clang-format
 #   make package the Debian package build/spindle_<version>_amd64.deb (lintian-checked; PGO=1:
 #                from the profile-guided build)
@@ -65,6 +67,8 @@ soak: deps-bench
 	@scripts/build.sh release
 	@/usr/bin/python3 bench/soak_proxy.py --seconds 180 --out bench/results/soak.json \
 	  --chart docs/benchmarks-soak.png
+	@/usr/bin/python3 bench/soak_proxy.py --protocol h2 --streams 2 --seconds 180 \
+	  --out bench/results/soak-h2.json --chart docs/benchmarks-soak-h2.png
 
 fuzz: deps-test
 	@scripts/fuzz.sh

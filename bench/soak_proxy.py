@@ -2,7 +2,8 @@
 """Soak through the proxy: wrk holds --connections client connections (10,000 by default) to
 spindle for --seconds, every request going through a route with a typical middleware chain
 (request id, a header edit, a local rate limit far above the load, the access log) to an
-upstream (nginx, one worker). Every second it samples spindle's resident memory and open
+upstream (nginx, one worker). With --protocol h2 the whole way is HTTP/2 over TLS: h2load's
+clients to spindle, spindle to nginx (spindle's own HTTP/2 code on both sides). Every second it samples spindle's resident memory and open
 descriptors and prints them. Passes (exit 0) when wrk saw no socket error and no non-2xx
 answer, RSS after the warm-up (the first quarter) stayed within --rss-growth of its level
 then, and the descriptors came back to their idle count once wrk was done. Writes the samples
@@ -83,7 +84,8 @@ def chart(result, path):
     fds.plot(t, [s["fds"] for s in result["samples"]], color="tab:orange")
     fds.set_ylabel("open descriptors", color="tab:orange")
     fds.set_ylim(bottom=0)
-    plt.title(f"Soak through the proxy: {result['connections']:,} connections, "
+    way = "HTTP/2 over TLS" if result.get("protocol") == "h2" else "HTTP/1.1"
+    plt.title(f"Soak through the proxy ({way}): {result['connections']:,} connections, "
               f"{result['requests']:,} requests, {result['socket_errors']} errors")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
@@ -99,7 +101,16 @@ def main():
                     help="largest RSS growth after the warm-up, as a share")
     ap.add_argument("--out", help="where to write the samples (JSON)")
     ap.add_argument("--chart", help="where to draw RSS and descriptors over time (PNG)")
+    ap.add_argument("--protocol", choices=("h1", "h2"), default="h1",
+                    help="h1: HTTP/1.1 both ways (wrk); h2: HTTP/2 over TLS both ways (h2load)")
+    ap.add_argument("--streams", type=int, default=1,
+                    help="with --protocol h2: requests in flight on each client connection")
     args = ap.parse_args()
+    h2 = args.protocol == "h2"
+    client = "h2load" if h2 else "wrk"
+    if shutil.which(client) is None:
+        print(f"soak: {client} is not installed (scripts/install-deps.sh test installs it)")
+        return 2
 
     need = args.connections + 1_000
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -110,19 +121,26 @@ def main():
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     tmp = tempfile.mkdtemp(prefix="spindle-soak-")
+    certs = os.path.join(tmp, "certs")
+    if h2:
+        subprocess.run([os.path.join(ROOT, "tests", "tls", "make-certs.sh"), certs], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     # The upstream: nginx (one worker) answering "Hello, World!"; its logs and spindle's go to
     # files (a pipe nobody reads would stall them once full).
     upstream_port = free_port()
+    upstream_tls = (f" ssl http2;\n    ssl_certificate {certs}/localhost.pem; "
+                    f"ssl_certificate_key {certs}/localhost.key;" if h2 else ";")
     with open(os.path.join(tmp, "upstream.conf"), "w") as f:
         f.write(f"""daemon off; master_process on; worker_processes 1;
 pid {tmp}/upstream.pid; error_log {tmp}/upstream-error.log crit; worker_rlimit_nofile 20000;
 events {{ worker_connections 16384; }}
 http {{
-  access_log off; keepalive_requests 1000000; keepalive_timeout 300s;
+  access_log off; keepalive_requests 1000000; http2_max_requests 1000000;
+  keepalive_timeout 300s;
   client_body_temp_path {tmp}; proxy_temp_path {tmp}; fastcgi_temp_path {tmp};
   uwsgi_temp_path {tmp}; scgi_temp_path {tmp};
   server {{
-    listen 127.0.0.1:{upstream_port};
+    listen 127.0.0.1:{upstream_port}{upstream_tls}
     location = /plaintext {{ default_type text/plain; return 200 "Hello, World!"; }}
   }}
 }}
@@ -132,15 +150,18 @@ http {{
     spindle = None
     ok = False
     try:
-        target = f"127.0.0.1:{upstream_port}"
+        target = f"{'localhost' if h2 else '127.0.0.1'}:{upstream_port}"
         wait_listening(upstream_port)
         config = os.path.join(tmp, "soak.yaml")
+        server_tls = (f"\n    http2: true\n    tls: {{cert: {certs}/localhost.pem, "
+                      f"key: {certs}/localhost.key}}" if h2 else "")
+        service_tls = f", protocol: h2, tls: {{ca: {certs}/ca.pem}}" if h2 else ""
         with open(config, "w") as f:
             f.write(f"""
 servers:
   - listen: 127.0.0.1:0
     access_log: {{path: {tmp}/access.log, format: combined}}
-    timeouts: {{keepalive: 300s}}
+    timeouts: {{keepalive: 300s}}{server_tls}
 routes:
   - name: soak
     match: {{path_prefix: /}}
@@ -149,7 +170,7 @@ routes:
       - rate_limit: {{key: client_ip, rate: 10000000/s, burst: 10000000}}
     service: up
 services:
-  up: {{upstream: up, timeouts: {{connect: 30s, first_byte: 30s}}}}
+  up: {{upstream: up, timeouts: {{connect: 30s, first_byte: 30s}}{service_tls}}}
 upstreams:
   up:
     targets: [{{address: "{target}"}}]
@@ -165,9 +186,15 @@ upstreams:
         print(f"soak: spindle {spindle.pid} at {address}, {args.connections} connections for "
               f"{args.seconds}s; idle: {rss_kib(spindle.pid)} KiB, {idle_fds} descriptors",
               flush=True)
-        wrk = subprocess.Popen(["wrk", "-t2", f"-c{args.connections}", f"-d{args.seconds}s",
-                                "--timeout", "10s", f"http://{address}/plaintext"],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if h2:
+            port = address.rsplit(":", 1)[1]
+            command = ["h2load", "-t2", f"-c{args.connections}", f"-m{args.streams}",
+                       f"-D{args.seconds}", f"https://localhost:{port}/plaintext"]
+        else:
+            command = ["wrk", "-t2", f"-c{args.connections}", f"-d{args.seconds}s",
+                       "--timeout", "10s", f"http://{address}/plaintext"]
+        wrk = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True)
         samples = []
         start = time.monotonic()
         while wrk.poll() is None:
@@ -183,10 +210,19 @@ upstreams:
                   f"descriptors {sample['fds']}", flush=True)
         out = wrk.communicate()[0]
         print(out, flush=True)
-        done = int(re.search(r"(\d+) requests in", out).group(1))
-        errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
-        non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-        non2xx = int(non2xx.group(1)) if non2xx else 0
+        if h2:
+            # requests: N total, N started, N done, N succeeded, N failed, N errored, N timeout
+            counts = re.search(r"requests: (\d+) total, (\d+) started, (\d+) done, (\d+) "
+                               r"succeeded, (\d+) failed, (\d+) errored, (\d+) timeout", out)
+            codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
+            done = int(counts.group(4)) if counts else 0
+            errors = sum(int(counts.group(i)) for i in (5, 6, 7)) if counts else 1
+            non2xx = sum(int(codes.group(i)) for i in (2, 3, 4)) if codes else 0
+        else:
+            done = int(re.search(r"(\d+) requests in", out).group(1))
+            errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
+            non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+            non2xx = int(non2xx.group(1)) if non2xx else 0
         # Descriptors back to idle once the clients are gone (the upstream pool may keep a few).
         settled = None
         for _ in range(50):
@@ -198,7 +234,8 @@ upstreams:
         base = after[0]["rss_kib"] if after else 0
         peak = max(s["rss_kib"] for s in after) if after else 0
         growth = (peak - base) / base if base else 0.0
-        result = {"connections": args.connections, "seconds": args.seconds,
+        result = {"protocol": args.protocol, "connections": args.connections,
+                  "streams": args.streams if h2 else 1, "seconds": args.seconds,
                   "requests": done, "socket_errors": errors, "non2xx": non2xx,
                   "rss_after_warmup_kib": base, "rss_peak_kib": peak, "rss_growth": growth,
                   "idle_fds": idle_fds, "fds_after": settled, "samples": samples}
