@@ -3,11 +3,12 @@
 spindle for --seconds, every request going through a route with a typical middleware chain
 (request id, a header edit, a local rate limit far above the load, the access log) to an
 upstream (nginx, one worker). With --protocol h2 the whole way is HTTP/2 over TLS: h2load's
-clients to spindle, spindle to nginx (spindle's own HTTP/2 code on both sides). Every second it samples spindle's resident memory and open
-descriptors and prints them. Passes (exit 0) when wrk saw no socket error and no non-2xx
-answer, RSS after the warm-up (the first quarter) stayed within --rss-growth of its level
-then, and the descriptors came back to their idle count once wrk was done. Writes the samples
-to --out (JSON) for docs/benchmarks.md's chart. Loopback only; stops what it started, by PID.
+clients to spindle, spindle to nginx (spindle's own HTTP/2 code on both sides). Every second
+it samples spindle's resident memory and open descriptors and prints them. Passes (exit 0)
+when the client (wrk or h2load) saw no socket error and no non-2xx answer, RSS after the
+warm-up (the first quarter) stayed within --rss-growth of its level then, and the descriptors
+came back to their idle count once the client was done. Writes the samples to --out (JSON)
+for docs/benchmarks.md's chart. Loopback only; stops what it started, by PID.
 """
 import argparse
 import json
@@ -193,11 +194,11 @@ upstreams:
         else:
             command = ["wrk", "-t2", f"-c{args.connections}", f"-d{args.seconds}s",
                        "--timeout", "10s", f"http://{address}/plaintext"]
-        wrk = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+        load = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
         samples = []
         start = time.monotonic()
-        while wrk.poll() is None:
+        while load.poll() is None:
             time.sleep(1)
             t = time.monotonic() - start
             try:
@@ -208,7 +209,7 @@ upstreams:
             samples.append(sample)
             print(f"soak: {t:5.0f}s  rss {sample['rss_kib'] / 1024:7.1f} MiB  "
                   f"descriptors {sample['fds']}", flush=True)
-        out = wrk.communicate()[0]
+        out = load.communicate()[0]
         print(out, flush=True)
         if h2:
             # requests: N total, N started, N done, N succeeded, N failed, N errored, N timeout
@@ -217,7 +218,7 @@ upstreams:
             codes = re.search(r"status codes: (\d+) 2xx, (\d+) 3xx, (\d+) 4xx, (\d+) 5xx", out)
             done = int(counts.group(4)) if counts else 0
             errors = sum(int(counts.group(i)) for i in (5, 6, 7)) if counts else 1
-            non2xx = sum(int(codes.group(i)) for i in (2, 3, 4)) if codes else 0
+            non2xx = sum(int(codes.group(i)) for i in (2, 3, 4)) if codes else 1
         else:
             done = int(re.search(r"(\d+) requests in", out).group(1))
             errors = sum(int(n) for n in re.findall(r"(?:connect|read|write|timeout) (\d+)", out))
