@@ -2,14 +2,17 @@
 //   0: a token, checked against fixed keys (an HS256 secret and an ES256 key);
 //   1: a JWKS document, read;
 //   2: a header and a payload (JSON, split at the first newline), signed here with the HS256
-//      key and then checked: the signature is good, so a refusal must come from what the
-//      token says, never "bad signature" (which would mean the check reads the bytes it
-//      verifies differently from how they were signed).
+//      key and then checked: when the header names that key (alg HS256, no kid or kid "h")
+//      the signature is good, so a refusal must come from what the token says, never "bad
+//      signature" (which would mean the check reads the bytes it verifies differently from
+//      how they were signed). A header naming another algorithm or key is refused for its
+//      signature, rightly.
 // Beyond "no crash, no sanitizer report": only std::runtime_error comes out of JWKS reading.
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -57,6 +60,19 @@ const JwtConfig& config() {
   return c;
 }
 
+// True if `header` (JSON, read as verify_jwt reads it) names the HS256 key this driver signs
+// with: alg HS256, and no kid (or an empty one, or not a string: verify_jwt ignores those) or
+// the key's own.
+bool names_our_key(std::string_view header) {
+  auto json = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (!json.is_object()) return false;
+  auto alg = json.find("alg");
+  if (alg == json.end() || !alg->is_string() || alg->get<std::string>() != "HS256") return false;
+  auto kid = json.find("kid");
+  return kid == json.end() || !kid->is_string() || kid->get<std::string>().empty() ||
+         kid->get<std::string>() == "h";
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -86,7 +102,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       std::string token =
           signed_part + "." + b64url(std::string_view(reinterpret_cast<char*>(mac), length));
       auto result = verify_jwt(token, config(), 1'700'000'000);
-      check(result || result.error() != "bad signature");
+      check(result || result.error() != "bad signature" || !names_our_key(rest.substr(0, newline)));
       break;
     }
   }
