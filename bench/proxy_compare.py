@@ -12,9 +12,21 @@ at 100 and 500 client connections. The upstream is nginx (one worker) answering 
 gateway is pinned to CPU 0; the upstream and the load generator share CPU 1. For each run
 the gateway's CPU time (utime + stime, with its children) is divided by the requests served,
 and printed with the ratios to the peers, with the gateway's peak resident memory (VmHWM,
-with its children) over the run. nginx cannot proxy to HTTP/2 upstreams and h2o 2.2
-does not either: those cells say n/a. Loopback only; every process started here is stopped by
-PID.
+with its children) over the run, and the upstream's CPU per request (what each gateway's
+traffic costs the server behind it). nginx cannot proxy to HTTP/2 upstreams and h2o 2.2
+does not either: those cells say n/a.
+
+Two things decide the figures besides each gateway's own code, and two options show them:
+- The load is closed (each connection sends its next request when an answer comes), so each
+  gateway runs at its own rate; and the upstream and the load generator share CPU 1, so what a
+  gateway's traffic costs them sets that rate. A gateway that waits on CPU 1 sleeps between
+  turns of its loop, and each sleep and wake-up costs it (and its peers) CPU time a saturated
+  one does not pay. `--rps N` gives every gateway the same rate instead (h2load's --rps: N
+  requests a second from each connection; the HTTP/2 set-ups only, wrk has no fixed rate).
+- spindle adds six fields to every proxied request (X-Forwarded-For, -Proto and -Host, Via,
+  X-Request-Id, traceparent); haproxy adds none unless told. `haproxy+fields` is haproxy told
+  to add the same six, of the same lengths (random ids included), as its documentation shows.
+Loopback only; every process started here is stopped by PID.
 """
 import argparse
 import json
@@ -25,7 +37,8 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from http_compare import (ROOT, free_port, median_round, peak_rss_mb, pin,  # noqa: E402
+from http_compare import (ROOT, cpu_seconds, cpu_us_per_request, free_port,  # noqa: E402
+                          median_round, peak_rss_mb, pin,
                           ratio_text, stop, wait_listening)
 from tls_compare import SYSCALL_SECONDS, count_syscalls, measure, syscalls_text  # noqa: E402
 from results_file import write_results  # noqa: E402
@@ -144,7 +157,20 @@ http {{
     return proc, plain, tls
 
 
-def start_haproxy(binaries, tmp, certs, up_h1, up_h2, upstream_protocol):
+# What spindle adds to every proxied request, told to haproxy: X-Forwarded-For, -Proto and -Host,
+# Via, a request id of 32 hex digits and a W3C traceparent with a new trace and span id.
+HAPROXY_FIELDS = """  option forwardfor
+  unique-id-format %[rand,hex]%[rand,hex]
+  unique-id-header X-Request-Id
+  http-request set-header X-Forwarded-Proto https if { ssl_fc }
+  http-request set-header X-Forwarded-Proto http unless { ssl_fc }
+  http-request set-header X-Forwarded-Host %[req.hdr(host)]
+  http-request set-header Via "2.0 haproxy"
+  http-request set-header traceparent 00-%[rand,hex]%[rand,hex]-%[rand,hex]-00
+"""
+
+
+def start_haproxy(binaries, tmp, certs, up_h1, up_h2, upstream_protocol, fields=False):
     plain, tls = free_port(), free_port()
     pem = os.path.join(tmp, "haproxy.pem")
     with open(pem, "w") as out:
@@ -167,7 +193,7 @@ defaults
 frontend plain
   bind 127.0.0.1:{plain}
   bind 127.0.0.1:{tls} ssl crt {pem} alpn h2,http/1.1
-  default_backend up
+{HAPROXY_FIELDS if fields else ""}  default_backend up
 backend up
   {server}
 """)
@@ -209,10 +235,15 @@ GATEWAYS = {"spindle": start_spindle,
             "spindle+log": lambda *args: start_spindle(*args, log_only=True),
             "spindle+1024": lambda *args: start_spindle(*args, max_connections=1024),
             "spindle+huge": lambda *args: start_spindle(*args, huge_page_stacks=True),
-            "nginx": start_nginx, "haproxy": start_haproxy, "h2o": start_h2o}
+            "nginx": start_nginx, "haproxy": start_haproxy,
+            "haproxy+fields": lambda *args: start_haproxy(*args, fields=True),
+            "h2o": start_h2o}
+# The peers spindle's ratios are printed against, in this order.
+PEERS = ("nginx", "haproxy", "haproxy+fields", "h2o")
 
 
-def run(kind, binaries, setup, connections, seconds, tmp, certs, upstream, syscalls=False):
+def run(kind, binaries, setup, connections, seconds, tmp, certs, upstream, syscalls=False,
+        rps=None):
     name, tool, scheme, upstream_protocol = setup
     _, up_h1, up_h2 = upstream
     proc, plain, tls = GATEWAYS[kind](binaries, tmp, certs, up_h1, up_h2, upstream_protocol)
@@ -228,14 +259,18 @@ def run(kind, binaries, setup, connections, seconds, tmp, certs, upstream, sysca
         # as warm-up, a gateway that opens upstream connections as the load grows (haproxy,
         # ~800 TLS connections to an HTTP/2 upstream at c100) paid for those handshakes inside
         # the measured run: its figure depended on the run's length, not on its steady cost.
-        measure(proc.pid, tool, url, connections, WARM_UP_SECONDS)
-        result = measure(proc.pid, tool, url, connections, seconds)
+        rate = ("--rps", str(rps)) if rps else ()
+        measure(proc.pid, tool, url, connections, WARM_UP_SECONDS, rate)
+        upstream_before = cpu_seconds(upstream[0].pid)
+        result = measure(proc.pid, tool, url, connections, seconds, rate)
+        result["upstream_us_per_request"] = cpu_us_per_request(
+            upstream_before, cpu_seconds(upstream[0].pid), result["requests"])
         result["peak_rss_mb"] = peak_rss_mb(proc.pid)
         result["upstream_connections"] = upstream_connections(
             up_h1 if upstream_protocol == "h1" else up_h2)
         if syscalls:
             result["syscalls_per_request"] = count_syscalls(proc.pid, tool, url, connections,
-                                                            SYSCALL_SECONDS)
+                                                            SYSCALL_SECONDS, rate)
         return result
     finally:
         stop(proc)
@@ -257,11 +292,14 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--seconds", type=int, default=5)
     p.add_argument("--rounds", type=int, default=1, help="keep the median round by CPU/request")
+    p.add_argument("--rps", type=int,
+                   help="requests a second from each connection (h2load --rps), the same for "
+                        "every gateway; the HTTP/2 set-ups only")
     p.add_argument("--gateways", default="spindle,nginx,haproxy,h2o",
                    help="of spindle, spindle+log (its access log on), spindle+chain (a typical "
                         "middleware chain and the access log), spindle+1024 (limits."
                         "max_connections: 1024), spindle+huge (huge_page_stacks: true), nginx, "
-                        "haproxy, h2o")
+                        "haproxy, haproxy+fields (adding spindle's six fields), h2o")
     p.add_argument("--setups", default="", help="only these set-ups, by name (comma-separated)")
     p.add_argument("--connections", default="100,500")
     p.add_argument("--syscalls", action="store_true",
@@ -293,6 +331,9 @@ def main():
         upstream = start_upstream(upstream_tmp, certs)
         cells = [(s, c) for s in SETUPS for c in map(int, a.connections.split(","))
                  if not a.setups or s[0] in a.setups.split(",")]
+        if a.rps and any(setup[1] != "h2load" for setup, _ in cells):
+            sys.exit("proxy_compare: --rps needs h2load: choose the HTTP/2 set-ups "
+                     "(--setups h2tls->h1,h2tls->h2); wrk has no fixed rate")
         gateways = a.gateways.split(",")
         for i, (setup, connections) in enumerate(cells, 1):
             # The gateways take turns round by round (A, B, C, A, B, C...), not all of A's
@@ -307,19 +348,20 @@ def main():
                     with tempfile.TemporaryDirectory() as tmp:
                         os.chmod(tmp, 0o755)
                         r = run(kind, a.bin, setup, connections, a.seconds, tmp, certs, upstream,
-                                a.syscalls)
+                                a.syscalls, a.rps)
                         if r is not None:
                             rounds[kind].append(r)
             for kind in gateways:
                 if not rounds[kind]:
-                    print(f"      {kind:<8} n/a (cannot proxy to that upstream protocol)")
+                    print(f"      {kind:<14} n/a (cannot proxy to that upstream protocol)")
                     continue
                 r = median_round(rounds[kind])
                 r.update({"server": kind, "setup": setup[0], "connections": connections})
-                print(f"      {kind:<8} {r['rps']:>10,.0f} req/s  CPU "
+                print(f"      {kind:<14} {r['rps']:>10,.0f} req/s  CPU "
                       f"{r['cpu_us_per_request'] or 0:.2f} us/req"
                       f" (user {r.get('user_us_per_request') or 0:.2f}){syscalls_text(r)}"
                       f"  errors {r['errors']}  upstream conns {r['upstream_connections']}"
+                      f" (CPU {r['upstream_us_per_request'] or 0:.2f} us/req)"
                       f"  peak RSS {r['peak_rss_mb']:.0f} MiB",
                       flush=True)
                 results.append(r)
@@ -336,7 +378,7 @@ def main():
             if not s or not s["cpu_us_per_request"]:
                 continue
             ratios = []
-            for peer in ("nginx", "haproxy", "h2o"):
+            for peer in PEERS:
                 q = by.get((peer, name, c))
                 if q and q["cpu_us_per_request"]:
                     ratios.append(f"{ratio_text(s, q)} {peer}")
@@ -349,7 +391,8 @@ def main():
                     print(f"    {'':<10} {'':<5} {v['cpu_us_per_request']:7.2f} us/req with {what}:"
                           f" {v['cpu_us_per_request'] / s['cpu_us_per_request']:.2f}x the bare "
                           "proxy")
-    write_results(a.out, {"seconds": a.seconds, "rounds": a.rounds, "results": results}, indent=2)
+    write_results(a.out, {"seconds": a.seconds, "rounds": a.rounds, "rps": a.rps,
+                          "results": results}, indent=2)
     if a.bars:
         bars(results, a.bars)
 
