@@ -307,6 +307,7 @@ def main():
                         "(perf stat on the raw_syscalls tracepoint: needs root)")
     p.add_argument("--bars", help="draw each gateway's CPU per request (total and user) as bars "
                                   "into this PNG")
+    p.add_argument("--title", help="the chart's title (--bars)")
     p.add_argument("--replot", action="store_true",
                    help="measure nothing: draw --bars from the results already in --out")
     a = p.parse_args()
@@ -314,7 +315,7 @@ def main():
         if not a.bars:
             sys.exit("proxy_compare: --replot draws --bars; say where")
         with open(a.out) as f:
-            bars(json.load(f)["results"], a.bars)
+            bars(json.load(f)["results"], a.bars, a.title)
         return
     for tool in ("h2load", "wrk", "nginx", "haproxy", "h2o", "taskset", "openssl", "curl"):
         if not shutil.which(tool):
@@ -394,10 +395,10 @@ def main():
     write_results(a.out, {"seconds": a.seconds, "rounds": a.rounds, "rps": a.rps,
                           "results": results}, indent=2)
     if a.bars:
-        bars(results, a.bars)
+        bars(results, a.bars, a.title)
 
 
-def bars(results, path):
+def bars(results, path, title=None):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -405,15 +406,22 @@ def bars(results, path):
     names = [f"{r['server']}\n{r['setup']} c{r['connections']}" for r in results]
     total = [r["cpu_us_per_request"] or 0 for r in results]
     user = [r.get("user_us_per_request") or 0 for r in results]
+    # The upstream's CPU per request behind each gateway, where the run measured it.
+    upstream = [r.get("upstream_us_per_request") or 0 for r in results]
     fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(results)), 3.8))
     x = range(len(results))
-    ax.bar([i - 0.2 for i in x], total, 0.4, label="CPU (user + system)")
-    ax.bar([i + 0.2 for i in x], user, 0.4, label="user only")
+    width = 0.27 if any(upstream) else 0.4
+    ax.bar([i - width / 2 - (width / 2 if any(upstream) else 0) for i in x], total, width,
+           label="CPU (user + system)")
+    ax.bar([i + width / 2 - (width / 2 if any(upstream) else 0) for i in x], user, width,
+           label="user only")
+    if any(upstream):
+        ax.bar([i + width for i in x], upstream, width, label="the upstream's CPU (nginx)")
     ax.set_xticks(list(x), names, fontsize=8)
     ax.set_ylabel("µs per proxied request")
     ax.legend()
-    plt.title("Gateway CPU per request: the middleware chain against the bare proxy" if chain
-              else "Gateway CPU per proxied request, one worker each (same run)")
+    plt.title(title or ("Gateway CPU per request: the middleware chain against the bare proxy"
+                        if chain else "Gateway CPU per proxied request, one worker each (same run)"))
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
