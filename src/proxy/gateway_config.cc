@@ -634,6 +634,9 @@ ServiceConfig read_service(const std::string& name, const ConfigReader& r, Confi
     if (service.protocol == UpstreamProtocol::kH2c && service.tls) {
       r.fail_key("protocol", "h2c is cleartext: the url must be http://");
     }
+    if (service.protocol == UpstreamProtocol::kH2 && !service.tls) {
+      r.fail_key("protocol", "h2 is HTTP/2 over TLS: the url must be https:// (h2c for cleartext)");
+    }
   } else {
     service.upstream = r.string("upstream", "");
   }

@@ -293,6 +293,9 @@ SVC = "services:\n  s: {url: 'http://127.0.0.1:9'}\n"
     (GW + "services:\n  s:\n    url: 'http://a:1'\n    retries: {budget: 120%}\n", 5,
      "services.s.retries.budget"),
     (GW + "services:\n  s: {url: 'https://a:1', protocol: h2c}\n", 3, "services.s.protocol"),
+    # (Before, the file loaded and every request failed its TLS handshake: 502.)
+    (GW + "services:\n  s: {url: 'http://a:1', protocol: h2}\n", 3,
+     "services.s.protocol: h2 is HTTP/2 over TLS"),
     (GW + "services:\n  s: {url: 'http://a:1', tls: {verify: false}}\n", 3, "services.s.tls"),
     (GW + "services:\n  s: {url: 'https://a:1', tls: {ca: /dev/null}}\n", 3, "services.s.tls.ca"),
 ])
