@@ -77,6 +77,12 @@ void Metrics::record_retry_denied(std::uint32_t series) {
   ++s.upstreams[series].retries_denied;
 }
 
+void Metrics::record_resend(std::uint32_t series) {
+  Shard& s = shard();
+  if (series >= s.upstreams.size()) s.upstreams.resize(series + 1);
+  ++s.upstreams[series].resent;
+}
+
 void Metrics::record_ejection(std::uint32_t series, bool withheld) {
   Shard& s = shard();
   if (series >= s.upstreams.size()) s.upstreams.resize(series + 1);
@@ -117,6 +123,7 @@ std::string Metrics::expose() {
       total.upstreams[i].first_byte.add(s.upstreams[i].first_byte);
       total.upstreams[i].retries += s.upstreams[i].retries;
       total.upstreams[i].retries_denied += s.upstreams[i].retries_denied;
+      total.upstreams[i].resent += s.upstreams[i].resent;
       total.upstreams[i].ejections += s.upstreams[i].ejections;
       total.upstreams[i].ejections_withheld += s.upstreams[i].ejections_withheld;
       total.upstreams[i].panics += s.upstreams[i].panics;
@@ -179,6 +186,13 @@ std::string Metrics::expose() {
   for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
     sample(out, "spindle_upstream_retries_denied_total", service_label(i),
            static_cast<double>(total.upstreams[i].retries_denied));
+  }
+  family(out, "spindle_upstream_resent_total", "counter",
+         "Requests sent again because an HTTP/2 upstream closing a connection turned their "
+         "stream away unprocessed (GOAWAY), by service: not retries.");
+  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
+    sample(out, "spindle_upstream_resent_total", service_label(i),
+           static_cast<double>(total.upstreams[i].resent));
   }
   family(out, "spindle_upstream_ejections_total", "counter",
          "Targets passive health checks took out, by service.");

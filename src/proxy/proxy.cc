@@ -605,7 +605,7 @@ class TriedTargets {
   void add(std::size_t i) {
     if (i < 64) {
       low_ |= std::uint64_t{1} << i;
-    } else {
+    } else if (!contains(i)) {
       high_.push_back(i);
     }
   }
@@ -1326,6 +1326,9 @@ class Forwarding {
   // True if an attempt that failed or was answered 502/503 is tried again: `safe` to send
   // again, attempts left, and a retry in the budget (spent here).
   bool retry_allowed(bool safe, unsigned attempt);
+  // True (and counted in `turned_away`) when a failed attempt is to be sent again to the same
+  // target, outside the retry rules: a stream the upstream turned away unprocessed (GOAWAY).
+  static bool resend_turned_away(std::error_code failure, bool body_whole, unsigned& turned_away);
   // 101 (or CONNECT's 2xx): the connection becomes a tunnel between client and upstream.
   http::Response open_tunnel(const Gateway::Target& target, Attempt& attempt);
   // The upstream's response: its fields and its body, streamed to the client as it comes.
@@ -1468,6 +1471,22 @@ Forwarding::Attempt Forwarding::exchange_with(const Gateway::Target& target) {
   return attempt;
 }
 
+bool Forwarding::resend_turned_away(std::error_code failure, bool body_whole,
+                                    unsigned& turned_away) {
+  // An HTTP/2 upstream closing a connection gracefully (nginx after keepalive_requests, 1,000
+  // by default; any server on reload) says with GOAWAY which streams it will still answer; the
+  // streams opened after that one were never processed. Routine, and no sign of trouble: sent
+  // again to the same target on another connection, not counted as an attempt, a retry (of
+  // the budget) or a failure of the target. A few times at most, lest an upstream that sends
+  // GOAWAY to every stream hold the request forever: beyond them it is a failure as others.
+  constexpr unsigned kMaxResends = 3;
+  if (failure != ExchangeErrc::kAboveGoaway || !body_whole || turned_away == kMaxResends) {
+    return false;
+  }
+  ++turned_away;
+  return true;
+}
+
 bool Forwarding::retry_allowed(bool safe, unsigned attempt) {
   if (!safe || attempt >= retries_.attempts) return false;
   if (budget_.milli < 1000) {
@@ -1482,10 +1501,17 @@ bool Forwarding::retry_allowed(bool safe, unsigned attempt) {
 http::Response Forwarding::run() {
   const http::RequestHead& head = forward_head_->head;
   TriedTargets tried;
+  // A target that turned the request away unprocessed while closing a connection gracefully
+  // gets it again (resend_turned_away): then no target is picked.
+  std::optional<std::size_t> again;
+  unsigned turned_away = 0;
   for (unsigned number = 1;; ++number) {
     bool panic = false;
-    auto pick = pick_target(worker_, upstream_, tried, key_hash_, &panic);
-    if (panic && metrics_) metrics_->record_panic(service_.series);
+    auto pick = std::exchange(again, std::nullopt);
+    if (!pick) {
+      pick = pick_target(worker_, upstream_, tried, key_hash_, &panic);
+      if (panic && metrics_) metrics_->record_panic(service_.series);
+    }
     if (!pick && number > 1 && last_reused_ && upstream_.targets.size() == 1) {
       // Every target tried: the last failure stands. But a single target may be tried again
       // when the failure was a pooled connection it had closed: no fault of the target.
@@ -1508,6 +1534,13 @@ http::Response Forwarding::run() {
     Attempt attempt = exchange_with(target);
     if (attempt.head == nullptr) {
       last_error_ = attempt.failure;
+      bool body_whole = body_.replayable || !body_.streamed_beyond;
+      if (resend_turned_away(attempt.failure, body_whole, turned_away)) {
+        if (metrics_) metrics_->record_resend(service_.series);
+        again = pick;
+        --number;  // not an attempt
+        continue;
+      }
       // A failure while the client's own body was still coming (stalled, cut, past the
       // upstream's read deadline) may be the client's doing: it is not the target's.
       if (counts_against_target(attempt.failure) && body_.complete) {
@@ -1516,7 +1549,6 @@ http::Response Forwarding::run() {
       // Safe to send again: nothing reached the upstream (whatever the method, if the body is
       // still whole or not yet begun), or an idempotent request whose body is kept and whose
       // connection closed before any answer.
-      bool body_whole = body_.replayable || !body_.streamed_beyond;
       bool safe = (http::nothing_reached_upstream(attempt.failure) && body_whole) ||
                   (idempotent_ && body_.replayable &&
                    attempt.failure == ExchangeErrc::kClosedBeforeResponse);

@@ -57,6 +57,9 @@ class Metrics {
   /// An attempt that could have been sent again, but the retry budget was spent. Worker
   /// threads only.
   void record_retry_denied(std::uint32_t series);
+  /// A request sent again because an HTTP/2 upstream turned its stream away unprocessed as it
+  /// closed a connection (above GOAWAY's last stream): not a retry. Worker threads only.
+  void record_resend(std::uint32_t series);
   /// Passive checks ejected a target, or (`withheld`) would have but for max_ejection_percent.
   /// Worker threads only.
   void record_ejection(std::uint32_t series, bool withheld);
@@ -77,6 +80,7 @@ class Metrics {
     Histogram connect, first_byte;
     std::uint64_t retries = 0;
     std::uint64_t retries_denied = 0;
+    std::uint64_t resent = 0;
     std::uint64_t ejections = 0;
     std::uint64_t ejections_withheld = 0;
     std::uint64_t panics = 0;
