@@ -403,12 +403,14 @@ def bars(results, path, title=None):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     chain = any(r["server"].startswith("spindle+") for r in results)
-    names = [f"{r['server']}\n{r['setup']} c{r['connections']}" for r in results]
+    # (A set-up's name may carry how it was loaded after a space: a line of its own.)
+    names = [f"{r['server']}\n{r['setup'].replace(' ', chr(10))} c{r['connections']}"
+             for r in results]
     total = [r["cpu_us_per_request"] or 0 for r in results]
     user = [r.get("user_us_per_request") or 0 for r in results]
     # The upstream's CPU per request behind each gateway, where the run measured it.
     upstream = [r.get("upstream_us_per_request") or 0 for r in results]
-    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(results)), 3.8))
+    fig, ax = plt.subplots(figsize=(max(8, 1.25 * len(results)), 4.2))
     x = range(len(results))
     width = 0.27 if any(upstream) else 0.4
     ax.bar([i - width / 2 - (width / 2 if any(upstream) else 0) for i in x], total, width,
