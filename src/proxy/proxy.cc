@@ -552,6 +552,23 @@ int status_for(std::error_code ec) {
   return 502;
 }
 
+// True (and counted in `turned_away`) when a failed attempt is to be sent again to the same
+// target, outside the retry rules: a stream the upstream turned away unprocessed.
+bool resend_turned_away(std::error_code failure, bool body_whole, unsigned& turned_away) {
+  // An HTTP/2 upstream closing a connection gracefully (nginx after keepalive_requests, 1,000
+  // by default; any server on reload) says with GOAWAY which streams it will still answer; the
+  // streams opened after that one were never processed. Routine, and no sign of trouble: sent
+  // again to the same target on another connection, not counted as an attempt, a retry (of
+  // the budget) or a failure of the target. A few times at most, lest an upstream that sends
+  // GOAWAY to every stream hold the request forever: beyond them it is a failure as others.
+  constexpr unsigned kMaxResends = 3;
+  if (failure != ExchangeErrc::kAboveGoaway || !body_whole || turned_away == kMaxResends) {
+    return false;
+  }
+  ++turned_away;
+  return true;
+}
+
 // True if a failure says something about the target's health (not the client's doing, nor
 // our own limits).
 bool counts_against_target(std::error_code ec) {
@@ -1227,17 +1244,25 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   head.headers.add_view("X-Forwarded-For", http::token::kXForwardedFor, client);
   std::string authority = target.label;
 
-  auto opened =
-      connections_.open(target.endpoint, head, authority, service->timeouts, upstream.limits);
-  if (!opened) {
-    if (counts_against_target(opened.error())) {
-      note_target_failure(upstream, *pick, metrics_, service->series);
+  // (Sent again, as a forwarded request is, when the service closing a connection turned it
+  // away unprocessed: resend_turned_away.)
+  std::shared_ptr<http::ClientExchange> exchange;
+  Result<const http::ClientResponseHead*> got = std::unexpected(std::error_code());
+  for (unsigned turned_away = 0;;) {
+    auto opened =
+        connections_.open(target.endpoint, head, authority, service->timeouts, upstream.limits);
+    if (!opened) {
+      if (counts_against_target(opened.error())) {
+        note_target_failure(upstream, *pick, metrics_, service->series);
+      }
+      return unavailable(opened.error().message());
     }
-    return unavailable(opened.error().message());
+    exchange = std::move(*opened);
+    auto finished = exchange->finish();
+    got = finished ? exchange->read_head() : std::unexpected(finished.error());
+    if (got || !resend_turned_away(got.error(), true, turned_away)) break;
+    if (metrics_) metrics_->record_resend(service->series);
   }
-  std::shared_ptr<http::ClientExchange> exchange = std::move(*opened);
-  auto finished = exchange->finish();
-  auto got = finished ? exchange->read_head() : std::unexpected(finished.error());
   if (!got) {
     if (counts_against_target(got.error())) {
       note_target_failure(upstream, *pick, metrics_, service->series);
@@ -1326,9 +1351,6 @@ class Forwarding {
   // True if an attempt that failed or was answered 502/503 is tried again: `safe` to send
   // again, attempts left, and a retry in the budget (spent here).
   bool retry_allowed(bool safe, unsigned attempt);
-  // True (and counted in `turned_away`) when a failed attempt is to be sent again to the same
-  // target, outside the retry rules: a stream the upstream turned away unprocessed (GOAWAY).
-  static bool resend_turned_away(std::error_code failure, bool body_whole, unsigned& turned_away);
   // 101 (or CONNECT's 2xx): the connection becomes a tunnel between client and upstream.
   http::Response open_tunnel(const Gateway::Target& target, Attempt& attempt);
   // The upstream's response: its fields and its body, streamed to the client as it comes.
@@ -1469,22 +1491,6 @@ Forwarding::Attempt Forwarding::exchange_with(const Gateway::Target& target) {
     attempt.failure = sent ? got.error() : sent.error();
   }
   return attempt;
-}
-
-bool Forwarding::resend_turned_away(std::error_code failure, bool body_whole,
-                                    unsigned& turned_away) {
-  // An HTTP/2 upstream closing a connection gracefully (nginx after keepalive_requests, 1,000
-  // by default; any server on reload) says with GOAWAY which streams it will still answer; the
-  // streams opened after that one were never processed. Routine, and no sign of trouble: sent
-  // again to the same target on another connection, not counted as an attempt, a retry (of
-  // the budget) or a failure of the target. A few times at most, lest an upstream that sends
-  // GOAWAY to every stream hold the request forever: beyond them it is a failure as others.
-  constexpr unsigned kMaxResends = 3;
-  if (failure != ExchangeErrc::kAboveGoaway || !body_whole || turned_away == kMaxResends) {
-    return false;
-  }
-  ++turned_away;
-  return true;
 }
 
 bool Forwarding::retry_allowed(bool safe, unsigned attempt) {

@@ -542,8 +542,9 @@ def test_an_h2_upstream_closing_connections_gracefully_loses_no_request(build_di
     """nginx ends an HTTP/2 connection after `keepalive_requests` (1,000 by default) with
     GOAWAY, whose last stream id tells which of the streams in flight it will still answer;
     the others it never processed. Here two nginx targets do so every 300 requests while 500
-    requests are in flight through the gateway (h2load -c50 -m10): every request is answered
-    200 (the streams turned away go again on another connection, outside the retry rules;
+    requests are in flight through the gateway (h2load -c50 -m10), each asked first by
+    forward_auth, then forwarded: every request is answered 200 (the streams turned away go
+    again on another connection, outside the retry rules; forward_auth answered 503 for them;
     before, their one retry often met another connection being closed, or the budget was
     spent: 7% of the requests answered 502 at nginx's default and 1,000 in flight), and no
     target is counted as failing (before, passive checking ejected them for it)."""
@@ -575,7 +576,10 @@ http {{
             wait_until(lambda: socket.socket().connect_ex(("127.0.0.1", port)) == 0)
         gw = gateway(build_dir, tmp_path, f"admin: {{listen: 127.0.0.1:{admin_port}}}" + SERVER + f"""
 routes:
-  - {{name: all, match: {{path_prefix: /}}, service: a}}
+  - name: all
+    match: {{path_prefix: /}}
+    middlewares: [{{forward_auth: {{service: a, path: /verify}}}}]
+    service: a
 services:
   a: {{upstream: pool, protocol: h2c}}
 upstreams:
