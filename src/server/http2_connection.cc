@@ -749,6 +749,15 @@ void Http2Connection::refuse_stream(H2Stream& s) {
 
 void Http2Connection::start_one(StreamRef stream) {
   last_started_id_ = std::max(last_started_id_, stream->id);
+  // max_requests_per_connection, as nginx's keepalive_requests does on HTTP/2: the last
+  // request allowed runs, GOAWAY names it, and the streams after it are refused unprocessed
+  // (start_due_handlers), for the client to send again on another connection.
+  if (const std::size_t most = options().max_requests_per_connection;
+      most != 0 && ++state_.requests >= most && !goaway_sent_) {
+    goaway_sent_ = true;
+    goaway_last_id_ = stream->id;
+    session_.goaway(ErrorCode::kNoError, stream->id);
+  }
   runnable_.push_back(std::move(stream));
   if (runners_starting_ == 0) start_runner();
 }

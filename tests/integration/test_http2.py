@@ -281,6 +281,46 @@ def test_graceful_shutdown_sends_goaway_and_finishes_streams(build_dir, answer_p
         server.stop()
 
 
+def test_max_requests_per_connection_ends_an_http2_connection_with_goaway(build_dir, tmp_path):
+    """`limits.max_requests_per_connection: 2`, as nginx's keepalive_requests on HTTP/2: three
+    requests sent at once get two answers, a GOAWAY (NO_ERROR) naming the second one's stream,
+    and REFUSED_STREAM for the third (never processed: a client sends it again elsewhere), then
+    the connection closes."""
+    config = tmp_path / "most.yaml"
+    config.write_text("servers:\n  - listen: 127.0.0.1:0\n    default_site: true\n"
+                      "    http2: only\n    access_log: off\n"
+                      "    limits: {max_requests_per_connection: 2}\n")
+    server = Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(config),
+                     "--threads", "1"])
+    sock, conn = h2_client_socket(server)
+    try:
+        for stream_id in (1, 3, 5):
+            conn.send_headers(stream_id, request_headers(), end_stream=True)
+        sock.sendall(conn.data_to_send())
+        received = b""
+        sock.settimeout(5)
+        while chunk := sock.recv(65536):  # the server closes the connection
+            received += chunk
+        frames = frames_of(received)
+        goaways = [f for f in frames if f[0] == 0x7]
+        assert len(goaways) == 1 and goaway_last_id(goaways[0]) == 3, frames
+        assert int.from_bytes(goaways[0][3][4:8], "big") == 0  # NO_ERROR
+        answered = {f[2] for f in frames if f[0] == 0x1}
+        assert answered == {1, 3}, frames
+        resets = [f for f in frames if f[0] == 0x3]
+        assert [(f[2], int.from_bytes(f[3], "big")) for f in resets] == [(5, 0x7)], frames
+        # A new connection is served as the first was.
+        sock2, conn2 = h2_client_socket(server)
+        conn2.send_headers(1, request_headers(), end_stream=True)
+        sock2.sendall(conn2.data_to_send())
+        events, _ = read_until_closed(sock2, conn2, 1)
+        sock2.close()
+        assert any(isinstance(e, h2.events.ResponseReceived) for e in events), events
+    finally:
+        sock.close()
+        server.stop()
+
+
 def test_http2_requests_are_access_logged(build_dir, tmp_path):
     config = tmp_path / "log.yaml"
     config.write_text("servers:\n  - listen: 127.0.0.1:0\n    http2: true\n")

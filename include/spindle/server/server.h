@@ -43,7 +43,8 @@ struct ServerOptions {
   std::chrono::milliseconds keepalive_timeout{60'000};
   /// Time allowed to write a response.
   std::chrono::milliseconds write_timeout{30'000};
-  /// Most requests on one connection (then it is closed after the response); 0: no limit.
+  /// Most requests on one connection (then it is closed after the response; HTTP/2: GOAWAY
+  /// names the last one, later streams are refused unprocessed); 0: no limit.
   std::size_t max_requests_per_connection = 0;
   /// Most open connections per worker; beyond it a new connection gets a 503 and is closed.
   std::size_t max_connections_per_worker = 16384;
