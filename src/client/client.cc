@@ -183,6 +183,7 @@ Result<ClientResponse> HttpClient::send(const ClientRequest& request) {
                             .read = remaining(),
                             .write = remaining()};
   PoolLimits limits{.max_idle = options_.max_idle_per_origin};
+  unsigned turned_away = 0;
   for (int attempt = 0;; ++attempt) {
     auto exchange = connections_.open(endpoint, head, url->authority, timeouts, limits);
     if (!exchange) {
@@ -197,6 +198,12 @@ Result<ClientResponse> HttpClient::send(const ClientRequest& request) {
       response = fail(f.error());
     } else {
       response = read_whole(**exchange, options_.max_response_body);
+    }
+    // A stream the server turned away unprocessed as it closed the connection: again on
+    // another (the body is in memory).
+    if (!response && resend_turned_away(response.error(), turned_away)) {
+      --attempt;
+      continue;
     }
     // A pooled connection the server had closed: again on a fresh one, when nothing reached
     // the server, or when the request may be sent twice.

@@ -111,6 +111,13 @@ bool nothing_reached_upstream(std::error_code ec) {
   }
 }
 
+bool resend_turned_away(std::error_code ec, unsigned& turned_away) {
+  constexpr unsigned kMaxResends = 3;
+  if (ec != ExchangeErrc::kAboveGoaway || turned_away == kMaxResends) return false;
+  ++turned_away;
+  return true;
+}
+
 bool is_connect_failure(std::error_code ec) {
   return ec.category() == tls_category() || ec == ExchangeErrc::kRefused ||
          ec == ExchangeErrc::kConnectTimeout || ec == ExchangeErrc::kTlsFailed ||

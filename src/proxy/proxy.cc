@@ -552,23 +552,6 @@ int status_for(std::error_code ec) {
   return 502;
 }
 
-// True (and counted in `turned_away`) when a failed attempt is to be sent again to the same
-// target, outside the retry rules: a stream the upstream turned away unprocessed.
-bool resend_turned_away(std::error_code failure, bool body_whole, unsigned& turned_away) {
-  // An HTTP/2 upstream closing a connection gracefully (nginx after keepalive_requests, 1,000
-  // by default; any server on reload) says with GOAWAY which streams it will still answer; the
-  // streams opened after that one were never processed. Routine, and no sign of trouble: sent
-  // again to the same target on another connection, not counted as an attempt, a retry (of
-  // the budget) or a failure of the target. A few times at most, lest an upstream that sends
-  // GOAWAY to every stream hold the request forever: beyond them it is a failure as others.
-  constexpr unsigned kMaxResends = 3;
-  if (failure != ExchangeErrc::kAboveGoaway || !body_whole || turned_away == kMaxResends) {
-    return false;
-  }
-  ++turned_away;
-  return true;
-}
-
 // True if a failure says something about the target's health (not the client's doing, nor
 // our own limits).
 bool counts_against_target(std::error_code ec) {
@@ -1245,7 +1228,7 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   std::string authority = target.label;
 
   // (Sent again, as a forwarded request is, when the service closing a connection turned it
-  // away unprocessed: resend_turned_away.)
+  // away unprocessed: http::resend_turned_away.)
   std::shared_ptr<http::ClientExchange> exchange;
   Result<const http::ClientResponseHead*> got = std::unexpected(std::error_code());
   for (unsigned turned_away = 0;;) {
@@ -1260,7 +1243,7 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
     exchange = std::move(*opened);
     auto finished = exchange->finish();
     got = finished ? exchange->read_head() : std::unexpected(finished.error());
-    if (got || !resend_turned_away(got.error(), true, turned_away)) break;
+    if (got || !http::resend_turned_away(got.error(), turned_away)) break;
     if (metrics_) metrics_->record_resend(service->series);
   }
   if (!got) {
@@ -1508,7 +1491,7 @@ http::Response Forwarding::run() {
   const http::RequestHead& head = forward_head_->head;
   TriedTargets tried;
   // A target that turned the request away unprocessed while closing a connection gracefully
-  // gets it again (resend_turned_away): then no target is picked.
+  // gets it again (http::resend_turned_away): then no target is picked.
   std::optional<std::size_t> again;
   unsigned turned_away = 0;
   for (unsigned number = 1;; ++number) {
@@ -1541,7 +1524,9 @@ http::Response Forwarding::run() {
     if (attempt.head == nullptr) {
       last_error_ = attempt.failure;
       bool body_whole = body_.replayable || !body_.streamed_beyond;
-      if (resend_turned_away(attempt.failure, body_whole, turned_away)) {
+      // Turned away unprocessed by an upstream closing a connection: routine, no failure of
+      // the target's, so neither an attempt nor a retry (of the budget).
+      if (body_whole && http::resend_turned_away(attempt.failure, turned_away)) {
         if (metrics_) metrics_->record_resend(service_.series);
         again = pick;
         --number;  // not an attempt

@@ -69,7 +69,10 @@ class HttpClient {
 
   /// Sends `request` and reads the whole response, from a fiber of the runtime. Errors: a bad
   /// URL (std::errc::invalid_argument), lookup, connect and TLS errors, std::errc::timed_out,
-  /// std::errc::protocol_error for a malformed response, std::errc::message_size.
+  /// std::errc::protocol_error for a malformed response, std::errc::message_size. Sent again,
+  /// once, when a pooled connection proves closed before anything reached the server; and up
+  /// to three times when an HTTP/2 server closing a connection turned the stream away
+  /// unprocessed (GOAWAY).
   [[nodiscard]] Result<ClientResponse> send(const ClientRequest& request);
 
   struct Pool;

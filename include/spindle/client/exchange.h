@@ -84,6 +84,13 @@ inline std::error_code make_error_code(ExchangeErrc e) {
 /// True if the failure proves that the upstream cannot have seen the request: it may be sent
 /// again, to any target, whatever its method.
 bool nothing_reached_upstream(std::error_code ec);
+/// True (and counted in `turned_away`) when a request that failed with `ec` is to be sent
+/// again to the same server on another connection, before and outside any retry rule: an
+/// HTTP/2 server closing a connection gracefully (GOAWAY: nginx after keepalive_requests, any
+/// server on reload) turned its stream away unprocessed. At most a few times a request, lest a
+/// server that does so to every stream hold it forever. The caller must still have the whole
+/// body to send.
+bool resend_turned_away(std::error_code ec, unsigned& turned_away);
 /// True for the failures of connecting (refused, timed out, TLS, other).
 bool is_connect_failure(std::error_code ec);
 

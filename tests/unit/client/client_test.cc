@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,15 +32,21 @@ Router make_router() {
     return Response::text("late");
   });
   router.get("/big", [](Request&) { return Response::text(std::string(3 << 20, 'q')); });
+  // The client's address and port: which connection the request came on.
+  router.get("/peer", [](Request& r) {
+    return Response::text(r.context().peer ? r.context().peer->to_string() : "?");
+  });
   return router;
 }
 
 // Our server on loopback: plain (HTTP/1.1 and h2c) or TLS (ALPN h2 and http/1.1).
 std::unique_ptr<HttpServer> start_server(Runtime& runtime, bool tls,
-                                         std::chrono::milliseconds keepalive = 60s) {
+                                         std::chrono::milliseconds keepalive = 60s,
+                                         std::size_t max_requests_per_connection = 0) {
   ServerOptions options;
   options.http2 = true;
   options.keepalive_timeout = keepalive;
+  options.max_requests_per_connection = max_requests_per_connection;
   options.max_body = 8 << 20;
   if (tls) {
     const std::string& d = cert_dir();
@@ -158,6 +165,39 @@ TEST(HttpClient, H2cMultiplexesConcurrentFibersOnOneConnection) {
     auto big = client.send({.url = url(*server, false, "/big")});  // beyond every window
     ASSERT_TRUE(big.has_value());
     EXPECT_EQ(big->body.size(), 3u << 20);
+  });
+  server->drain(Deadline::after(5s));
+}
+
+// A server that ends each HTTP/2 connection after 20 requests (GOAWAY naming the twentieth,
+// the streams after it refused unprocessed) while 30 are in flight: each turned away is sent
+// again on another connection (up to three times), and all 60 are answered.
+TEST(HttpClient, H2cRequestsTurnedAwayByGoawayGoAgainOnAnotherConnection) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server = start_server(runtime, false, 60s, 20);
+  HttpClient client(runtime, ClientOptions{.h2c_prior_knowledge = true});
+  runtime.block_on([&] {
+    std::set<std::string> peers;
+    int ok = 0;
+    std::error_code failed;
+    for (int round = 0; round < 2; ++round) {
+      WaitGroup all;
+      for (int i = 0; i < 30; ++i) {
+        all.add();
+        spawn([&] {
+          auto r = client.send({.url = url(*server, false, "/peer")});
+          if (r && r->status == 200) {
+            ++ok;
+            peers.insert(r->body);
+          }
+          if (!r) failed = r.error();
+          all.done();
+        }).detach();
+      }
+      (void)all.wait();
+    }
+    EXPECT_EQ(ok, 60) << failed.message();
+    EXPECT_GE(peers.size(), 3u);  // connections did end with GOAWAY: at most 20 on each
   });
   server->drain(Deadline::after(5s));
 }
