@@ -320,6 +320,11 @@ def main():
     for tool in ("h2load", "wrk", "nginx", "haproxy", "h2o", "taskset", "openssl", "curl"):
         if not shutil.which(tool):
             sys.exit(f"proxy_compare: {tool} is not installed (make bench installs it)")
+    cells = [(s, c) for s in SETUPS for c in map(int, a.connections.split(","))
+             if not a.setups or s[0] in a.setups.split(",")]
+    if a.rps and any(setup[1] != "h2load" for setup, _ in cells):
+        sys.exit("proxy_compare: --rps needs h2load: choose the HTTP/2 set-ups "
+                 "(--setups h2tls->h1,h2tls->h2); wrk has no fixed rate")
     results = []
     certs = tempfile.mkdtemp(prefix="spindle-bench-certs-")
     upstream_tmp = tempfile.mkdtemp(prefix="spindle-bench-upstream-")
@@ -330,11 +335,6 @@ def main():
         for f in os.listdir(certs):
             os.chmod(os.path.join(certs, f), 0o644)
         upstream = start_upstream(upstream_tmp, certs)
-        cells = [(s, c) for s in SETUPS for c in map(int, a.connections.split(","))
-                 if not a.setups or s[0] in a.setups.split(",")]
-        if a.rps and any(setup[1] != "h2load" for setup, _ in cells):
-            sys.exit("proxy_compare: --rps needs h2load: choose the HTTP/2 set-ups "
-                     "(--setups h2tls->h1,h2tls->h2); wrk has no fixed rate")
         gateways = a.gateways.split(",")
         for i, (setup, connections) in enumerate(cells, 1):
             # The gateways take turns round by round (A, B, C, A, B, C...), not all of A's

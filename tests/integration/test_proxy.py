@@ -538,6 +538,13 @@ services:
         secure.stop()
 
 
+def h2c_load(gw, clients, requests):
+    """h2load's output for `requests` of /plaintext from `clients` h2c clients, 10 streams each."""
+    return subprocess.run(["h2load", f"-c{clients}", "-m10", "-n", str(requests),
+                           f"http://{addr(gw)}/plaintext"],
+                          capture_output=True, text=True, timeout=300).stdout
+
+
 def resent_and_retried(admin_port, service="a"):
     """spindle_upstream_resent_total and spindle_upstream_retries_total of `service`."""
     conn = http.client.HTTPConnection("127.0.0.1", admin_port, timeout=5)
@@ -599,9 +606,7 @@ upstreams:
     targets: [{{address: "127.0.0.1:{ports[0]}"}}, {{address: "127.0.0.1:{ports[1]}"}}]
     health: {{passive: {{max_fails: 3, fail_timeout: 10s, max_ejection_percent: 50}}}}
 """, threads=1)
-        out = subprocess.run(["h2load", "-c50", "-m10", "-n", "20000",
-                              f"http://{addr(gw)}/plaintext"],
-                             capture_output=True, text=True, timeout=300).stdout
+        out = h2c_load(gw, 50, 20000)
         assert "status codes: 20000 2xx, 0 3xx, 0 4xx, 0 5xx" in out, (out, list(gw.errors)[-5:])
         assert not any("failing" in line or "failed 3 times" in line for line in gw.errors), \
             [line for line in gw.errors if "failing" in line or "failed" in line][:5]
@@ -627,6 +632,8 @@ def test_spindle_behind_spindle_over_h2c_with_a_request_limit_loses_no_request(b
     upstream_config.write_text("servers:\n  - listen: 127.0.0.1:0\n    default_site: true\n"
                                "    http2: only\n    access_log: off\n"
                                "    limits: {max_requests_per_connection: 150}\n")
+    if shutil.which("h2load") is None:
+        pytest.fail("h2load is not installed (scripts/install-deps.sh test installs it)")
     up = Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config",
                  str(upstream_config), "--threads", "1"])
     admin_port = free_port()
@@ -637,11 +644,7 @@ services:
   a: {{url: "http://{addr(up)}", protocol: h2c}}
 """, threads=1)
     try:
-        if shutil.which("h2load") is None:
-            pytest.fail("h2load is not installed (scripts/install-deps.sh test installs it)")
-        out = subprocess.run(["h2load", "-c20", "-m10", "-n", "5000",
-                              f"http://{addr(gw)}/plaintext"],
-                             capture_output=True, text=True, timeout=300).stdout
+        out = h2c_load(gw, 20, 5000)
         assert "status codes: 5000 2xx, 0 3xx, 0 4xx, 0 5xx" in out, (out, list(gw.errors)[-5:])
         resent, retries = resent_and_retried(admin_port)
         assert resent > 0 and retries == 0, (resent, retries)
