@@ -361,6 +361,7 @@ def main():
                 print(f"      {kind:<14} {r['rps']:>10,.0f} req/s  CPU "
                       f"{r['cpu_us_per_request'] or 0:.2f} us/req"
                       f" (user {r.get('user_us_per_request') or 0:.2f}){syscalls_text(r)}"
+                      f"  {r.get('segments_per_request') or 0:.2f} segments/req"
                       f"  errors {r['errors']}  upstream conns {r['upstream_connections']}"
                       f" (CPU {r['upstream_us_per_request'] or 0:.2f} us/req)"
                       f"  peak RSS {r['peak_rss_mb']:.0f} MiB",

@@ -139,8 +139,16 @@ def count_syscalls(pid, tool, url, connections, seconds, extra=()):
     return syscalls.per_request(result["requests"])
 
 
+def tcp_segments_sent():
+    """TCP segments this machine has sent so far (/proc/net/snmp, Tcp OutSegs)."""
+    with open("/proc/net/snmp") as f:
+        rows = [line.split() for line in f if line.startswith("Tcp:")]
+    return int(rows[1][rows[0].index("OutSegs")])
+
+
 def load(pid, tool, url, connections, seconds, extra=(), count=False):
     with SyscallCount(pid if count else None) as syscalls:
+        segments_before = tcp_segments_sent()
         before, user_before = cpu_seconds(pid), cpu_seconds(pid, user_only=True)
         if tool == "h2load":
             # A connection with nothing to show for 10 s ends (its requests count as failed):
@@ -156,6 +164,13 @@ def load(pid, tool, url, connections, seconds, extra=(), count=False):
             out = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
             result = parse_wrk(out.stdout)
     after, user_after = cpu_seconds(pid), cpu_seconds(pid, user_only=True)
+    # Every segment of the run crosses loopback once (client, gateway, upstream, ACKs included).
+    # The same load can take very different counts: a process that reads each socket as soon as
+    # data arrives acknowledges more often, so its peer sends each small write as a segment of
+    # its own, and on loopback the sender pays for the receiver's side too
+    # (docs/performance.md, "What a gateway's traffic costs the upstream").
+    result["segments_per_request"] = ((tcp_segments_sent() - segments_before) / result["requests"]
+                                      if result["requests"] else None)
     result["cpu_us_per_request"] = cpu_us_per_request(before, after, result["requests"])
     # The part spent in user space: the rest is the kernel's (the same system calls cost every
     # server about the same), so this is where servers differ by their own code.
