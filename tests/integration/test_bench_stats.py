@@ -50,3 +50,22 @@ def test_too_few_rounds_give_no_interval_and_the_text_says_only_the_range():
     a["round_cpu_us"] = [1.0, 1.1, 0.9, 1.0, 1.2]
     b["round_cpu_us"] = [1.0, 1.0, 1.0, 1.0, 1.0]
     assert ratio_text(a, b) == "0.80x (rounds 0.90-1.20; paired 1.00, 90% 0.90-1.20)"
+
+
+def test_the_segment_count_grows_by_the_segments_sent_on_loopback():
+    # bench's `segments/req` (tls_compare.tcp_segments_sent): the Tcp OutSegs counter, not
+    # another column of /proc/net/snmp. Forty one-byte writes without Nagle, each read before
+    # the next is sent, are at least forty segments (other traffic on the machine adds more).
+    import socket
+    from tls_compare import tcp_segments_sent
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        with socket.create_connection(listener.getsockname()) as client:
+            server, _ = listener.accept()
+            with server:
+                client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                before = tcp_segments_sent()
+                for _ in range(40):
+                    client.sendall(b"x")
+                    assert server.recv(1) == b"x"
+                after = tcp_segments_sent()
+    assert 40 <= after - before < 40 * 50
