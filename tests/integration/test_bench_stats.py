@@ -55,7 +55,8 @@ def test_too_few_rounds_give_no_interval_and_the_text_says_only_the_range():
 def test_the_segment_count_grows_by_the_segments_sent_on_loopback():
     # bench's `segments/req` (tls_compare.tcp_segments_sent): the Tcp OutSegs counter, not
     # another column of /proc/net/snmp. Forty one-byte writes without Nagle, each read before
-    # the next is sent, are at least forty segments (other traffic on the machine adds more).
+    # the next is sent, are at least forty segments (other traffic on the machine may add any
+    # number, so there is no upper bound).
     import socket
     from tls_compare import tcp_segments_sent
     with socket.create_server(("127.0.0.1", 0)) as listener:
@@ -68,4 +69,4 @@ def test_the_segment_count_grows_by_the_segments_sent_on_loopback():
                     client.sendall(b"x")
                     assert server.recv(1) == b"x"
                 after = tcp_segments_sent()
-    assert 40 <= after - before < 40 * 50
+    assert after - before >= 40
