@@ -420,9 +420,15 @@ def bars(results, path, title=None):
            label="user only")
     if any(upstream):
         ax.bar([i + width for i in x], upstream, width, label="the upstream's CPU (nginx)")
+    # TCP segments a request on loopback (all parties), where the run counted them.
+    for i, r in enumerate(results):
+        if r.get("segments_per_request"):
+            ax.annotate(f"{r['segments_per_request']:.2f} seg/req", (i, max(total[i], upstream[i])),
+                        textcoords="offset points", xytext=(0, 3), ha="center", fontsize=7)
     ax.set_xticks(list(x), names, fontsize=8)
     ax.set_ylabel("µs per proxied request")
-    ax.legend()
+    ax.set_ylim(top=1.3 * max(total + upstream + [1]))  # room for the legend above the bars
+    ax.legend(ncol=3, fontsize=8, loc="upper center")
     plt.title(title or ("Gateway CPU per request: the middleware chain against the bare proxy"
                         if chain else "Gateway CPU per proxied request, one worker each (same run)"))
     fig.tight_layout()
