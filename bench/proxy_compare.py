@@ -13,7 +13,10 @@ gateway is pinned to CPU 0; the upstream and the load generator share CPU 1. For
 the gateway's CPU time (utime + stime, with its children) is divided by the requests served,
 and printed with the ratios to the peers, with the gateway's peak resident memory (VmHWM,
 with its children) over the run, and the upstream's CPU per request (what each gateway's
-traffic costs the server behind it). nginx cannot proxy to HTTP/2 upstreams and h2o 2.2
+traffic costs the server behind it), and the TCP segments a request (every segment on
+loopback over the run: client, gateway, upstream and their acknowledgements; how small writes
+were packed decides much of what the upstream and the gateway pay in the kernel). nginx
+cannot proxy to HTTP/2 upstreams and h2o 2.2
 does not either: those cells say n/a.
 
 Two things decide the figures besides each gateway's own code, and two options show them:
