@@ -108,8 +108,8 @@ Response Router::handle(Request& request) const { return run(0, request); }
 
 Response Router::run(std::size_t i, Request& request) const {
   if (i == middleware_.size()) return dispatch(request);
-  Next next = [this, i](Request& r) { return run(i + 1, r); };
-  return middleware_[i](request, next);
+  auto rest = [this, i](Request& r) { return run(i + 1, r); };
+  return middleware_[i](request, Next(rest));
 }
 
 const Router::Node* Router::match(std::string_view path, Request& request) const {

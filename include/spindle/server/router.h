@@ -4,12 +4,14 @@
 /// Answers 404 for unknown paths, 405 with Allow for unknown methods, HEAD from GET, and
 /// OPTIONS with Allow.
 
+#include <concepts>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -19,8 +21,28 @@ namespace spindle::http {
 
 /// Answers one request. May throw: HttpError becomes its status, anything else a 500.
 using Handler = std::function<Response(Request&)>;
-/// The rest of the chain, as seen by a middleware.
-using Next = std::function<Response(Request&)>;
+/// The rest of the chain, as seen by a middleware: call it (or not) while the middleware runs;
+/// it refers to the chain, it does not hold it, so it is not kept past that call. Any callable
+/// taking a Request& converts to one (a test calls a middleware with a lambda).
+class Next {
+ public:
+  template <typename F>
+  requires(!std::same_as<std::remove_cvref_t<F>, Next> &&
+           std::is_invocable_r_v<Response, F&, Request&>)
+      Next(F&& rest)  // NOLINT(google-explicit-constructor): a lambda stands for the rest
+      : rest_(const_cast<void*>(static_cast<const void*>(std::addressof(rest)))),
+        call_([](void* f, Request& r) -> Response {
+          return (*static_cast<std::remove_reference_t<F>*>(f))(r);
+        }) {}
+  Next(const Next&) = delete;
+  Next& operator=(const Next&) = delete;
+
+  Response operator()(Request& request) const { return call_(rest_, request); }
+
+ private:
+  void* rest_;
+  Response (*call_)(void*, Request&);
+};
 /// Runs around the handlers: may answer itself, or call next(request) and adjust its response.
 using Middleware = std::function<Response(Request&, const Next&)>;
 
