@@ -1,6 +1,7 @@
 #include "spindle/fiber/block_cache.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "sanitizer.h"
 
@@ -24,6 +25,7 @@ constexpr std::size_t class_size(std::size_t c) {
 }
 static_assert(class_size(class_of(1)) == 64 && class_size(class_of(1024)) == 1024);
 static_assert(class_size(class_of(1025)) == 2048 && class_size(class_of(16385)) == 17 * 1024);
+static_assert(kClasses <= 64, "BlockCache::over_ has a bit per class");
 static_assert(class_of(kLargeMax) == kClasses - 1 && class_size(kClasses - 1) == kLargeMax);
 
 class BlockCache {
@@ -48,7 +50,7 @@ class BlockCache {
     Node* n = free_[c];
     if (n == nullptr) return ::operator new(class_size(c));
     free_[c] = n->next;
-    --count_[c];
+    if (count_[c]-- == floor(c) + 1) over_ &= ~(std::uint64_t{1} << c);
     bytes_ -= class_size(c);
     low_water_[c] = std::min(low_water_[c], count_[c]);
     return n;
@@ -60,15 +62,11 @@ class BlockCache {
       return;
     }
     free_[c] = new (p) Node{free_[c]};
-    ++count_[c];
+    if (++count_[c] == floor(c) + 1) over_ |= std::uint64_t{1} << c;
     bytes_ += class_size(c);
   }
-  bool over_floor() const {
-    for (std::size_t c = 0; c < kClasses; ++c) {
-      if (count_[c] > floor(c)) return true;
-    }
-    return false;
-  }
+  /// Asked before every poll of the reactor: one word, not a walk over the classes.
+  bool over_floor() const { return over_ != 0; }
   std::size_t trim() {
     std::size_t freed = 0;
     for (std::size_t c = 0; c < kClasses; ++c) {
@@ -81,6 +79,7 @@ class BlockCache {
         freed += class_size(c);
       }
       low_water_[c] = count_[c];
+      if (count_[c] <= floor(c)) over_ &= ~(std::uint64_t{1} << c);
     }
     bytes_ -= freed;
     return freed;
@@ -103,6 +102,8 @@ class BlockCache {
   std::size_t count_[kClasses] = {};
   std::size_t low_water_[kClasses] = {};
   std::size_t bytes_ = 0;
+  /// Bit c set while class c holds more than its floor.
+  std::uint64_t over_ = 0;
   bool closed_ = false;
 };
 

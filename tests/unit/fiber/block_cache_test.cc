@@ -91,6 +91,35 @@ TEST(BlockCache, TrimFreesWhatWasNotReusedDownToAFloor) {
   });
 }
 
+// The worker asks before every poll whether to trim: the answer is kept as blocks come and go,
+// per class (8 blocks over 1 KiB are the floor, 64 below).
+TEST(BlockCache, KnowsWhichClassesAreOverTheirFloorAsBlocksComeAndGo) {
+  if (kCacheOff) GTEST_SKIP() << "sanitizer build: the cache is off";
+  on_fresh_thread([] {
+    auto fill = [](std::size_t size, int count) {
+      std::vector<void*> blocks;
+      for (int i = 0; i < count; ++i) blocks.push_back(take_block(size));
+      for (void* b : blocks) give_block(b, size);
+    };
+    fill(4096, 8);
+    EXPECT_FALSE(detail::blocks_over_floor());
+    fill(4096, 9);
+    EXPECT_TRUE(detail::blocks_over_floor());
+    void* large = take_block(4096);  // 8 left: at the floor
+    EXPECT_FALSE(detail::blocks_over_floor());
+    fill(64, 65);
+    EXPECT_TRUE(detail::blocks_over_floor());
+    give_block(large, 4096);  // both classes over
+    void* small = take_block(64);
+    EXPECT_TRUE(detail::blocks_over_floor());  // the large class still is
+    large = take_block(4096);
+    EXPECT_FALSE(detail::blocks_over_floor());
+    give_block(small, 64);
+    EXPECT_TRUE(detail::blocks_over_floor());
+    give_block(large, 4096);
+  });
+}
+
 TEST(BlockCache, AllocatorServesSharedObjectsAndStrings) {
   on_fresh_thread([] {
     struct Big {
