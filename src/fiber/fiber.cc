@@ -208,6 +208,13 @@ FiberId id() {
   return fiber ? fiber->id() : 0;
 }
 
+void on_next_suspend(void (*hook)(void*), void* arg) {
+  if (Fiber* fiber = current_fiber()) {
+    fiber->suspend_hook_ = hook;
+    fiber->suspend_hook_arg_ = arg;
+  }
+}
+
 void yield() {
   Fiber* fiber = current_fiber();
   if (!fiber) {

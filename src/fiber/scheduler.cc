@@ -2,6 +2,7 @@
 
 #include <boost/context/detail/fcontext.hpp>
 #include <cassert>
+#include <utility>
 
 #include "sanitizer.h"
 #include "spindle/fiber/worker.h"
@@ -95,6 +96,8 @@ void Scheduler::run(std::size_t budget) {
 void Scheduler::suspend(AfterSwitch after) {
   Fiber* self = current_;
   assert(self != nullptr);
+  // Disarmed before it runs: what it does (a spawn, say) does not fire it again.
+  if (self->suspend_hook_) std::exchange(self->suspend_hook_, nullptr)(self->suspend_hook_arg_);
   after_ = after;
   Fiber* next = next_for_fiber();
   if (next == self) {

@@ -6,6 +6,7 @@
 #include "server_internal.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/spawn.h"
+#include "spindle/fiber/this_fiber.h"
 #include "spindle/sync/wait_group.h"
 
 namespace spindle::http {
@@ -102,20 +103,38 @@ void refuse_ready_connections(WorkerState& worker) {
   }
 }
 
+// What a runner's suspend hook needs to start a second runner.
+struct Standby {
+  const std::shared_ptr<HttpServer::Shared>& shared;
+  WorkerState& worker;
+};
+
+// Armed on a runner for each connection it serves: should that connection block (a slow
+// handler, a full socket) while others wait on the list, a second runner starts for them.
+void start_standby(void* arg) {
+  auto& standby = *static_cast<Standby*>(arg);
+  if (standby.worker.ready_head && standby.worker.runners_starting == 0) {
+    (void)spawn_runner(standby.shared, standby.worker);
+  }
+}
+
 // Serves the ready connections one after another on the calling fiber. A fiber per woken
 // connection would cost a spawn and two switches per keep-alive request; one fiber serves a
-// whole batch of them instead, and a second stands by for the rest should the connection in
-// hand block (a slow handler, a full socket): no connection waits behind another. (If the
-// second cannot start, this one still serves them all, in turn.)
+// whole batch of them instead, and a second starts only if the connection in hand blocks
+// (this_fiber::on_next_suspend): no connection waits behind another, and a batch that never
+// blocks costs one fiber. (If the second cannot start, this one still serves them all, in
+// turn.)
 void run_ready_connections(const std::shared_ptr<HttpServer::Shared>& shared, WorkerState& worker) {
   --worker.runners_starting;
+  Standby standby{shared, worker};
   while (ConnectionPtr state{worker.ready_head}) {
     worker.ready_head = state->next_idle;
     if (!worker.ready_head) worker.ready_tail = nullptr;
     state->next_idle = nullptr;
-    if (worker.ready_head && worker.runners_starting == 0) (void)spawn_runner(shared, worker);
+    this_fiber::on_next_suspend(&start_standby, &standby);
     run_connection(std::move(state));
   }
+  this_fiber::on_next_suspend(nullptr, nullptr);
 }
 
 // The keep-alive timer fired: closes the connection if it has been idle for the whole

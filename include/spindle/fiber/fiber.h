@@ -55,6 +55,10 @@ struct AfterSwitch {
   }
 };
 
+namespace this_fiber {
+void on_next_suspend(void (*hook)(void*), void* arg);
+}  // namespace this_fiber
+
 /// The state of one fiber. Reference-counted: its worker holds a reference while it runs, and
 /// each JoinHandle holds one.
 class Fiber {
@@ -109,6 +113,7 @@ class Fiber {
   friend class Scheduler;
   friend struct FiberEntry;
   friend class FiberLocalStorage;
+  friend void this_fiber::on_next_suspend(void (*hook)(void*), void* arg);
   friend std::error_code park(Waiter& waiter, Deadline deadline, bool cancellable,
                               AfterSwitch after);
 
@@ -146,6 +151,9 @@ class Fiber {
   Fiber* next_live_ = nullptr;
   /// The waiter this fiber is parked on if the wait is cancellable (owner thread only).
   Waiter* cancellable_wait_ = nullptr;
+  /// this_fiber::on_next_suspend's hook and its argument (owner thread only).
+  void (*suspend_hook_)(void*) = nullptr;
+  void* suspend_hook_arg_ = nullptr;
 
   /// Guards done_, detached_ and joiner_.
   mutable SpinLock join_lock_;
