@@ -173,9 +173,9 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   /// the cache; ten stay in it). Without a fiber (no stack), the streams still queued are
   /// refused, so the client may send them again.
   void start_runner();
-  /// A handler fiber: runs the queued handlers one after another. Whenever more wait behind
-  /// the one it takes, another fiber stands by for them, should this one's handler park: a
-  /// batch of handlers that do not wait costs two fibers, not one each (as HTTP/1's woken
+  /// A handler fiber: runs the queued handlers one after another. Should one's handler park
+  /// while more wait behind it, another fiber starts for them (this_fiber::on_next_suspend): a
+  /// batch of handlers that do not wait costs one fiber, not one each (as HTTP/1's woken
   /// connections share theirs).
   void run_handlers();
   /// The client reset a stream whose handler runs: counted (each may have cost an upstream
@@ -798,21 +798,29 @@ void Http2Connection::run_handlers() {
       connection.handlers_.done();
     }
   } done{*this};
+  // Should a handler park while others wait behind it, another fiber starts for them then,
+  // next in the worker's queue, so that the streams of one read still start together (a
+  // fiber that waited its turn behind every other connection's would spread them over rounds,
+  // and the answers with them). Handlers that do not park share this one fiber.
+  auto stand_by = [](void* self) {
+    auto& connection = *static_cast<Http2Connection*>(self);
+    if (connection.runnable_head_ < connection.runnable_.size() &&
+        connection.runners_starting_ == 0) {
+      connection.start_runner();
+    }
+  };
   while (runnable_head_ < runnable_.size()) {
     StreamRef s = std::move(runnable_[runnable_head_++]);
     if (runnable_head_ == runnable_.size()) {
       runnable_.clear();
       runnable_head_ = 0;
-    } else if (runners_starting_ == 0) {
-      // Stands by for the rest, should this handler park: next in the worker's queue, so that
-      // the streams of one read still start together (a fiber that waited its turn behind
-      // every other connection's would spread them over rounds, and the answers with them).
-      start_runner();
     }
     if (s->closed) continue;  // reset (or the connection ended) before its handler ran
     s->handler_started = true;
+    this_fiber::on_next_suspend(stand_by, this);
     handle(std::move(s));
   }
+  this_fiber::on_next_suspend(nullptr, nullptr);
 }
 
 void Http2Connection::handle(StreamRef s) {

@@ -52,8 +52,9 @@ class RawH2 {
   }
 
   /// Sends a GET for `path` on stream `id` (HPACK with indexing: a later request's fields refer
-  /// to the table); returns the header block's size.
-  std::size_t get(std::uint32_t id, std::string_view path) {
+  /// to the table), or appends its frame to `batch` for one send of many; returns the header
+  /// block's size.
+  std::size_t get(std::uint32_t id, std::string_view path, std::string* batch = nullptr) {
     std::string block;
     encoder_.encode({{":method", "GET"},
                      {":scheme", "http"},
@@ -63,8 +64,8 @@ class RawH2 {
                      {"x-test-request", "a value worth keeping in the table"}},
                     block);
     std::string out;
-    h2::write::headers(out, id, block, /*end_stream=*/true);
-    EXPECT_TRUE(send(out));
+    h2::write::headers(batch ? *batch : out, id, block, /*end_stream=*/true);
+    if (!batch) EXPECT_TRUE(send(out));
     return block.size();
   }
 
