@@ -2,13 +2,13 @@
 # Userspace instructions per request, counted by callgrind: unlike CPU time, the count does
 # not move with the machine's noise, so it shows what a change to the request path costs or
 # saves. Runs spindle (1 worker) and the C ceiling under callgrind, drives each with wrk -c100
-# keep-alive on loopback for SECONDS, and prints instructions per request (kernel time is not
-# counted: spindle makes one recv and one send per request, the ceiling one recv more); then
-# spindle over h2c with h2load -c10 -m10 (no peer here: bench/cache_misses.sh runs h2o under
-# callgrind as a gateway, beside spindle); then spindle as a reverse proxy to an nginx upstream
-# (not under callgrind), h1->h1 with wrk -c100, h2 over TLS->h1 and h2 over TLS->h2 over TLS
-# (proxy-h2up) with h2load -c100 -m10
-# (10,000 then 40,000 requests).
+# keep-alive on loopback for SECONDS (and again with wrk -c10: below), and prints instructions
+# per request (kernel time is not counted: spindle makes one recv and one send per request,
+# the ceiling one recv more); then spindle over h2c with h2load -c10 -m10 (no peer here:
+# bench/cache_misses.sh runs h2o under callgrind as a gateway, beside spindle); then spindle
+# as a reverse proxy to an nginx upstream (not under callgrind), h1->h1 with wrk -c100, h2
+# over TLS->h1 and h2 over TLS->h2 over TLS (proxy-h2up) with h2load -c100 -m10 (10,000 then
+# 40,000 requests).
 # Each server runs twice (SECONDS, then twice that; or 5,000 then 15,000 h2c requests); the
 # difference is divided by the difference in requests, so start-up and connection set-up
 # cancel. With OUT=file, writes the figures as JSON.
@@ -26,10 +26,13 @@ done
 source scripts/ports.sh  # free_port, wait_port (the working folder is the top of the tree)
 source bench/callgrind_lib.sh  # callgrind_run, start_nginx_upstream
 
-# load PORT AMOUNT, for callgrind_run: wrk for AMOUNT seconds, or for a server named *-h2c or
-# *-h2tls (in $name, set by measure) h2load for AMOUNT requests; prints the requests answered.
+# load PORT AMOUNT, for callgrind_run: wrk for AMOUNT seconds (-c10 for a server named *-c10,
+# else -c100), or for a server named *-h2c or *-h2tls (in $name, set by measure) h2load for
+# AMOUNT requests; prints the requests answered.
 load() {
-  if [[ $name == *-h2c ]]; then
+  if [[ $name == *-c10 ]]; then
+    wrk -t1 -c10 -d"${2}s" "http://127.0.0.1:$1/plaintext" | awk '/requests in/ {print $1}'
+  elif [[ $name == *-h2c ]]; then
     h2load -c10 -m10 -n "$2" "http://127.0.0.1:$1/plaintext" | awk '/^requests:/ {print $8}'
   elif [[ $name == *-h2tls ]]; then
     h2load -c100 -m10 -n "$2" "https://127.0.0.1:$1/plaintext" | awk '/^requests:/ {print $8}'
@@ -60,6 +63,16 @@ measure spindle "$port" "$seconds" $((seconds * 2)) \
   "$bin/spindle" serve --config "$tmp/spindle.yaml" --threads 1
 port=$(free_port)
 measure ceiling "$port" "$seconds" $((seconds * 2)) "$bin/http_ceiling" "$port"
+# Under callgrind a server runs some 50x slower, so at c100 each poll finds ~100 requests where
+# the real run finds ~9: what a server does per poll (fibers started, the loop's own checks)
+# nearly vanishes. With 10 connections each poll finds at most 10, as in the real run.
+port=$(free_port)
+sed "s|127.0.0.1:0|127.0.0.1:$port|; s|bench/http|$PWD/bench/http|" bench/http/spindle.yaml \
+  >"$tmp/spindle-c10.yaml"
+measure spindle-c10 "$port" "$seconds" $((seconds * 2)) \
+  "$bin/spindle" serve --config "$tmp/spindle-c10.yaml" --threads 1
+port=$(free_port)
+measure ceiling-c10 "$port" "$seconds" $((seconds * 2)) "$bin/http_ceiling" "$port"
 port=$(free_port)
 sed "s|127.0.0.1:0|127.0.0.1:$port|; s|bench/http|$PWD/bench/http|; \$a\    http2: true" \
   bench/http/spindle.yaml >"$tmp/spindle-h2c.yaml"

@@ -9,6 +9,7 @@ import json
 import sys
 
 NAMES = {"spindle": "HTTP/1.1 hello", "ceiling": "C ceiling (HTTP/1.1)",
+         "spindle-c10": "HTTP/1.1 hello, c10",
          "spindle-h2c": "h2c hello (c10 m10)", "proxy-h1": "proxy h1 -> h1",
          "proxy-h2tls": "proxy h2 TLS -> h1", "proxy-h2up-h2tls": "proxy h2 TLS -> h2 TLS"}
 
@@ -20,7 +21,7 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     runs = [(a.split("=", 1)[0], json.load(open(a.split("=", 1)[1]))) for a in sys.argv[2:]]
-    workloads = [w for w in runs[0][1] if w != "ceiling"]
+    workloads = [w for w in runs[0][1] if not w.startswith("ceiling")]
     fig, ax = plt.subplots(figsize=(9, 4))
     width = 0.8 / len(runs)
     for i, (label, figures) in enumerate(runs):

@@ -166,11 +166,14 @@ def main():
         md.append("| server | load | instructions/request |")
         md.append("|---|---|---:|")
         for name, label in (("spindle", "HTTP/1.1 keep-alive"), ("ceiling", "HTTP/1.1 keep-alive"),
+                            ("spindle-c10", "HTTP/1.1 keep-alive, wrk -c10 (a poll's batch as "
+                             "in a real run)"),
+                            ("ceiling-c10", "HTTP/1.1 keep-alive, wrk -c10"),
                             ("spindle-h2c", "h2c, 10 streams per connection"),
                             ("proxy-h1", "proxying h1->h1 to nginx, wrk -c100"),
                             ("proxy-h2tls", "proxying h2 over TLS->h1, h2load -c100 -m10")):
             if name in n:
-                server = "spindle" if name.startswith("proxy-") else name.removesuffix("-h2c")
+                server = "spindle" if name.startswith("proxy-") else name.split("-")[0]
                 md.append(f"| {server} | {label} | {n[name]:,} |")
         md.append("")
     if a.tls:
