@@ -7,6 +7,7 @@ Each FILE is what `OUT=FILE bench/instructions.sh` wrote (user instructions per 
 workload); the bars are grouped by workload, one per build, in the order given."""
 import json
 import sys
+import textwrap
 
 NAMES = {"spindle": "HTTP/1.1 hello", "ceiling": "C ceiling (HTTP/1.1)",
          "spindle-c10": "HTTP/1.1 hello, c10",
@@ -28,7 +29,8 @@ def main():
         xs = [x + (i - (len(runs) - 1) / 2) * width for x in range(len(workloads))]
         bars = ax.bar(xs, [figures.get(w, 0) for w in workloads], width, label=label)
         ax.bar_label(bars, fmt="%d", fontsize=7)
-    ax.set_xticks(range(len(workloads)), [NAMES.get(w, w) for w in workloads])
+    ax.set_xticks(range(len(workloads)),
+                  [textwrap.fill(NAMES.get(w, w), 16) for w in workloads], fontsize=8)
     ax.set_ylabel("user instructions per request (callgrind)")
     ax.set_title("spindle, one worker: instructions per request")
     ax.legend()
