@@ -201,18 +201,18 @@ Fiber* current_fiber() {
   return worker ? worker->scheduler().current() : nullptr;
 }
 
+void detail::on_next_suspend(void (*hook)(void*), void* arg) {
+  if (Fiber* fiber = current_fiber()) {
+    fiber->suspend_hook_ = hook;
+    fiber->suspend_hook_arg_ = arg;
+  }
+}
+
 namespace this_fiber {
 
 FiberId id() {
   Fiber* fiber = current_fiber();
   return fiber ? fiber->id() : 0;
-}
-
-void on_next_suspend(void (*hook)(void*), void* arg) {
-  if (Fiber* fiber = current_fiber()) {
-    fiber->suspend_hook_ = hook;
-    fiber->suspend_hook_arg_ = arg;
-  }
 }
 
 void yield() {

@@ -174,7 +174,7 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   /// refused, so the client may send them again.
   void start_runner();
   /// A handler fiber: runs the queued handlers one after another. Should one's handler park
-  /// while more wait behind it, another fiber starts for them (this_fiber::on_next_suspend): a
+  /// while more wait behind it, another fiber starts for them (spindle::detail::on_next_suspend): a
   /// batch of handlers that do not wait costs one fiber, not one each (as HTTP/1's woken
   /// connections share theirs).
   void run_handlers();
@@ -817,10 +817,10 @@ void Http2Connection::run_handlers() {
     }
     if (s->closed) continue;  // reset (or the connection ended) before its handler ran
     s->handler_started = true;
-    this_fiber::on_next_suspend(stand_by, this);
+    spindle::detail::on_next_suspend(stand_by, this);
     handle(std::move(s));
   }
-  this_fiber::on_next_suspend(nullptr, nullptr);
+  spindle::detail::on_next_suspend(nullptr, nullptr);
 }
 
 void Http2Connection::handle(StreamRef s) {

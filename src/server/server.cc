@@ -6,7 +6,6 @@
 #include "server_internal.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/spawn.h"
-#include "spindle/fiber/this_fiber.h"
 #include "spindle/sync/wait_group.h"
 
 namespace spindle::http {
@@ -121,7 +120,7 @@ void start_standby(void* arg) {
 // Serves the ready connections one after another on the calling fiber. A fiber per woken
 // connection would cost a spawn and two switches per keep-alive request; one fiber serves a
 // whole batch of them instead, and a second starts only if the connection in hand blocks
-// (this_fiber::on_next_suspend): no connection waits behind another, and a batch that never
+// (spindle::detail::on_next_suspend): no connection waits behind another, and a batch that never
 // blocks costs one fiber. (If the second cannot start, this one still serves them all, in
 // turn.)
 void run_ready_connections(const std::shared_ptr<HttpServer::Shared>& shared, WorkerState& worker) {
@@ -131,10 +130,10 @@ void run_ready_connections(const std::shared_ptr<HttpServer::Shared>& shared, Wo
     worker.ready_head = state->next_idle;
     if (!worker.ready_head) worker.ready_tail = nullptr;
     state->next_idle = nullptr;
-    this_fiber::on_next_suspend(&start_standby, &standby);
+    spindle::detail::on_next_suspend(&start_standby, &standby);
     run_connection(std::move(state));
   }
-  this_fiber::on_next_suspend(nullptr, nullptr);
+  spindle::detail::on_next_suspend(nullptr, nullptr);
 }
 
 // The keep-alive timer fired: closes the connection if it has been idle for the whole

@@ -55,9 +55,15 @@ struct AfterSwitch {
   }
 };
 
-namespace this_fiber {
+namespace detail {
+/// Arms `hook(arg)` to run on the calling fiber just before it next gives up its worker (a
+/// park or a yield; not its end), once; `hook` nullptr disarms. No effect outside fibers.
+/// The HTTP server's runners use it to start a second fiber only when the first waits. Not
+/// for handlers: there is one hook per fiber, and a handler's would replace its runner's.
+/// The hook must not park, and it runs while the fiber may still hold the lock of what it
+/// parks on (released after the switch): keep it to bookkeeping and spawning.
 void on_next_suspend(void (*hook)(void*), void* arg);
-}  // namespace this_fiber
+}  // namespace detail
 
 /// The state of one fiber. Reference-counted: its worker holds a reference while it runs, and
 /// each JoinHandle holds one.
@@ -113,7 +119,7 @@ class Fiber {
   friend class Scheduler;
   friend struct FiberEntry;
   friend class FiberLocalStorage;
-  friend void this_fiber::on_next_suspend(void (*hook)(void*), void* arg);
+  friend void detail::on_next_suspend(void (*hook)(void*), void* arg);
   friend std::error_code park(Waiter& waiter, Deadline deadline, bool cancellable,
                               AfterSwitch after);
 
@@ -151,7 +157,7 @@ class Fiber {
   Fiber* next_live_ = nullptr;
   /// The waiter this fiber is parked on if the wait is cancellable (owner thread only).
   Waiter* cancellable_wait_ = nullptr;
-  /// this_fiber::on_next_suspend's hook and its argument (owner thread only).
+  /// detail::on_next_suspend's hook and its argument (owner thread only).
   void (*suspend_hook_)(void*) = nullptr;
   void* suspend_hook_arg_ = nullptr;
 

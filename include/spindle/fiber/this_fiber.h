@@ -20,13 +20,6 @@ FiberId id();
 /// Lets the other runnable fibers of this worker run first (a thread yield outside fibers).
 void yield();
 
-/// Arms `hook(arg)` to run on the calling fiber just before it next gives up its worker (a
-/// park or a yield; not its end), once; `hook` nullptr disarms. One hook per fiber: a second
-/// call replaces the first. The hook must not park, and it runs while the fiber may still
-/// hold the lock of what it parks on (released after the switch): keep it to bookkeeping and
-/// spawning. No effect outside fibers.
-void on_next_suspend(void (*hook)(void*), void* arg);
-
 /// True if the calling fiber was asked to stop (false outside fibers).
 bool stop_requested();
 

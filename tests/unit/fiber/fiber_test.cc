@@ -80,18 +80,18 @@ FIBER_TEST(Fiber, ASuspendHookRunsOnceBeforeTheNextParkOrYield) {
   std::vector<std::string> events;
   auto note = [](void* arg) { static_cast<std::vector<std::string>*>(arg)->push_back("hook"); };
   auto fiber = spawn([&] {
-    this_fiber::on_next_suspend(note, &events);
+    spindle::detail::on_next_suspend(note, &events);
     events.push_back("armed");
     this_fiber::yield();
     events.push_back("back");
     this_fiber::yield();  // fired already: nothing
-    this_fiber::on_next_suspend(note, &events);
+    spindle::detail::on_next_suspend(note, &events);
     (void)this_fiber::sleep_for(std::chrono::milliseconds(1));
     events.push_back("slept");
-    this_fiber::on_next_suspend(note, &events);
-    this_fiber::on_next_suspend(nullptr, nullptr);
+    spindle::detail::on_next_suspend(note, &events);
+    spindle::detail::on_next_suspend(nullptr, nullptr);
     this_fiber::yield();
-    this_fiber::on_next_suspend(note, &events);  // armed at the end: the end is no suspend
+    spindle::detail::on_next_suspend(note, &events);  // armed at the end: the end is no suspend
   });
   fiber.join();
   EXPECT_EQ(events, (std::vector<std::string>{"armed", "hook", "back", "hook", "slept"}));
