@@ -163,24 +163,40 @@ inline constexpr Token kTokens[] = {
     {"sec-websocket-version", 0, 0},
 };
 
-// The slot a name starts at: from its length and its first and last bytes, any case (| 0x20
-// lower-cases letters and leaves the other bytes of known names as they are).
-inline constexpr std::size_t kTokenSlots = 256;
-constexpr std::size_t token_slot(std::string_view name) {
-  return (name.size() * 31 + (static_cast<unsigned char>(name.front()) | 0x20) * 7 +
-          (static_cast<unsigned char>(name.back()) | 0x20)) %
-         kTokenSlots;
+// Each name has a slot of its own in a table of 512: a key from its length and its first two
+// and last bytes, any case (| 0x20 lower-cases letters and leaves the other bytes of known names
+// as they are), times a multiplier, top nine bits. The multiplier is the first of a sequence
+// under which no two known names share a slot, found while compiling: a lookup is one slot and
+// at most one compare, with no probing.
+inline constexpr unsigned kTokenSlotBits = 9;
+constexpr std::uint32_t token_key(std::string_view name) {  // name.size() >= 2
+  auto byte = [](char c) {
+    return static_cast<std::uint32_t>(static_cast<unsigned char>(c) | 0x20);
+  };
+  return (static_cast<std::uint32_t>(name.size()) & 0xff) | byte(name[0]) << 8 |
+         byte(name[1]) << 16 | byte(name.back()) << 24;
 }
-// kTokens by token_slot, open addressing (index + 1; 0 for an empty slot).
-inline constexpr auto kTokenIndex = [] {
-  std::array<std::uint8_t, kTokenSlots> slots{};
-  for (std::size_t i = 0; i < std::size(kTokens); ++i) {
-    std::size_t at = token_slot(kTokens[i].name);
-    while (slots[at] != 0) at = (at + 1) % kTokenSlots;
-    slots[at] = static_cast<std::uint8_t>(i + 1);
+constexpr std::size_t token_slot(std::uint32_t key, std::uint32_t multiplier) {
+  return (key * multiplier) >> (32 - kTokenSlotBits);
+}
+struct TokenTable {
+  std::uint32_t multiplier = 0;
+  /// kTokens by slot: index + 1; 0 for a slot no known name has.
+  std::array<std::uint8_t, std::size_t{1} << kTokenSlotBits> index{};
+};
+inline constexpr TokenTable kTokenTable = [] {
+  for (std::uint32_t i = 1;; ++i) {
+    TokenTable table{.multiplier = (i * 0x9e3779b1u) | 1u};
+    bool clash = false;
+    for (std::size_t k = 0; k < std::size(kTokens) && !clash; ++k) {
+      std::uint8_t& slot = table.index[token_slot(token_key(kTokens[k].name), table.multiplier)];
+      clash = slot != 0;
+      slot = static_cast<std::uint8_t>(k + 1);
+    }
+    if (!clash) return table;
   }
-  return slots;
 }();
+static_assert(std::size(kTokens) < 256, "a token's index + 1 must fit a byte");
 
 consteval const Token& named(std::string_view name) {
   for (const Token& token : kTokens) {
@@ -190,17 +206,17 @@ consteval const Token& named(std::string_view name) {
 }
 }  // namespace detail
 
-/// The token of `name` (any case), or nullptr for a name spindle has no rule for. One slot,
-/// seldom two, are looked at; a compare only where the length matches.
+/// The token of `name` (any case), or nullptr for a name spindle has no rule for: one slot is
+/// looked at, and its name compared only where the length matches.
 inline const Token* find_token(std::string_view name) {
-  if (name.empty()) return nullptr;
-  for (std::size_t at = detail::token_slot(name); detail::kTokenIndex[at] != 0;
-       at = (at + 1) % detail::kTokenSlots) {
-    const Token& token = detail::kTokens[detail::kTokenIndex[at] - 1];
-    if (token.name.size() == name.size() && detail::equals_lower_case(token.name, name))
-      return &token;
-  }
-  return nullptr;
+  if (name.size() < 2) return nullptr;  // no known name is shorter
+  const std::uint8_t at =
+      detail::kTokenTable
+          .index[detail::token_slot(detail::token_key(name), detail::kTokenTable.multiplier)];
+  if (at == 0) return nullptr;
+  const Token& token = detail::kTokens[at - 1];
+  return token.name.size() == name.size() && detail::equals_lower_case(token.name, name) ? &token
+                                                                                         : nullptr;
 }
 
 /// Every known name, by name: `token::kContentLength` is "content-length".
