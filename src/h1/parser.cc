@@ -50,6 +50,37 @@ ParseResult parse_request_line(std::string_view line, RequestHead& head) {
   return {State::kComplete, 0, 0, {}};
 }
 
+// The request line of nearly every request, judged in one pass: a method, a space, an
+// origin-form target, a space, "HTTP/1.1" or "HTTP/1.0" and CRLF, within `max_line`. Returns the
+// offset of its CR with `head`'s line set (`head` cleared first), or 0 for any other line, or
+// one not all arrived: parse_request_line then judges it (so every error is its, as before).
+std::size_t quick_request_line(std::string_view message, std::size_t max_line, RequestHead& head) {
+  std::size_t sp1 =
+      message.starts_with("GET ") ? 3 : detail::token_run(message.data(), message.size());
+  if (sp1 == 0 || sp1 >= message.size() || message[sp1] != ' ') return 0;
+  std::size_t target = sp1 + 1;
+  if (target == message.size() || message[target] != '/') return 0;
+  std::size_t sp2 = target + target_prefix_length(message.substr(target));
+  // " HTTP/1.x\r\n"
+  if (message.size() - sp2 < 11 || message[sp2] != ' ') return 0;
+  const std::size_t cr = sp2 + 9;
+  if (cr > max_line || message[cr] != '\r' || message[cr + 1] != '\n') return 0;
+  std::uint64_t version = detail::word_at(message.data() + sp2 + 1);
+  int minor;
+  if (version == detail::word_at("HTTP/1.1")) {
+    minor = 1;
+  } else if (version == detail::word_at("HTTP/1.0")) {
+    minor = 0;
+  } else {
+    return 0;
+  }
+  head.clear();
+  head.method = message.substr(0, sp1);
+  head.target = message.substr(target, sp2 - target);
+  head.minor_version = minor;
+  return cr;
+}
+
 // Notes which of "close" and "keep-alive" a Connection value lists.
 void note_connection_tokens(std::string_view value, bool& close, bool& keep_alive) {
   for_each_list_item(value, [&](std::string_view token) {
@@ -172,14 +203,17 @@ ParseResult RequestParser::parse(std::string_view input, RequestHead& head) {
 
 ParseResult RequestParser::parse_head(std::string_view message, RequestHead& head) const {
   // One pass, line by line: each line ends at its first CR, which must begin a CRLF.
-  std::size_t line_end = message.find('\r');
-  if (line_end == std::string_view::npos) return {State::kIncomplete, 0, 0, {}};
-  if (line_end > limits_.max_request_line) return error(414, "request line too long");
-  if (line_end + 1 == message.size()) return {State::kIncomplete, 0, 0, {}};
-  if (message[line_end + 1] != '\n') return error(400, "bare CR in request line");
-  head.clear();
-  if (auto r = parse_request_line(message.substr(0, line_end), head); r.state == State::kError) {
-    return r;
+  std::size_t line_end = quick_request_line(message, limits_.max_request_line, head);
+  if (line_end == 0) {
+    line_end = message.find('\r');
+    if (line_end == std::string_view::npos) return {State::kIncomplete, 0, 0, {}};
+    if (line_end > limits_.max_request_line) return error(414, "request line too long");
+    if (line_end + 1 == message.size()) return {State::kIncomplete, 0, 0, {}};
+    if (message[line_end + 1] != '\n') return error(400, "bare CR in request line");
+    head.clear();
+    if (auto r = parse_request_line(message.substr(0, line_end), head); r.state == State::kError) {
+      return r;
+    }
   }
   std::size_t pos = line_end + 2;
   for (;;) {

@@ -190,8 +190,27 @@ inline bool is_target_char(char c) {
   return u > 0x20 && u < 0x7f;
 }
 
-/// The length of the longest prefix of `s` made of request-target characters.
+/// The length of the longest prefix of `s` made of request-target characters: sixteen bytes
+/// at a time where SSE2 is there (as bytes taken signed, 0x21..0x7e are those above 0x20 and
+/// below 0x7f), else eight.
 inline std::size_t target_prefix_length(std::string_view s) {
+#if defined(__SSE2__)
+  if (s.size() >= 16) {
+    auto stops_at = [&](std::size_t at) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s.data() + at));
+      const __m128i ok = _mm_and_si128(_mm_cmpgt_epi8(v, _mm_set1_epi8(0x20)),
+                                       _mm_cmplt_epi8(v, _mm_set1_epi8(0x7f)));
+      return ~static_cast<unsigned>(_mm_movemask_epi8(ok)) & 0xffffu;
+    };
+    std::size_t i = 0;
+    for (; i + 16 <= s.size(); i += 16) {
+      if (unsigned stops = stops_at(i); stops != 0) return i + std::countr_zero(stops);
+    }
+    if (i == s.size()) return i;
+    const unsigned stops = stops_at(s.size() - 16);
+    return stops == 0 ? s.size() : s.size() - 16 + std::countr_zero(stops);
+  }
+#endif
   auto suspect = [](std::uint64_t w) {
     return detail::any_below(w, 0x21) || detail::any_at_least_7f(w);
   };
