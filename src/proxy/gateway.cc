@@ -10,6 +10,7 @@
 #include "spindle/base/log.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/fiber/worker.h"
+#include "spindle/http/bytes.h"
 #include "spindle/sync/wait_group.h"
 
 namespace spindle::proxy {
@@ -263,7 +264,7 @@ Gateway::~Gateway() { stop_probes(); }
 
 const Gateway::Server* Gateway::server(std::string_view key) const {
   for (const Server& s : servers_) {
-    if (s.key == key) return &s;
+    if (http::equal_bytes(s.key, key)) return &s;
   }
   return nullptr;
 }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "spindle/http/bytes.h"
+
 namespace spindle::http {
 
 struct Router::Node {
@@ -95,7 +97,7 @@ Router& Router::route(std::string_view method, std::string_view pattern, Handler
                                 std::string(pattern));
   }
   node->handlers.emplace_back(std::string(method), std::move(handler));
-  if (all_static) exact_.emplace(pattern, node);
+  if (all_static) add_exact(pattern, node);
   return *this;
 }
 
@@ -112,10 +114,36 @@ Response Router::run(std::size_t i, Request& request) const {
   return middleware_[i](request, Next(rest));
 }
 
+void Router::add_exact(std::string_view path, const Node* node) {
+  if ((exact_count_ + 1) * 2 > exact_.size()) {
+    std::vector<ExactRoute> old = std::move(exact_);
+    exact_.assign(std::max<std::size_t>(16, old.size() * 2), ExactRoute{});
+    exact_count_ = 0;
+    for (ExactRoute& route : old) {
+      if (route.node != nullptr) add_exact(route.path, route.node);
+    }
+  }
+  const std::uint64_t hash = path_hash(path);
+  const std::size_t mask = exact_.size() - 1;
+  std::size_t at = hash & mask;
+  for (; exact_[at].node != nullptr; at = (at + 1) & mask) {
+    if (exact_[at].path == path) return;  // another method of the same route: the same node
+  }
+  exact_[at] = {hash, std::string(path), node};
+  ++exact_count_;
+}
+
 const Router::Node* Router::match(std::string_view path, Request& request) const {
-  if (auto it = exact_.find(path); it != exact_.end()) {
-    request.clear_params();
-    return it->second;
+  if (!exact_.empty()) {
+    const std::uint64_t hash = path_hash(path);
+    const std::size_t mask = exact_.size() - 1;
+    for (std::size_t at = hash & mask; exact_[at].node != nullptr; at = (at + 1) & mask) {
+      const ExactRoute& route = exact_[at];
+      if (route.hash == hash && http::equal_bytes(route.path, path)) {
+        request.clear_params();
+        return route.node;
+      }
+    }
   }
   // Depth-first, static before {param} before *wildcard; parameters of an abandoned branch are
   // dropped by truncating to the count on entry.

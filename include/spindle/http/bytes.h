@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string_view>
 
 namespace spindle::http {
 
@@ -34,6 +35,23 @@ inline void copy_ends(char* to, const char* from, std::size_t n) {
   std::memcpy(to + n - W, tail, W);
 }
 }  // namespace detail
+
+/// True if `a` and `b` are the same bytes. Up to 16 bytes in place, as two words that overlap
+/// (a call to memcmp costs more than the compare for these), anything longer by memcmp.
+inline bool equal_bytes(std::string_view a, std::string_view b) {
+  const std::size_t n = a.size();
+  if (n != b.size()) return false;
+  if (n > 16) return std::memcmp(a.data(), b.data(), n) == 0;
+  if (n >= 8) {
+    return ((detail::word_at(a.data()) ^ detail::word_at(b.data())) |
+            (detail::word_at(a.data() + n - 8) ^ detail::word_at(b.data() + n - 8))) == 0;
+  }
+  if (n >= 4) return detail::ends_of(a.data(), n) == detail::ends_of(b.data(), n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
 
 /// Copies `n` bytes from `from` to `to` (which do not overlap). A piece of at most 32 bytes is
 /// copied in place (a call to memcpy costs more than the copy for these), anything longer by

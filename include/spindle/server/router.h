@@ -12,7 +12,6 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
-#include <unordered_map>
 #include <vector>
 
 #include "spindle/server/message.h"
@@ -83,30 +82,36 @@ class Router {
   /// Runs middleware `i` (or dispatch past the last).
   Response run(std::size_t i, Request& request) const;
 
-  /// Hashes std::string and std::string_view alike (lookups by view, without a copy).
-  struct PathHash {
-    using is_transparent = void;
-    /// A multiply-xor hash of eight bytes at a time: a route path is short, and std::hash's
-    /// byte-wise Murmur showed in the per-request cost.
-    std::size_t operator()(std::string_view s) const {
-      std::uint64_t h = s.size() * 0x9e3779b97f4a7c15ull;
-      std::size_t i = 0;
-      for (; i + 8 <= s.size(); i += 8) {
-        std::uint64_t w;
-        std::memcpy(&w, s.data() + i, 8);
-        h = (h ^ w) * 0xff51afd7ed558ccdull;
-        h ^= h >> 32;
-      }
-      for (; i < s.size(); ++i) h = (h ^ static_cast<unsigned char>(s[i])) * 0x100000001b3ull;
-      return h ^ (h >> 29);
+  /// A multiply-xor hash of eight bytes at a time: a route path is short, and std::hash's
+  /// byte-wise Murmur showed in the per-request cost.
+  static std::uint64_t path_hash(std::string_view s) {
+    std::uint64_t h = s.size() * 0x9e3779b97f4a7c15ull;
+    std::size_t i = 0;
+    for (; i + 8 <= s.size(); i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, s.data() + i, 8);
+      h = (h ^ w) * 0xff51afd7ed558ccdull;
+      h ^= h >> 32;
     }
-  };
+    for (; i < s.size(); ++i) h = (h ^ static_cast<unsigned char>(s[i])) * 0x100000001b3ull;
+    return h ^ (h >> 29);
+  }
+  /// Adds a route of static segments only to exact_.
+  void add_exact(std::string_view path, const Node* node);
 
   /// The tree's root ("/").
   std::unique_ptr<Node> root_;
   /// Routes made of static segments only, by their whole path: a request for one of them is
   /// found with one hash lookup (the walk would reach the same node, static segments winning).
-  std::unordered_map<std::string, const Node*, PathHash, std::equal_to<>> exact_;
+  /// Open addressing in a power-of-two table at most half full (no division to find a slot,
+  /// no node to follow); a path is compared only where the whole hash agrees.
+  struct ExactRoute {
+    std::uint64_t hash = 0;
+    std::string path;
+    const Node* node = nullptr;  ///< nullptr: an empty slot
+  };
+  std::vector<ExactRoute> exact_;
+  std::size_t exact_count_ = 0;
   /// The middleware, outermost first.
   std::vector<Middleware> middleware_;
 };

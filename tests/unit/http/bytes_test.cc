@@ -25,5 +25,25 @@ TEST(CopyBytes, CopiesEverySizeExactlyAndNothingPastIt) {
   }
 }
 
+TEST(EqualBytes, FindsEveryDifferenceAtEverySizeAndPlace) {
+  // Every size on each side of the word compares (4, 8, 16) and beyond: equal bytes are equal,
+  // whatever lies past them; one byte changed anywhere, or one byte more, is not.
+  std::string a(64, ' '), b(64, ' ');
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = b[i] = static_cast<char>('a' + i % 23);
+  for (std::size_t n = 0; n <= 40; ++n) {
+    std::string x = a.substr(0, n), y = b.substr(0, n);
+    EXPECT_TRUE(equal_bytes(x, y)) << n;
+    EXPECT_TRUE(equal_bytes(std::string_view(a).substr(0, n), std::string_view(b).substr(0, n)));
+    EXPECT_FALSE(
+        equal_bytes(std::string_view(a).substr(0, n), std::string_view(b).substr(0, n + 1)))
+        << n;
+    for (std::size_t at = 0; at < n; ++at) {
+      std::string changed = y;
+      changed[at] = static_cast<char>(changed[at] ^ 0x20);
+      EXPECT_FALSE(equal_bytes(x, changed)) << n << " at " << at;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace spindle::http
