@@ -29,12 +29,16 @@ std::string_view Request::attribute(std::string_view name) const {
   return {};
 }
 
-Request::Request(const RequestHead& head, BodySource& source) : Request(head, std::string()) {
-  source_ = &source;
+Request::Request(const RequestHead& head, BodySource& source) : head_(&head), source_(&source) {
+  split_target();
 }
 
 Request::Request(const RequestHead& head, std::string body) : head_(&head), body_(std::move(body)) {
-  std::string_view target = head.target;
+  split_target();
+}
+
+void Request::split_target() {
+  std::string_view target = head_->target;
   if (target.front() != '/') {
     // absolute-form: the path starts after the authority
     std::size_t scheme = target.find("://");

@@ -163,6 +163,9 @@ class Request {
   void clear_params() { params_.clear(); }
 
  private:
+  /// Sets path_ and query_ from the head's target.
+  void split_target();
+
   /// The parsed head.
   const RequestHead* head_;
   /// The body read so far by body() (or given whole), and how much of it read() returned.
