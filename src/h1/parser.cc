@@ -89,6 +89,15 @@ void note_connection_tokens(std::string_view value, bool& close, bool& keep_aliv
   });
 }
 
+// The flags of the fields interpret_headers looks at: a field with none of them is not one.
+constexpr std::uint16_t kInterpreted = token::kHost.flags | token::kExpect.flags |
+                                       token::kConnection.flags | token::kContentLength.flags |
+                                       token::kTransferEncoding.flags;
+static_assert(token::kHost.flags != 0 && token::kExpect.flags != 0 &&
+                  token::kConnection.flags != 0 && token::kContentLength.flags != 0 &&
+                  token::kTransferEncoding.flags != 0,
+              "each field interpret_headers reads needs a flag to be found by");
+
 // What the header fields mean for framing and the connection: one pass over them, by their
 // tokens; the framing rules themselves are rules.h's.
 ParseResult interpret_headers(RequestHead& head) {
@@ -98,7 +107,8 @@ ParseResult interpret_headers(RequestHead& head) {
   std::size_t hosts = 0;
   std::optional<std::string_view> expect;
   for (const Field& f : head.headers) {
-    if (f.token == nullptr) continue;
+    // Most fields are none of the five: one test of their token's flags passes them by.
+    if (f.token == nullptr || (f.token->flags & kInterpreted) == 0) continue;
     if (f.token == &token::kHost) {
       ++hosts;
     } else if (f.token == &token::kExpect) {
@@ -132,23 +142,51 @@ ParseResult interpret_headers(RequestHead& head) {
   return {State::kComplete, 0, 0, {}};
 }
 
-// The common case of a field line in one pass: if the line from `pos` is a token, ':' and a
-// value of field-value characters ended by a CR, returns that CR's offset (with `colon` set);
-// otherwise npos (an invalid line, or its CR has not arrived), and the caller takes the careful
-// way, which finds the same CR and says what is wrong. Saves each valid line a search for its
-// CR and a second pass over its value.
-std::size_t valid_field_line(std::string_view in, std::size_t pos, std::size_t& colon) {
-  std::size_t i = pos + detail::token_run(in.data() + pos, in.size() - pos);
-  if (i == pos || i == in.size() || in[i] != ':') return std::string_view::npos;
-  colon = i++;
+// Where the parts of a field line are (offsets into the input).
+struct FieldLine {
+  std::size_t colon;        // the end of the name
+  std::size_t value_begin;  // the value, without the spaces and tabs around it
+  std::size_t value_end;
+  std::size_t cr;  // the line's end
+};
+
+// The common case of a field line in one pass: if the line from `pos` is a token, ':' and a value
+// of field-value characters ended by a CR, returns true with `line` set; otherwise false (an
+// invalid line, or its CR has not arrived), and the caller takes the careful way, which finds
+// the same CR and says what is wrong. Saves each valid line a search for its CR, a second pass
+// over its value and one to trim it. Inlined into each parser's loop over the lines.
+[[gnu::always_inline]] inline bool valid_field_line(std::string_view in, std::size_t pos,
+                                                    FieldLine& line) {
+  const char* p = in.data();
+  const std::size_t n = in.size();
+  std::size_t i = pos + detail::token_run(p + pos, n - pos);
+  if (i == pos || i == n || p[i] != ':') return false;
+  line.colon = i++;
+  if (i < n && p[i] == ' ') ++i;  // the one space nearly every line has
+  while (i < n && (p[i] == ' ' || p[i] == '\t')) ++i;
+  line.value_begin = i;
   // The value up to its first control byte (reading past the line's end, within `in`): a tab
   // goes on, a CR ends the line, anything else makes it invalid.
-  i += detail::first_control(in.data() + i, in.size() - i);
-  while (i < in.size() && in[i] == '\t') {
+  i += detail::first_control(p + i, n - i);
+  while (i < n && p[i] == '\t') {
     ++i;
-    i += detail::first_control(in.data() + i, in.size() - i);
+    i += detail::first_control(p + i, n - i);
   }
-  return i < in.size() && in[i] == '\r' ? i : std::string_view::npos;
+  if (i == n || p[i] != '\r') return false;
+  line.cr = i;
+  while (i > line.value_begin && (p[i - 1] == ' ' || p[i - 1] == '\t')) --i;
+  line.value_end = i;
+  return true;
+}
+
+// Adds the field of a line valid_field_line found valid.
+[[gnu::always_inline]] inline void add_field(std::string_view in, std::size_t pos,
+                                             const FieldLine& line, HeaderMap& headers) {
+  const std::string_view name(in.data() + pos, line.colon - pos);
+  headers.add_view(Field{
+      .name = name,
+      .value = std::string_view(in.data() + line.value_begin, line.value_end - line.value_begin),
+      .token = find_token(name)});
 }
 
 // Adds the field of a valid line (without CRLF) whose name ends at `colon`.
@@ -224,12 +262,11 @@ ParseResult RequestParser::parse_head(std::string_view message, RequestHead& hea
       if (auto r = interpret_headers(head); r.state == State::kError) return r;
       return {State::kComplete, pos + 2, 0, {}};
     }
-    std::size_t colon = 0;
-    if (std::size_t cr = valid_field_line(message, pos, colon);
-        cr != std::string_view::npos && cr + 1 < message.size() && message[cr + 1] == '\n' &&
-        cr + 4 <= limits_.max_head && head.headers.size() < limits_.max_headers) {
-      add_field_line(message.substr(pos, cr - pos), colon - pos, head.headers);
-      pos = cr + 2;
+    if (FieldLine line; valid_field_line(message, pos, line) && line.cr + 1 < message.size() &&
+                        message[line.cr + 1] == '\n' && line.cr + 4 <= limits_.max_head &&
+                        head.headers.size() < limits_.max_headers) {
+      add_field(message, pos, line, head.headers);
+      pos = line.cr + 2;
       continue;
     }
     std::size_t eol = message.find('\r', pos);
@@ -302,13 +339,11 @@ ParseResult ResponseParser::parse(std::string_view input, ResponseHead& head) {
   head.reason = line.size() > 13 ? line.substr(13) : std::string_view();
   std::size_t pos = line_end + 2;
   while (pos < end + 2) {
-    std::size_t colon = 0;
-    if (std::size_t cr = valid_field_line(input, pos, colon);
-        cr != std::string_view::npos && input[cr + 1] == '\n' &&
-        head.headers.size() < limits_.max_headers) {
+    if (FieldLine line; valid_field_line(input, pos, line) && input[line.cr + 1] == '\n' &&
+                        head.headers.size() < limits_.max_headers) {
       // (A CR at or before the head's end: the one that begins its empty line at the latest.)
-      add_field_line(input.substr(pos, cr - pos), colon - pos, head.headers);
-      pos = cr + 2;
+      add_field(input, pos, line, head.headers);
+      pos = line.cr + 2;
       continue;
     }
     std::size_t eol = input.find('\r', pos);
