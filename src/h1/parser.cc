@@ -189,11 +189,6 @@ struct FieldLine {
       .token = find_token(name)});
 }
 
-// Adds the field of a valid line (without CRLF) whose name ends at `colon`.
-void add_field_line(std::string_view line, std::size_t colon, HeaderMap& headers) {
-  headers.add_view(line.substr(0, colon), trim_ows(line.substr(colon + 1)));
-}
-
 // One header line (without CRLF), added to `headers`.
 ParseResult parse_field(std::string_view line, HeaderMap& headers) {
   if (line.front() == ' ' || line.front() == '\t') return error(400, "obsolete line folding");
@@ -207,7 +202,7 @@ ParseResult parse_field(std::string_view line, HeaderMap& headers) {
   if (!is_field_value(line.substr(colon + 1))) {
     return error(400, "invalid character in header value");
   }
-  add_field_line(line, colon, headers);
+  headers.add_view(line.substr(0, colon), trim_ows(line.substr(colon + 1)));
   return {State::kComplete, 0, 0, {}};
 }
 
