@@ -29,9 +29,10 @@ from http_compare import median_interval  # noqa: E402
 from report import HTTP_GOALS, PROXY_GOALS, TLS_GOALS  # noqa: E402
 
 
-def comparisons(results, key_of, goals, spindle="spindle"):
+def comparisons(results, key_of, goals, spindle="spindle", variant=""):
     """(label, paired ratios, goal) for each result of `spindle`'s (a benchmark's name for a
-    spindle variant, "spindle+huge" for one) that has a goal."""
+    spindle variant, "spindle+huge" for one) that has a goal; `variant` names the build the
+    file measured, if it is not the one the rest did."""
     by = {(r["server"], key_of(r)): r for r in results}
     out = []
     for name, (goal, peer) in goals.items():
@@ -42,7 +43,8 @@ def comparisons(results, key_of, goals, spindle="spindle"):
         pairs = [x / y for x, y in zip(a.get("round_cpu_us", []), b.get("round_cpu_us", []))
                  if x and y]
         if pairs:
-            out.append((f"{name}\n{'' if spindle == 'spindle' else spindle + ' '}/ {peer}",
+            who = f"{variant} " if variant else "" if spindle == "spindle" else spindle + " "
+            out.append((f"{name}\n{who}/ {peer}",
                         pairs, goal))
     return out
 
@@ -51,7 +53,9 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--tls")
     p.add_argument("--proxy")
-    p.add_argument("--http")
+    p.add_argument("--http", action="append", default=[],
+                   help="bench/http_compare.py's --out; LABEL=FILE for a file measuring another "
+                        "build (e.g. canned=floor.json), given as many times as there are files")
     p.add_argument("--out", required=True)
     p.add_argument("--spindle", default="spindle",
                    help="the spindle variant to compare (e.g. spindle+huge), as the files name it")
@@ -64,9 +68,10 @@ def main():
     if a.proxy:
         rows += comparisons(json.load(open(a.proxy))["results"],
                             lambda r: f"{r['setup']} c{r['connections']}", PROXY_GOALS, a.spindle)
-    if a.http:
-        rows += comparisons(json.load(open(a.http))["results"], lambda r: r["workload"],
-                            HTTP_GOALS, a.spindle)
+    for item in a.http:
+        variant, _, path = item.rpartition("=") if not os.path.exists(item) else ("", "", item)
+        rows += comparisons(json.load(open(path))["results"], lambda r: r["workload"],
+                            HTTP_GOALS, a.spindle, variant)
     if not rows:
         sys.exit("goals_chart.py: no comparison with a goal in the files given")
     fig, ax = plt.subplots(figsize=(12, 4.8))
