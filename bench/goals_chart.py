@@ -49,6 +49,15 @@ def comparisons(results, key_of, goals, spindle="spindle", variant=""):
     return out
 
 
+def results_of(path):
+    """The results of a benchmark's --out file, or exit saying why it cannot be read."""
+    try:
+        with open(path) as f:
+            return json.load(f)["results"]
+    except (OSError, ValueError, KeyError) as e:
+        sys.exit(f"goals_chart.py: cannot read results from {path}: {e!r}")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--tls")
@@ -63,14 +72,14 @@ def main():
     a = p.parse_args()
     rows = []
     if a.tls:
-        rows += comparisons(json.load(open(a.tls))["results"], lambda r: r["workload"], TLS_GOALS,
+        rows += comparisons(results_of(a.tls), lambda r: r["workload"], TLS_GOALS,
                             a.spindle)
     if a.proxy:
-        rows += comparisons(json.load(open(a.proxy))["results"],
+        rows += comparisons(results_of(a.proxy),
                             lambda r: f"{r['setup']} c{r['connections']}", PROXY_GOALS, a.spindle)
     for item in a.http:
         variant, _, path = item.rpartition("=") if not os.path.exists(item) else ("", "", item)
-        rows += comparisons(json.load(open(path))["results"], lambda r: r["workload"],
+        rows += comparisons(results_of(path), lambda r: r["workload"],
                             HTTP_GOALS, a.spindle, variant)
     if not rows:
         sys.exit("goals_chart.py: no comparison with a goal in the files given")
