@@ -224,7 +224,9 @@ def main():
         f.seek(start)
         text = f.read(end - start).decode("ascii", "replace")
     shutil.rmtree(tmp)
-    count(text.splitlines(), memory, args.requests, args.top)
+    # The slice may begin and end inside a line (a timer's work is traced meanwhile): the
+    # first and last lines are dropped.
+    count(text.splitlines()[1:-1], memory, args.requests, args.top)
 
 
 if __name__ == "__main__":
