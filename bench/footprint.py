@@ -30,16 +30,12 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from http_compare import ROOT, bench_config, free_port  # noqa: E402  (shared bench helpers)
+
 REQUEST = b"GET /plaintext HTTP/1.1\r\nHost: localhost\r\n\r\n"
 # Functions whose stretches are the worker's: its poll loop, the reactor, the HTTP server.
 WORKER_CODE = re.compile(r"spindle::(Worker::|Reactor|TcpStream|http::)")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def send_requests(conn, count):
@@ -182,11 +178,7 @@ def main():
             sys.exit(f"footprint.py: {tool} is not installed")
     tmp = tempfile.mkdtemp(prefix="footprint-")
     port = free_port()
-    config = os.path.join(tmp, "spindle.yaml")
-    with open(os.path.join(ROOT, "bench", "http", "spindle.yaml")) as f:
-        text = f.read().replace("127.0.0.1:0", f"127.0.0.1:{port}")
-    with open(config, "w") as f:
-        f.write(text.replace("bench/http", os.path.join(ROOT, "bench", "http")))
+    config = bench_config(tmp, port)
     trace_path = os.path.join(tmp, "trace")
     server = subprocess.Popen(
         ["valgrind", "--tool=lackey", "--trace-mem=yes", f"--log-file={trace_path}",

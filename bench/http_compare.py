@@ -54,6 +54,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def bench_config(tmp, port):
+    """bench/http/spindle.yaml listening on `port`, its paths absolute, written into `tmp`."""
+    config = os.path.join(tmp, "spindle.yaml")
+    with open(os.path.join(STATIC, "spindle.yaml")) as f:
+        text = f.read()
+    with open(config, "w") as f:
+        f.write(text.replace("127.0.0.1:0", f"127.0.0.1:{port}").replace("bench/http", STATIC))
+    return config
+
+
 def wait_listening(port, proc, timeout=10):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -73,10 +83,7 @@ def pin(cpu, workers):
 
 def start_spindle(binaries, workers, tmp):
     port = free_port()
-    config = os.path.join(tmp, "spindle.yaml")
-    with open(config, "w") as f:
-        f.write(open(os.path.join(STATIC, "spindle.yaml")).read()
-                .replace("127.0.0.1:0", f"127.0.0.1:{port}").replace("bench/http", STATIC))
+    config = bench_config(tmp, port)
     proc = subprocess.Popen(pin(0, workers) + [os.path.join(binaries, "spindle"), "serve",
                             "--config", config, "--threads", str(workers)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
