@@ -25,6 +25,7 @@ namespace spindle::http {
 namespace {
 
 using namespace std::string_view_literals;
+using detail::ConnectionBuffers;
 using detail::DateCache;
 using detail::WorkerState;
 
@@ -32,8 +33,6 @@ using detail::WorkerState;
 constexpr std::size_t kCopyBodyLimit = 16 * 1024;
 // How long a connection closed on an error drains what the client still sends.
 constexpr auto kLingerTime = std::chrono::seconds(2);
-// What a new response buffer reserves: a typical head and small body, without regrowing.
-constexpr std::size_t kOutputReserve = 1024;
 // Response bytes a connection may queue for pipelined requests before it waits for the client
 // to read them (one more response, up to kCopyBodyLimit of body, may go beyond it).
 constexpr std::size_t kOutputBudget = 64 * 1024;
@@ -48,8 +47,9 @@ using detail::ConnectionState;
 // a spill made it grow past the block (by one read at most, Connection::unspill).
 class ReadBuffer {
  public:
-  explicit ReadBuffer(BlockSlab& slab)
-      : slab_(slab), data_(slab.take()), size_(slab.block_size()) {}
+  /// A block of `slab`: `taken` (one the runner read ahead into), or a new one.
+  ReadBuffer(BlockSlab& slab, char* taken)
+      : slab_(slab), data_(taken != nullptr ? taken : slab.take()), size_(slab.block_size()) {}
   ~ReadBuffer() {
     if (!grown_) slab_.give(data_);
   }
@@ -84,7 +84,7 @@ class Connection final : public BodySource, public ContextSource, public Interim
   /// How an activation ended.
   enum class Outcome { kClose, kIdle, kHttp2 };
 
-  explicit Connection(ConnectionState& state)
+  Connection(ConnectionState& state, bool batched)
       : state_(state),
         stream_(state.stream),
         options_(state.shared->options),
@@ -92,25 +92,24 @@ class Connection final : public BodySource, public ContextSource, public Interim
         date_(state.worker->date),
         shared_(*state.shared),
         parser_(options_.parser),
-        buffer_(worker_buffers(state).reads(read_buffer_size())),
-        out_(reused_output(*state.worker->buffers)) {}
-  ~Connection() {
-    detail::ConnectionBuffers& pools = *state_.worker->buffers;
-    // Kept for the next connection: a buffer made for a response (not one never used), unless
-    // a large one grew it.
-    if (out_.capacity() >= kOutputReserve && out_.capacity() <= kCopyBodyLimit * 4) {
-      out_.clear();
-      (void)pools.outputs.give(std::move(out_));
-    }
+        buffer_(worker_buffers(state).reads(detail::read_buffer_size(options_)),
+                std::exchange(state.read_ahead, nullptr)),
+        end_(std::exchange(state.read_ahead_size, 0)),
+        out_(state.unsent.empty() ? reused_output(*state.worker->buffers)
+                                  : std::move(state.unsent)),
+        // An activation that begins with the rest of an unsent response writes it itself,
+        // waiting for the socket as needed; so does a TLS connection, whose records and their
+        // buffers are OpenSSL's.
+        batched_(batched && out_.empty() && state.stream.tcp() != nullptr) {
+    state.unsent.clear();
   }
+  ~Connection() { state_.worker->buffers->recycle_output(std::move(out_)); }
 
   Outcome serve();
-  /// The read buffer's size: a whole head at the limit, and room after it.
-  std::size_t read_buffer_size() const { return options_.parser.max_head + 4096; }
   /// A response buffer that has grown before, if the worker has one: no reallocation while a
   /// head is appended. Otherwise the first response (queue) makes one: a connection that
   /// turns out to be HTTP/2 never needs it.
-  static std::string reused_output(detail::ConnectionBuffers& pools) {
+  static std::string reused_output(ConnectionBuffers& pools) {
     return pools.outputs.empty() ? std::string() : pools.outputs.take();
   }
   /// The worker's connection buffers, made by its first connection.
@@ -179,6 +178,9 @@ class Connection final : public BodySource, public ContextSource, public Interim
   void queue_error(int status, std::string_view reason);
   /// Writes everything queued; false if the connection failed.
   bool flush();
+  /// In a runner's batch, at the end of an activation that goes idle: leaves what is queued
+  /// for the runner to write after the batch (WorkerState::unsent).
+  void leave_unsent();
   /// Moves unparsed bytes to the front of the buffer.
   void compact();
   /// After a request: the bytes read past its body go back into the buffer, in order.
@@ -227,6 +229,8 @@ class Connection final : public BodySource, public ContextSource, public Interim
   std::optional<detail::Http2Upgrade> upgrade_;
   /// See should_linger().
   bool linger_ = false;
+  /// Served in a runner's batch: see leave_unsent().
+  bool batched_;
 };
 
 constexpr std::string_view kHttp2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -477,7 +481,9 @@ void Connection::queue(Response& response, bool head_only, bool close) {
   std::size_t bound = status.size() + date.size() + shared_.server_line.size() + 80;
   for (const Field& f : response.headers) bound += f.name.size() + f.value.size() + 4;
   std::size_t at = out_.size();
-  if (out_.capacity() < kOutputReserve) out_.reserve(kOutputReserve);
+  if (out_.capacity() < ConnectionBuffers::kOutputReserve) {
+    out_.reserve(ConnectionBuffers::kOutputReserve);
+  }
   out_.resize_and_overwrite(at + bound, [&](char* data, std::size_t) {
     detail::HeadWriter w{data + at};
     w.put(status);
@@ -643,6 +649,13 @@ void Connection::queue_error(int status, std::string_view reason) {
   queue(response, false, true);
 }
 
+void Connection::leave_unsent() {
+  if (out_.empty()) return;
+  state_.unsent = std::move(out_);
+  out_.clear();
+  state_.worker->unsent.push_back(&state_);
+}
+
 bool Connection::flush() {
   if (out_.empty() && big_body_.empty()) return true;
   iovec parts[2] = {{out_.data(), out_.size()}, {big_body_.data(), big_body_.size()}};
@@ -748,6 +761,11 @@ Connection::Outcome Connection::serve() {
       // said Connection: close, and the client may be sending its next request right now.)
       const Outcome idle =
           shared_.closing_idle.load(std::memory_order_acquire) ? Outcome::kClose : Outcome::kIdle;
+      if (batched_ && idle == Outcome::kIdle && stream_.drained() && big_body_.empty()) {
+        // The response goes with the batch's others, after them (run_ready_connections).
+        leave_unsent();
+        return idle;
+      }
       if (!flush()) return Outcome::kClose;
       if (stream_.drained()) return idle;
       switch (read_more(Deadline::no_wait())) {
@@ -779,8 +797,25 @@ Connection::Outcome Connection::serve() {
 
 }  // namespace
 
-detail::Activation detail::serve_http1(ConnectionState& state) {
-  Connection connection(state);
+void detail::read_ahead(ConnectionState& state) {
+  state.read_ahead_tried = true;
+  TcpStream* tcp = state.stream.tcp();
+  if (tcp == nullptr || state.http2 || !state.unsent.empty()) return;
+  BlockSlab& slab =
+      Connection::worker_buffers(state).reads(read_buffer_size(state.shared->options));
+  char* block = slab.take();
+  auto n = tcp->read({block, slab.block_size()}, Deadline::no_wait());
+  if (!n || *n == 0) {
+    // Nothing yet, the peer's close or an error: the activation reads again and sees it.
+    slab.give(block);
+    return;
+  }
+  state.read_ahead = block;
+  state.read_ahead_size = *n;
+}
+
+detail::Activation detail::serve_http1(ConnectionState& state, bool batched) {
+  Connection connection(state, batched);
   Connection::Outcome outcome = connection.serve();
   if (outcome == Connection::Outcome::kHttp2) return connection.switch_to_http2();
   if (outcome == Connection::Outcome::kClose && connection.should_linger()) {

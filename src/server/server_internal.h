@@ -55,7 +55,17 @@ struct Http2Deleter {
 /// does not keep its buffers.
 struct ConnectionBuffers final : IdleCache {
   static constexpr std::size_t kFloor = 16, kMax = 1024;
+  /// What a new response buffer reserves: a typical head and small body, without regrowing.
+  static constexpr std::size_t kOutputReserve = 1024;
   FreeList<std::string> outputs{kFloor, kMax};
+
+  /// Keeps `out` for the next connection: a buffer made for a response (not one never used),
+  /// unless a large one grew it (past 64 KiB: pipelined answers, or bodies copied in).
+  void recycle_output(std::string out) {
+    if (out.capacity() < kOutputReserve || out.capacity() > 64 * 1024) return;
+    out.clear();
+    (void)outputs.give(std::move(out));
+  }
 
   /// The slab of read buffers of `size` bytes (servers may differ in max_head; a worker mostly
   /// sees one size).
@@ -122,6 +132,10 @@ struct alignas(64) WorkerState {
   /// connections would leave its blocks as holes between the ones that stay).
   std::vector<h2::hpack::Field> head_fields;
   std::string head_names;
+  /// Idle HTTP/1 connections whose last response waits in their `unsent` for the end of the
+  /// runner's batch (see run_ready_connections in server.cc). Written before the runner parks
+  /// or ends, so that no other fiber, timer or reactor callback ever finds one here.
+  std::vector<ConnectionState*> unsent;
 };
 
 /// Runs the router for `request`, turning an exception into an error response (logged).
@@ -207,6 +221,15 @@ struct ConnectionState {
   ConnectionState* next_tls = nullptr;
   std::uint32_t tls_io_seen = 0;
   bool tls_buffers_held = false;
+  /// On the ready list: the runner has tried to read its next request ahead of its activation
+  /// (read_ahead), and the read buffer it filled, if any, with its byte count. The activation
+  /// takes them.
+  bool read_ahead_tried = false;
+  char* read_ahead = nullptr;
+  std::size_t read_ahead_size = 0;
+  /// A response of the last activation not written yet: listed in WorkerState::unsent until
+  /// the runner writes it; what the socket did not take goes to the next activation.
+  std::string unsent;
 
   /// The client's address for the access log (looked up on first use).
   const std::string& remote_text();
@@ -226,7 +249,18 @@ enum class Activation {
 
 /// Serves an HTTP/1 connection (switching to HTTP/2 if it asks) on the calling fiber until it
 /// closes or goes idle. May throw (the caller's ConnectionPtr then closes the connection).
-Activation serve_http1(ConnectionState& state);
+/// `batched`: a runner serves it with others (run_ready_connections), so a response it goes
+/// idle after is left in `state.unsent` and listed in WorkerState::unsent for the runner to
+/// write.
+Activation serve_http1(ConnectionState& state, bool batched = false);
+/// For a woken plain-TCP HTTP/1 connection on the ready list: reads what has arrived into a
+/// read buffer now, without waiting (state.read_ahead), for its activation to parse.
+void read_ahead(ConnectionState& state);
+/// The size of an HTTP/1 connection's read buffer: a whole head at the limit, and room after
+/// it.
+inline std::size_t read_buffer_size(const ServerOptions& options) {
+  return options.parser.max_head + 4096;
+}
 
 /// Serves the connection as HTTP/2 on the calling fiber until it closes or goes idle (its
 /// HTTP/2 state, made by the first activation, stays in `state.http2`). `preread`: bytes

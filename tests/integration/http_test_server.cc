@@ -101,6 +101,15 @@ int main(int argc, char** argv) {
   });
   router.get("/big",
              [](http::Request&) { return http::Response::text(std::string(1 << 20, 'b')); });
+  // n bytes of text made of n's decimal digits repeated: a body of a chosen size, held in
+  // memory (copied into the response buffer up to 16 KiB).
+  router.get("/text/{n}", [](http::Request& r) {
+    std::string digits(r.param("n"));
+    std::string body;
+    for (std::size_t n = std::stoull(digits); body.size() < n;) body += digits;
+    body.resize(std::stoull(digits));
+    return http::Response::text(body);
+  });
   // For the gateway's tests: what arrived, bodies of any size, bodies cut short, any status,
   // late answers and trailers.
   router.get("/headers", [](http::Request& r) {

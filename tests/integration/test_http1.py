@@ -9,7 +9,7 @@ import zlib
 import brotli
 import pytest
 
-from conftest import Server, memory_kib
+from conftest import Conn, Server, memory_kib
 
 brotli_decode = brotli.decompress
 
@@ -321,8 +321,9 @@ def test_many_slow_clients_do_not_block_others(test_server, http):
 def test_a_blocked_handler_does_not_delay_requests_woken_with_it(build_dir, http):
     # Woken keep-alive connections are served one after another by a fiber, with another one
     # standing by: a handler that parks (/slow sleeps 1 s) must not hold up the connections that
-    # became readable in the same batch. One worker, held busy by /spin while the requests
-    # arrive, so that they are all woken at once, slow ones first among them.
+    # became readable in the same batch, whether served after it or before it (their answers,
+    # left for the batch's end, go out when it parks). One worker, held busy by /spin while the
+    # requests arrive, so that they are all woken at once, slow ones first and last among them.
     server = Server([os.path.join(build_dir, "bin", "http_test_server"), "0", "65536", "1"])
     try:
         conns = [server.connect(timeout=5) for _ in range(25)]
@@ -332,7 +333,7 @@ def test_a_blocked_handler_does_not_delay_requests_woken_with_it(build_dir, http
         busy, conns = conns[0], conns[1:]
         busy.sendall(get("/spin/300"))
         time.sleep(0.05)  # the worker is now spinning
-        slow = set(range(0, 24, 6))
+        slow = set(range(0, 24, 6)) | {23}
         for i, s in enumerate(conns):
             s.sendall(get("/slow" if i in slow else "/users/%d" % i))
         assert http.read_response(busy)[2] == b"spun"
@@ -348,6 +349,64 @@ def test_a_blocked_handler_does_not_delay_requests_woken_with_it(build_dir, http
             s.close()
     finally:
         assert server.stop() == 0
+
+
+def text_body(n):
+    digits = str(n).encode()
+    return (digits * (n // len(digits) + 1))[:n]
+
+
+def send_queue(local_port, remote_port):
+    """Bytes queued on the loopback socket local_port -> remote_port and not yet taken by its
+    peer (/proc/net/tcp's tx_queue)."""
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if (int(fields[1].split(":")[1], 16), int(fields[2].split(":")[1], 16)) == (
+                    local_port, remote_port):
+                return int(fields[4].split(":")[0], 16)
+    raise RuntimeError(f"no socket {local_port} -> {remote_port}")
+
+
+def test_answers_the_socket_cannot_take_at_once_arrive_whole_and_in_order(test_server, http):
+    # A woken keep-alive connection's answers are written after its worker's batch without
+    # waiting (server.cc, write_unsent); what its socket does not take then must go out from the
+    # connection's own activation, whole, in order, with no request behind to prompt it, and the
+    # connection serve on. The client's receive buffer is small and it reads nothing while it
+    # sends rounds of four requests (each round after a pause, so that each wakes the idle
+    # connection into a batch) with answers of 12-15 KiB each, until the server's socket has
+    # taken only part of a round's answers: then it stops sending and reads.
+    sizes = [12000 + 1111 * i for i in range(4)]
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(5)
+    sock.connect((test_server.host, test_server.port))
+    conn = Conn(sock)
+    conn.sendall(get("/plaintext"))
+    assert http.read_response(conn)[0] == 200
+    client_port = sock.getsockname()[1]
+    queued, rounds = 0, 0
+    while True:
+        assert rounds < 2000, "the server's socket never filled"
+        conn.sendall(b"".join(get(f"/text/{n}") for n in sizes))
+        rounds += 1
+        # The server's queue once it has stopped growing for 60 ms: this round answered.
+        before, seen = queued, []
+        while len(seen) < 3 or len(set(seen[-3:])) > 1:
+            time.sleep(0.02)
+            seen.append(send_queue(test_server.port, client_port))
+        queued = seen[-1]
+        if rounds > 2 and queued - before < sum(sizes):
+            break  # the socket took part of this round's answers: the rest waits with them
+
+    for round_ in range(rounds):
+        for n in sizes:
+            status, headers, body = http.read_response(conn)
+            assert (status, int(headers["content-length"])) == (200, n), round_
+            assert body == text_body(n), round_
+    conn.sendall(get("/users/7"))
+    assert http.read_response(conn)[2] == b"user 7"
+    conn.close()
 
 
 def test_graceful_shutdown_finishes_in_flight_requests(test_server, http):

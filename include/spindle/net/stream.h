@@ -89,6 +89,8 @@ class Stream {
 
   /// The TLS layer, or nullptr for plain TCP.
   TlsStream* tls() { return std::get_if<TlsStream>(&s_); }
+  /// The plain TCP stream, or nullptr for TLS.
+  TcpStream* tcp() { return std::get_if<TcpStream>(&s_); }
   /// True if bytes are already buffered above the socket (TLS), so a read would not block
   /// even if the socket has nothing.
   bool has_pending() {
