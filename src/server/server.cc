@@ -90,6 +90,10 @@ void refuse_ready_connections(WorkerState& worker) {
     }
     if (state->http2) {
       detail::refuse_http2(*state);
+    } else if (!state->unsent.empty()) {
+      // Woken to write the rest of an answer (write_unsent): a 503 now would land inside that
+      // answer's body. The rest goes as far as the socket takes it; the close then cuts it.
+      (void)state->stream.write_all(state->unsent, Deadline::never());
     } else {
       (void)state->stream.write_all(kOverloaded, Deadline::never());
     }
