@@ -1,8 +1,13 @@
 // The server when things go wrong inside it: a fiber that cannot start (no stack), handlers
 // and body producers that throw what is not a std::exception. Each ends only what it must, and
 // the server keeps serving, counting its connections right and draining promptly.
+#include <dirent.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "spindle/client/client.h"
@@ -29,6 +34,12 @@ Router fault_router() {
     (void)this_fiber::sleep_for(200ms);
     return Response::text("slow");
   });
+  router.get("/text16k", [](Request&) { return Response::text(std::string(16000, 't')); });
+  // Its answer made, the next fiber its worker starts fails to get a stack.
+  router.get("/fail-next-spawn", [](Request&) {
+    Worker::current()->stacks().fail_next_allocations(1);
+    return Response::text("armed");
+  });
   router.get("/throw-int", [](Request&) -> Response { throw 42; });
   router.get("/producer-throws", [](Request&) {
     Response r(200);
@@ -39,6 +50,40 @@ Router fault_router() {
     return r;
   });
   return router;
+}
+
+int port_of(int fd, bool peer) {
+  sockaddr_in a{};
+  socklen_t size = sizeof a;
+  int got = peer ? ::getpeername(fd, reinterpret_cast<sockaddr*>(&a), &size)
+                 : ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &size);
+  return got == 0 && a.sin_family == AF_INET ? ntohs(a.sin_port) : -1;
+}
+
+// The server's end of `client` (same process): the descriptor whose peer is the client's port.
+int server_end_of(const TcpStream& client) {
+  int client_port = port_of(client.fd(), false);
+  DIR* dir = ::opendir("/proc/self/fd");
+  int found = -1;
+  while (dirent* entry = ::readdir(dir)) {
+    int fd = std::atoi(entry->d_name);
+    if (fd != client.fd() && port_of(fd, true) == client_port) found = fd;
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// A connection to `address` whose receive buffer (and so the window it offers) is 4 KiB,
+// set before it connects.
+TcpStream connect_with_small_window(const Address& address) {
+  int fd = ::socket(address.domain(), SOCK_STREAM, 0);
+  int small = 4096;
+  EXPECT_EQ(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+  EXPECT_EQ(::connect(fd, address.data(), address.size()), 0);  // loopback: at once
+  EXPECT_EQ(::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK), 0);
+  auto socket = Socket::adopt(UniqueFd(fd));
+  EXPECT_TRUE(socket.has_value());
+  return TcpStream(std::move(*socket));
 }
 
 // Waits up to a second for the server's connection count to reach `n`.
@@ -75,6 +120,43 @@ TEST(ServerFaults, AFailedRunnerSpawnAnswers503AndTheWorkerKeepsServingKeepAlive
       std::string got = read_response(*b, 2s);
       EXPECT_TRUE(got.starts_with("HTTP/1.1 200")) << "request " << i << ": " << got;
     }
+  });
+  EXPECT_TRUE(server->drain(Deadline::after(1s)));
+}
+
+TEST(ServerFaults, AConnectionWokenToWriteTheRestOfAnAnswerClosesWhenNoFiberStarts) {
+  // A woken connection's answers are written after its runner's batch; one its socket does
+  // not take whole wakes the connection to write the rest. Should no fiber start for that, the
+  // connection is refused as others are: the client sees a prefix of its answers and nothing
+  // else (no 503 inside the answer's body), then the close, and the server uncounts it.
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto server = spindle::testing::start_http_server(runtime, fault_router());
+  runtime.block_on([&] {
+    TcpStream a = connect_with_small_window(server->address());
+    int small = 4096;
+    ASSERT_TRUE(a.write_all(kGet).has_value());
+    ASSERT_TRUE(read_response(a).starts_with("HTTP/1.1 200"));
+    // `a` is idle now. Its server end takes a few KiB at most, so the 16,000-byte answer is
+    // written in part after the batch; the next request arms the failure of the fiber that
+    // would write the rest.
+    int end = server_end_of(a);
+    ASSERT_GE(end, 0);
+    ASSERT_EQ(::setsockopt(end, SOL_SOCKET, SO_SNDBUF, &small, sizeof small), 0);
+    ASSERT_TRUE(a.write_all("GET /text16k HTTP/1.1\r\nHost: x\r\n\r\n"
+                            "GET /fail-next-spawn HTTP/1.1\r\nHost: x\r\n\r\n"sv)
+                    .has_value());
+    std::string got;
+    char buffer[4096];
+    for (;;) {
+      auto n = a.read(buffer, Deadline::after(2s));
+      ASSERT_TRUE(n.has_value()) << n.error().message() << " after " << got.size() << " bytes";
+      if (*n == 0) break;
+      got.append(buffer, *n);
+    }
+    EXPECT_TRUE(got.starts_with("HTTP/1.1 200")) << got.substr(0, 200);
+    EXPECT_EQ(got.find("503"), std::string::npos);
+    EXPECT_LT(got.size(), 16000u) << "the answer went whole: the test proves nothing";
+    EXPECT_TRUE(connections_become(*server, 0));
   });
   EXPECT_TRUE(server->drain(Deadline::after(1s)));
 }
