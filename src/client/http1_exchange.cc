@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "spindle/fiber/block_cache.h"
+#include "spindle/fiber/worker.h"
 #include "spindle/h1/chunked.h"
 #include "spindle/h1/head_writer.h"
 #include "spindle/http/rules.h"
@@ -134,6 +135,8 @@ class Http1Exchange final : public ClientExchange, public PermitHolder, public B
     std::size_t n = 0;
     if (!head_sent_) parts[n++] = {out_.data(), out_.size()};
     if (!tail.empty()) parts[n++] = {tail.data(), tail.size()};
+    // A request that is its head alone goes with the others of the round (queue_head).
+    if (n == 1 && tail.empty() && mode_ == BodyMode::kNone && queue_head()) n = 0;
     if (n != 0) {
       if (auto sent = send({parts, n}); !sent) return sent;
     }
@@ -243,6 +246,7 @@ class Http1Exchange final : public ClientExchange, public PermitHolder, public B
     if (cancelled_) return;
     cancelled_ = true;
     broken_ = true;
+    withdraw_head();  // (nothing of it went)
     // (Once ended, the connection is another exchange's, or closing with this one.)
     if (!ended_) (void)stream_.shutdown(TcpStream::Shutdown::kBoth);  // wakes a fiber on it
   }
@@ -347,6 +351,11 @@ class Http1Exchange final : public ClientExchange, public PermitHolder, public B
   void end() {
     if (ended_) return;
     ended_ = true;
+    if (withdraw_head() && !cancelled_) {
+      // Let go with its head still queued: it goes now, as far as the socket takes it (the
+      // request was finished; the connection closes, its answer unread).
+      write_queued_head(queued_head_);
+    }
     target_->came_back(*this);
     --target_->connections;
     if (reusable()) target_->put_idle(std::move(stream_));
@@ -398,11 +407,23 @@ class Http1Exchange final : public ClientExchange, public PermitHolder, public B
     // where the old ones end: never derive that from the size resize_and_overwrite passes to
     // its callback, which libstdc++ 12 gives as the grown capacity, not the size asked for.
     Result<std::size_t> n = 0;
-    const std::size_t at = in_.size();
-    in_.resize_and_overwrite(at + kReadChunk, [&](char* data, std::size_t) {
-      n = stream_.read({data + at, kReadChunk}, deadline);
-      return at + (n ? *n : 0);
-    });
+    for (;;) {
+      if (head_short_) {
+        if (auto sent = settle_head(); !sent) return sent;
+      }
+      const std::size_t at = in_.size();
+      in_.resize_and_overwrite(at + kReadChunk, [&](char* data, std::size_t) {
+        n = stream_.read({data + at, kReadChunk}, deadline);
+        return at + (n ? *n : 0);
+      });
+      if (!queued_head_.queued && !head_short_) break;
+      // The head had not all gone when the read came back: it goes first (so an answer is
+      // never taken for this request's before the request went). If the worker's write of it
+      // stopped short, that woke this read: it reads again once the rest is written.
+      const bool woken_for_rest = head_short_ && !n && n.error() == std::errc::operation_canceled;
+      if (auto sent = settle_head(); !sent) return sent;
+      if (!woken_for_rest) break;
+    }
     if (!n && soft_timeout && n.error() == std::errc::timed_out && !cancelled_) {
       return fail(std::errc::timed_out);
     }
@@ -428,9 +449,58 @@ class Http1Exchange final : public ClientExchange, public PermitHolder, public B
     return for_head ? make_error_code(ExchangeErrc::kProtocolError) : cut();
   }
 
-  // Sends the request head alone, unless it (or anything) went already.
+  // Leaves the head of a request without a body to the worker, to be written at the end of
+  // the current round of fibers (Worker::at_round_end) with the requests the other fibers of
+  // the round make: a round of proxied requests costs one run of the kernel's send path in a
+  // row instead of one between each request's own work. Plain TCP only (OpenSSL writes a TLS
+  // stream, from a fiber). Until written, the exchange's next read settles it (settle_head).
+  bool queue_head() {
+    Worker* worker = Worker::current();
+    if (worker == nullptr || stream_.tcp() == nullptr || head_sent_ || broken_) return false;
+    queued_head_.run = &write_queued_head;
+    queued_head_.exchange = this;
+    worker->at_round_end(queued_head_);
+    return true;
+  }
+
+  // The worker's write of a queued head, without waiting. What the socket does not take now
+  // (all of it, on an error) stays in out_, and the fiber parked for the answer is woken to
+  // write it itself: waiting for the socket, and telling whether any of the request went.
+  static void write_queued_head(RoundEndTask& task) {
+    Http1Exchange& x = *static_cast<QueuedHead&>(task).exchange;
+    TcpStream& tcp = *x.stream_.tcp();
+    std::size_t written = 0;
+    while (written < x.out_.size()) {
+      auto n = tcp.write({x.out_.data() + written, x.out_.size() - written}, Deadline::no_wait());
+      if (!n) break;
+      written += *n;
+    }
+    if (written > 0) x.head_sent_ = true;
+    if (written == x.out_.size()) return;
+    x.out_.erase(0, written);
+    x.head_short_ = true;
+    tcp.cancel_waits();
+  }
+
+  // True if the head was still queued (it is not any more).
+  bool withdraw_head() {
+    if (!queued_head_.queued) return false;
+    Worker::current()->withdraw(queued_head_);
+    return true;
+  }
+
+  // Writes what the worker did not of a queued head: all of it if the round has not ended
+  // (the exchange's read came back first), the rest if the worker's write stopped short.
+  Result<void> settle_head() {
+    if (!withdraw_head() && !head_short_) return {};
+    head_short_ = false;
+    iovec part{out_.data(), out_.size()};
+    return send({&part, 1});
+  }
+
+  // Sends the request head alone, unless it (or anything) went already or is queued.
   Result<void> send_head() {
-    if (head_sent_ || broken_) return {};
+    if (head_sent_ || broken_ || queued_head_.queued) return {};
     iovec part{out_.data(), out_.size()};
     return send({&part, 1});
   }
@@ -480,7 +550,15 @@ class Http1Exchange final : public ClientExchange, public PermitHolder, public B
   BlockString out_;
   BodyMode mode_ = BodyMode::kNone;
   std::uint64_t body_left_ = 0;
+  /// Set once any of the request went (so a failure later may have reached the upstream).
   bool head_sent_ = false;
+  /// The head while the worker holds it for the end of the round (queue_head).
+  struct QueuedHead : RoundEndTask {
+    Http1Exchange* exchange = nullptr;
+  } queued_head_;
+  /// The worker's write of the queued head stopped short: out_ holds the rest, for the
+  /// exchange to write itself (settle_head).
+  bool head_short_ = false;
   bool request_done_ = false;
   /// The response: bytes read ([in_begin_, end) not yet used), the head's own bytes, the head.
   /// The read buffer (16 KiB a read) and the head's copy come from the block cache: an

@@ -188,6 +188,21 @@ void Worker::run_ready() {
   scheduler_.run(std::max(scheduler_.ready(), kSwitchBudget));
 }
 
+void Worker::withdraw(RoundEndTask& task) {
+  if (!task.queued) return;
+  task.queued = false;
+  std::erase(round_end_, &task);
+}
+
+void Worker::run_round_end() {
+  // A task wakes fibers at most (they run in the next round): none is queued meanwhile.
+  for (RoundEndTask* task : round_end_) {
+    task->queued = false;
+    task->run(*task);
+  }
+  round_end_.clear();
+}
+
 void Worker::fire_timers(Clock::time_point now) {
   while (Timer* timer = timers_.pop_due(now)) {
     if (Waiter* waiter = timer->waiter) {
@@ -286,6 +301,7 @@ void Worker::loop() {
       cancel_all();
     }
     run_ready();
+    if (!round_end_.empty()) run_round_end();
     if (stopping_ && live_count_ == 0 && !inbox_nonempty_.load(std::memory_order_acquire)) break;
     // While fibers are runnable, keep running them and look at timers and sockets only every
     // few rounds: an epoll_wait per round would cost more than the rounds themselves.

@@ -45,7 +45,7 @@ void Socket::close() {
   if (slot_) {
     assert(Worker::current() == worker_ && "a socket must be closed on its own worker");
     // A fiber still parked on it gets operation_canceled instead of waiting forever.
-    cancel_waits(*slot_);
+    spindle::cancel_waits(*slot_);
     worker_->reactor().release(slot_);
     slot_ = nullptr;
   }

@@ -28,6 +28,18 @@ struct RuntimeOptions;
 /// A task posted to a worker from any thread.
 using Task = std::move_only_function<void()>;
 
+/// Work a fiber leaves to its worker for when the round of runnable fibers it is part of has
+/// run: the worker does it on its loop (not in a fiber; it must not block) before it looks at
+/// its timers and sockets again. Writes that many fibers would each make between their own
+/// work go out in a row this way, so that the kernel's work for each does not evict the
+/// fibers' code and data from the caches in between. Owned by its maker, which must withdraw
+/// it (Worker::withdraw) before it goes while it may still be queued.
+struct RoundEndTask {
+  void (*run)(RoundEndTask& task) = nullptr;
+  /// True from Worker::at_round_end until it runs or is withdrawn.
+  bool queued = false;
+};
+
 /// One event-loop thread of a Runtime.
 class Worker {
  public:
@@ -58,6 +70,15 @@ class Worker {
   Reactor& reactor() { return reactor_; }
   /// The timers (owner thread only).
   TimerQueue& timers() { return timers_; }
+
+  /// Queues `task` to run once the current round of runnable fibers has run (owner thread;
+  /// not already queued).
+  void at_round_end(RoundEndTask& task) {
+    task.queued = true;
+    round_end_.push_back(&task);
+  }
+  /// Takes `task` off the queue if it is still there (owner thread).
+  void withdraw(RoundEndTask& task);
   /// The stack pool (owner thread only).
   StackPool& stacks() { return stacks_; }
   /// The I/O buffer pool (owner thread only).
@@ -112,6 +133,8 @@ class Worker {
   void drain_inbox();
   /// Runs the fibers that are runnable now (not those they make runnable).
   void run_ready();
+  /// Runs the tasks the round left (at_round_end), in the order they came.
+  void run_round_end();
   /// Fires due timers.
   void fire_timers(Clock::time_point now);
   /// Waits for I/O (or for `timeout`) and wakes the parked fibers.
@@ -159,6 +182,8 @@ class Worker {
   std::atomic<bool> inbox_nonempty_{false};
   /// Scratch vector the inbox tasks are swapped into.
   std::vector<Task> running_tasks_;
+  /// What the current round of fibers left for its end (at_round_end).
+  std::vector<RoundEndTask*> round_end_;
 
   /// Head of the intrusive list of live fibers.
   Fiber* live_head_ = nullptr;

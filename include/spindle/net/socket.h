@@ -64,6 +64,10 @@ class Socket {
     if (!slot_) return std::make_error_code(std::errc::bad_file_descriptor);
     return wait_ready(*slot_, direction, deadline);
   }
+  /// Wakes the fibers parked on the socket: their wait returns std::errc::operation_canceled.
+  void cancel_waits() {
+    if (slot_) spindle::cancel_waits(*slot_);
+  }
   /// setsockopt(level, name, int value).
   [[nodiscard]] Result<void> set_option(int level, int name, int value);
 

@@ -77,6 +77,9 @@ class TcpStream {
   [[nodiscard]] std::error_code wait(IoDirection direction, Deadline deadline) {
     return socket_.wait(direction, deadline);
   }
+  /// Wakes a fiber parked on the stream (its call fails with std::errc::operation_canceled):
+  /// for work done on the stream's behalf outside that fiber whose outcome it must see.
+  void cancel_waits() { socket_.cancel_waits(); }
   /// Cancels on_readable.
   void cancel_on_readable() { socket_.on_readable(nullptr, nullptr); }
   /// True if the last read found the socket empty and nothing has arrived since: a read would

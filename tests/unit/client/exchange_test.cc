@@ -353,6 +353,65 @@ TEST(ExchangeErrors, ACloseAfterTheRequestWentOutMayHaveReachedTheUpstream) {
   EXPECT_FALSE(nothing_reached_upstream(error));
 }
 
+// A request without a body has its head written by the worker at the end of the round of
+// fibers (queue_head). A head larger than the socket takes at once: what the worker's write
+// leaves, the exchange writes itself, and the answer comes.
+TEST(ExchangeQueuedHead, AHeadTheSocketCannotTakeAtOnceGoesWhole) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  const std::string big(8 << 20, 'v');  // past any socket buffer an unread peer leaves
+  std::atomic<std::size_t> got_bytes{0};
+  std::atomic<bool> got_whole{false};
+  auto upstream = scripted(runtime, [&](TcpStream& s) {
+    (void)this_fiber::sleep_for(200ms);  // the client's write fills the socket meanwhile
+    std::string in;
+    std::string piece(1 << 16, '\0');
+    while (!in.ends_with("\r\n\r\n")) {
+      auto n = s.read(piece, Deadline::after(10s));
+      if (!n || *n == 0) break;
+      in.append(piece, 0, *n);
+    }
+    got_bytes = in.size();
+    got_whole = in.starts_with("GET /big HTTP/1.1\r\n") && in.find(big) != std::string::npos;
+    (void)s.write_all(std::string_view("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"),
+                      Deadline::after(5s));
+  });
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    RequestHead head = head_for("GET", "/big");
+    head.headers.add("x-big", big);
+    ExchangeTimeouts timeouts{.first_byte = 5s};
+    auto ex = pools.open(endpoint_of(upstream->address()), head, "u", timeouts);
+    ASSERT_TRUE(ex.has_value());
+    ASSERT_TRUE((*ex)->finish().has_value());
+    auto answer = (*ex)->read_head();
+    ASSERT_TRUE(answer.has_value()) << answer.error().message();
+    EXPECT_EQ((*answer)->status, 200);
+    EXPECT_EQ(body_of(**ex), "ok");
+  });
+  EXPECT_TRUE(got_whole.load()) << "the upstream got " << got_bytes.load() << " bytes";
+}
+
+// A request finished and let go before its queued head was written still reaches the upstream
+// (as it did when finish() wrote it), the connection then closing.
+TEST(ExchangeQueuedHead, AFinishedRequestLetGoBeforeTheRoundsEndStillGoesOut) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  std::atomic<bool> got{false};
+  Event done;
+  auto upstream = scripted(runtime, [&](TcpStream& s) {
+    got = read_head(s).starts_with("GET /dropped HTTP/1.1\r\n");
+    done.set();
+  });
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    auto ex = pools.open(endpoint_of(upstream->address()), head_for("GET", "/dropped"), "u", {});
+    ASSERT_TRUE(ex.has_value());
+    ASSERT_TRUE((*ex)->finish().has_value());
+    ex->reset();  // in the same round: the head was still queued
+    EXPECT_FALSE(done.wait(Deadline::after(5s)));
+  });
+  EXPECT_TRUE(got.load());
+}
+
 TEST(ExchangeErrors, ABodyCutShortIsAnErrorNotAShortBody) {
   Runtime runtime(RuntimeOptions{.workers = 1});
   auto sized = scripted(runtime, [](TcpStream& s) {

@@ -10,6 +10,7 @@
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
+#include "spindle/fiber/worker.h"
 #include "spindle/sync/event.h"
 #include "spindle/testing.h"
 
@@ -331,6 +332,43 @@ TEST(Runtime, PostFromAPlainThreadRunsOnTheWorker) {
   });
   EXPECT_FALSE(done.wait(Deadline::after(10s)));
   EXPECT_EQ(ran_on.load(), 1);
+}
+
+TEST(Runtime, TasksLeftForTheRoundsEndRunAfterItsFibersInOrderUnlessWithdrawn) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  std::vector<std::string> log;
+  struct Logged : spindle::RoundEndTask {
+    std::vector<std::string>* log = nullptr;
+    std::string name;
+  };
+  Logged tasks[3];
+  runtime.block_on([&] {
+    std::vector<spindle::JoinHandle<void>> fibers;
+    for (int i = 0; i < 3; ++i) {
+      // Spawned together: one round runs the three before any task.
+      fibers.push_back(spawn([&, i] {
+        Logged& task = tasks[i];
+        task.log = &log;
+        task.name = "task " + std::to_string(i);
+        task.run = [](spindle::RoundEndTask& t) {
+          auto& self = static_cast<Logged&>(t);
+          self.log->push_back(self.name);
+        };
+        spindle::Worker::current()->at_round_end(task);
+        EXPECT_TRUE(task.queued);
+        if (i == 1) {
+          spindle::Worker::current()->withdraw(task);
+          EXPECT_FALSE(task.queued);
+        }
+        log.push_back("fiber " + std::to_string(i));
+      }));
+    }
+    for (auto& f : fibers) f.join();
+    // The last fiber's end may wake this one within the same round: a sleep lets it end.
+    (void)this_fiber::sleep_for(1ms);
+    EXPECT_EQ(log, (std::vector<std::string>{"fiber 0", "fiber 1", "fiber 2", "task 0", "task 2"}));
+    for (const Logged& task : tasks) EXPECT_FALSE(task.queued);
+  });
 }
 
 TEST(Runtime, SpawnOutsideAWorkerThrows) {
