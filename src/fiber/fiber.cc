@@ -265,7 +265,8 @@ void* fiber_local_get(const void* key, void* (*make)(), void (*destroy)(void*)) 
 
 // ---- I/O readiness ---------------------------------------------------------------------------
 
-std::error_code wait_ready(IoSlot& slot, IoDirection direction, Deadline deadline) {
+std::error_code wait_ready(IoSlot& slot, IoDirection direction, Deadline deadline,
+                           ReadAhead* ahead) {
   Fiber* fiber = current_fiber();
   if (!fiber) return std::make_error_code(std::errc::operation_not_permitted);
   if (direction == IoDirection::kWrite) {
@@ -275,13 +276,18 @@ std::error_code wait_ready(IoSlot& slot, IoDirection direction, Deadline deadlin
   Waiter*& parked = direction == IoDirection::kRead ? slot.reader : slot.writer;
   assert(parked == nullptr && "one waiter per direction");
   parked = &waiter;
+  if (ahead != nullptr) slot.read_ahead = ahead;
   auto ec = park(waiter, deadline, kCancellable);
-  // The reactor clears it when it wakes us; a timeout or cancellation leaves it to us.
-  if (parked == &waiter) parked = nullptr;
+  // The reactor clears them when it wakes us (cancel_waits too); a timeout leaves them to us.
+  if (parked == &waiter) {
+    parked = nullptr;
+    slot.read_ahead = nullptr;
+  }
   return ec;
 }
 
 void cancel_waits(IoSlot& slot) {
+  slot.read_ahead = nullptr;
   for (Waiter** parked : {&slot.reader, &slot.writer}) {
     if (Waiter* waiter = std::exchange(*parked, nullptr)) {
       if (waiter->claim(WakeReason::kCanceled)) waiter->wake();

@@ -1,6 +1,8 @@
 #include "spindle/fiber/worker.h"
 
 #include <malloc.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cassert>
 #include <optional>
@@ -213,6 +215,23 @@ void Worker::fire_timers(Clock::time_point now) {
   }
 }
 
+void Worker::wake_reader(IoSlot& slot) {
+  Waiter* waiter = std::exchange(slot.reader, nullptr);
+  ReadAhead* ahead = std::exchange(slot.read_ahead, nullptr);
+  if (!waiter->claim(WakeReason::kNotified)) return;
+  if (ahead != nullptr) {
+    ssize_t n;
+    do {
+      n = ::syscall(SYS_recvfrom, slot.fd, ahead->buffer.data(), ahead->buffer.size(), 0, nullptr,
+                    nullptr);
+    } while (n < 0 && errno == EINTR);
+    ahead->result = n;
+    ahead->error = n < 0 ? errno : 0;
+    ahead->done = true;
+  }
+  waiter->wake();
+}
+
 void Worker::wake_io(Waiter*& parked) {
   if (Waiter* waiter = std::exchange(parked, nullptr)) {
     if (waiter->claim(WakeReason::kNotified)) waiter->wake();
@@ -241,7 +260,7 @@ void Worker::poll(std::chrono::milliseconds timeout) {
       slot.drained = false;
       if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) slot.hung_up = true;
       if (slot.reader) {
-        wake_io(slot.reader);
+        wake_reader(slot);
       } else if (slot.on_readable) {
         // An idle connection: no fiber waits; the callback starts one (it must not release
         // other slots: events for them may follow in this batch).

@@ -72,7 +72,7 @@ std::error_code Reactor::watch_writable(IoSlot& slot) {
 }
 
 void Reactor::release(IoSlot* slot) {
-  assert(slot->reader == nullptr && slot->writer == nullptr);
+  assert(slot->reader == nullptr && slot->writer == nullptr && slot->read_ahead == nullptr);
   slot->fd = -1;
   slot->on_readable = nullptr;
   slot->owner = nullptr;

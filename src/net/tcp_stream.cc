@@ -59,16 +59,34 @@ Result<TcpStream> TcpStream::connect(const Address& address, Deadline deadline) 
 Result<std::size_t> TcpStream::read(std::span<char> buffer, Deadline deadline) {
   // Drained by the last read and nothing arrived since: wait without a recv that would only
   // say EAGAIN (as nginx keeps its `ready` flag). A proxy saves one such call per exchange on
-  // each side.
-  if (socket_.drained() && !buffer.empty()) {
-    if (auto ec = socket_.wait(IoDirection::kRead, deadline)) return fail(ec);
+  // each side. The wait offers the buffer to the worker, which reads into it as it wakes this
+  // fiber (ReadAhead); a read that finds nothing after all waits again.
+  ssize_t n;
+  for (;;) {
+    if (socket_.drained() && !buffer.empty()) {
+      ReadAhead ahead{.buffer = buffer};
+      auto ec = socket_.wait_to_read(ahead, deadline);
+      if (!ahead.done && ec) return fail(ec);
+      if (ahead.done) {
+        n = ahead.result;
+        errno = ahead.error;
+      } else {
+        n = sys_recv(socket_.fd(), buffer.data(), buffer.size());
+      }
+    } else {
+      n = sys_recv(socket_.fd(), buffer.data(), buffer.size());
+    }
+    if (n >= 0) break;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return fail_errno();
+    socket_.note_drained();
+    if (!socket_.drained()) {  // (hung up: no edge will come; never seen to say EAGAIN)
+      if (auto ec = socket_.wait(IoDirection::kRead, deadline)) return fail(ec);
+    }
   }
-  auto n = socket_.retry(IoDirection::kRead, deadline,
-                         [&] { return sys_recv(socket_.fd(), buffer.data(), buffer.size()); });
-  if (!n) return fail(n.error());
   // Short means the receive queue is empty now; anything arriving later raises a new edge.
-  if (*n > 0 && static_cast<std::size_t>(*n) < buffer.size()) socket_.note_drained();
-  return static_cast<std::size_t>(*n);
+  if (n > 0 && static_cast<std::size_t>(n) < buffer.size()) socket_.note_drained();
+  return static_cast<std::size_t>(n);
 }
 
 Result<void> TcpStream::read_exact(std::span<char> buffer, Deadline deadline) {

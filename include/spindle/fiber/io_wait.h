@@ -15,7 +15,9 @@ enum class IoDirection { kRead, kWrite };
 /// `deadline` passes (std::errc::timed_out) or the fiber is asked to stop
 /// (std::errc::operation_canceled). One waiter per direction. Call only after the syscall said
 /// EAGAIN: readiness is edge-triggered. Outside a fiber: std::errc::operation_not_permitted.
-[[nodiscard]] std::error_code wait_ready(IoSlot& slot, IoDirection direction, Deadline deadline);
+/// A reader may offer `ahead`: if the reactor wakes it, it reads into it first (ReadAhead).
+[[nodiscard]] std::error_code wait_ready(IoSlot& slot, IoDirection direction, Deadline deadline,
+                                         ReadAhead* ahead = nullptr);
 
 /// Wakes the fibers parked on `slot` (their wait returns std::errc::operation_canceled), so
 /// that the slot can be released: used when a socket is closed under a waiting fiber.

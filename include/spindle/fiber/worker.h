@@ -151,6 +151,9 @@ class Worker {
   void fail_start(Fiber* fiber, std::exception_ptr error);
   /// Wakes the waiter parked in `slot` (reader or writer), if any.
   static void wake_io(Waiter*& parked);
+  /// Wakes the reader parked on `slot` (there is one), reading into its buffer first if it
+  /// offered one (ReadAhead).
+  static void wake_reader(IoSlot& slot);
   /// True if some pool holds more than its floor (so a trim is due in a second).
   bool holds_idle_memory() const;
 

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "spindle/base/error.h"
@@ -20,6 +21,17 @@
 namespace spindle {
 
 class Waiter;
+
+/// A parked reader's buffer, which its worker reads into as it wakes it (TcpStream::read): the
+/// reads of the fibers one poll wakes are then made in a row, before any of them runs, and the
+/// kernel's work for each does not evict the fibers' code and data from the caches in between.
+struct ReadAhead {
+  std::span<char> buffer;
+  /// Set once read: recv's result, and its errno when that is negative.
+  bool done = false;
+  ssize_t result = 0;
+  int error = 0;
+};
 
 /// Per-descriptor state of one registration. Slots are pooled and reused; a generation
 /// number discards events that were queued for a slot's previous owner.
@@ -41,6 +53,8 @@ struct IoSlot {
   bool hung_up = false;
   /// Who is parked waiting for readability (owned by the fiber layer), or nullptr.
   Waiter* reader = nullptr;
+  /// The parked reader's buffer, to read into as it is woken (see ReadAhead), or nullptr.
+  ReadAhead* read_ahead = nullptr;
   /// Who is parked waiting for writability, or nullptr.
   Waiter* writer = nullptr;
   /// Called once (then cleared) when the slot becomes readable and no fiber waits to read:

@@ -64,6 +64,12 @@ class Socket {
     if (!slot_) return std::make_error_code(std::errc::bad_file_descriptor);
     return wait_ready(*slot_, direction, deadline);
   }
+  /// Parks until the socket is readable, offering `ahead` to be read into as the worker wakes
+  /// this fiber (after a read reported EAGAIN).
+  [[nodiscard]] std::error_code wait_to_read(ReadAhead& ahead, Deadline deadline) {
+    if (!slot_) return std::make_error_code(std::errc::bad_file_descriptor);
+    return wait_ready(*slot_, IoDirection::kRead, deadline, &ahead);
+  }
   /// Wakes the fibers parked on the socket: their wait returns std::errc::operation_canceled.
   void cancel_waits() {
     if (slot_) spindle::cancel_waits(*slot_);

@@ -1,4 +1,5 @@
 #include <gtest/gtest.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -104,6 +105,56 @@ FIBER_TEST(TcpStream, BytesAndCloseSeenByTheReactorFirstStillEndTheStream) {
   ASSERT_TRUE(n.has_value()) << n.error().message();
   EXPECT_EQ(*n, 0u);
   EXPECT_LT(Clock::now() - start, 1s);
+}
+
+// Readers parked on drained streams offer their buffers (ReadAhead): the worker reads each
+// woken stream's bytes as it wakes its fiber, all of one poll's before any of those fibers
+// runs. The first of them to run finds the others' bytes already out of the kernel.
+FIBER_TEST(TcpStream, TheReadsOfTheFibersOnePollWakesAreMadeBeforeAnyRuns) {
+  constexpr int kStreams = 3;
+  std::vector<Connection> pairs;
+  for (int i = 0; i < kStreams; ++i) pairs.push_back(connect_pair());
+  std::vector<int> unread_seen_first(kStreams, -1);
+  bool first = true;
+  std::vector<JoinHandle<std::string>> readers;
+  for (int i = 0; i < kStreams; ++i) {
+    readers.push_back(spawn([&, i] {
+      char buffer[16];
+      auto n = pairs[i].server.read(buffer, Deadline::after(5s));
+      if (!n) return std::string("error");
+      if (std::exchange(first, false)) {
+        for (int j = 0; j < kStreams; ++j) {
+          int queued = -1;
+          ::ioctl(pairs[j].server.fd(), FIONREAD, &queued);
+          unread_seen_first[j] = queued;
+        }
+      }
+      return std::string(buffer, *n);
+    }));
+  }
+  ASSERT_FALSE(this_fiber::sleep_for(20ms));  // each parked, its stream marked drained
+  for (int i = 0; i < kStreams; ++i) {
+    ASSERT_TRUE(pairs[i].server.drained());
+    ASSERT_TRUE(pairs[i].client.write_all("stream " + std::to_string(i)).has_value());
+  }
+  for (int i = 0; i < kStreams; ++i) EXPECT_EQ(readers[i].join(), "stream " + std::to_string(i));
+  EXPECT_EQ(unread_seen_first, std::vector<int>(kStreams, 0)) << "bytes left in the kernel";
+}
+
+// A read the worker makes for a parked fiber reports the kernel's error as the fiber's would.
+FIBER_TEST(TcpStream, AResetSeenByAParkedReadIsItsError) {
+  auto [client, server] = connect_pair();
+  auto reader = spawn([&] {
+    char buffer[16];
+    auto n = server.read(buffer, Deadline::after(5s));
+    return n ? std::error_code() : n.error();
+  });
+  ASSERT_FALSE(this_fiber::sleep_for(20ms));
+  ASSERT_TRUE(server.drained());
+  linger abort{.l_onoff = 1, .l_linger = 0};
+  ASSERT_EQ(::setsockopt(client.fd(), SOL_SOCKET, SO_LINGER, &abort, sizeof abort), 0);
+  client.close();  // a reset, not a FIN
+  EXPECT_EQ(reader.join(), std::errc::connection_reset);
 }
 
 FIBER_TEST(TcpStream, ReadTimesOutAtTheDeadline) {
