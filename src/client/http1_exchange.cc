@@ -469,12 +469,7 @@ class Http1Exchange final : public ClientExchange, public PermitHolder, public B
   static void write_queued_head(RoundEndTask& task) {
     Http1Exchange& x = *static_cast<QueuedHead&>(task).exchange;
     TcpStream& tcp = *x.stream_.tcp();
-    std::size_t written = 0;
-    while (written < x.out_.size()) {
-      auto n = tcp.write({x.out_.data() + written, x.out_.size() - written}, Deadline::no_wait());
-      if (!n) break;
-      written += *n;
-    }
+    const std::size_t written = tcp.write_now(x.out_);
     if (written > 0) x.head_sent_ = true;
     if (written == x.out_.size()) return;
     x.out_.erase(0, written);

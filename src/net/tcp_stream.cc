@@ -107,6 +107,16 @@ Result<std::size_t> TcpStream::write(std::span<const char> data, Deadline deadli
   return static_cast<std::size_t>(*n);
 }
 
+std::size_t TcpStream::write_now(std::span<const char> data) {
+  std::size_t written = 0;
+  while (written < data.size()) {
+    auto n = write(data.subspan(written), Deadline::no_wait());
+    if (!n) break;
+    written += *n;
+  }
+  return written;
+}
+
 Result<void> TcpStream::write_all(std::span<const char> data, Deadline deadline) {
   while (!data.empty()) {
     auto n = write(data, deadline);

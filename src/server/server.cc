@@ -112,13 +112,7 @@ void refuse_ready_connections(WorkerState& worker) {
 void write_unsent(WorkerState& worker) {
   for (ConnectionState* state : worker.unsent) {
     std::string& out = state->unsent;
-    std::size_t written = 0;
-    while (written < out.size()) {
-      auto n = state->stream.tcp()->write({out.data() + written, out.size() - written},
-                                          Deadline::no_wait());
-      if (!n) break;
-      written += *n;
-    }
+    const std::size_t written = state->stream.tcp()->write_now(out);
     if (written == out.size()) {
       worker.buffers->recycle_output(std::move(out));
     } else {

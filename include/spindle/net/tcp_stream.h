@@ -36,6 +36,9 @@ class TcpStream {
   /// Writes some (at least one) of `data`; returns how many bytes.
   [[nodiscard]] Result<std::size_t> write(std::span<const char> data,
                                           Deadline deadline = Deadline::never());
+  /// Writes what the socket takes of `data` now, without waiting (outside a fiber too): how
+  /// many bytes. Fewer than asked: the socket is full, or the write failed (the next says why).
+  std::size_t write_now(std::span<const char> data);
   /// Writes all of `data`.
   [[nodiscard]] Result<void> write_all(std::span<const char> data,
                                        Deadline deadline = Deadline::never());
