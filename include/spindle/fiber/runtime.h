@@ -19,8 +19,9 @@ struct RuntimeOptions {
   std::size_t workers = 0;
   /// Default usable stack size of a fiber, in bytes.
   std::size_t stack_size = StackPool::kDefaultStackSize;
-  /// Stacks each worker keeps for reuse.
-  std::size_t stack_cache = 1024;
+  /// Stacks each worker keeps for reuse at most; by default every stack that comes back (the
+  /// worker's trim gives back, once a second, those not reused since the last: StackPool).
+  std::size_t stack_cache = StackPool::kKeepAll;
   /// Fiber stacks of the default size from huge-page chunks (StackPool): less CPU where many
   /// fibers wait at once, their whole size resident per stack in use, a canary instead of a
   /// guard page between them.

@@ -14,6 +14,7 @@
 /// follows the switches. Not thread-safe: one pool per worker.
 
 #include <cstddef>
+#include <limits>
 #include <vector>
 
 #include "spindle/fiber/idle_cache.h"
@@ -47,12 +48,21 @@ class StackPool {
   /// Stacks kept through any trim.
   static constexpr std::size_t kFloor = 16;
 
+  /// No limit on the stacks kept for reuse (the default): what a burst of fibers left is kept
+  /// until a trim finds it unused. A limit below the swings of a worker's live fibers makes
+  /// every swing unmap stacks and map them again (three system calls and fresh pages each):
+  /// 5,000 requests in flight proxied to an HTTP/2 upstream, ending in batches as its answers
+  /// come and starting in batches as the clients' requests do, cost 1.6 times the CPU with a
+  /// limit of 1,024 (docs/performance.md). Memory is no reason for one: a kept stack was in
+  /// use in the burst, and the trim follows the load down within two seconds.
+  static constexpr std::size_t kKeepAll = std::numeric_limits<std::size_t>::max();
+
   /// Bytes of each huge-page chunk (a multiple of 2 MiB).
   static constexpr std::size_t kChunkSize = 16 << 20;
 
   /// A pool of `stack_size`-byte stacks (rounded up to pages) keeping at most `max_cached`;
   /// with `huge_pages`, its stacks come from huge-page chunks (above), as many as are needed.
-  explicit StackPool(std::size_t stack_size = kDefaultStackSize, std::size_t max_cached = 1024,
+  explicit StackPool(std::size_t stack_size = kDefaultStackSize, std::size_t max_cached = kKeepAll,
                      bool huge_pages = false);
   ~StackPool();
   StackPool(const StackPool&) = delete;

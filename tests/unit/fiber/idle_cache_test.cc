@@ -92,3 +92,31 @@ TEST(Worker, GivesBackTheStacksOfABurstOfFibersOnceIdle) {
   (void)runtime.block_on([] { return Worker::current()->trim_idle_memory(); });
   EXPECT_TRUE(watched.expired());
 }
+
+// A worker whose live fibers swing by thousands (an HTTP/2 upstream's read ends a thousand
+// requests, the clients' next reads start a thousand more) reuses the stacks of one swing in
+// the next: none is unmapped as it comes back and mapped again for the next fiber.
+TEST(Worker, KeepsEveryStackOfASwingLargerThanAThousandFibersForTheNext) {
+  constexpr std::size_t kSwing = 2500;
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto [kept, left_while_alive] = runtime.block_on([&] {
+    StackPool& stacks = Worker::current()->stacks();
+    auto swing = [&](std::size_t* cached_while_alive) {
+      Event go;
+      std::vector<JoinHandle<void>> fibers;
+      for (std::size_t i = 0; i < kSwing; ++i) fibers.push_back(spawn([&] { (void)go.wait(); }));
+      // (A fiber spawned on its own worker takes its stack at once.)
+      if (cached_while_alive != nullptr) *cached_while_alive = stacks.cached();
+      go.set();
+      for (auto& f : fibers) f.join();
+    };
+    swing(nullptr);
+    const std::size_t kept = stacks.cached();
+    std::size_t cached_while_alive = 0;
+    swing(&cached_while_alive);
+    return std::pair(kept, cached_while_alive);
+  });
+  ASSERT_GE(kept, kSwing);
+  // The second swing took its stacks from the first's: as many fewer were waiting.
+  EXPECT_EQ(left_while_alive, kept - kSwing);
+}
