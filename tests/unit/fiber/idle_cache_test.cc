@@ -93,9 +93,9 @@ TEST(Worker, GivesBackTheStacksOfABurstOfFibersOnceIdle) {
   EXPECT_TRUE(watched.expired());
 }
 
-// A worker whose live fibers swing by thousands (an HTTP/2 upstream's read ends a thousand
-// requests, the clients' next reads start a thousand more) reuses the stacks of one swing in
-// the next: none is unmapped as it comes back and mapped again for the next fiber.
+// A worker whose live fibers swing by thousands (a read of an HTTP/2 upstream's connection ends
+// the requests it answers, the clients' next reads start as many) reuses the stacks of one
+// swing in the next: none is unmapped as it comes back and mapped again for the next fiber.
 TEST(Worker, KeepsEveryStackOfASwingLargerThanAThousandFibersForTheNext) {
   constexpr std::size_t kSwing = 2500;
   Runtime runtime(RuntimeOptions{.workers = 1});
