@@ -281,7 +281,7 @@ std::error_code wait_ready(IoSlot& slot, IoDirection direction, Deadline deadlin
   // The reactor clears them when it wakes us (cancel_waits too); a timeout leaves them to us.
   if (parked == &waiter) {
     parked = nullptr;
-    slot.read_ahead = nullptr;
+    if (ahead != nullptr) slot.read_ahead = nullptr;  // (a writer's wait leaves the reader's)
   }
   return ec;
 }

@@ -1,8 +1,6 @@
 #include "spindle/fiber/worker.h"
 
 #include <malloc.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <cassert>
 #include <optional>
@@ -12,6 +10,7 @@
 #include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/waiter.h"
+#include "spindle/io/bare_recv.h"
 #include "stack_overflow.h"
 
 namespace spindle {
@@ -220,11 +219,7 @@ void Worker::wake_reader(IoSlot& slot) {
   ReadAhead* ahead = std::exchange(slot.read_ahead, nullptr);
   if (!waiter->claim(WakeReason::kNotified)) return;
   if (ahead != nullptr) {
-    ssize_t n;
-    do {
-      n = ::syscall(SYS_recvfrom, slot.fd, ahead->buffer.data(), ahead->buffer.size(), 0, nullptr,
-                    nullptr);
-    } while (n < 0 && errno == EINTR);
+    const ssize_t n = bare_recv(slot.fd, ahead->buffer.data(), ahead->buffer.size());
     ahead->result = n;
     ahead->error = n < 0 ? errno : 0;
     ahead->done = true;

@@ -9,16 +9,14 @@
 
 #include <vector>
 
+#include "spindle/io/bare_recv.h"
+
 namespace spindle {
 namespace {
 
-// The socket calls of the request path, made as bare system calls: glibc's recv, send and
-// sendmsg are pthread cancellation points and switch asynchronous cancellation on and off
-// around every call, which spindle never uses and which cost more than the call's own
-// userspace part (~60 instructions a request).
-ssize_t sys_recv(int fd, void* data, std::size_t size) {
-  return ::syscall(SYS_recvfrom, fd, data, size, 0, nullptr, nullptr);
-}
+// The socket writes of the request path, made as bare system calls for the reason reads are
+// (bare_recv): glibc's send and sendmsg are pthread cancellation points (~60 instructions a
+// request).
 ssize_t sys_send(int fd, const void* data, std::size_t size) {
   return ::syscall(SYS_sendto, fd, data, size, MSG_NOSIGNAL, nullptr, 0);
 }
@@ -71,13 +69,12 @@ Result<std::size_t> TcpStream::read(std::span<char> buffer, Deadline deadline) {
         n = ahead.result;
         errno = ahead.error;
       } else {
-        n = sys_recv(socket_.fd(), buffer.data(), buffer.size());
+        n = bare_recv(socket_.fd(), buffer.data(), buffer.size());
       }
     } else {
-      n = sys_recv(socket_.fd(), buffer.data(), buffer.size());
+      n = bare_recv(socket_.fd(), buffer.data(), buffer.size());
     }
     if (n >= 0) break;
-    if (errno == EINTR) continue;
     if (errno != EAGAIN && errno != EWOULDBLOCK) return fail_errno();
     socket_.note_drained();
     if (!socket_.drained()) {  // (hung up: no edge will come; never seen to say EAGAIN)

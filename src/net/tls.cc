@@ -21,6 +21,7 @@
 
 #include "spindle/base/ascii.h"
 #include "spindle/fiber/buffer_pool.h"
+#include "spindle/io/bare_recv.h"
 
 namespace spindle {
 namespace {
@@ -441,11 +442,7 @@ int TlsStream::read_ahead(BIO* bio, char* out, std::size_t want, std::size_t* go
         return 0;
       }
     }
-    ssize_t n;
-    do {
-      n = ::syscall(SYS_recvfrom, tcp_.fd(), ahead_.data(), BufferPool::kBufferSize, 0, nullptr,
-                    nullptr);
-    } while (n < 0 && errno == EINTR);
+    const ssize_t n = bare_recv(tcp_.fd(), ahead_.data(), BufferPool::kBufferSize);
     if (n <= 0) {
       // Nothing now (retry when readable), the end (0), or an error (errno says which).
       const int saved = errno;
