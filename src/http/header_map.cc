@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <new>
+#include <utility>
 
 #include "spindle/http/bytes.h"
 
@@ -10,6 +12,36 @@ namespace spindle::http {
 namespace {
 
 constexpr char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; }
+
+}  // namespace
+}  // namespace spindle::http
+
+namespace spindle {
+// The runtime's per-thread block cache (spindle/fiber/block_cache.h), referenced weakly: this
+// layer depends on no other, so a program that does not link the runtime (a fuzzer of the
+// parsers, say) has neither, and a map's room beyond its own then comes from the heap. Every
+// program that runs fibers links it: a map made per request then takes and gives back its
+// room as cheaply as the request's other objects (malloc's slow paths, which a burst of
+// requests takes, made a browser's request over HTTP/2 dearer: docs/performance.md, "Smaller
+// header maps"). A map's room goes back the way it came, whichever thread frees it.
+[[gnu::weak]] void* take_block(std::size_t size);
+[[gnu::weak]] void give_block(void* block, std::size_t size) noexcept;
+}  // namespace spindle
+
+namespace spindle::http {
+namespace {
+
+void* take_room(std::size_t bytes) {
+  return &take_block != nullptr ? take_block(bytes) : ::operator new(bytes);
+}
+
+void give_room(void* room, std::size_t bytes) noexcept {
+  if (&give_block != nullptr) {
+    give_block(room, bytes);
+  } else {
+    ::operator delete(room, bytes);
+  }
+}
 
 }  // namespace
 
@@ -60,22 +92,31 @@ void HeaderMap::take(HeaderMap&& other) noexcept {
     const Field& f = other.inline_.at[i];
     inline_.at[i] = {repoint(f.name), repoint(f.value), f.token};
   }
-  overflow_ = std::move(other.overflow_);
-  for (Field& f : overflow_) f = {repoint(f.name), repoint(f.value), f.token};
-  blocks_ = std::move(other.blocks_);
-  block_free_ = other.block_free_;
-  block_left_ = other.block_left_;
+  more_ = std::exchange(other.more_, nullptr);
+  more_room_ = std::exchange(other.more_room_, 0);
+  for (std::size_t i = kInline; i < size_; ++i) {
+    Field& f = more_[i - kInline];
+    f = {repoint(f.name), repoint(f.value), f.token};
+  }
+  blocks_ = std::exchange(other.blocks_, nullptr);
+  block_free_ = std::exchange(other.block_free_, nullptr);
+  block_left_ = std::exchange(other.block_left_, 0);
   other.size_ = 0;
   other.flags_ = 0;
   other.arena_used_ = 0;
-  other.overflow_.clear();
-  other.blocks_.clear();
-  other.block_free_ = nullptr;
-  other.block_left_ = 0;
 }
 
 void HeaderMap::add_overflow(const Field& field) {
-  overflow_.push_back(field);
+  const std::size_t more = size_ - kInline;
+  if (more == more_room_) {
+    const std::size_t room = more_room_ == 0 ? kMoreFirst : 2 * more_room_;
+    auto* grown = static_cast<Field*>(take_room(room * sizeof(Field)));
+    if (more != 0) std::memcpy(static_cast<void*>(grown), more_, more * sizeof(Field));
+    if (more_ != nullptr) give_room(more_, more_room_ * sizeof(Field));
+    more_ = grown;
+    more_room_ = room;
+  }
+  more_[more] = field;
   ++size_;
 }
 
@@ -96,18 +137,18 @@ std::size_t HeaderMap::erase(std::string_view name) {
 
 std::size_t HeaderMap::shrink_to(std::size_t kept) {
   std::size_t removed = size_ - kept;
-  size_ = kept;
-  if (size_ <= kInline) {
-    overflow_.clear();
-  } else {
-    overflow_.resize(size_ - kInline);
-  }
+  size_ = kept;  // (the room beyond kInline stays until clear() or destruction)
   return removed;
 }
 
 void HeaderMap::release_overflow() {
-  overflow_.clear();
-  blocks_.clear();
+  if (more_ != nullptr) give_room(more_, more_room_ * sizeof(Field));
+  more_ = nullptr;
+  more_room_ = 0;
+  while (TextBlock* block = blocks_) {
+    blocks_ = block->next;
+    give_room(block, block->bytes);
+  }
   block_free_ = nullptr;
   block_left_ = 0;
 }
@@ -160,10 +201,11 @@ std::string_view HeaderMap::copy(std::string_view text) {
     return {out, text.size()};
   }
   if (block_left_ < text.size()) {
-    std::size_t size = std::max<std::size_t>(4096, text.size());
-    blocks_.push_back(std::make_unique<char[]>(size));
-    block_free_ = blocks_.back().get();
-    block_left_ = size;
+    const std::size_t bytes = sizeof(TextBlock) + std::max(kTextBlock, text.size());
+    auto* block = new (take_room(bytes)) TextBlock{blocks_, bytes};
+    blocks_ = block;
+    block_free_ = reinterpret_cast<char*>(block + 1);
+    block_left_ = bytes - sizeof(TextBlock);
   }
   char* out = block_free_;
   copy_bytes(out, text.data(), text.size());

@@ -1,8 +1,12 @@
 #pragma once
 /// HeaderMap: HTTP header fields — case-insensitive names, insertion order kept, repeated names
 /// allowed. Fields are string_views: into the read buffer for a parsed request (no copy), into
-/// the map's own arena for values a handler adds. The first 24 fields and 1 KiB of copied text
-/// need no allocation.
+/// the map's own arena for values a handler adds. The first 8 fields and 256 bytes of copied
+/// text are inside the map; beyond them it takes room from the runtime's per-thread block cache
+/// (the heap in a program without the runtime). A map is small on purpose: requests in flight
+/// each hold several (the request, the response, a proxied request's head, the upstream's
+/// answer), some in their fibers' stacks, and at a thousand in flight the bytes each request
+/// spans are what the worker pays for (docs/performance.md, "Smaller header maps").
 
 #include <array>
 #include <cassert>
@@ -82,6 +86,7 @@ class HeaderMap {
   HeaderMap& operator=(const HeaderMap&) = delete;
   /// Moves the fields; views into the moved-from map's own text are re-pointed to ours.
   HeaderMap(HeaderMap&& other) noexcept { take(std::move(other)); }
+  ~HeaderMap() { release_overflow(); }
   HeaderMap& operator=(HeaderMap&& other) noexcept {
     if (this != &other) {
       clear();
@@ -152,7 +157,7 @@ class HeaderMap {
     size_ = 0;
     flags_ = 0;
     arena_used_ = 0;
-    if (!overflow_.empty() || !blocks_.empty()) release_overflow();
+    if (more_ != nullptr || blocks_ != nullptr) release_overflow();
   }
 
   /// The first value of `name`, if present.
@@ -190,7 +195,7 @@ class HeaderMap {
   bool empty() const { return size_ == 0; }
   /// Field `i` in insertion order.
   const Field& operator[](std::size_t i) const {
-    return i < kInline ? inline_.at[i] : overflow_[i - kInline];
+    return i < kInline ? inline_.at[i] : more_[i - kInline];
   }
 
   /// Iteration in insertion order.
@@ -213,10 +218,14 @@ class HeaderMap {
   Iterator end() const { return {this, size_}; }
 
  private:
-  static constexpr std::size_t kInline = 24;
-  static constexpr std::size_t kArenaInline = 1024;
+  static constexpr std::size_t kInline = 8;
+  static constexpr std::size_t kArenaInline = 256;
+  /// Room for fields beyond kInline made at the first of them (then doubled as needed).
+  static constexpr std::size_t kMoreFirst = 24;
+  /// Copied text beyond the arena goes into blocks of at least this many bytes.
+  static constexpr std::size_t kTextBlock = 2048;
 
-  Field& at(std::size_t i) { return i < kInline ? inline_.at[i] : overflow_[i - kInline]; }
+  Field& at(std::size_t i) { return i < kInline ? inline_.at[i] : more_[i - kInline]; }
   void add_field(const Field& field) {
     if (field.token != nullptr) flags_ |= field.token->flags;
     if (size_ < kInline) {
@@ -233,7 +242,7 @@ class HeaderMap {
   static bool named(const Field& f, std::string_view name, const Token* token) {
     return token != nullptr ? f.token == token : f.token == nullptr && iequals(f.name, name);
   }
-  /// clear() of the fields and text beyond the inline ones.
+  /// Gives back the room for fields and text beyond the inline ones (clear(), destruction).
   void release_overflow();
   /// The move: fields, arena text (re-pointing views into it) and blocks.
   void take(HeaderMap&& other) noexcept;
@@ -252,12 +261,18 @@ class HeaderMap {
   /// Free bytes left at the end of the last block, and where they start.
   char* block_free_ = nullptr;
   std::size_t block_left_ = 0;
-  /// Fields beyond kInline.
-  std::vector<Field> overflow_;
-  /// Further blocks for copied text that does not fit (never moved, so views stay valid).
-  std::vector<std::unique_ptr<char[]>> blocks_;
+  /// Fields beyond kInline (size_ - kInline of them), in room for more_room_.
+  Field* more_ = nullptr;
+  std::size_t more_room_ = 0;
+  /// Further blocks for copied text that does not fit, newest first (never moved, so views
+  /// stay valid).
+  struct TextBlock {
+    TextBlock* next;
+    std::size_t bytes;  // the whole block's, header included
+  };
+  TextBlock* blocks_ = nullptr;
   /// Storage for the first kInline fields, left uninitialized (each is written before it is
-  /// read): a map is made per request and per response, and zeroing 768 bytes each time shows.
+  /// read): a map is made per request and per response, and zeroing it each time shows.
   union InlineFields {
     InlineFields() {}
     Field at[kInline];

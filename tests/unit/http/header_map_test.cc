@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "spindle/fiber/block_cache.h"
 
 using spindle::http::for_each_list_item;
 using spindle::http::HeaderMap;
@@ -96,6 +99,61 @@ TEST(HeaderMap, MoveKeepsCopiedAndBorrowedText) {
   c = std::move(b);
   EXPECT_EQ(c.get("copied"), "value");
   EXPECT_EQ(c.size(), 42u);
+}
+
+TEST(HeaderMap, ErasingFieldsBeyondTheInlineOnesAndAddingAgainKeepsEveryField) {
+  HeaderMap h;
+  for (int i = 0; i < 30; ++i) h.add("A-" + std::to_string(i), "first " + std::to_string(i));
+  // Keeps A-0 .. A-4: the room beyond the inline fields stays, and is written again.
+  EXPECT_EQ(h.erase_if([](const auto& f) { return f.name.size() > 3 || f.name[2] >= '5'; }), 25u);
+  for (int i = 0; i < 60; ++i) h.add("B-" + std::to_string(i), "second " + std::to_string(i));
+  ASSERT_EQ(h.size(), 65u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(h.get("a-" + std::to_string(i)), "first " + std::to_string(i));
+  }
+  EXPECT_FALSE(h.contains("a-5"));
+  for (int i = 0; i < 60; ++i) {
+    EXPECT_EQ(h.get("b-" + std::to_string(i)), "second " + std::to_string(i));
+  }
+  std::size_t n = 0;
+  for (const auto& f : h) {
+    EXPECT_EQ(f.name, n < 5 ? "A-" + std::to_string(n) : "B-" + std::to_string(n - 5)) << n;
+    ++n;
+  }
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kBlockCacheOff = true;  // sanitizer builds hand every block to malloc
+#else
+constexpr bool kBlockCacheOff = false;
+#endif
+
+// A map is small; what it holds beyond its own room (fields past the eighth, copied text past
+// 256 bytes) comes from the thread's block cache in a program that has the runtime, as the
+// request's other objects do, not from malloc (a browser's request over HTTP/2 spills every
+// time: malloc's slow paths cost it about 4%).
+TEST(HeaderMap, TakesItsRoomBeyondItsOwnFromTheThreadsBlockCacheAndGivesItBack) {
+  if (kBlockCacheOff) GTEST_SKIP() << "sanitizer build: the block cache is off";
+  std::thread([] {  // a thread of its own: its cache starts empty
+    auto fill = [](HeaderMap& h) {
+      for (int i = 0; i < 30; ++i) h.add("X-" + std::to_string(i), std::string(100, 'v'));
+    };
+    ASSERT_EQ(spindle::detail::cached_block_bytes(), 0u);
+    {
+      HeaderMap first;
+      fill(first);
+    }
+    const std::size_t given_back = spindle::detail::cached_block_bytes();
+    EXPECT_GT(given_back, 0u) << "the map's room came from the heap, not the block cache";
+    {
+      HeaderMap second;
+      fill(second);
+      EXPECT_EQ(spindle::detail::cached_block_bytes(), 0u) << "the same room is taken again";
+      EXPECT_EQ(second.get("x-29"), std::string(100, 'v'));
+    }
+    EXPECT_EQ(spindle::detail::cached_block_bytes(), given_back);
+  })
+      .join();
 }
 
 // may_hold lets a scan for fields of some kind (the hop-by-hop ones: NominatedFields) be
