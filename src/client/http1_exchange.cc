@@ -240,7 +240,12 @@ class Http1Exchange final : public ClientExchange, public PermitHolder, public B
     return n;
   }
 
-  const HeaderMap& trailers() const override { return trailers_; }
+  // An HTTP/1.1 upstream's trailers are read past (ChunkedDecoder checks and skips them), not
+  // kept: none to hand on, and no map in every exchange for them.
+  const HeaderMap& trailers() const override {
+    static const HeaderMap none;
+    return none;
+  }
 
   void cancel() override {
     if (cancelled_) return;
@@ -570,7 +575,6 @@ class Http1Exchange final : public ClientExchange, public PermitHolder, public B
   std::string_view pending_;
   bool response_done_ = false;
   bool keep_alive_ = true;
-  HeaderMap trailers_;
   /// Set once the connection cannot carry another exchange.
   bool broken_ = false;
   bool cancelled_ = false;
