@@ -61,7 +61,9 @@ def results_of(path):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--tls")
-    p.add_argument("--proxy")
+    p.add_argument("--proxy", action="append", default=[],
+                   help="bench/proxy_compare.py's --out, as many times as there are files (a "
+                        "c100 run and a c500 run, say)")
     p.add_argument("--http", action="append", default=[],
                    help="bench/http_compare.py's --out; LABEL=FILE for a file measuring another "
                         "build (e.g. canned=floor.json), given as many times as there are files")
@@ -75,7 +77,7 @@ def main():
         rows += comparisons(results_of(a.tls), lambda r: r["workload"], TLS_GOALS,
                             a.spindle)
     if a.proxy:
-        rows += comparisons(results_of(a.proxy),
+        rows += comparisons([r for path in a.proxy for r in results_of(path)],
                             lambda r: f"{r['setup']} c{r['connections']}", PROXY_GOALS, a.spindle)
     for item in a.http:
         variant, _, path = item.rpartition("=") if not os.path.exists(item) else ("", "", item)
