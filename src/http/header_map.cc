@@ -201,7 +201,7 @@ std::string_view HeaderMap::copy(std::string_view text) {
     return {out, text.size()};
   }
   if (block_left_ < text.size()) {
-    const std::size_t bytes = sizeof(TextBlock) + std::max(kTextBlock, text.size());
+    const std::size_t bytes = std::max(kTextBlock, sizeof(TextBlock) + text.size());
     auto* block = new (take_room(bytes)) TextBlock{blocks_, bytes};
     blocks_ = block;
     block_free_ = reinterpret_cast<char*>(block + 1);

@@ -222,7 +222,8 @@ class HeaderMap {
   static constexpr std::size_t kArenaInline = 256;
   /// Room for fields beyond kInline made at the first of them (then doubled as needed).
   static constexpr std::size_t kMoreFirst = 24;
-  /// Copied text beyond the arena goes into blocks of at least this many bytes.
+  /// Copied text beyond the arena goes into blocks of this many bytes, header included (a
+  /// size class of the block cache's exactly), or one block as large as a longer text needs.
   static constexpr std::size_t kTextBlock = 2048;
 
   Field& at(std::size_t i) { return i < kInline ? inline_.at[i] : more_[i - kInline]; }

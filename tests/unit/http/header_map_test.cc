@@ -64,6 +64,13 @@ TEST(HeaderMap, HoldsManyLargeFieldsBeyondTheInlineCapacity) {
   EXPECT_EQ(h.erase("x-7"), 1u);
   EXPECT_EQ(h.size(), 199u);
   EXPECT_EQ(h[199 - 1].name, "X-199");
+  // A value longer than a text block gets a block of its own size; the next text goes on.
+  const std::string long_value(10'000, 'L');
+  h.add("X-Long", long_value);
+  h.add("X-After", "short");
+  EXPECT_EQ(h.get("x-long"), long_value);
+  EXPECT_EQ(h.get("x-after"), "short");
+  EXPECT_EQ(h.get("x-199"), std::string(100, static_cast<char>('a' + 199 % 26)));
 }
 
 TEST(HeaderMap, FindsTokensInCommaSeparatedValues) {
