@@ -86,7 +86,9 @@ class HeaderMap {
   HeaderMap& operator=(const HeaderMap&) = delete;
   /// Moves the fields; views into the moved-from map's own text are re-pointed to ours.
   HeaderMap(HeaderMap&& other) noexcept { take(std::move(other)); }
-  ~HeaderMap() { release_overflow(); }
+  ~HeaderMap() {
+    if (more_ != nullptr || blocks_ != nullptr) release_overflow();
+  }
   HeaderMap& operator=(HeaderMap&& other) noexcept {
     if (this != &other) {
       clear();
