@@ -5,7 +5,7 @@
 // once per turn of its life in an order much like that; the curve says from what amount of
 // such state a touch stops being a cache hit, and what a TLB miss adds to it.
 //
-//   memory_latency            (about 20 s; prints one line per size)
+//   memory_latency            (about 10 s, up to 512 MiB mapped; prints a line per size)
 //
 // The lines are spread one per page so that the 4 KiB-page figure includes a TLB miss once the
 // pages outnumber the TLB's entries; with huge pages the same lines sit in 512 times fewer
