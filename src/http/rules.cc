@@ -1,6 +1,7 @@
 #include "spindle/http/rules.h"
 
 #include <array>
+#include <string>
 
 #include "spindle/http/status.h"
 

@@ -8,15 +8,12 @@
 /// answer), some in their fibers' stacks, and at a thousand in flight the bytes each request
 /// spans are what the worker pays for (docs/performance.md, "Smaller header maps").
 
-#include <array>
 #include <cassert>
 #include <cstddef>
 #include <initializer_list>
-#include <memory>
 #include <optional>
 #include <string_view>
 #include <type_traits>
-#include <vector>
 
 #include "spindle/http/tokens.h"
 
