@@ -10,11 +10,9 @@ import time
 
 import pytest
 
+from proxy_support import free_port
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
 
 
 def wait_listening(proc, *ports):

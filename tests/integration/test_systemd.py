@@ -17,6 +17,7 @@ import urllib.request
 import pytest
 
 from conftest import ROOT, Conn, Server, read_response
+from proxy_support import free_port
 
 UNIT = os.path.join(ROOT, "packaging", "spindle.service")
 
@@ -244,9 +245,7 @@ def test_systemd_socket_activate_starts_spindle_on_its_socket(build_dir, tmp_pat
     tool = shutil.which("systemd-socket-activate")
     if tool is None:
         pytest.skip("systemd-socket-activate is not installed (Debian's systemd package)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     config = tmp_path / "spindle.yaml"
     config.write_text(f"servers:\n  - listen: 127.0.0.1:{port}\n    default_site: true\n")
     proc = subprocess.Popen([tool, "-l", f"127.0.0.1:{port}", "--fdname=web",
@@ -339,9 +338,7 @@ def test_runs_as_the_unit_runs_it_read_only_another_user_no_new_privileges_one_c
 def test_a_passed_socket_no_server_listens_on_is_said_and_closed(build_dir, tmp_path):
     held = listening_socket()
     port = held.getsockname()[1]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        other = s.getsockname()[1]
+    other = free_port()
     config = tmp_path / "spindle.yaml"
     config.write_text(f"servers:\n  - listen: 127.0.0.1:{other}\n    default_site: true\n")
     proc = activated(build_dir, held, config)

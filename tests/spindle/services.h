@@ -11,9 +11,11 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 
@@ -21,17 +23,38 @@
 
 namespace spindle::testing {
 
-/// A free TCP port on 127.0.0.1 (bound and released: good enough for a test).
+/// A port on 127.0.0.1 that nothing holds now, for a service the test starts next. It is taken
+/// below the kernel's ephemeral range: a port found free inside it can go to the next outgoing
+/// connection or bind to port 0 before the service binds it ("Address already in use").
 inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t n = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  int low = 32768;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int high = 0;
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  auto bindable = [](int port) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+    if (port == 0 && ok) {
+      socklen_t n = sizeof a;
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+    }
+    ::close(fd);
+    return ok ? (port == 0 ? int{ntohs(a.sin_port)} : port) : -1;
+  };
+  constexpr int kFirst = 10000;
+  if (low - kFirst < 2000) return bindable(0);  // no room below the range: the kernel's pick
+  std::mt19937 pick{std::random_device{}()};
+  std::uniform_int_distribution<int> in_range{kFirst, low - 1};
+  for (int tries = 0; tries < 1000; ++tries)
+    if (int port = bindable(in_range(pick)); port > 0) return port;
+  ADD_FAILURE() << "no free port on 127.0.0.1 between " << kFirst << " and " << low;
+  return bindable(0);
 }
 
 /// Runs a shell command; its standard output (without the last newline) and exit status.
