@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from ports import free_port  # noqa: E402,F401
 from results_file import write_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,12 +47,6 @@ WORKLOADS = [  # name, path, connections, extra wrk arguments
     ("pipelined x16 c100", "/plaintext", 100, ["-s", os.path.join(STATIC, "pipeline.lua")]),
     ("static 612 B c100", "/index.html", 100, []),
 ]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def bench_config(tmp, port):

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from ports import free_port  # noqa: E402,F401
 from results_file import write_results  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,12 +44,6 @@ def listening(proc):
     if not line:
         raise RuntimeError(f"{proc.args[0]} exited before listening")
     return json.loads(line)["address"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_listening(port, seconds=10):

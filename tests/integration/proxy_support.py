@@ -2,13 +2,16 @@
 and small HTTP helpers."""
 import http.client
 import os
-import random
 import socket
 import subprocess
+import sys
 import threading
 import time
 
-from conftest import Server
+from conftest import ROOT, Server
+
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from ports import free_port  # noqa: E402,F401  (one picker for the tests and the benchmarks)
 
 
 def upstream(build_dir, name, keepalive_ms=None, tls=None, max_body=64 << 20, delay_ms=None):
@@ -87,47 +90,6 @@ def read_request_head(conn, data=b""):
         data += more
     head, _, rest = data.partition(b"\r\n\r\n")
     return head, rest
-
-
-def _ephemeral_ports():
-    """The kernel's range for ports it picks itself (a bind to port 0, an outgoing connection)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = (int(n) for n in f.read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-_handed_out = set()
-_rng = random.Random()
-
-
-def free_port():
-    """A port on 127.0.0.1 that nothing holds now, for a server the test starts later.
-
-    It is taken below the kernel's ephemeral range: a port found free there can be given to the
-    next outgoing connection or bind to port 0 before the server binds it (CI once saw
-    "Address already in use" so). Below the range only an explicit bind can take it, and this
-    process never hands the same port out twice."""
-    low, _ = _ephemeral_ports()
-    first = 10000
-    if low - first < 2000:  # no room below the range on this machine: the kernel's pick
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
-    for _ in range(1000):
-        port = _rng.randrange(first, low)
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _handed_out.add(port)
-        return port
-    raise RuntimeError(f"no free port on 127.0.0.1 between {first} and {low}")
 
 
 def held_dead_port():

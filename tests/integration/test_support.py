@@ -1,11 +1,12 @@
 """The test helpers' own promises, where a broken one would make other tests flaky."""
 import socket
 
-from proxy_support import _ephemeral_ports, free_port
+from proxy_support import free_port
+from ports import ephemeral_ports
 
 
 def test_free_port_is_below_the_kernels_own_range_bindable_and_never_handed_out_twice():
-    low, high = _ephemeral_ports()
+    low, high = ephemeral_ports()
     assert low < high
     ports = [free_port() for _ in range(200)]
     assert len(set(ports)) == len(ports)
