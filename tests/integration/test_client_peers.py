@@ -13,8 +13,6 @@ import pytest
 from proxy_support import free_port
 
 
-
-
 def wait_listening(proc, *ports):
     deadline = time.time() + 10
     for port in ports:

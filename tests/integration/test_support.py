@@ -1,8 +1,8 @@
 """The test helpers' own promises, where a broken one would make other tests flaky."""
 import socket
 
-from proxy_support import free_port
 from ports import ephemeral_ports
+from proxy_support import free_port
 
 
 def test_free_port_is_below_the_kernels_own_range_bindable_and_never_handed_out_twice():

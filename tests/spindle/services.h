@@ -26,6 +26,7 @@ namespace spindle::testing {
 /// A port on 127.0.0.1 that nothing holds now, for a service the test starts next. It is taken
 /// below the kernel's ephemeral range: a port found free inside it can go to the next outgoing
 /// connection or bind to port 0 before the service binds it ("Address already in use").
+/// bench/ports.py is the same rule for the Python tests and the benchmarks.
 inline int free_port() {
   int low = 32768;
   if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
