@@ -23,39 +23,46 @@
 
 namespace spindle::testing {
 
+/// The first port of the kernel's ephemeral range: what it picks for an outgoing connection or
+/// a bind to port 0 comes from there up.
+inline int ephemeral_port_low() {
+  int low = 32768, high = 0;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  return low;
+}
+
+/// Binds a TCP socket to 127.0.0.1:`port` and closes it: the port bound (the kernel's pick for
+/// port 0), or -1 if the bind failed.
+inline int bind_loopback(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  socklen_t n = sizeof a;
+  if (ok) ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  ::close(fd);
+  return ok ? int{ntohs(a.sin_port)} : -1;
+}
+
 /// A port on 127.0.0.1 that nothing holds now, for a service the test starts next. It is taken
 /// below the kernel's ephemeral range: a port found free inside it can go to the next outgoing
 /// connection or bind to port 0 before the service binds it ("Address already in use").
 /// bench/ports.py is the same rule for the Python tests and the benchmarks.
 inline int free_port() {
-  int low = 32768;
-  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
-    int high = 0;
-    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
-    std::fclose(f);
-  }
-  auto bindable = [](int port) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<std::uint16_t>(port));
-    bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
-    if (port == 0 && ok) {
-      socklen_t n = sizeof a;
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
-    }
-    ::close(fd);
-    return ok ? (port == 0 ? int{ntohs(a.sin_port)} : port) : -1;
-  };
   constexpr int kFirst = 10000;
-  if (low - kFirst < 2000) return bindable(0);  // no room below the range: the kernel's pick
+  const int low = ephemeral_port_low();
+  if (low - kFirst < 2000) return bind_loopback(0);  // no room below the range: the kernel's pick
   std::mt19937 pick{std::random_device{}()};
   std::uniform_int_distribution<int> in_range{kFirst, low - 1};
   for (int tries = 0; tries < 1000; ++tries)
-    if (int port = bindable(in_range(pick)); port > 0) return port;
+    if (int port = bind_loopback(in_range(pick)); port > 0) return port;
   ADD_FAILURE() << "no free port on 127.0.0.1 between " << kFirst << " and " << low;
-  return bindable(0);
+  return bind_loopback(0);
 }
 
 /// Runs a shell command; its standard output (without the last newline) and exit status.
