@@ -5,6 +5,10 @@
 namespace spindle::proxy::detail {
 namespace {
 
+// Where a request keeps its client once derived (not logged: their names start with '_').
+constexpr std::string_view kClientAttribute = "_client";
+constexpr std::string_view kForwardedForAttribute = "_forwarded_for";
+
 bool is_trusted(const std::vector<Cidr>& trusted, const Address& address) {
   return std::ranges::any_of(trusted, [&](const Cidr& cidr) { return cidr.contains(address); });
 }
@@ -51,6 +55,23 @@ ClientIdentity identify_client(const http::Request& request, const std::vector<C
     client.forwarded_for += hop->host_text();
   }
   return client;
+}
+
+void note_client(http::Request& request, const ServerConfig& server) {
+  if (client_is_the_peer(request.context(), server.trusted_proxies)) return;
+  if (!request.attribute(kClientAttribute).empty()) return;
+  ClientIdentity client = identify_client(request, server.trusted_proxies);
+  request.set_attribute(kClientAttribute, client.text);
+  request.set_attribute(kForwardedForAttribute, client.forwarded_for);
+}
+
+std::string_view client_text(const http::Request& request) {
+  std::string_view noted = request.attribute(kClientAttribute);
+  return noted.empty() ? request.context().remote : noted;
+}
+
+std::string_view noted_forwarded_for(const http::Request& request) {
+  return request.attribute(kForwardedForAttribute);
 }
 
 }  // namespace spindle::proxy::detail

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "spindle/net/cidr.h"
+#include "spindle/proxy/config.h"
 #include "spindle/server/message.h"
 
 namespace spindle::proxy::detail {
@@ -31,5 +32,18 @@ ClientIdentity identify_client(const http::Request& request, const std::vector<C
 /// has for it (`context.remote`: canonical unless the peer is an IPv4-mapped IPv6 address) —
 /// an untrusted peer, a Unix one or none: then no field need be read nor any text made.
 bool client_is_the_peer(const http::RequestContext& context, const std::vector<Cidr>& trusted);
+
+/// Derives the client of `request` (identify_client) once, and keeps it with the request:
+/// ip_allow, ip_deny, rate limits by client_ip and the X-Forwarded-For sent upstream all read
+/// it. When it is the peer as the connection names it (most requests), nothing is kept: each
+/// reader falls back to the connection's text.
+void note_client(http::Request& request, const ServerConfig& server);
+
+/// The client of `request` as text, canonical (the peer's own text if note_client has not run).
+std::string_view client_text(const http::Request& request);
+
+/// The X-Forwarded-For that note_client kept for `request` ("" if it kept none: the peer's
+/// own text is the whole list then).
+std::string_view noted_forwarded_for(const http::Request& request);
 
 }  // namespace spindle::proxy::detail

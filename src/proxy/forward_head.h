@@ -1,0 +1,108 @@
+#pragma once
+// The request as it goes to the upstream (private to src/proxy): the client's fields less the
+// hop-by-hop ones, the X-Forwarded-* family, Via, X-Request-Id and traceparent, the route's
+// rewrites, and the upgrade it may offer. Built by the forwarded request and by a mirror copy.
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "spindle/client/exchange.h"
+#include "spindle/proxy/config.h"
+#include "spindle/server/message.h"
+
+namespace spindle::proxy::detail {
+
+/// Text of at most N characters kept in place: ids made per request need no allocation.
+template <std::size_t N>
+struct InlineText {
+  std::array<char, N> text;  ///< the characters, `size` of them in use
+  std::size_t size = 0;      ///< how many of `text` are in use
+  /// The text.
+  std::string_view view() const { return {text.data(), size}; }
+  /// Takes `s`, cut to N characters.
+  void assign(std::string_view s) {
+    size = std::min(s.size(), N);
+    std::memcpy(text.data(), s.data(), size);
+  }
+};
+
+/// Counts a request in flight to a target on this worker while it lives.
+class InFlight {
+ public:
+  /// Adds one to `count` until destroyed.
+  explicit InFlight(std::size_t& count) : count_(count) { ++count_; }
+  ~InFlight() { --count_; }
+  InFlight(const InFlight&) = delete;
+  InFlight& operator=(const InFlight&) = delete;
+
+ private:
+  std::size_t& count_;  ///< the worker's count for the target
+};
+
+/// The request as it goes to the upstream. Shared with the response's producer (or a tunnel),
+/// which also keeps the request counted in flight to its target until it ends.
+struct ForwardHead {
+  // User-provided, so that make_shared does not zero the whole object (the head's inline
+  // field storage is 2 KiB) before constructing it.
+  ForwardHead() {}
+
+  /// The request counted in flight to the target of the attempt under way.
+  std::optional<InFlight> in_flight;
+  /// The head sent upstream (its fields are views into the client's request and below).
+  http::RequestHead head;
+  /// The target, once a middleware has rewritten it (head.target points here then).
+  std::string target;
+  /// The authority the request is for (CONNECT's target, Host, or the local address).
+  std::string authority;
+  /// The client's request id (one worth keeping), or one made here.
+  InlineText<128> request_id;
+  /// The W3C traceparent sent upstream.
+  InlineText<55> traceparent;
+  // Owns the values built here (the head's views point into them).
+  std::string forwarded_for, forwarded_proto, forwarded_host, via;
+  /// The Upgrade offered upstream: the client's tokens the route allows ("" for none).
+  std::string upgrade;
+  /// The Sec-WebSocket-Key sent upstream, made here for an HTTP/2 client's extended CONNECT.
+  std::string websocket_key;
+};
+
+/// "1.1" for the HTTP version of a message (major * 10 + minor).
+std::string_view version_text(int version);
+
+/// The head of `request` for the upstream, into `out`: the method, the target, the framing,
+/// the fields that may go on (http::forwardable), then X-Forwarded-For, -Proto and -Host, Via,
+/// X-Request-Id and traceparent (a trusted proxy's X-Forwarded-* kept, anyone else's replaced).
+void build_head(const http::Request& request, const ServerConfig& server, ForwardHead& out);
+
+/// A headers middleware's edits on `headers`: removes, then sets, then adds.
+void apply_edits(const HeaderEdits& edits, http::HeaderMap& headers);
+
+/// The route's middlewares, in order, on the request as it will go upstream: forward_auth's
+/// and jwt's fields, header edits, and the target's rewrites (strip_prefix, add_prefix,
+/// replace_path, replace_path_regex).
+void apply_request_middlewares(const http::Request& request, const RouteConfig& route,
+                               ForwardHead& out);
+
+/// The client's Upgrade tokens the route allows (RFC 9110 7.8: "name[/version]", a list over
+/// any number of field lines), into out.upgrade and an Upgrade field of the forwarded head. The
+/// others go nowhere: the request goes on as a plain one without them (h2c, above all, which
+/// would carry the client's HTTP/2 streams past every route).
+void offer_upgrade(const http::Request& request, const RouteConfig& route, ForwardHead& out);
+
+/// Why a 101 must not be passed on (nullopt: it may). It must switch to a protocol the request
+/// offered, and for WebSocket prove it read the request's key (RFC 6455 4.1): anything else
+/// would join the client to an upstream that speaks who knows what.
+std::optional<std::string_view> switch_refused(const ForwardHead& out,
+                                               const http::ClientResponseHead& answer);
+
+/// An HTTP/2 client's extended CONNECT (RFC 8441) as the HTTP/1.1 upgrade it stands for: GET,
+/// with Upgrade and, for WebSocket, a key made here (the 101's Accept is checked against it).
+/// False if the route does not allow the protocol.
+bool extended_connect_as_upgrade(const http::Request& request, const RouteConfig& route,
+                                 ForwardHead& out);
+
+}  // namespace spindle::proxy::detail
