@@ -93,34 +93,27 @@ std::expected<Instance::Prepared, std::string> Instance::prepare(
       false};
 }
 
-std::expected<void, std::string> Instance::apply(proxy::Config config) {
-  if (started_ && config.threads != config_.threads) {
-    log_warn("threads: a change takes effect on restart; {} workers go on", runtime_.size());
-  }
-  if (started_ && config.huge_page_stacks != config_.huge_page_stacks) {
-    log_warn("huge_page_stacks: a change takes effect on restart");
-  }
-  // 1. Everything that can fail, while the configuration in force serves on untouched.
-  std::shared_ptr<proxy::Gateway> gateway;
+std::expected<std::shared_ptr<proxy::Gateway>, std::string> Instance::build_gateway(
+    const proxy::Config& config, std::set<std::string>& hosts, std::set<std::string>& srv,
+    std::optional<proxy::DnsAnswers>& answers) {
   // Target names and SRV names are looked up with discovery (TTLs), and kept up to date once
   // this configuration is in force.
-  std::set<std::string> hosts, srv;
   proxy::dns_names(config, hosts, srv);
-  std::optional<proxy::DnsAnswers> answers;
-  if (!config.routes.empty() && (!hosts.empty() || !srv.empty())) {
+  if (config.routes.empty()) return nullptr;
+  if (!hosts.empty() || !srv.empty()) {
     if (!discovery_) discovery_ = std::make_unique<proxy::Discovery>(config.dns);
     answers = discovery_->resolve(config.dns, hosts, srv);
   }
-  if (!config.routes.empty()) {
-    try {
-      gateway = proxy::Gateway::build(config, runtime_.size(), health_, &metrics_, &limits_,
-                                      answers ? &*answers : nullptr);
-    } catch (const proxy::ConfigError& e) {
-      return std::unexpected(e.what());
-    }
+  try {
+    return proxy::Gateway::build(config, runtime_.size(), health_, &metrics_, &limits_,
+                                 answers ? &*answers : nullptr);
+  } catch (const proxy::ConfigError& e) {
+    return std::unexpected(e.what());
   }
-  // The gateway keeps its own copy of the configuration: the servers are read from it.
-  const proxy::Config& compiled = gateway ? gateway->config() : config;
+}
+
+std::expected<std::vector<Instance::Prepared>, std::string> Instance::prepare_all(
+    const proxy::Config& compiled) {
   std::vector<Prepared> prepared;
   std::set<std::string> addresses;
   for (std::size_t i = 0; i < compiled.servers.size(); ++i) {
@@ -138,13 +131,13 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
     Prepared admin{*compiled.admin_listen, "admin", "admin", admin_router(), {}, {}, true};
     admin.options.access_log = nullptr;
     admin.identity = "admin " + compiled.admin_listen->to_string();
-    addresses.insert(admin.identity);
     prepared.push_back(std::move(admin));
   }
-  // New addresses are bound now, not yet accepting (their first requests must find this
-  // configuration's routes: they are published below); if one cannot be bound, those bound so
-  // far are closed again.
-  std::map<std::string, std::unique_ptr<http::HttpServer>> opened;
+  return prepared;
+}
+
+std::expected<Instance::Opened, std::string> Instance::open_new(std::vector<Prepared>& prepared) {
+  Opened opened;
   for (Prepared& p : prepared) {
     const std::string& address = p.identity;
     if (listeners_.contains(address)) continue;
@@ -162,7 +155,6 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
     }
     opened.emplace(address, std::move(*bound));
   }
-
   // Sockets handed over for a listener this configuration does not have are not needed (from
   // systemd, that is most likely a ListenStream= the configuration does not name: said).
   for (const auto& [address, sockets] : inherited_) {
@@ -170,19 +162,14 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
              address);
   }
   inherited_.clear();
+  return opened;
+}
 
-  // 2. The switch. Nothing below fails. What /config shows changes first, then the routes;
-  // a listener that is new starts accepting after both (connections that came meanwhile, or
-  // waited in a socket systemd or our predecessor handed over, are served with them).
-  {
-    std::string text = proxy::redacted_source(config);
-    std::lock_guard guard(shown_lock_);
-    shown_config_ = std::move(text);
-  }
-  gateways_.publish(gateway);
-  if (discovery_) discovery_->keep(config.dns, hosts, srv, answers.value_or(proxy::DnsAnswers{}));
+void Instance::switch_listeners(std::vector<Prepared>& prepared, Opened& opened) {
+  std::set<std::string> addresses;
   for (Prepared& p : prepared) {
     const std::string& address = p.identity;
+    addresses.insert(address);
     if (auto it = opened.find(address); it != opened.end()) {
       it->second->accept_connections();
       announce(listening_line(*it->second, p.options, runtime_.size(), p.admin));
@@ -205,9 +192,43 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
     retire(std::move(it->second.server));
     it = listeners_.erase(it);
   }
-  if (gateway) gateway->start_probes(runtime_, connections_);
+}
+
+std::expected<void, std::string> Instance::apply(proxy::Config config) {
+  if (started_ && config.threads != config_.threads) {
+    log_warn("threads: a change takes effect on restart; {} workers go on", runtime_.size());
+  }
+  if (started_ && config.huge_page_stacks != config_.huge_page_stacks) {
+    log_warn("huge_page_stacks: a change takes effect on restart");
+  }
+  // 1. Everything that can fail, while the configuration in force serves on untouched.
+  std::set<std::string> hosts, srv;
+  std::optional<proxy::DnsAnswers> answers;
+  auto gateway = build_gateway(config, hosts, srv, answers);
+  if (!gateway) return std::unexpected(gateway.error());
+  // The gateway keeps its own copy of the configuration: the servers are read from it.
+  auto prepared = prepare_all(*gateway ? (*gateway)->config() : config);
+  if (!prepared) return std::unexpected(prepared.error());
+  // New addresses are bound now, not yet accepting (their first requests must find this
+  // configuration's routes: they are published below); if one cannot be bound, those bound so
+  // far are closed again.
+  auto opened = open_new(*prepared);
+  if (!opened) return std::unexpected(opened.error());
+
+  // 2. The switch. Nothing below fails. What /config shows changes first, then the routes;
+  // a listener that is new starts accepting after both (connections that came meanwhile, or
+  // waited in a socket systemd or our predecessor handed over, are served with them).
+  {
+    std::string text = proxy::redacted_source(config);
+    std::lock_guard guard(shown_lock_);
+    shown_config_ = std::move(text);
+  }
+  gateways_.publish(*gateway);
+  if (discovery_) discovery_->keep(config.dns, hosts, srv, answers.value_or(proxy::DnsAnswers{}));
+  switch_listeners(*prepared, *opened);
+  if (*gateway) (*gateway)->start_probes(runtime_, connections_);
   if (gateway_) gateway_->stop_probes();
-  gateway_ = std::move(gateway);
+  gateway_ = std::move(*gateway);
   config_ = std::move(config);
   started_ = true;
   last_reload_unix_.store(std::chrono::duration_cast<std::chrono::seconds>(

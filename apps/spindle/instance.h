@@ -8,6 +8,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -108,6 +110,23 @@ class Instance {
     bool admin = false;
   };
   std::expected<Prepared, std::string> prepare(const proxy::ServerConfig& server);
+  /// apply()'s first step: the gateway for `config` (nullptr without routes), its target and
+  /// SRV names (`hosts`, `srv`) looked up into `answers`; or why it cannot be built.
+  std::expected<std::shared_ptr<proxy::Gateway>, std::string> build_gateway(
+      const proxy::Config& config, std::set<std::string>& hosts, std::set<std::string>& srv,
+      std::optional<proxy::DnsAnswers>& answers);
+  /// Every server of `compiled` prepared, and the admin listener; or the first that cannot
+  /// be (an address listed twice included).
+  std::expected<std::vector<Prepared>, std::string> prepare_all(const proxy::Config& compiled);
+  /// Servers bound for the addresses that had none, not yet accepting, by identity.
+  using Opened = std::map<std::string, std::unique_ptr<http::HttpServer>>;
+  /// Binds (or takes over from inherited_) each address of `prepared` not served yet; if one
+  /// cannot be bound, those bound here are closed again and the error says which. The
+  /// inherited sockets left unused are closed.
+  std::expected<Opened, std::string> open_new(std::vector<Prepared>& prepared);
+  /// apply()'s switch: the `opened` servers start accepting, the kept ones whose settings
+  /// changed are reconfigured, those no longer configured retire.
+  void switch_listeners(std::vector<Prepared>& prepared, Opened& opened);
   /// Stops `server` accepting now and drains it on a thread of its own.
   void retire(std::unique_ptr<http::HttpServer> server);
   /// The admin listener's routes.

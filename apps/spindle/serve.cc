@@ -191,6 +191,229 @@ int upgrade(const std::string& handover) {
   return 0;
 }
 
+namespace {
+
+// The binary as it is now, so that an upgrade starts whatever has replaced it since.
+std::string current_executable(const ServeFlags& flags) {
+  std::string exe = flags.argv.empty() ? std::string() : flags.argv[0];
+  char path[4096];
+  if (ssize_t n = ::readlink("/proc/self/exe", path, sizeof path); n > 0) {
+    exe.assign(path, static_cast<std::size_t>(n));
+    if (exe.ends_with(" (deleted)")) exe.resize(exe.size() - 10);
+  }
+  return exe;
+}
+
+// huge_page_stacks asks for what a kernel with transparent huge pages off cannot give: say so.
+void warn_if_no_huge_pages() {
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string modes;
+  std::getline(thp, modes);
+  if (modes.find("[never]") != std::string::npos) {
+    log_warn(
+        "huge_page_stacks: transparent huge pages are off in this kernel "
+        "(/sys/kernel/mm/transparent_hugepage/enabled: {}): stacks use 4 KiB pages",
+        modes);
+  }
+}
+
+// Where the listening sockets come from when they are not bound afresh.
+enum class Listeners { kBound, kHandedOver, kFromSystemd };
+
+// Takes the listening sockets of the spindle serving at `predecessor` (a binary upgrade), or
+// those systemd holds (socket activation), into `instance`. Unexpected (printed) when the
+// predecessor could not hand them over.
+std::expected<Listeners, std::string> inherit_listeners(
+    Instance& instance, const ServeFlags& flags, const std::optional<UniqueFd>& predecessor) {
+  if (predecessor) {
+    auto inherited = take_listeners(predecessor->get());
+    if (!inherited) {
+      return std::unexpected(
+          fmt::format("taking over from {}: {}", flags.handover, inherited.error().message()));
+    }
+    log_info("taking over {} listener(s) from the spindle at {}", inherited->size(),
+             flags.handover);
+    instance.inherit(std::move(*inherited));
+    return Listeners::kHandedOver;
+  }
+  if (auto from_systemd = systemd::take_listeners(); !from_systemd.empty()) {
+    // Socket activation: the listeners systemd holds, matched to the configuration by address.
+    log_info("taking {} listening socket(s) from systemd", from_systemd.size());
+    instance.inherit(std::move(from_systemd));
+    return Listeners::kFromSystemd;
+  }
+  return Listeners::kBound;
+}
+
+// What the main thread watches while the workers serve: the signals, the configuration file
+// (a change reloads it as SIGHUP does, once its contents differ), the handover point (an
+// upgrade asked for) and, during an upgrade, the new process and its handover connection.
+class MainLoop {
+ public:
+  MainLoop(Instance& instance, const ServeFlags& flags, int signal_fd)
+      : instance_(instance),
+        flags_(flags),
+        exe_(current_executable(flags)),
+        signal_fd_(signal_fd) {}
+
+  // Opens the handover point (with --handover), where upgrades are asked for and listening
+  // sockets handed over; a failure is logged, and the process serves on without it.
+  void listen_for_upgrades() {
+    if (flags_.handover.empty()) return;
+    auto listening = HandoverPoint::listen(flags_.handover);
+    if (!listening) {
+      log_warn("{}: cannot listen for upgrades: {}", flags_.handover, listening.error().message());
+    } else {
+      point_ = std::move(*listening);
+    }
+  }
+
+  // Watches the configuration file (with --config); without a watch, SIGHUP still reloads.
+  void watch_config() {
+    if (flags_.config.empty()) return;
+    auto opened = ConfigWatch::open(flags_.config);
+    if (opened) {
+      watch_ = std::move(*opened);
+      loaded_ = read_text(flags_.config);
+    } else {
+      log_warn("{}: cannot watch for changes ({}): reload with SIGHUP", flags_.config,
+               opened.error().message());
+    }
+  }
+
+  // Runs until a stop signal (its number) or until a new process took over (0); then the
+  // handover point is closed (the new process listens there now, or nobody will).
+  int run() {
+    while (signo_ == 0 && !handed_over_) turn();
+    point_.reset();
+    return signo_;
+  }
+
+ private:
+  // One wait for anything watched, at most a second, and what came.
+  void turn() {
+    pollfd fds[4] = {{.fd = signal_fd_, .events = POLLIN, .revents = 0},
+                     {.fd = watch_ ? watch_->fd() : -1, .events = POLLIN, .revents = 0},
+                     {.fd = point_ ? point_->fd() : -1, .events = POLLIN, .revents = 0},
+                     {.fd = handing_over_.get(), .events = POLLIN, .revents = 0}};
+    // Every second at least, the admin listener's view of the listeners is brought up to date.
+    int ready = ::poll(fds, 4, 1000);
+    instance_.refresh();
+    instance_.rediscover();
+    check_successor();
+    if (ready <= 0) return;  // the second passed, or EINTR
+    if (fds[1].revents != 0) on_config_changed();
+    if (fds[2].revents != 0) on_handover_point();
+    if (fds[3].revents != 0) on_successor_answer();
+    if (fds[0].revents != 0) on_signal();
+  }
+
+  // A new process that exited before it took over: this one serves on.
+  void check_successor() {
+    int status = 0;
+    if (successor_ == 0 || ::waitpid(successor_, &status, WNOHANG) != successor_) return;
+    log_error("upgrade: the new process exited ({}) before taking over; this one serves on",
+              WIFEXITED(status) ? fmt::format("code {}", WEXITSTATUS(status))
+                                : fmt::format("signal {}", WTERMSIG(status)));
+    successor_ = 0;
+    handing_over_.reset();
+  }
+
+  void on_config_changed() {
+    watch_->consume();
+    settle(*watch_);
+    std::string text = read_text(flags_.config);
+    if (text == loaded_) return;
+    loaded_ = std::move(text);
+    reload(instance_, flags_, "file changed");
+  }
+
+  // `spindle upgrade` asks for an upgrade; the new process asks for the listening sockets.
+  void on_handover_point() {
+    auto connection = point_->accept();
+    if (!connection) return;
+    std::string asked = receive_message(connection->get(), 1000);
+    if (asked == "upgrade") {
+      (void)send_message(connection->get(), upgrade_now());
+    } else if (asked == "listeners" && !handing_over_) {
+      if (send_listeners(connection->get(), instance_.listener_fds())) {
+        handing_over_ = std::move(*connection);
+      }
+    }
+  }
+
+  // The new process serves ("ready"), or went away before it did.
+  void on_successor_answer() {
+    if (receive_message(handing_over_.get(), 0) == "ready") {
+      handed_over_ = true;
+    } else {
+      log_error("upgrade: the new process went away before serving; this one serves on");
+      handing_over_.reset();
+    }
+  }
+
+  void on_signal() {
+    signalfd_siginfo info{};
+    if (::read(signal_fd_, &info, sizeof info) != sizeof info) return;
+    if (info.ssi_signo == SIGHUP) {
+      if (watch_) loaded_ = read_text(flags_.config);
+      reload(instance_, flags_, "SIGHUP");
+    } else if (info.ssi_signo == SIGUSR2) {
+      std::string outcome = upgrade_now();
+      if (outcome.starts_with("error ")) log_error("upgrade (SIGUSR2): {}", outcome.substr(6));
+    } else {
+      signo_ = static_cast<int>(info.ssi_signo);
+    }
+  }
+
+  // Starts the replacement process: "started PID", or "error WHY".
+  std::string upgrade_now() {
+    if (!point_) return "error serve was started without --handover PATH";
+    if (successor_ != 0) return "error an upgrade is under way already";
+    auto pid = start_replacement(exe_, flags_.argv);
+    if (!pid) return "error " + pid.error();
+    successor_ = *pid;
+    log_info("upgrade: started {} (PID {}); it takes the listening sockets over", exe_, *pid);
+    return fmt::format("started {}", *pid);
+  }
+
+  Instance& instance_;
+  const ServeFlags& flags_;
+  const std::string exe_;               // the binary an upgrade starts
+  const int signal_fd_;                 // the signalfd of the signals the process handles
+  std::optional<HandoverPoint> point_;  // where upgrades are asked for (with --handover)
+  std::optional<ConfigWatch> watch_;    // the configuration file's folder (with --config)
+  std::string loaded_;                  // the file's text as last loaded
+  pid_t successor_ = 0;                 // the replacement process started, until it serves
+  UniqueFd handing_over_;               // its handover connection, once it asked
+  int signo_ = 0;                       // the stop signal received
+  bool handed_over_ = false;            // the replacement serves: this process drains
+};
+
+// Drains and stops: after a stop signal (`signo`), or after a new process took over (0).
+void stop(Instance& instance, int signo, Listeners listeners) {
+  const bool handed_over = signo == 0;
+  if (handed_over) {
+    log_info("upgrade: the new process serves; this one drains (up to {} ms) and exits",
+             instance.config().drain_timeout.count());
+  } else {
+    systemd::notify(fmt::format("STOPPING=1\nSTATUS=draining (up to {} ms)",
+                                instance.config().drain_timeout.count()));
+    log_info("{}: stopping; requests in flight have {} ms to finish", strsignal(signo),
+             instance.config().drain_timeout.count());
+  }
+  // After a handover, clients of idle connections may be sending right now: they get two
+  // seconds to, and their next response says Connection: close. The same when systemd holds
+  // the sockets: a stop is then most likely a restart, and a client whose connection was
+  // accepted just before it must not see it closed unanswered.
+  auto gentle = handed_over || listeners == Listeners::kFromSystemd
+                    ? std::chrono::milliseconds(2000)
+                    : std::chrono::milliseconds(0);
+  if (!instance.shutdown(gentle)) log_warn("drain time over: closing the remaining connections");
+}
+
+}  // namespace
+
 int serve(const ServeFlags& flags) {
   Config config;
   try {
@@ -199,13 +422,6 @@ int serve(const ServeFlags& flags) {
     fmt::print(stderr, "spindle: {}\n", e.what());
     return 1;
   }
-  // The binary as it is now, so that an upgrade starts whatever has replaced it since.
-  std::string exe = flags.argv.empty() ? std::string() : flags.argv[0];
-  char path[4096];
-  if (ssize_t n = ::readlink("/proc/self/exe", path, sizeof path); n > 0) {
-    exe.assign(path, static_cast<std::size_t>(n));
-    if (exe.ends_with(" (deleted)")) exe.resize(exe.size() - 10);
-  }
   // Before the runtime, so that its threads inherit the blocked mask.
   SignalSet signals{SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGUSR2};
   auto signal_fd = signals.open_fd();
@@ -213,59 +429,28 @@ int serve(const ServeFlags& flags) {
     fmt::print(stderr, "spindle: signalfd: {}\n", signal_fd.error().message());
     return 1;
   }
-  if (config.huge_page_stacks) {
-    std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
-    std::string modes;
-    std::getline(thp, modes);
-    if (modes.find("[never]") != std::string::npos) {
-      log_warn(
-          "huge_page_stacks: transparent huge pages are off in this kernel "
-          "(/sys/kernel/mm/transparent_hugepage/enabled: {}): stacks use 4 KiB pages",
-          modes);
-    }
-  }
+  if (config.huge_page_stacks) warn_if_no_huge_pages();
   Runtime runtime(
       RuntimeOptions{.workers = config.threads, .huge_page_stacks = config.huge_page_stacks});
   runtime.start();
   Instance instance(runtime);
+  MainLoop loop(instance, flags, signal_fd->get());
 
   // A spindle serving at the handover point hands its listening sockets over.
   std::optional<UniqueFd> predecessor;
-  bool socket_activated = false;
   if (!flags.handover.empty()) predecessor = connect_handover(flags.handover);
-  if (predecessor) {
-    auto inherited = take_listeners(predecessor->get());
-    if (!inherited) {
-      fmt::print(stderr, "spindle: taking over from {}: {}\n", flags.handover,
-                 inherited.error().message());
-      return 1;
-    }
-    log_info("taking over {} listener(s) from the spindle at {}", inherited->size(),
-             flags.handover);
-    instance.inherit(std::move(*inherited));
-  } else if (auto from_systemd = systemd::take_listeners(); !from_systemd.empty()) {
-    // Socket activation: the listeners systemd holds, matched to the configuration by address.
-    log_info("taking {} listening socket(s) from systemd", from_systemd.size());
-    instance.inherit(std::move(from_systemd));
-    socket_activated = true;
+  auto listeners = inherit_listeners(instance, flags, predecessor);
+  if (!listeners) {
+    fmt::print(stderr, "spindle: {}\n", listeners.error());
+    return 1;
   }
   // The handover point is open before anyone is told the servers listen (their "listening"
   // lines, READY=1), so that whoever saw them can upgrade at once; a predecessor keeps the path
   // until it has handed over, so a process taking over holds its lines back until then.
-  std::optional<HandoverPoint> point;
-  auto listen_for_upgrades = [&] {
-    if (flags.handover.empty()) return;
-    auto listening = HandoverPoint::listen(flags.handover);
-    if (!listening) {
-      log_warn("{}: cannot listen for upgrades: {}", flags.handover, listening.error().message());
-    } else {
-      point = std::move(*listening);
-    }
-  };
   if (predecessor) {
     instance.hold_listening_lines();
   } else {
-    listen_for_upgrades();
+    loop.listen_for_upgrades();
   }
   if (auto started = instance.apply(std::move(config)); !started) {
     fmt::print(stderr, "spindle: {}\n", started.error());
@@ -274,125 +459,14 @@ int serve(const ServeFlags& flags) {
   if (predecessor) {
     (void)send_message(predecessor->get(), "ready");
     predecessor.reset();
-    listen_for_upgrades();
+    loop.listen_for_upgrades();
     instance.release_listening_lines();
     // Under systemd (NotifyAccess=all), this process is the service's main one from now on.
     systemd::notify(fmt::format("MAINPID={}", ::getpid()));
   }
   systemd::notify("READY=1\n" + status_line(instance, "serving "));
-
-  // The file is watched too: a change reloads it as SIGHUP does (once its contents differ).
-  std::optional<ConfigWatch> watch;
-  std::string loaded;
-  if (!flags.config.empty()) {
-    auto opened = ConfigWatch::open(flags.config);
-    if (opened) {
-      watch = std::move(*opened);
-      loaded = read_text(flags.config);
-    } else {
-      log_warn("{}: cannot watch for changes ({}): reload with SIGHUP", flags.config,
-               opened.error().message());
-    }
-  }
-
-  // An upgrade: the replacement process started, and its handover connection once it asked.
-  pid_t successor = 0;
-  UniqueFd handing_over;
-  auto upgrade_now = [&]() -> std::string {
-    if (!point) return "error serve was started without --handover PATH";
-    if (successor != 0) return "error an upgrade is under way already";
-    auto pid = start_replacement(exe, flags.argv);
-    if (!pid) return "error " + pid.error();
-    successor = *pid;
-    log_info("upgrade: started {} (PID {}); it takes the listening sockets over", exe, *pid);
-    return fmt::format("started {}", *pid);
-  };
-
-  // The main thread waits for signals, file changes and upgrades; the workers serve.
-  int signo = 0;
-  bool handed_over = false;
-  while (signo == 0 && !handed_over) {
-    pollfd fds[4] = {{.fd = signal_fd->get(), .events = POLLIN, .revents = 0},
-                     {.fd = watch ? watch->fd() : -1, .events = POLLIN, .revents = 0},
-                     {.fd = point ? point->fd() : -1, .events = POLLIN, .revents = 0},
-                     {.fd = handing_over.get(), .events = POLLIN, .revents = 0}};
-    // Every second at least, the admin listener's view of the listeners is brought up to date.
-    int ready = ::poll(fds, 4, 1000);
-    instance.refresh();
-    instance.rediscover();
-    if (successor != 0) {
-      int status = 0;
-      if (::waitpid(successor, &status, WNOHANG) == successor) {
-        log_error("upgrade: the new process exited ({}) before taking over; this one serves on",
-                  WIFEXITED(status) ? fmt::format("code {}", WEXITSTATUS(status))
-                                    : fmt::format("signal {}", WTERMSIG(status)));
-        successor = 0;
-        handing_over.reset();
-      }
-    }
-    if (ready <= 0) continue;  // the second passed, or EINTR
-    if (fds[1].revents != 0) {
-      watch->consume();
-      settle(*watch);
-      std::string text = read_text(flags.config);
-      if (text != loaded) {
-        loaded = std::move(text);
-        reload(instance, flags, "file changed");
-      }
-    }
-    if (fds[2].revents != 0) {
-      if (auto connection = point->accept()) {
-        std::string asked = receive_message(connection->get(), 1000);
-        if (asked == "upgrade") {
-          (void)send_message(connection->get(), upgrade_now());
-        } else if (asked == "listeners" && !handing_over) {
-          if (send_listeners(connection->get(), instance.listener_fds())) {
-            handing_over = std::move(*connection);
-          }
-        }
-      }
-    }
-    if (fds[3].revents != 0) {
-      if (receive_message(handing_over.get(), 0) == "ready") {
-        handed_over = true;
-      } else {
-        log_error("upgrade: the new process went away before serving; this one serves on");
-        handing_over.reset();
-      }
-    }
-    if (fds[0].revents != 0) {
-      signalfd_siginfo info{};
-      if (::read(signal_fd->get(), &info, sizeof info) != sizeof info) continue;
-      if (info.ssi_signo == SIGHUP) {
-        if (watch) loaded = read_text(flags.config);
-        reload(instance, flags, "SIGHUP");
-      } else if (info.ssi_signo == SIGUSR2) {
-        std::string outcome = upgrade_now();
-        if (outcome.starts_with("error ")) log_error("upgrade (SIGUSR2): {}", outcome.substr(6));
-      } else {
-        signo = static_cast<int>(info.ssi_signo);
-      }
-    }
-  }
-  point.reset();  // the next process listens there now, or nobody will
-  if (!handed_over) {
-    systemd::notify(fmt::format("STOPPING=1\nSTATUS=draining (up to {} ms)",
-                                instance.config().drain_timeout.count()));
-  }
-  if (handed_over) {
-    log_info("upgrade: the new process serves; this one drains (up to {} ms) and exits",
-             instance.config().drain_timeout.count());
-  } else {
-    log_info("{}: stopping; requests in flight have {} ms to finish", strsignal(signo),
-             instance.config().drain_timeout.count());
-  }
-  // After a handover, clients of idle connections may be sending right now: they get two
-  // seconds to, and their next response says Connection: close. The same when systemd holds
-  // the sockets: a stop is then most likely a restart, and a client whose connection was
-  // accepted just before it must not see it closed unanswered.
-  auto gentle = handed_over || socket_activated ? std::chrono::milliseconds(2000)
-                                                : std::chrono::milliseconds(0);
-  if (!instance.shutdown(gentle)) log_warn("drain time over: closing the remaining connections");
+  loop.watch_config();
+  stop(instance, loop.run(), *listeners);
   return 0;
 }
 
