@@ -317,102 +317,129 @@ std::string_view StaticFiles::mime_type(std::string_view name) {
   return "application/octet-stream";
 }
 
-Response StaticFiles::serve(const Request& request, std::string_view path) const {
-  auto decoded = decode_path(path);
-  if (!decoded || decoded->empty() || decoded->front() != '/') return Response::error(400);
-  // No ".." segment at all, even one that would stay inside the root.
-  std::string_view segments = *decoded;
+namespace {
+
+// True if the decoded path has a ".." segment, even one that would stay inside the root.
+bool has_dot_dot(std::string_view segments) {
   while (!segments.empty()) {
     std::size_t slash = segments.find('/', 1);
     std::string_view segment =
         segments.substr(1, slash == std::string_view::npos ? slash : slash - 1);
-    if (segment == "..") return Response::error(400);
+    if (segment == "..") return true;
     if (slash == std::string_view::npos) break;
     segments.remove_prefix(slash);
   }
-  std::string relative = decoded->size() == 1 ? "." : decoded->substr(1);
+  return false;
+}
+
+}  // namespace
+
+std::expected<StaticFiles::Found, Response> StaticFiles::find(const Request& request,
+                                                              std::string_view path) const {
+  auto decoded = decode_path(path);
+  if (!decoded || decoded->empty() || decoded->front() != '/' || has_dot_dot(*decoded)) {
+    return std::unexpected(Response::error(400));
+  }
+  Found found;
+  found.relative = decoded->size() == 1 ? "." : decoded->substr(1);
   int error = 0;
-  auto entry = lookup(relative, "", error);
-  if (!entry) return status_for_errno(error);
-  std::string name = *decoded;
-  if (S_ISDIR(entry->st.st_mode)) {
+  found.entry = lookup(found.relative, "", error);
+  if (!found.entry) return std::unexpected(status_for_errno(error));
+  found.name = *decoded;
+  if (S_ISDIR(found.entry->st.st_mode)) {
     if (!path.ends_with('/')) {
       Response moved(301);
       std::string location = std::string(path) + "/";
       if (!request.query().empty()) location += "?" + std::string(request.query());
       moved.headers.add(std::string_view("Location"), location);
-      return moved;
+      return std::unexpected(std::move(moved));
     }
-    relative = (relative == "." ? "" : relative + "/") + options_.index;
-    entry = lookup(relative, "", error);
-    if (!entry) return status_for_errno(error == ENOENT ? EACCES : error);  // no listings
-    name = relative;
+    found.relative = (found.relative == "." ? "" : found.relative + "/") + options_.index;
+    found.entry = lookup(found.relative, "", error);
+    // No listings.
+    if (!found.entry) return std::unexpected(status_for_errno(error == ENOENT ? EACCES : error));
+    found.name = found.relative;
   }
-  if (!S_ISREG(entry->st.st_mode)) return Response::error(404);
+  if (!S_ISREG(found.entry->st.st_mode)) return std::unexpected(Response::error(404));
+  return found;
+}
 
+std::shared_ptr<const std::string> StaticFiles::encode(const Request& request, Found& found,
+                                                       std::string_view type,
+                                                       Response& response) const {
+  std::string_view accept = request.header(token::kAcceptEncoding);
+  std::shared_ptr<const std::string> packed;
+  bool varies = false;
+  for (auto [coding, suffix] : {std::pair{"br", ".br"}, std::pair{"gzip", ".gz"}}) {
+    if (!options_.precompressed) break;
+    varies = true;
+    if (!accepts_encoding(accept, coding)) continue;
+    int sibling_error = 0;
+    auto sibling = lookup(found.relative, suffix, sibling_error);
+    if (sibling && S_ISREG(sibling->st.st_mode)) {
+      found.entry = std::move(sibling);
+      found.etag = found.entry->etag;
+      response.headers.add_view("Content-Encoding", token::kContentEncoding, coding);
+      break;
+    }
+  }
+  auto size = static_cast<std::size_t>(found.entry->st.st_size);
+  if (options_.compress && !response.headers.contains(token::kContentEncoding) &&
+      compressible_type(type) && size >= options_.compress_min && size <= options_.compress_max) {
+    varies = true;
+    std::string_view coding = accepts_encoding(accept, "br")     ? "br"
+                              : accepts_encoding(accept, "gzip") ? "gzip"
+                                                                 : "";
+    if (!coding.empty() && (packed = compressed(found.relative, *found.entry, coding))) {
+      response.headers.add_view("Content-Encoding", token::kContentEncoding, coding);
+      // Its own tag: a compressed body is another representation than the file.
+      const std::string& tag = found.entry->etag;
+      found.etag = tag.substr(0, tag.size() - 1) + "-z" + std::string(coding) + '"';
+    }
+  }
+  if (varies) response.headers.add_view("Vary", token::kVary, "Accept-Encoding");
+  return packed;
+}
+
+bool StaticFiles::not_modified(const Request& request, const Found& found) {
+  // RFC 9110 13.2.2: If-None-Match wins over If-Modified-Since.
+  if (auto inm = request.headers().get(token::kIfNoneMatch)) {
+    return none_match_hits(*inm, found.etag);
+  }
+  if (auto ims = request.headers().get(token::kIfModifiedSince)) {
+    auto since = parse_http_date(*ims);
+    return since && found.entry->st.st_mtim.tv_sec <= *since;
+  }
+  return false;
+}
+
+Response StaticFiles::serve(const Request& request, std::string_view path) const {
+  auto found = find(request, path);
+  if (!found) return std::move(found.error());
+  found->etag = found->entry->etag;
   Response response(200);
   std::string_view range_header = request.header(token::kRange);
-  std::string_view type = mime_type(name);
-  std::string etag = entry->etag;
-  std::shared_ptr<const std::string> packed;  // the file compressed on the fly, if it is
+  std::string_view type = mime_type(found->name);
   // Another encoding only for the whole file: a range addresses the file as it is.
-  if (range_header.empty()) {
-    std::string_view accept = request.header(token::kAcceptEncoding);
-    bool varies = false;
-    for (auto [coding, suffix] : {std::pair{"br", ".br"}, std::pair{"gzip", ".gz"}}) {
-      if (!options_.precompressed) break;
-      varies = true;
-      if (!accepts_encoding(accept, coding)) continue;
-      int sibling_error = 0;
-      auto sibling = lookup(relative, suffix, sibling_error);
-      if (sibling && S_ISREG(sibling->st.st_mode)) {
-        entry = std::move(sibling);
-        etag = entry->etag;
-        response.headers.add_view("Content-Encoding", token::kContentEncoding, coding);
-        break;
-      }
-    }
-    auto size = static_cast<std::size_t>(entry->st.st_size);
-    if (options_.compress && !response.headers.contains(token::kContentEncoding) &&
-        compressible_type(type) && size >= options_.compress_min && size <= options_.compress_max) {
-      varies = true;
-      std::string_view coding = accepts_encoding(accept, "br")     ? "br"
-                                : accepts_encoding(accept, "gzip") ? "gzip"
-                                                                   : "";
-      if (!coding.empty() && (packed = compressed(relative, *entry, coding))) {
-        response.headers.add_view("Content-Encoding", token::kContentEncoding, coding);
-        // Its own tag: a compressed body is another representation than the file.
-        etag = entry->etag.substr(0, entry->etag.size() - 1) + "-z" + std::string(coding) + '"';
-      }
-    }
-    if (varies) response.headers.add_view("Vary", token::kVary, "Accept-Encoding");
-  }
+  std::shared_ptr<const std::string> packed;  // the file compressed on the fly, if it is
+  if (range_header.empty()) packed = encode(request, *found, type, response);
+  const Entry& entry = *found->entry;
   response.headers.add_view("Content-Type", token::kContentType, type);
-  response.headers.add_with_static_name("ETag", http::token::kEtag, etag);
+  response.headers.add_with_static_name("ETag", http::token::kEtag, found->etag);
   response.headers.add_with_static_name("Last-Modified", http::token::kLastModified,
-                                        entry->last_modified);
+                                        entry.last_modified);
   response.headers.add_view("Accept-Ranges", token::kAcceptRanges, "bytes");
-
-  // Conditional requests (RFC 9110 13.2.2): If-None-Match wins over If-Modified-Since.
-  if (auto inm = request.headers().get(token::kIfNoneMatch)) {
-    if (none_match_hits(*inm, etag)) {
-      response.status = 304;
-      return response;
-    }
-  } else if (auto ims = request.headers().get(token::kIfModifiedSince)) {
-    auto since = parse_http_date(*ims);
-    if (since && entry->st.st_mtim.tv_sec <= *since) {
-      response.status = 304;
-      return response;
-    }
+  if (not_modified(request, *found)) {
+    response.status = 304;
+    return response;
   }
 
-  auto size = static_cast<std::uint64_t>(entry->st.st_size);
+  auto size = static_cast<std::uint64_t>(entry.st.st_size);
   std::uint64_t first = 0, last = size == 0 ? 0 : size - 1;
   RangeKind range = RangeKind::kNone;
   if (!range_header.empty()) {
     auto if_range = request.headers().get(token::kIfRange);
-    if (!if_range || *if_range == entry->etag || *if_range == entry->last_modified) {
+    if (!if_range || *if_range == entry.etag || *if_range == entry.last_modified) {
       range = parse_range(range_header, size, first, last);
     }
   }
@@ -432,10 +459,10 @@ Response StaticFiles::serve(const Request& request, std::string_view path) const
   }
   if (packed) {
     response.body = *packed;
-  } else if (entry->content) {
-    response.body = entry->content->substr(first, length);  // cached: no file syscall at all
+  } else if (entry.content) {
+    response.body = entry.content->substr(first, length);  // cached: no file syscall at all
   } else {
-    response.file = FileBody{entry->fd, first, length};
+    response.file = FileBody{entry.fd, first, length};
   }
   return response;
 }

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <expected>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -74,6 +75,24 @@ class StaticFiles {
   /// compressed now; nullptr if it does not shrink or cannot be read.
   std::shared_ptr<const std::string> compressed(const std::string& relative, const Entry& entry,
                                                 std::string_view coding) const;
+
+  /// A regular file a request names, found (an index file for a folder).
+  struct Found {
+    std::shared_ptr<const Entry> entry;  ///< the file (or its precompressed sibling)
+    std::string relative;                ///< its path below the root
+    std::string name;                    ///< the name its MIME type is told by
+    std::string etag;                    ///< the tag of the representation served
+  };
+  /// The file `path` names (percent-decoded, no ".." segment); else the answer instead: 400,
+  /// 404, 403, or a 301 to a folder's path with its slash.
+  std::expected<Found, Response> find(const Request& request, std::string_view path) const;
+  /// The encoding served for the whole file: a precompressed sibling (`found` becomes it), or
+  /// the file compressed on the fly (returned), by the request's Accept-Encoding; adds
+  /// Content-Encoding and Vary to `response`, and gives `found` the served representation's tag.
+  std::shared_ptr<const std::string> encode(const Request& request, Found& found,
+                                            std::string_view type, Response& response) const;
+  /// True if the request's conditions (If-None-Match, else If-Modified-Since) make it a 304.
+  static bool not_modified(const Request& request, const Found& found);
 
   /// The root directory, opened O_PATH (shared by copies of the handler).
   std::shared_ptr<UniqueFd> root_;

@@ -160,6 +160,15 @@ TEST_F(StaticFilesTest, NeverLeavesTheRoot) {
   EXPECT_EQ(body_of(alias), "hello, static world\n");
 }
 
+TEST_F(StaticFilesTest, RefusesADotDotSegmentEvenOneThatStaysInside) {
+  // The handler may be called with a path no normalisation saw (a handler of one's own): a
+  // ".." is refused, not resolved, whether or not it would leave the root.
+  for (const char* path : {"/sub/../hello.txt", "/sub/%2e%2e/hello.txt", "/sub/.."}) {
+    EXPECT_EQ(request(path).status, 400) << path;
+  }
+  EXPECT_EQ(request("/sub/..hello").status, 404);  // a name that starts with dots is a name
+}
+
 TEST_F(StaticFilesTest, MissingFilesAre404) {
   EXPECT_EQ(request("/nope.txt").status, 404);
   EXPECT_EQ(request("/hello.txt/more").status, 404);
