@@ -11,6 +11,11 @@ namespace spindle::proxy::detail {
 /// server, a service naming a missing upstream, an invalid regular expression.
 void read_gateway(const ConfigReader& top, Config& config);
 
+/// One entry of a route's `middlewares` list ({NAME: SETTINGS}, at `path`), checked; fails
+/// (ConfigError) on an unknown name or a bad setting.
+MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& node,
+                                 const std::string& path);
+
 /// Splits "HOST:PORT" ("[IPv6]:PORT" for IPv6) into a host (lower case, brackets removed) and
 /// a port from 1 to 65535; nullopt if malformed.
 std::optional<std::pair<std::string, std::uint16_t>> split_host_port(std::string_view text);

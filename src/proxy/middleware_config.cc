@@ -1,0 +1,474 @@
+// Reading a route's middlewares (gateway_config.h): a reader per kind, each checking its
+// settings as it reads them, and the one list of the kinds' names.
+#include <fmt/format.h>
+#include <re2/re2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+#include "gateway_config.h"
+#include "spindle/base/ascii.h"
+#include "spindle/handlers/compression.h"
+#include "spindle/http/rules.h"
+#include "spindle/proxy/jwt.h"
+
+namespace spindle::proxy::detail {
+namespace {
+
+// The field names and values of a mapping ("{x-env: prod}"), checked.
+std::vector<std::pair<std::string, std::string>> read_fields(const ConfigReader& r) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  for (const auto& entry : r.node()) {
+    std::string name = entry.first.IsScalar() ? entry.first.Scalar() : "";
+    if (!http::is_field_name(name))
+      r.fail(entry.first, r.key_path(name), "not a header field name");
+    std::string value = scalar_text(r, entry.second, r.key_path(name));
+    if (!http::is_field_value(value))
+      r.fail(entry.second, r.key_path(name), "not a valid field value");
+    fields.emplace_back(std::move(name), std::move(value));
+  }
+  return fields;
+}
+
+HeaderEdits read_edits(const ConfigReader& r) {
+  r.only({"set", "add", "remove"});
+  HeaderEdits edits;
+  if (r.has("set")) edits.set = read_fields(r.nested("set"));
+  if (r.has("add")) edits.add = read_fields(r.nested("add"));
+  for (const std::string& name : r.strings("remove")) {
+    if (!http::is_field_name(name))
+      r.fail_key("remove", fmt::format("'{}' is not a field name", name));
+    edits.remove.push_back(name);
+  }
+  return edits;
+}
+
+// rate_limit: {key, rate: N/s|N/m|N/h, burst, store, failure_mode}.
+RateLimitConfig read_rate_limit(const ConfigReader& r) {
+  r.only({"key", "rate", "burst", "store", "failure_mode", "batch"});
+  RateLimitConfig limit;
+  std::string key = r.string("key", "client_ip");
+  if (key == "client_ip") {
+    limit.key = RateLimitConfig::Key::kClientIp;
+  } else if (key == "route") {
+    limit.key = RateLimitConfig::Key::kRoute;
+  } else if (key.starts_with("header:") && http::is_field_name(key.substr(7))) {
+    limit.key = RateLimitConfig::Key::kHeader;
+    limit.header = key.substr(7);
+    std::ranges::transform(limit.header, limit.header.begin(),
+                           [](char c) { return static_cast<char>(std::tolower(c)); });
+  } else if (key.starts_with("claim:") && key.size() > 6) {
+    limit.key = RateLimitConfig::Key::kClaim;
+    limit.header = key.substr(6);
+  } else {
+    r.fail_key("key", "expected client_ip, route, header:NAME or claim:NAME");
+  }
+  limit.rate_text = r.string("rate", "");
+  auto slash = limit.rate_text.find('/');
+  double count = 0;
+  std::string_view unit;
+  if (slash != std::string::npos) {
+    std::string number = limit.rate_text.substr(0, slash);
+    char* end = nullptr;
+    count = std::strtod(number.c_str(), &end);
+    if (number.empty() || end != number.c_str() + number.size()) count = 0;
+    unit = std::string_view(limit.rate_text).substr(slash + 1);
+  }
+  double per = unit == "s" ? 1 : unit == "m" ? 60 : unit == "h" ? 3600 : 0;
+  if (!(count > 0) || per == 0 || count / per > 1e9) {
+    r.fail_key("rate", "expected requests per second, minute or hour: 100/s, 30/m, 1000/h");
+  }
+  limit.rate = count / per;
+  limit.burst =
+      static_cast<unsigned>(r.number("burst", std::max(1.0, std::ceil(count)), 1'000'000'000));
+  if (limit.burst == 0) r.fail_key("burst", "must be at least 1");
+  std::string store = r.string("store", "local");
+  if (store == "redis") {
+    limit.store = RateLimitConfig::Store::kRedis;
+  } else if (store != "local") {
+    r.fail_key("store", "expected local (this process) or redis (shared through redis:)");
+  }
+  std::string failure = r.string("failure_mode", "open");
+  if (failure != "open" && failure != "closed")
+    r.fail_key("failure_mode", "expected open (let requests through) or closed (503)");
+  limit.fail_open = failure == "open";
+  limit.batch = static_cast<unsigned>(r.number("batch", 0, 1'000'000));
+  if (r.has("batch") && limit.batch == 0) r.fail_key("batch", "must be at least 1");
+  if (limit.store == RateLimitConfig::Store::kLocal && (r.has("batch") || r.has("failure_mode"))) {
+    r.fail_key(r.has("batch") ? "batch" : "failure_mode", "only with store: redis");
+  }
+  return limit;
+}
+
+// jwt: {jwks_file, algorithms, issuer, audience, leeway, cookie, claims_to_headers, realm}.
+std::shared_ptr<JwtConfig> read_jwt(const ConfigReader& r) {
+  r.only({"jwks_file", "algorithms", "issuer", "audience", "leeway", "cookie", "claims_to_headers",
+          "realm"});
+  auto jwt = std::make_shared<JwtConfig>();
+  if (!r.has("jwks_file")) r.fail_key("jwks_file", "required (a JWKS file: {\"keys\": [...]})");
+  std::string file = config_path(r.file(), r.string("jwks_file", ""));
+  std::ifstream in(file);
+  if (!in) r.fail_key("jwks_file", fmt::format("cannot read {}", file));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  try {
+    jwt->keys = JwtKeys::parse(text);
+  } catch (const std::exception& e) {
+    r.fail_key("jwks_file", fmt::format("{}: {}", file, e.what()));
+  }
+  if (r.has("algorithms")) {
+    jwt->algorithms = r.strings("algorithms");
+    for (const std::string& alg : jwt->algorithms) {
+      if (alg != "HS256" && alg != "RS256" && alg != "ES256") {
+        r.fail_key("algorithms", fmt::format("'{}' (expected HS256, RS256, ES256)", alg));
+      }
+    }
+    if (jwt->algorithms.empty()) r.fail_key("algorithms", "at least one");
+  }
+  jwt->issuer = r.string("issuer", "");
+  jwt->audiences = r.strings("audience");
+  jwt->leeway = std::chrono::duration_cast<std::chrono::seconds>(
+      r.duration("leeway", std::chrono::seconds(0)));
+  jwt->cookie = r.string("cookie", "");
+  if (r.has("cookie") && !http::is_token(jwt->cookie)) r.fail_key("cookie", "not a cookie name");
+  jwt->realm = r.string("realm", jwt->realm);
+  if (!http::is_field_value(jwt->realm) || jwt->realm.find('"') != std::string::npos) {
+    r.fail_key("realm", "must not hold quotes or control characters");
+  }
+  if (r.has("claims_to_headers")) {
+    YAML::Node map = r.get("claims_to_headers");
+    if (!map.IsMap()) r.fail_key("claims_to_headers", "expected {CLAIM: FIELD}");
+    for (const auto& entry : map) {
+      std::string claim = scalar_text(r, entry.first, r.key_path("claims_to_headers"));
+      std::string field = scalar_text(r, entry.second, r.key_path("claims_to_headers"));
+      if (!http::is_field_name(field)) {
+        r.fail(entry.second, r.key_path("claims_to_headers"),
+               fmt::format("'{}' is not a field name", field));
+      }
+      jwt->claims_to_headers.emplace_back(claim, field);
+      jwt->kept_claims.push_back(claim);
+    }
+  }
+  jwt->kept_claims.push_back("sub");
+  return jwt;
+}
+
+// Each middleware's reader: `entry` is the list item ({kind: settings}), `kind` its name.
+
+void read_headers(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  ConfigReader h = entry.nested(kind);
+  h.only({"request", "response"});
+  m.kind = MiddlewareConfig::Kind::kHeaders;
+  if (h.has("request")) m.request = read_edits(h.nested("request"));
+  if (h.has("response")) m.response = read_edits(h.nested("response"));
+}
+
+void read_prefix(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  m.kind = kind == "strip_prefix" ? MiddlewareConfig::Kind::kStripPrefix
+                                  : MiddlewareConfig::Kind::kAddPrefix;
+  m.prefix = entry.string(kind, "");
+  if (!m.prefix.starts_with('/') || m.prefix.size() < 2 || m.prefix.ends_with('/') ||
+      !http::is_request_target(m.prefix)) {
+    entry.fail_key(kind,
+                   "expected a path prefix such as /api (starting with /, not ending with /)");
+  }
+}
+
+void read_rate_limit_middleware(const ConfigReader& entry, const std::string& kind,
+                                MiddlewareConfig& m) {
+  m.kind = MiddlewareConfig::Kind::kRateLimit;
+  m.rate_limit = read_rate_limit(entry.nested(kind));
+}
+
+void read_replace_path(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  m.kind = MiddlewareConfig::Kind::kReplacePath;
+  m.replacement = entry.string(kind, "");
+  if (!m.replacement.starts_with('/') || !http::is_request_target(m.replacement) ||
+      m.replacement.find('?') != std::string::npos) {
+    entry.fail_key(kind, "expected a path starting with / (the query is kept)");
+  }
+}
+
+void read_replace_path_regex(const ConfigReader& entry, const std::string& kind,
+                             MiddlewareConfig& m) {
+  ConfigReader r = entry.nested(kind);
+  r.only({"regex", "replacement"});
+  m.kind = MiddlewareConfig::Kind::kReplacePathRegex;
+  auto regex = std::make_shared<RE2>(r.string("regex", ""), RE2::Quiet);
+  if (!r.has("regex") || !regex->ok()) {
+    r.fail_key("regex", r.has("regex")
+                            ? fmt::format("invalid regular expression: {}", regex->error())
+                            : std::string("required (an RE2 pattern searched in the path)"));
+  }
+  m.replacement = r.string("replacement", "");
+  std::string why;
+  if (!regex->CheckRewriteString(m.replacement, &why)) {
+    r.fail_key("replacement", fmt::format("{} (groups are \\1 to \\9)", why));
+  }
+  m.regex = std::move(regex);
+}
+
+void read_networks(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  m.kind = kind == "ip_allow" ? MiddlewareConfig::Kind::kIpAllow : MiddlewareConfig::Kind::kIpDeny;
+  for (const std::string& text : entry.strings(kind)) {
+    auto cidr = Cidr::parse(text);
+    if (!cidr) {
+      entry.fail_key(kind,
+                     fmt::format("'{}' is not an address or network (10.0.0.0/8, fd00::/8)", text));
+    }
+    m.networks.push_back(*cidr);
+  }
+  if (m.networks.empty()) entry.fail_key(kind, "expected a list of networks");
+}
+
+void read_max_body(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  m.kind = MiddlewareConfig::Kind::kMaxBody;
+  m.max_body = entry.size(kind, 0);
+}
+
+void read_redirect(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  ConfigReader r = entry.nested(kind);
+  r.only({"scheme", "host", "port", "path", "status"});
+  m.kind = MiddlewareConfig::Kind::kRedirect;
+  m.scheme = r.string("scheme", "");
+  if (!m.scheme.empty() && m.scheme != "http" && m.scheme != "https") {
+    r.fail_key("scheme", "expected http or https");
+  }
+  m.host = r.string("host", "");
+  if (!m.host.empty() && !http::is_field_value(m.host)) r.fail_key("host", "not a host name");
+  m.port = static_cast<std::uint16_t>(r.number("port", 0, 65535));
+  m.path = r.string("path", "");
+  if (!m.path.empty() && (!m.path.starts_with('/') || !http::is_request_target(m.path))) {
+    r.fail_key("path", "expected a path starting with /");
+  }
+  m.status = static_cast<int>(r.number("status", 302, 999));
+  if (m.status != 301 && m.status != 302 && m.status != 303 && m.status != 307 && m.status != 308) {
+    r.fail_key("status", "expected 301, 302, 303, 307 or 308");
+  }
+}
+
+void read_cors(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  ConfigReader r = entry.nested(kind);
+  r.only({"origins", "methods", "headers", "expose", "credentials", "max_age"});
+  m.kind = MiddlewareConfig::Kind::kCors;
+  CorsConfig& cors = m.cors;
+  for (const std::string& origin : r.strings("origins")) {
+    if (origin == "*") {
+      cors.any_origin = true;
+    } else if ((origin.starts_with("http://") || origin.starts_with("https://")) &&
+               http::is_field_value(origin) && !origin.ends_with('/')) {
+      cors.origins.push_back(origin);
+    } else {
+      r.fail_key("origins",
+                 fmt::format("'{}' is not an origin (scheme://host[:port], or *)", origin));
+    }
+  }
+  if (!cors.any_origin && cors.origins.empty())
+    r.fail_key("origins", "required: a list of origins, or *");
+  if (r.has("methods")) {
+    cors.methods.clear();
+    for (const std::string& method : r.strings("methods")) {
+      if (!http::is_method(method))
+        r.fail_key("methods", fmt::format("'{}' is not a method", method));
+      cors.methods.push_back(method);
+    }
+  }
+  for (const std::string& name : r.strings("headers")) {
+    if (name == "*") {
+      cors.any_header = true;
+      continue;
+    }
+    if (!http::is_field_name(name))
+      r.fail_key("headers", fmt::format("'{}' is not a field name", name));
+    cors.headers.push_back(ascii_lower(name));
+  }
+  for (const std::string& name : r.strings("expose")) {
+    if (!http::is_field_name(name))
+      r.fail_key("expose", fmt::format("'{}' is not a field name", name));
+    cors.expose.push_back(name);
+  }
+  cors.credentials = r.boolean("credentials", false);
+  cors.max_age = std::chrono::duration_cast<std::chrono::seconds>(
+      r.duration("max_age", std::chrono::seconds(600)));
+}
+
+void read_basic_auth(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  ConfigReader r = entry.nested(kind);
+  r.only({"users_file", "realm"});
+  m.kind = MiddlewareConfig::Kind::kBasicAuth;
+  auto auth = std::make_shared<BasicAuthConfig>();
+  auth->realm = r.string("realm", auth->realm);
+  if (!http::is_field_value(auth->realm) || auth->realm.find('"') != std::string::npos) {
+    r.fail_key("realm", "must not hold quotes or control characters");
+  }
+  if (!r.has("users_file")) r.fail_key("users_file", "required (an htpasswd file)");
+  std::string file = config_path(r.file(), r.string("users_file", ""));
+  std::ifstream in(file);
+  if (!in) r.fail_key("users_file", fmt::format("cannot read {}", file));
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty() || line.starts_with('#')) continue;
+    auto colon = line.find(':');
+    std::string user = line.substr(0, colon);
+    std::string hash = colon == std::string::npos ? "" : line.substr(colon + 1);
+    bool bcrypt = hash.starts_with("$2y$") || hash.starts_with("$2b$") || hash.starts_with("$2a$");
+    if (user.empty() || (!bcrypt && !hash.starts_with("{SHA}"))) {
+      r.fail_key("users_file",
+                 fmt::format("{}:{}: expected USER:HASH with a bcrypt ($2y$, htpasswd -B) or "
+                             "{{SHA}} hash",
+                             file, number));
+    }
+    auth->users[user] = hash;
+  }
+  if (auth->users.empty()) r.fail_key("users_file", fmt::format("{}: no users", file));
+  m.basic_auth = std::move(auth);
+}
+
+void read_compression(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  ConfigReader r = entry.nested(kind);
+  r.only({"min_size", "gzip_level", "brotli_quality"});
+  m.kind = MiddlewareConfig::Kind::kCompression;
+  http::CompressionOptions options;
+  options.min_size = r.size("min_size", options.min_size);
+  options.gzip_level = static_cast<int>(r.number("gzip_level", 6, 9));
+  if (options.gzip_level == 0) r.fail_key("gzip_level", "expected 1 to 9");
+  options.brotli_quality = static_cast<int>(r.number("brotli_quality", 5, 11));
+  m.compress = std::make_shared<const http::Middleware>(http::compression(options));
+}
+
+void read_mirror(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  ConfigReader r = entry.nested(kind);
+  r.only({"service", "percent", "max_in_flight", "timeout"});
+  m.kind = MiddlewareConfig::Kind::kMirror;
+  m.mirror.timeout = r.duration("timeout", m.mirror.timeout);
+  if (m.mirror.timeout.count() == 0) r.fail_key("timeout", "must be more than 0");
+  m.mirror.service = r.string("service", "");
+  if (m.mirror.service.empty()) r.fail_key("service", "required (where the copies go)");
+  m.mirror.percent = static_cast<double>(r.number("percent", 100, 100));
+  m.mirror.max_in_flight = r.number("max_in_flight", m.mirror.max_in_flight, 100'000);
+  if (m.mirror.max_in_flight == 0) r.fail_key("max_in_flight", "must be at least 1");
+}
+
+void read_forward_auth(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  ConfigReader r = entry.nested(kind);
+  r.only({"service", "path", "request_headers", "response_headers"});
+  m.kind = MiddlewareConfig::Kind::kForwardAuth;
+  auto auth = std::make_shared<ForwardAuthConfig>();
+  auth->service = r.string("service", "");
+  if (auth->service.empty()) r.fail_key("service", "required (the service that decides)");
+  auth->path = r.string("path", auth->path);
+  if (!auth->path.starts_with('/') || !http::is_request_target(auth->path)) {
+    r.fail_key("path", "expected a path starting with /");
+  }
+  for (const char* key : {"request_headers", "response_headers"}) {
+    auto& names =
+        std::string_view(key) == "request_headers" ? auth->request_headers : auth->response_headers;
+    for (const std::string& name : r.strings(key)) {
+      if (!http::is_field_name(name))
+        r.fail_key(key, fmt::format("'{}' is not a field name", name));
+      names.push_back(ascii_lower(name));
+    }
+  }
+  m.forward_auth = std::move(auth);
+}
+
+void read_jwt_middleware(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  m.kind = MiddlewareConfig::Kind::kJwt;
+  m.jwt = read_jwt(entry.nested(kind));
+}
+
+void read_traffic_split(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  ConfigReader r = entry.nested(kind);
+  r.only({"services", "sticky_cookie"});
+  m.kind = MiddlewareConfig::Kind::kTrafficSplit;
+  YAML::Node shares = r.sequence("services", "{service, weight}");
+  for (std::size_t i = 0; i < shares.size(); ++i) {
+    ConfigReader share(r.file(), shares[i], fmt::format("{}[{}]", r.key_path("services"), i));
+    share.only({"service", "weight"});
+    TrafficSplitConfig::Share s{share.string("service", ""),
+                                static_cast<unsigned>(share.number("weight", 1, 1'000'000))};
+    if (s.service.empty()) share.fail(shares[i], share.key_path("service"), "required");
+    m.traffic_split.shares.push_back(std::move(s));
+  }
+  if (m.traffic_split.shares.empty())
+    r.fail_key("services", "expected a list of {service, weight}");
+  unsigned total = 0;
+  for (const auto& s : m.traffic_split.shares) total += s.weight;
+  if (total == 0) r.fail_key("services", "the weights add up to 0");
+  m.traffic_split.cookie = r.string("sticky_cookie", "");
+  if (!m.traffic_split.cookie.empty() && !http::is_field_name(m.traffic_split.cookie)) {
+    r.fail_key("sticky_cookie", "not a cookie name");
+  }
+}
+
+void read_respond(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
+  ConfigReader r = entry.nested(kind);
+  r.only({"status", "body", "content_type"});
+  m.kind = MiddlewareConfig::Kind::kRespond;
+  m.status = static_cast<int>(r.number("status", 200, 999));
+  if (m.status < 200 || m.status > 599) r.fail_key("status", "expected 200 to 599");
+  m.body = r.string("body", "");
+  m.content_type = r.string("content_type", "text/plain; charset=utf-8");
+  if (!http::is_field_value(m.content_type)) r.fail_key("content_type", "not a field value");
+}
+
+// Every middleware a route may name, with its reader: the one list of their names.
+struct MiddlewareKind {
+  std::string_view name;
+  void (*read)(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m);
+};
+constexpr MiddlewareKind kMiddlewareKinds[] = {
+    {"headers", read_headers},
+    {"strip_prefix", read_prefix},
+    {"add_prefix", read_prefix},
+    {"replace_path", read_replace_path},
+    {"replace_path_regex", read_replace_path_regex},
+    {"rate_limit", read_rate_limit_middleware},
+    {"ip_allow", read_networks},
+    {"ip_deny", read_networks},
+    {"max_body", read_max_body},
+    {"redirect", read_redirect},
+    {"respond", read_respond},
+    {"cors", read_cors},
+    {"basic_auth", read_basic_auth},
+    {"jwt", read_jwt_middleware},
+    {"forward_auth", read_forward_auth},
+    {"mirror", read_mirror},
+    {"compression", read_compression},
+    {"traffic_split", read_traffic_split},
+};
+
+// "headers, strip_prefix, ...": the names of kMiddlewareKinds, for error messages.
+std::string middleware_names() {
+  std::string names;
+  for (const MiddlewareKind& k : kMiddlewareKinds) {
+    if (!names.empty()) names += ", ";
+    names += k.name;
+  }
+  return names;
+}
+
+}  // namespace
+
+MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& node,
+                                 const std::string& path) {
+  if (!node.IsMap() || node.size() != 1) {
+    list.fail(
+        node, path,
+        fmt::format("expected one middleware as {{NAME: SETTINGS}} ({})", middleware_names()));
+  }
+  std::string kind = node.begin()->first.IsScalar() ? node.begin()->first.Scalar() : "";
+  ConfigReader entry(list.file(), node, path);
+  MiddlewareConfig m;
+  for (const MiddlewareKind& k : kMiddlewareKinds) {
+    if (k.name != kind) continue;
+    k.read(entry, kind, m);
+    return m;
+  }
+  entry.fail(node.begin()->first, entry.key_path(kind),
+             fmt::format("unknown middleware (expected one of: {})", middleware_names()));
+  return m;
+}
+
+}  // namespace spindle::proxy::detail
