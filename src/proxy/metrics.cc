@@ -95,7 +95,30 @@ void Metrics::record_panic(std::uint32_t series) {
   ++s.upstreams[series].panics;
 }
 
-std::string Metrics::expose() {
+const Metrics::UpstreamCounter Metrics::kUpstreamCounters[] = {
+    {"spindle_upstream_retries_total",
+     "Attempts sent again to another target (each spends the retry budget), by service.",
+     &UpstreamStats::retries},
+    {"spindle_upstream_retries_denied_total",
+     "Attempts that could have been sent again but the retry budget was spent, by service.",
+     &UpstreamStats::retries_denied},
+    {"spindle_upstream_resent_total",
+     "Requests sent again because an HTTP/2 upstream closing a connection turned their "
+     "stream away unprocessed (GOAWAY), by service: not retries.",
+     &UpstreamStats::resent},
+    {"spindle_upstream_ejections_total", "Targets passive health checks took out, by service.",
+     &UpstreamStats::ejections},
+    {"spindle_upstream_ejections_withheld_total",
+     "Ejections due but not made, because max_ejection_percent of the targets were out, by "
+     "service.",
+     &UpstreamStats::ejections_withheld},
+    {"spindle_upstream_panic_total",
+     "Requests sent with fewer healthy targets than the panic threshold (spread over all "
+     "targets), by service.",
+     &UpstreamStats::panics},
+};
+
+Metrics::Shard Metrics::gather() {
   // Each worker copies its own shard: nobody else touches it.
   std::vector<Shard> copies(shards_.size());
   WaitGroup copied;
@@ -119,16 +142,20 @@ std::string Metrics::expose() {
       total.requests[i].latency.add(s.requests[i].latency);
     }
     for (std::size_t i = 0; i < s.upstreams.size(); ++i) {
-      total.upstreams[i].connect.add(s.upstreams[i].connect);
-      total.upstreams[i].first_byte.add(s.upstreams[i].first_byte);
-      total.upstreams[i].retries += s.upstreams[i].retries;
-      total.upstreams[i].retries_denied += s.upstreams[i].retries_denied;
-      total.upstreams[i].resent += s.upstreams[i].resent;
-      total.upstreams[i].ejections += s.upstreams[i].ejections;
-      total.upstreams[i].ejections_withheld += s.upstreams[i].ejections_withheld;
-      total.upstreams[i].panics += s.upstreams[i].panics;
+      UpstreamStats& sum = total.upstreams[i];
+      const UpstreamStats& add = s.upstreams[i];
+      sum.connect.add(add.connect);
+      sum.first_byte.add(add.first_byte);
+      for (const UpstreamCounter& counter : kUpstreamCounters) {
+        sum.*counter.value += add.*counter.value;
+      }
     }
   }
+  return total;
+}
+
+std::string Metrics::expose() {
+  Shard total = gather();
   std::vector<std::pair<std::string, std::string>> request_labels;
   std::vector<std::string> upstream_labels;
   {
@@ -161,58 +188,26 @@ std::string Metrics::expose() {
   auto service_label = [&](std::size_t i) {
     return fmt::format("service=\"{}\"", prometheus::escape(upstream_labels[i]));
   };
-  family(out, "spindle_upstream_connect_seconds", "histogram",
-         "Time to connect to an upstream target (0 for a pooled connection), by service.");
-  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
-    if (total.upstreams[i].connect.count == 0) continue;
-    histogram(out, "spindle_upstream_connect_seconds", service_label(i),
-              total.upstreams[i].connect);
+  for (auto [name, help, times] :
+       {std::tuple{"spindle_upstream_connect_seconds",
+                   "Time to connect to an upstream target (0 for a pooled connection), by service.",
+                   &UpstreamStats::connect},
+        std::tuple{"spindle_upstream_first_byte_seconds",
+                   "Time from sending a request upstream to the first byte of its answer, by "
+                   "service.",
+                   &UpstreamStats::first_byte}}) {
+    family(out, name, "histogram", help);
+    for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
+      if ((total.upstreams[i].*times).count == 0) continue;
+      histogram(out, name, service_label(i), total.upstreams[i].*times);
+    }
   }
-  family(out, "spindle_upstream_first_byte_seconds", "histogram",
-         "Time from sending a request upstream to the first byte of its answer, by service.");
-  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
-    if (total.upstreams[i].first_byte.count == 0) continue;
-    histogram(out, "spindle_upstream_first_byte_seconds", service_label(i),
-              total.upstreams[i].first_byte);
-  }
-  family(out, "spindle_upstream_retries_total", "counter",
-         "Attempts sent again to another target (each spends the retry budget), by service.");
-  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
-    sample(out, "spindle_upstream_retries_total", service_label(i),
-           static_cast<double>(total.upstreams[i].retries));
-  }
-  family(out, "spindle_upstream_retries_denied_total", "counter",
-         "Attempts that could have been sent again but the retry budget was spent, by service.");
-  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
-    sample(out, "spindle_upstream_retries_denied_total", service_label(i),
-           static_cast<double>(total.upstreams[i].retries_denied));
-  }
-  family(out, "spindle_upstream_resent_total", "counter",
-         "Requests sent again because an HTTP/2 upstream closing a connection turned their "
-         "stream away unprocessed (GOAWAY), by service: not retries.");
-  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
-    sample(out, "spindle_upstream_resent_total", service_label(i),
-           static_cast<double>(total.upstreams[i].resent));
-  }
-  family(out, "spindle_upstream_ejections_total", "counter",
-         "Targets passive health checks took out, by service.");
-  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
-    sample(out, "spindle_upstream_ejections_total", service_label(i),
-           static_cast<double>(total.upstreams[i].ejections));
-  }
-  family(out, "spindle_upstream_ejections_withheld_total", "counter",
-         "Ejections due but not made, because max_ejection_percent of the targets were out, by "
-         "service.");
-  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
-    sample(out, "spindle_upstream_ejections_withheld_total", service_label(i),
-           static_cast<double>(total.upstreams[i].ejections_withheld));
-  }
-  family(out, "spindle_upstream_panic_total", "counter",
-         "Requests sent with fewer healthy targets than the panic threshold (spread over all "
-         "targets), by service.");
-  for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
-    sample(out, "spindle_upstream_panic_total", service_label(i),
-           static_cast<double>(total.upstreams[i].panics));
+  for (const UpstreamCounter& counter : kUpstreamCounters) {
+    family(out, counter.name, "counter", counter.help);
+    for (std::size_t i = 0; i < total.upstreams.size(); ++i) {
+      sample(out, counter.name, service_label(i),
+             static_cast<double>(total.upstreams[i].*counter.value));
+    }
   }
   return out;
 }

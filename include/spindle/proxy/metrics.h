@@ -85,11 +85,21 @@ class Metrics {
     std::uint64_t ejections_withheld = 0;
     std::uint64_t panics = 0;
   };
+  /// An upstream counter /metrics shows, with its member of UpstreamStats.
+  struct UpstreamCounter {
+    const char* name;
+    const char* help;
+    std::uint64_t UpstreamStats::*value;
+  };
+  /// Every one: the one list both the sum over the workers and the text take.
+  static const UpstreamCounter kUpstreamCounters[6];
   struct alignas(64) Shard {
     std::vector<RequestStats> requests;
     std::vector<UpstreamStats> upstreams;
   };
   Shard& shard();
+  /// Every worker's shard summed (each copies its own, on its own thread; this waits).
+  Shard gather();
 
   Runtime& runtime_;
   std::vector<std::unique_ptr<Shard>> shards_;
