@@ -66,6 +66,50 @@ std::string rate_limit_key(const http::Request& request, const RateLimitConfig& 
 // response (RateLimit-* fields).
 constexpr std::string_view kRateLimitShown = "ratelimit";
 
+// The answer to a request a rate limit's `decision` refused: 503 when its store was
+// unavailable, else 429; Retry-After either way.
+http::Response rate_limited(const RateLimiter::Decision& decision) {
+  if (decision.unavailable) {
+    http::Response answer = http::Response::error(503, "rate limit store unavailable");
+    answer.headers.set("Retry-After", "1");
+    return answer;
+  }
+  http::Response answer = http::Response::error(429, "rate limit exceeded");
+  answer.headers.set("Retry-After",
+                     std::to_string(std::max<std::uint64_t>(
+                         1, static_cast<std::uint64_t>(std::ceil(decision.retry_after)))));
+  return answer;
+}
+
+// True if the request's client (note_client) is in one of `networks` (ip_allow, ip_deny).
+bool client_listed(const http::Request& request, const std::vector<Cidr>& networks) {
+  auto address = Address::parse_host(client_text(request));
+  return address &&
+         std::ranges::any_of(networks, [&](const Cidr& cidr) { return cidr.contains(*address); });
+}
+
+// Where a redirect middleware sends the request: its scheme, host, port and path where it
+// names them, else the request's own (the port kept only when scheme and host are).
+std::string redirect_location(const http::Request& request, const MiddlewareConfig& m) {
+  std::string_view authority = request.header(http::token::kHost);
+  std::string_view host = authority;
+  std::string_view port;
+  if (auto colon = authority.rfind(':');
+      colon != std::string_view::npos && authority.find(']', colon) == std::string_view::npos) {
+    host = authority.substr(0, colon);
+    port = authority.substr(colon + 1);
+  }
+  std::string scheme = m.scheme.empty() ? (request.context().tls ? "https" : "http") : m.scheme;
+  std::string location = scheme + "://" + (m.host.empty() ? std::string(host) : m.host);
+  if (m.port != 0) {
+    location += ":" + std::to_string(m.port);
+  } else if (!port.empty() && m.scheme.empty() && m.host.empty()) {
+    location += ":" + std::string(port);  // same scheme and host: same port
+  }
+  location += m.path.empty() ? std::string(request.target()) : m.path;
+  return location;
+}
+
 // The middlewares of `route` that may answer in the gateway's place, in order: rate limits
 // (429), ip_allow / ip_deny (403), max_body (413 for a declared length), redirect, respond,
 // cors preflights, basic_auth and jwt (401), forward_auth (through `authorize`, which asks the
@@ -94,55 +138,26 @@ bool answer_first(http::Request& request, const RouteConfig& route,
           tightest = limits[i].get();
           shown = decision;
         }
-        if (decision.unavailable) {
-          answer_with(http::Response::error(503, "rate limit store unavailable"))
-              .headers.set("Retry-After", "1");
-        } else if (!decision.allowed) {
-          answer_with(http::Response::error(429, "rate limit exceeded"))
-              .headers.set("Retry-After",
-                           std::to_string(std::max<std::uint64_t>(
-                               1, static_cast<std::uint64_t>(std::ceil(decision.retry_after)))));
+        if (decision.unavailable || !decision.allowed) {
+          answer_with(rate_limited(decision));
         }
         break;
       }
       case MiddlewareConfig::Kind::kIpAllow:
-      case MiddlewareConfig::Kind::kIpDeny: {
-        auto address = Address::parse_host(client_text(request));
-        bool listed = address && std::ranges::any_of(m.networks, [&](const Cidr& cidr) {
-                        return cidr.contains(*address);
-                      });
-        if (listed == (m.kind == MiddlewareConfig::Kind::kIpDeny)) {
+      case MiddlewareConfig::Kind::kIpDeny:
+        if (client_listed(request, m.networks) == (m.kind == MiddlewareConfig::Kind::kIpDeny)) {
           answer_with(http::Response::error(403, "client address not allowed"));
         }
         break;
-      }
       case MiddlewareConfig::Kind::kMaxBody:
         if (request.head().content_length && *request.head().content_length > m.max_body) {
           answer_with(http::Response::error(413, "request body larger than the route allows"));
         }
         break;
-      case MiddlewareConfig::Kind::kRedirect: {
-        const http::RequestContext& context = request.context();
-        std::string_view authority = request.header(http::token::kHost);
-        std::string_view host = authority;
-        std::string_view port;
-        if (auto colon = authority.rfind(':');
-            colon != std::string_view::npos &&
-            authority.find(']', colon) == std::string_view::npos) {
-          host = authority.substr(0, colon);
-          port = authority.substr(colon + 1);
-        }
-        std::string scheme = m.scheme.empty() ? (context.tls ? "https" : "http") : m.scheme;
-        std::string location = scheme + "://" + (m.host.empty() ? std::string(host) : m.host);
-        if (m.port != 0) {
-          location += ":" + std::to_string(m.port);
-        } else if (!port.empty() && m.scheme.empty() && m.host.empty()) {
-          location += ":" + std::string(port);  // same scheme and host: same port
-        }
-        location += m.path.empty() ? std::string(request.target()) : m.path;
-        answer_with(http::Response(m.status)).headers.set("Location", location);
+      case MiddlewareConfig::Kind::kRedirect:
+        answer_with(http::Response(m.status))
+            .headers.set("Location", redirect_location(request, m));
         break;
-      }
       case MiddlewareConfig::Kind::kRespond:
         answer_with(http::Response(m.status, m.body, m.content_type));
         break;
