@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <ranges>
 
 #include "gateway_config.h"
 #include "spindle/base/ascii.h"
@@ -441,12 +442,8 @@ constexpr MiddlewareKind kMiddlewareKinds[] = {
 
 // "headers, strip_prefix, ...": the names of kMiddlewareKinds, for error messages.
 std::string middleware_names() {
-  std::string names;
-  for (const MiddlewareKind& k : kMiddlewareKinds) {
-    if (!names.empty()) names += ", ";
-    names += k.name;
-  }
-  return names;
+  return fmt::format(
+      "{}", fmt::join(kMiddlewareKinds | std::views::transform(&MiddlewareKind::name), ", "));
 }
 
 }  // namespace

@@ -92,7 +92,7 @@ class Metrics {
     std::uint64_t UpstreamStats::*value;
   };
   /// Every one: the one list both the sum over the workers and the text take.
-  static const UpstreamCounter kUpstreamCounters[6];
+  static const UpstreamCounter kUpstreamCounters[];
   struct alignas(64) Shard {
     std::vector<RequestStats> requests;
     std::vector<UpstreamStats> upstreams;
