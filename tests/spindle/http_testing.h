@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -11,6 +14,28 @@
 #include "spindle/server/server.h"
 
 namespace spindle::testing {
+
+/// A request body that arrives in pieces of at most `piece` bytes, then ends, or fails with
+/// HttpError(`fail_status`) if that is set. `reads` counts the reads asked of it.
+class PiecewiseSource final : public http::BodySource {
+ public:
+  PiecewiseSource(std::string data, std::size_t piece, int fail_status = 0)
+      : data_(std::move(data)), piece_(piece), fail_status_(fail_status) {}
+  std::size_t read(std::span<char> buffer) override {
+    ++reads;
+    std::size_t n = std::min({buffer.size(), piece_, data_.size() - at_});
+    if (n == 0 && fail_status_ != 0) throw http::HttpError(fail_status_, "source failed");
+    std::copy_n(data_.data() + at_, n, buffer.data());
+    at_ += n;
+    return n;
+  }
+  int reads = 0;
+
+ private:
+  std::string data_;
+  std::size_t piece_, at_ = 0;
+  int fail_status_;
+};
 
 /// Starts `router` on 127.0.0.1:0 (or `address`) with `options`; fails the test if it cannot.
 inline std::unique_ptr<http::HttpServer> start_http_server(

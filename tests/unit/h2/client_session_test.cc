@@ -17,7 +17,7 @@ using spindle::testing::bytes;
 namespace {
 
 // The client's side: records what each stream receives.
-struct Recorder : SessionHandler {
+struct ClientRecorder : SessionHandler {
   ClientSession* session = nullptr;
   std::map<std::uint32_t, std::vector<std::pair<std::string, std::string>>> fields;
   std::map<std::uint32_t, std::string> body;
@@ -109,7 +109,7 @@ std::vector<hpack::Field> request(std::string_view method = "GET") {
 
 // A hand-written server: its SETTINGS, then whatever the test writes.
 struct Hostile {
-  Recorder r;
+  ClientRecorder r;
   ClientSession client{SessionLimits{}, r};
   hpack::Encoder encoder;
   Hostile() {
@@ -147,7 +147,7 @@ TEST(H2Client, TalksToTheServerSessionWithBodiesBothWaysAtEverySplit) {
                                    {std::size_t{1}, true},
                                    {std::size_t{5}, true}}) {
     SCOPED_TRACE(testing::Message() << piece << (on_receipt ? " on receipt" : ""));
-    Recorder r;
+    ClientRecorder r;
     SessionLimits small;
     small.stream_window = 65535;
     small.connection_window = 65535;  // every window refills many times
@@ -297,7 +297,7 @@ TEST(H2Client, AWindowNeverOpenedSendsNothingAndTheLimitOfStreamsIsHonoured) {
 TEST(H2Client, ACallerThatReadsNothingHoldsItsStreamsWindowNotTheConnections) {
   for (bool on_receipt : {true, false}) {
     SCOPED_TRACE(on_receipt);
-    Recorder r;
+    ClientRecorder r;
     r.reads = false;
     SessionLimits limits;
     limits.stream_window = 40000;
@@ -383,7 +383,7 @@ TEST(H2Client, PushAndServerStreamsAreConnectionErrors) {
 TEST(H2Client, AnHpackBombFromTheUpstreamResetsItsStreamWithoutCallingItRefused) {
   SessionLimits limits;
   limits.max_header_list_size = 16 * 1024;
-  Recorder r;
+  ClientRecorder r;
   ClientSession client(limits, r);
   r.session = &client;
   std::string settings;
@@ -413,7 +413,7 @@ TEST(H2Client, AnHpackBombFromTheUpstreamResetsItsStreamWithoutCallingItRefused)
 // a value that is no valid field value in that form resets its stream, and the client's table
 // keeps nothing.
 TEST(H2Client, StatesItsTableSizeAndReadsNginxsFieldsIndexedIntoNothing) {
-  Recorder r;
+  ClientRecorder r;
   ClientSession client(SessionLimits{}, r);
   r.session = &client;
   std::string out = client.take_output();

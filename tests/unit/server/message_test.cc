@@ -5,26 +5,12 @@
 #include <cstring>
 #include <string>
 
+#include "spindle/http_testing.h"
+
 using namespace spindle::http;
+using spindle::testing::PiecewiseSource;
 
 namespace {
-
-// A body source that hands out `data` in pieces of at most `piece` bytes, then ends.
-class PiecewiseSource final : public BodySource {
- public:
-  PiecewiseSource(std::string data, std::size_t piece) : data_(std::move(data)), piece_(piece) {}
-  std::size_t read(std::span<char> buffer) override {
-    std::size_t n = std::min({buffer.size(), piece_, data_.size() - at_});
-    std::memcpy(buffer.data(), data_.data() + at_, n);
-    at_ += n;
-    return n;
-  }
-
- private:
-  std::string data_;
-  std::size_t piece_;
-  std::size_t at_ = 0;
-};
 
 RequestHead head_announcing(std::optional<std::uint64_t> length) {
   RequestHead head;

@@ -7,8 +7,10 @@
 #include <vector>
 
 #include "spindle/h1/parser.h"
+#include "spindle/http_testing.h"
 
 using namespace spindle::http;
+using spindle::testing::PiecewiseSource;
 
 namespace {
 
@@ -157,27 +159,6 @@ TEST(Router, HandlerExceptionsPropagateToTheServer) {
     EXPECT_EQ(e.status(), 409);
   }
 }
-
-// A body that arrives in pieces of at most `piece` bytes, then fails if `fail_status` is set.
-class PiecewiseSource final : public BodySource {
- public:
-  PiecewiseSource(std::string data, std::size_t piece, int fail_status = 0)
-      : data_(std::move(data)), piece_(piece), fail_status_(fail_status) {}
-  std::size_t read(std::span<char> buffer) override {
-    ++reads;
-    std::size_t n = std::min({buffer.size(), piece_, data_.size() - at_});
-    if (n == 0 && fail_status_ != 0) throw HttpError(fail_status_, "source failed");
-    std::copy_n(data_.data() + at_, n, buffer.data());
-    at_ += n;
-    return n;
-  }
-  int reads = 0;
-
- private:
-  std::string data_;
-  std::size_t piece_, at_ = 0;
-  int fail_status_;
-};
 
 TEST(Request, ReadsTheBodyInPiecesOrWholeOnDemand) {
   Head h("POST", "/up", "Transfer-Encoding: chunked\r\n");
