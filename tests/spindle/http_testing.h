@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "spindle/net/tcp_stream.h"
 #include "spindle/server/server.h"
