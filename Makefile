@@ -66,9 +66,10 @@ format-check: deps-test
 soak: deps-bench
 	@scripts/build.sh release
 	@/usr/bin/python3 bench/soak_proxy.py --seconds 180 --out bench/results/soak.json \
-	  --chart docs/benchmarks-soak.png
+	  --chart docs/benchmarks-soak.png --markdown docs/benchmarks.md
 	@/usr/bin/python3 bench/soak_proxy.py --protocol h2 --streams 2 --seconds 180 \
-	  --out bench/results/soak-h2.json --chart docs/benchmarks-soak-h2.png
+	  --out bench/results/soak-h2.json --chart docs/benchmarks-soak-h2.png \
+	  --markdown docs/benchmarks.md
 
 fuzz: deps-test
 	@scripts/fuzz.sh

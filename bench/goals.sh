@@ -2,10 +2,12 @@
 # make goals: issue 24's goals measured with enough rounds for a verdict, and charted. Each
 # comparison takes turns with its peers round by round (one worker each); the verdict needs the
 # interval of the paired ratios' median, and ten rounds gave intervals wide enough to read a
-# lucky median as a met goal (docs/benchmarks.md, "Issue 24's goals with thirty rounds").
+# lucky median as a met goal (docs/performance.md, "How to measure").
 #   bench/goals.sh [ROUNDS]   (default 30; the c500 proxy set-ups a third of them; ~45 min)
-# Writes bench/results/goals-{tls,proxy-c100,proxy-c500,proxy,http}-COMMIT.json and the chart
-# docs/benchmarks-goals-COMMIT.png. Loopback only; every process it starts it stops, by PID.
+# Writes bench/results/goals-{tls,proxy-c100,proxy-c500,proxy,http}-COMMIT.json, and replaces
+# the chart docs/benchmarks-goals.png and the `make goals` section of docs/benchmarks.md (the
+# commit is in the section, not in the chart's name). Loopback only; every process it starts
+# it stops, by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-30}
@@ -44,5 +46,6 @@ c100["rounds"] = f"{c100['rounds']} (c100), {c500['rounds']} (c500)"
 json.dump(c100, open(sys.argv[3], "w"), indent=1)
 PY
 "$py" bench/goals_chart.py --tls "$out/goals-tls-$commit.json" --proxy "$out/goals-proxy-$commit.json" \
-  --http "$out/goals-http-$commit.json" --out "docs/benchmarks-goals-$commit.png" \
-  --title "issue 24's goals at $commit, $rounds rounds (c500: $c500_rounds)"
+  --http "$out/goals-http-$commit.json" --out docs/benchmarks-goals.png \
+  --title "issue 24's goals at $commit, $rounds rounds (c500: $c500_rounds)" \
+  --markdown docs/benchmarks.md --command "bench/goals.sh $rounds"

@@ -6,7 +6,7 @@ CPU a request (solid) and its user-space part (dashed) against the requests in f
 
   bench/proxy_compare.py --gateways spindle,haproxy,h2o --setups "h2tls->h1,h2tls->h2" \
       --connections 10,30,100,500 --rounds 3 --seconds 4 --out inflight.json
-  bench/inflight_chart.py --results inflight.json --out docs/benchmarks-inflight.png
+  bench/inflight_chart.py --results inflight.json --out bench/results/inflight.png
 
 Prints the same figures as a table, with spindle's ratio to each peer at each point.
 """

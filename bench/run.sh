@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make bench: the runtime's micro-benchmarks next to ucontext/pthreads, echo throughput of
 # spindle against a plain C epoll echo server, and HTTP/1.1 against nginx, h2o and a C ceiling,
-# each measured in the same run as its peers. Writes docs/benchmarks.md and its charts.
+# each measured in the same run as its peers. Replaces the `make bench` section of
+# docs/benchmarks.md and its charts (the page's other sections are `make goals`' and `make soak`'s).
 # Loopback only; every process it starts it stops, by PID.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,13 +49,14 @@ echo "[bench 9/11] databases: the TechEmpower test types, spindle (native and ho
 
 echo "[bench 10/11] the gateway under hard loads: slow upstream, 1 MB each way, a connection a request, slow readers (vs nginx, haproxy, h2o)"
 "$py" bench/hard_loads.py --bin "$bin" --out "$out/hard_loads.json" --rounds "$rounds" \
-  --bars "$out/hard_loads.png" ${HTTP_SECONDS:+--seconds "$HTTP_SECONDS"}
+  --bars docs/benchmarks-hard-loads.png ${HTTP_SECONDS:+--seconds "$HTTP_SECONDS"}
 
-echo "[bench 11/11] writing docs/benchmarks.md and its charts"
+echo "[bench 11/11] writing docs/benchmarks.md's make bench section and its charts"
 "$py" bench/report.py --micro "$out/micro.json" --echo "$out/echo.json" --http "$out/http.json" \
   --idle-rss "$out/idle_rss.json" --tls "$out/tls.json" --tls-chart docs/benchmarks-tls.png \
   --instructions "$out/instructions.json" --proxy "$out/proxy.json" \
   --proxy-chart docs/benchmarks-proxy.png \
   --websocket "$out/websocket.json" --websocket-chart docs/benchmarks-websocket.png \
   --db "$out/db.json" --db-chart docs/benchmarks-db.png \
+  --hard-loads "$out/hard_loads.json" --hard-loads-chart docs/benchmarks-hard-loads.png \
   --markdown docs/benchmarks.md --chart docs/benchmarks.png --http-chart docs/benchmarks-http.png

@@ -9,14 +9,17 @@ when the client (wrk or h2load) saw no socket error and no non-2xx answer, RSS a
 warm-up (the first quarter) stayed within --rss-growth of the highest it reached during the
 warm-up (under full load RSS moves by ±5% from one second to the next: one sample is no
 level to measure a leak from), and the descriptors
-came back to their idle count once the client was done. Writes the samples to --out (JSON)
-for docs/benchmarks.md's chart. Loopback only; stops what it started, by PID.
+came back to their idle count once the client was done. Writes the samples to --out (JSON),
+draws them (--chart), and with --markdown replaces the page's `make soak` section for the
+protocol (bench/doc_sections.py). Loopback only; stops what it started, by PID.
 """
 import argparse
+import datetime
 import json
 import os
 import re
 import resource
+import shlex
 import shutil
 import signal
 import socket
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from doc_sections import chart_link, write_section  # noqa: E402
 from ports import free_port  # noqa: E402,F401
 from results_file import write_results  # noqa: E402
 
@@ -89,6 +93,38 @@ def chart(result, path):
     fig.savefig(path, dpi=90)
 
 
+def section(result, chart, markdown, command):
+    """The page's `make soak` section for `result`'s protocol: when and how, the figures the
+    verdict rests on, and the chart."""
+    h2 = result.get("protocol") == "h2"
+    way = ("HTTP/2 over TLS both ways (h2load, "
+           f"{result['streams']} requests in flight a connection)" if h2 else "HTTP/1.1 (wrk)")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=ROOT).stdout.strip()
+    mib = 1024
+    loaded = max((s["fds"] for s in result["samples"]), default=0)
+    md = [f"## Soak through the proxy: {way}\n",
+          f"- Run: {datetime.date.today().isoformat()}, commit `{commit}`; command: `{command}`",
+          f"- {result['connections']:,} client connections for {result['seconds']} s to spindle "
+          "(2 workers) through a route with a typical chain (a header edit each way, a local "
+          "rate limit far above the load, the access log to a file) to nginx (one worker); the "
+          "client, spindle and nginx share the machine. Passes with no error, no non-2xx answer, "
+          "RSS after the warm-up (the first quarter) within 10% of the warm-up's highest, and "
+          "the descriptors back once the clients are gone.\n",
+          "| requests | errors | non-2xx | RSS, warm-up's highest | peak after | a connection "
+          "at the peak | descriptors idle / loaded / after |",
+          "|---:|---:|---:|---:|---:|---:|---|",
+          f"| {result['requests']:,} ({result['requests'] / result['seconds']:,.0f}/s) | "
+          f"{result['socket_errors']} | {result['non2xx']} | "
+          f"{result['rss_warmup_peak_kib'] / mib:,.0f} MiB | "
+          f"{result['rss_peak_kib'] / mib:,.0f} MiB ({result['rss_growth']:+.1%}) | "
+          f"{result['rss_peak_kib'] / result['connections']:,.0f} KiB | "
+          f"{result['idle_fds']:,} / {loaded:,} / {result['fds_after']:,} |\n"]
+    if chart:
+        md.append(chart_link("RSS and descriptors over the soak", chart, markdown) + "\n")
+    return md
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--build", default=os.path.join(ROOT, "build", "release"))
@@ -103,6 +139,8 @@ def main():
                     help="h1: HTTP/1.1 both ways (wrk); h2: HTTP/2 over TLS both ways (h2load)")
     ap.add_argument("--streams", type=int, default=1,
                     help="with --protocol h2: requests in flight on each client connection")
+    ap.add_argument("--markdown", help="the page whose `make soak` section for this protocol "
+                                       "to write (replaced)")
     args = ap.parse_args()
     h2 = args.protocol == "h2"
     client = "h2load" if h2 else "wrk"
@@ -242,6 +280,11 @@ upstreams:
             write_results(args.out, result, indent=1)
         if args.chart:
             chart(result, args.chart)
+        if args.markdown:
+            name = "make soak, HTTP/2" if h2 else "make soak, HTTP/1.1"
+            command = shlex.join(["bench/soak_proxy.py"] + sys.argv[1:])
+            write_section(args.markdown, name, "bench/soak_proxy.py",
+                          section(result, args.chart, args.markdown, command))
         print(f"soak: {done} requests, {errors} socket errors, {non2xx} non-2xx; RSS "
               f"{base / 1024:.1f} MiB at most in the warm-up, peak {peak / 1024:.1f} MiB after "
               f"({growth:+.1%}); descriptors {idle_fds} idle, {settled} after", flush=True)
