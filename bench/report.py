@@ -359,7 +359,8 @@ PROXY_GOALS = {  # set-up at N connections: (goal, peer), from the gateway issue
     "h2tls->h1 c100": (0.6, "nginx"), "h2tls->h1 c500": (0.6, "nginx"),
     # HTTP/2 on spindle's own protocol code (issue 24). At 100 connections the bound is at most
     # haproxy's cost (it was 0.8x): decided with the fibers kept for the proxy's wait
-    # (docs/design.md, "Decided since"; docs/performance.md, "A thousand requests in flight").
+    # (docs/design.md, "Decided since"; docs/performance.md, "Where a thousand requests in
+    # flight cost").
     "h2tls->h1 c100 ": (1.0, "haproxy"), "h2tls->h1 c500 ": (0.8, "haproxy"),
     "h2tls->h1 c100  ": (0.9, "h2o"), "h2tls->h1 c500  ": (0.9, "h2o"),
     "h2tls->h2 c100": (1.0, "haproxy"), "h2tls->h2 c500": (0.8, "haproxy"),

@@ -34,7 +34,8 @@ def page_with(section_lines, tmp_path):
 def test_a_section_is_replaced_where_it_stands_and_the_rest_of_the_page_kept(tmp_path):
     path = page_with(["## make bench", "", "old figures"], tmp_path)
     before = path.read_text()
-    head, tail = before.split("<!-- make bench: begin")[0], before.split("<!-- make bench: end -->")[1]
+    head = before.split("<!-- make bench: begin")[0]
+    tail = before.split("<!-- make bench: end -->")[1]
     for figures in ("new figures", "newer figures, a longer line than the others"):
         write_section(str(path), "make bench", "bench/report.py", ["## make bench", "", figures])
         after = path.read_text()
@@ -74,9 +75,10 @@ def test_a_page_whose_markers_cannot_be_trusted_is_not_rewritten(tmp_path, broke
 
 def micro_and_echo(tmp_path):
     names = ["Switch", "SpawnJoin", "ChannelPingPong", "MutexUncontended", "TimerInsertCancel"]
+    peer = {n: "ucontext" if n == "Switch" else "pthread" for n in names}
     benchmarks = [{"run_name": f"BM_{n}_{side}", "aggregate_name": "median", "time_unit": "ns",
                    "real_time": 10.0 if side == "spindle" else 200.0}
-                  for n in names for side in ("spindle", "ucontext" if n == "Switch" else "pthread")]
+                  for n in names for side in ("spindle", peer[n])]
     micro = tmp_path / "micro.json"
     micro.write_text(json.dumps({"context": {"num_cpus": 2, "mhz_per_cpu": 2445},
                                  "benchmarks": benchmarks}))
@@ -110,7 +112,8 @@ def test_make_bench_replaces_its_section_and_keeps_the_goals_and_the_intro(tmp_p
         assert text.startswith(INTRO) and text.count(OTHER) == 1
         assert text.count("<!-- make bench: begin") == 1
         assert text.count("### Runtime micro-benchmarks") == 1  # one level under `make bench`
-        assert "| fiber switch (yield ping-pong) | 10.0 ns | swapcontext | 200.0 ns | 20.0x |" in text
+        switch = "| fiber switch (yield ping-pong) | 10.0 ns | swapcontext | 200.0 ns | 20.0x |"
+        assert switch in text
         assert "![benchmarks](benchmarks.png)" in text
         # spindle's CPU over each peer's: 632 / 2,318 µs a request
         assert "| 1 MB upload | nginx | 426 | 2318.0 | 0.27x | 14 | 0 |" in text
@@ -159,6 +162,7 @@ def test_make_soak_section_says_what_the_verdict_rests_on():
     lines = soak_proxy.section(result, "docs/benchmarks-soak.png", "docs/benchmarks.md",
                                "bench/soak_proxy.py --seconds 180")
     text = "\n".join(lines)
-    assert "| 3,867,641 (21,487/s) | 0 | 0 | 474 MiB | 506 MiB (+6.8%) | 52 KiB | 11 / 12,060 / 1,535 |" in text
+    assert ("| 3,867,641 (21,487/s) | 0 | 0 | 474 MiB | 506 MiB (+6.8%) | 52 KiB | "
+            "11 / 12,060 / 1,535 |") in text
     assert "![RSS and descriptors over the soak](benchmarks-soak.png)" in text
     assert "`bench/soak_proxy.py --seconds 180`" in text
