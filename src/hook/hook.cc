@@ -1,200 +1,246 @@
-// The interposed libc functions (include/spindle/hook/hook.h). Each finds libc's own by
-// dlsym(RTLD_NEXT) once, and goes to it unless the call is one the hooks make cooperative: a
-// blocking call on a socket its user has not made non-blocking, made on a spindle fiber (or on a
-// thread, for a socket the hooks already made non-blocking underneath).
+// The interposed libc functions that make, copy, close and configure descriptors
+// (include/spindle/hook/hook.h). Each is libc's call, then a note in the descriptor table
+// (fd_table.h); connect and accept also wait cooperatively on a fiber. The reads and writes
+// are in io.cc, poll/select, the sleeps and getaddrinfo in multiplex.cc.
 #include "spindle/hook/hook.h"
 
-#include <dlfcn.h>
 #include <fcntl.h>
-#include <netdb.h>
+#include <linux/close_range.h>
 #include <poll.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <sys/ioctl.h>
-#include <sys/select.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <vector>
 
+#include "cooperative.h"
 #include "fd_table.h"
-#include "spindle/fiber/this_fiber.h"
-#include "spindle/sync/blocking_pool.h"
+#include "real.h"
 #include "wait.h"
 
 using spindle::Deadline;
 using spindle::IoDirection;
-using spindle::hook::detail::FdState;
 using spindle::hook::detail::FdTable;
-using spindle::hook::detail::on_fiber;
 using spindle::hook::detail::WaitEnd;
+using spindle::hook::detail::Waiting;
+namespace detail = spindle::hook::detail;
 
 // What the hook library's CMake target makes the linker pull in: this object, and with it every
-// definition below (a static library's objects are linked only when something needs them).
+// definition here and in the other objects it needs (a static library's objects are linked
+// only when something needs them).
 extern "C" const int spindle_hook_linked = 1;
 
 bool spindle::hook::linked() { return spindle_hook_linked == 1; }
 
 namespace {
 
-// libc's definition of `name`, of the type of ours.
-#define REAL(name) \
-  static const auto real_##name = reinterpret_cast<decltype(&::name)>(::dlsym(RTLD_NEXT, #name))
-
-// The descriptor's state if a call on it may wait cooperatively: a socket whose user has not
-// made it non-blocking, called on a fiber (which then makes it non-blocking underneath), or on a
-// thread once the hooks did so. nullptr: the call is libc's as it is.
-FdState* cooperative(int fd) {
-  FdState* s = FdTable::instance().get(fd);
-  if (s == nullptr || !s->socket || s->file->user_nonblock) return nullptr;
-  if (!s->file->made_nonblock) {
-    if (!on_fiber()) return nullptr;
-    REAL(fcntl);
-    int flags = real_fcntl(fd, F_GETFL);
-    if (flags < 0 || real_fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return nullptr;
-    s->file->made_nonblock = true;
+// An errno for how a wait ended without the call being done (kReady is not one).
+int error_of(WaitEnd end, int timed_out) {
+  switch (end) {
+    case WaitEnd::kTimedOut:
+      return timed_out;
+    case WaitEnd::kClosed:
+      return EBADF;
+    case WaitEnd::kInterrupted:
+      return EINTR;
+    case WaitEnd::kReady:
+      break;
   }
-  return s;
+  return 0;
 }
 
-Deadline deadline_of(std::chrono::microseconds timeout) {
-  return timeout.count() > 0 ? Deadline::after(timeout) : Deadline::never();
+// The facts of an accepted socket: its listener's kind, and `flags`' SOCK_NONBLOCK.
+std::uint32_t accepted_facts(int listener, int flags) {
+  FdTable& table = FdTable::instance();
+  detail::FdState* s = table.entry(listener);
+  std::uint32_t facts = s == nullptr ? 0 : table.facts(listener, *s);
+  if ((facts & detail::kSocket) == 0) return 0;  // learned when needed
+  facts &= detail::kKnown | detail::kSocket | detail::kStream | detail::kSeqPacket | detail::kLocal;
+  facts |= detail::kMade;
+  if ((flags & SOCK_NONBLOCK) != 0) facts |= detail::kNonBlocking;
+  return facts;
 }
 
-// Runs `call` until it does not say EAGAIN, waiting for `direction` in between, as a blocking
-// call would (SO_RCVTIMEO / SO_SNDTIMEO give EAGAIN when they pass, as Linux does).
-template <typename Call>
-auto cooperative_io(int fd, IoDirection direction, Call call) -> decltype(call()) {
-  FdState* s = cooperative(fd);
-  if (s == nullptr) return call();
-  Deadline deadline = deadline_of(direction == IoDirection::kRead ? s->file->receive_timeout
-                                                                  : s->file->send_timeout);
-  for (;;) {
-    auto n = call();
-    if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) return n;
-    switch (wait_fd(fd, *s, direction, deadline)) {
-      case WaitEnd::kReady:
-        continue;
-      case WaitEnd::kTimedOut:
-        errno = EAGAIN;
-        return -1;
-      case WaitEnd::kClosed:
-        errno = EBADF;
-        return -1;
-      case WaitEnd::kInterrupted:
-        errno = EINTR;
-        return -1;
+// A blocking connect on a fiber, for a socket its program made through the hooks: the socket
+// is made non-blocking for the connect(2) call alone (the one moment the hooks change a
+// descriptor's flags; nothing else uses a socket while it connects), then the fiber waits.
+template <typename Connect>
+int connect_on_fiber(const detail::Use& use, int fd, Connect connect) {
+  SPINDLE_REAL(fcntl);
+  int flags = real_fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_NONBLOCK) != 0) return connect();
+  if (real_fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return connect();
+  int rc = connect();
+  int error = errno;
+  (void)real_fcntl(fd, F_SETFL, flags);
+  if (rc == 0 || (error != EINPROGRESS && error != EAGAIN)) {
+    errno = error;
+    return rc;
+  }
+  Waiting waiting(fd, *use.state, use.generation, use.facts, Waiting::Timeout::kSend);
+  while (error == EAGAIN) {
+    // A Unix socket whose listener's backlog is full: no readiness says when it has room.
+    if (WaitEnd end = waiting.pause(); end != WaitEnd::kReady) {
+      errno = error_of(end, EAGAIN);  // Linux's answer when SO_SNDTIMEO passes
+      return -1;
     }
+    if (real_fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return connect();
+    rc = connect();
+    error = errno;
+    (void)real_fcntl(fd, F_SETFL, flags);
+    if (rc == 0) return 0;
   }
-}
-
-// The helper threads that resolve names for fibers (getaddrinfo blocks in glibc).
-spindle::BlockingPool& resolver_threads() {
-  static auto* pool = new spindle::BlockingPool(4);  // never destroyed: see fd_table.h
-  return *pool;
+  if (error != EINPROGRESS) {
+    errno = error;
+    return -1;
+  }
+  for (;;) {
+    WaitEnd end = waiting.wait(IoDirection::kWrite);
+    if (end != WaitEnd::kReady) {
+      errno = error_of(end, EINPROGRESS);  // Linux's answer when SO_SNDTIMEO passes
+      return -1;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    if (detail::real_poll(&p, 1, 0) == 0) continue;
+    int result = 0;
+    socklen_t size = sizeof result;
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &result, &size) != 0) return -1;
+    if (result == 0) return 0;
+    errno = result;
+    return -1;
+  }
 }
 
 }  // namespace
 
 extern "C" {
 
-// ---- descriptors made and closed -----------------------------------------------------------
+// ---- descriptors made -----------------------------------------------------------------------
 
 int socket(int domain, int type, int protocol) {
-  REAL(socket);
+  SPINDLE_REAL(socket);
   int fd = real_socket(domain, type, protocol);
-  if (fd >= 0) FdTable::instance().made(fd, true, (type & SOCK_NONBLOCK) != 0);
+  if (fd >= 0) FdTable::instance().made(fd, detail::socket_facts(domain, type) | detail::kMade);
   return fd;
 }
 
+int socketpair(int domain, int type, int protocol, int fds[2]) {
+  SPINDLE_REAL(socketpair);
+  int rc = real_socketpair(domain, type, protocol, fds);
+  if (rc == 0) {
+    for (int i : {0, 1}) {
+      FdTable::instance().made(fds[i], detail::socket_facts(domain, type) | detail::kMade);
+    }
+  }
+  return rc;
+}
+
 int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
-  REAL(accept4);
-  int got = cooperative_io(fd, IoDirection::kRead,
-                           [&] { return real_accept4(fd, address, length, flags); });
-  if (got >= 0) FdTable::instance().made(got, true, (flags & SOCK_NONBLOCK) != 0);
+  SPINDLE_REAL(accept4);
+  auto use = detail::cooperative(fd, 0);
+  int got;
+  if (!use) {
+    got = real_accept4(fd, address, length, flags);
+  } else {
+    // Waits until a connection is there, then takes it (a blocking accept: if another thread
+    // or process took it first, this one waits in the kernel, as libc's does).
+    Waiting waiting(fd, *use->state, use->generation, use->facts, Waiting::Timeout::kReceive);
+    for (;;) {
+      pollfd p{fd, POLLIN, 0};
+      if (detail::real_poll(&p, 1, 0) != 0 || !waiting.user_blocks()) break;
+      WaitEnd end = waiting.wait(IoDirection::kRead);
+      if (end != WaitEnd::kReady) {
+        errno = error_of(end, EAGAIN);
+        return -1;
+      }
+    }
+    got = real_accept4(fd, address, length, flags);
+  }
+  if (got >= 0) FdTable::instance().made(got, accepted_facts(fd, flags));
   return got;
 }
 
 int accept(int fd, sockaddr* address, socklen_t* length) { return accept4(fd, address, length, 0); }
 
 int connect(int fd, const sockaddr* address, socklen_t length) {
-  REAL(connect);
-  FdState* s = cooperative(fd);
-  if (s == nullptr) return real_connect(fd, address, length);
-  if (real_connect(fd, address, length) == 0) return 0;
-  if (errno != EINPROGRESS) return -1;
-  switch (wait_fd(fd, *s, IoDirection::kWrite, deadline_of(s->file->send_timeout))) {
-    case WaitEnd::kReady:
-      break;
-    case WaitEnd::kTimedOut:
-      errno = ETIMEDOUT;
-      return -1;
-    case WaitEnd::kClosed:
-      errno = EBADF;
-      return -1;
-    case WaitEnd::kInterrupted:
-      errno = EINTR;
-      return -1;
-  }
-  int error = 0;
-  socklen_t size = sizeof error;
-  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0) return -1;
-  if (error != 0) {
-    errno = error;
-    return -1;
-  }
-  return 0;
-}
-
-int close(int fd) {
-  FdTable::instance().forget(fd);
-  return spindle::hook::detail::Real::get().close(fd);
+  SPINDLE_REAL(connect);
+  auto call = [&] { return real_connect(fd, address, length); };
+  auto use = detail::cooperative(fd, 0);
+  if (!use || (use->facts & detail::kMade) == 0) return call();
+  return connect_on_fiber(*use, fd, call);
 }
 
 int dup(int fd) {
-  REAL(dup);
+  SPINDLE_REAL(dup);
   int copy = real_dup(fd);
   if (copy >= 0) FdTable::instance().copied(fd, copy);
   return copy;
 }
 
-int dup3(int fd, int target, int flags) {
-  REAL(dup3);
-  if (fd != target) FdTable::instance().forget(target);  // dup3 closes it first
-  int copy = real_dup3(fd, target, flags);
-  if (copy >= 0) FdTable::instance().copied(fd, copy);
-  return copy;
-}
-
 int dup2(int fd, int target) {
-  REAL(dup2);
-  if (fd != target) FdTable::instance().forget(target);
+  SPINDLE_REAL(dup2);
   int copy = real_dup2(fd, target);
   if (copy >= 0 && fd != target) FdTable::instance().copied(fd, copy);
   return copy;
 }
 
-// ---- flags and options -----------------------------------------------------------------------
+int dup3(int fd, int target, int flags) {
+  SPINDLE_REAL(dup3);
+  int copy = real_dup3(fd, target, flags);
+  if (copy >= 0) FdTable::instance().copied(fd, copy);
+  return copy;
+}
+
+// ---- descriptors closed ---------------------------------------------------------------------
+
+int close(int fd) {
+  SPINDLE_REAL(close);
+  FdTable::instance().forget(fd);
+  return real_close(fd);
+}
+
+int close_range(unsigned int first, unsigned int last, int flags) {
+  SPINDLE_REAL(close_range);
+  if ((flags & CLOSE_RANGE_CLOEXEC) == 0) FdTable::instance().forget_range(first, last);
+  return real_close_range(first, last, flags);
+}
+
+void closefrom(int lowest) {
+  SPINDLE_REAL(closefrom);
+  FdTable::instance().forget_range(static_cast<unsigned>(std::max(lowest, 0)), ~0u);
+  real_closefrom(lowest);
+}
+
+// A stream's close closes its descriptor inside libc, where no hook sees it.
+int fclose(FILE* stream) {
+  SPINDLE_REAL(fclose);
+  if (stream != nullptr) FdTable::instance().forget(::fileno(stream));
+  return real_fclose(stream);
+}
+
+FILE* freopen(const char* path, const char* mode, FILE* stream) {
+  SPINDLE_REAL(freopen);
+  if (stream != nullptr) FdTable::instance().forget(::fileno(stream));
+  FILE* opened = real_freopen(path, mode, stream);
+  if (opened != nullptr) FdTable::instance().made(::fileno(opened), 0);
+  return opened;
+}
+
+// ---- flags and options ----------------------------------------------------------------------
 
 }  // extern "C"
 
 namespace {
 
 int hooked_fcntl(int fd, int command, long argument) {
-  REAL(fcntl);
-  FdState* s = command == F_GETFL || command == F_SETFL ? FdTable::instance().get(fd) : nullptr;
-  if (s == nullptr || !s->socket) return real_fcntl(fd, command, argument);
-  if (command == F_GETFL) {
-    int flags = real_fcntl(fd, F_GETFL);
-    // O_NONBLOCK as the user last set it, not as the hooks keep it underneath.
-    if (flags >= 0 && s->file->made_nonblock && !s->file->user_nonblock) flags &= ~O_NONBLOCK;
-    return flags;
-  }
-  s->file->user_nonblock = (argument & O_NONBLOCK) != 0;
-  if (s->file->made_nonblock) argument |= O_NONBLOCK;
-  return real_fcntl(fd, F_SETFL, argument);
+  SPINDLE_REAL(fcntl);
+  int rc = real_fcntl(fd, command, argument);
+  if (rc < 0) return rc;
+  if (command == F_SETFL) FdTable::instance().set_nonblocking(fd, (argument & O_NONBLOCK) != 0);
+  if (command == F_DUPFD || command == F_DUPFD_CLOEXEC) FdTable::instance().copied(fd, rc);
+  return rc;
 }
 
 }  // namespace
@@ -220,224 +266,28 @@ int fcntl64(int fd, int command, ...) {
 }
 
 int ioctl(int fd, unsigned long request, ...) {
-  REAL(ioctl);
+  SPINDLE_REAL(ioctl);
   va_list args;
   va_start(args, request);
   void* argument = va_arg(args, void*);
   va_end(args);
-  if (request == FIONBIO && argument != nullptr) {
-    if (FdState* s = FdTable::instance().get(fd); s != nullptr && s->socket) {
-      s->file->user_nonblock = *static_cast<int*>(argument) != 0;
-      if (s->file->made_nonblock) {
-        int on = 1;
-        return real_ioctl(fd, FIONBIO, &on);
-      }
-    }
-  }
-  return real_ioctl(fd, request, argument);
-}
-
-int setsockopt(int fd, int level, int name, const void* value, socklen_t length) {
-  REAL(setsockopt);
-  int rc = real_setsockopt(fd, level, name, value, length);
-  if (rc == 0 && level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) &&
-      length >= sizeof(timeval)) {
-    if (FdState* s = FdTable::instance().get(fd)) {
-      const auto* tv = static_cast<const timeval*>(value);
-      auto timeout = std::chrono::seconds(tv->tv_sec) + std::chrono::microseconds(tv->tv_usec);
-      (name == SO_RCVTIMEO ? s->file->receive_timeout : s->file->send_timeout) = timeout;
-    }
+  int rc = real_ioctl(fd, request, argument);
+  if (rc == 0 && request == FIONBIO && argument != nullptr) {
+    FdTable::instance().set_nonblocking(fd, *static_cast<int*>(argument) != 0);
   }
   return rc;
 }
 
-// ---- reads and writes -------------------------------------------------------------------------
-
-ssize_t read(int fd, void* buffer, size_t size) {
-  REAL(read);
-  return cooperative_io(fd, IoDirection::kRead, [&] { return real_read(fd, buffer, size); });
-}
-
-ssize_t readv(int fd, const iovec* parts, int count) {
-  REAL(readv);
-  return cooperative_io(fd, IoDirection::kRead, [&] { return real_readv(fd, parts, count); });
-}
-
-ssize_t recv(int fd, void* buffer, size_t size, int flags) {
-  REAL(recv);
-  return cooperative_io(fd, IoDirection::kRead, [&] { return real_recv(fd, buffer, size, flags); });
-}
-
-ssize_t recvfrom(int fd, void* buffer, size_t size, int flags, sockaddr* from, socklen_t* length) {
-  REAL(recvfrom);
-  return cooperative_io(fd, IoDirection::kRead,
-                        [&] { return real_recvfrom(fd, buffer, size, flags, from, length); });
-}
-
-ssize_t recvmsg(int fd, msghdr* message, int flags) {
-  REAL(recvmsg);
-  return cooperative_io(fd, IoDirection::kRead, [&] { return real_recvmsg(fd, message, flags); });
-}
-
-ssize_t write(int fd, const void* data, size_t size) {
-  REAL(write);
-  return cooperative_io(fd, IoDirection::kWrite, [&] { return real_write(fd, data, size); });
-}
-
-ssize_t writev(int fd, const iovec* parts, int count) {
-  REAL(writev);
-  return cooperative_io(fd, IoDirection::kWrite, [&] { return real_writev(fd, parts, count); });
-}
-
-ssize_t send(int fd, const void* data, size_t size, int flags) {
-  REAL(send);
-  return cooperative_io(fd, IoDirection::kWrite, [&] { return real_send(fd, data, size, flags); });
-}
-
-ssize_t sendto(int fd, const void* data, size_t size, int flags, const sockaddr* to,
-               socklen_t length) {
-  REAL(sendto);
-  return cooperative_io(fd, IoDirection::kWrite,
-                        [&] { return real_sendto(fd, data, size, flags, to, length); });
-}
-
-ssize_t sendmsg(int fd, const msghdr* message, int flags) {
-  REAL(sendmsg);
-  return cooperative_io(fd, IoDirection::kWrite, [&] { return real_sendmsg(fd, message, flags); });
-}
-
-// The fortified forms (_FORTIFY_SOURCE) that libraries built with it call instead.
-ssize_t __read_chk(int fd, void* buffer, size_t size, size_t room) {
-  if (size > room) ::abort();
-  return read(fd, buffer, size);
-}
-
-ssize_t __recv_chk(int fd, void* buffer, size_t size, size_t room, int flags) {
-  if (size > room) ::abort();
-  return recv(fd, buffer, size, flags);
-}
-
-ssize_t __recvfrom_chk(int fd, void* buffer, size_t size, size_t room, int flags, sockaddr* from,
-                       socklen_t* length) {
-  if (size > room) ::abort();
-  return recvfrom(fd, buffer, size, flags, from, length);
-}
-
-// ---- waiting for several --------------------------------------------------------------------
-
-int poll(pollfd* fds, nfds_t count, int timeout_ms) {
-  if (!on_fiber() || timeout_ms == 0)
-    return spindle::hook::detail::Real::get().poll(fds, count, timeout_ms);
-  return spindle::hook::detail::poll_on_fiber(fds, count,
-                                              spindle::hook::detail::deadline_in(timeout_ms));
-}
-
-int ppoll(pollfd* fds, nfds_t count, const timespec* timeout, const sigset_t* mask) {
-  REAL(ppoll);
-  // The signal mask is a thread's: a fiber shares its worker's, so it is not changed here.
-  if (!on_fiber() || mask != nullptr) return real_ppoll(fds, count, timeout, mask);
-  Deadline deadline = timeout == nullptr
-                          ? Deadline::never()
-                          : Deadline::after(std::chrono::seconds(timeout->tv_sec) +
-                                            std::chrono::nanoseconds(timeout->tv_nsec));
-  return spindle::hook::detail::poll_on_fiber(fds, count, deadline);
-}
-
-int select(int count, fd_set* readable, fd_set* writable, fd_set* failed, timeval* timeout) {
-  REAL(select);
-  if (!on_fiber()) return real_select(count, readable, writable, failed, timeout);
-  std::vector<pollfd> fds;
-  for (int fd = 0; fd < count; ++fd) {
-    short events = 0;
-    if (readable != nullptr && FD_ISSET(fd, readable)) events |= POLLIN;
-    if (writable != nullptr && FD_ISSET(fd, writable)) events |= POLLOUT;
-    if (failed != nullptr && FD_ISSET(fd, failed)) events |= POLLPRI;
-    if (events != 0) fds.push_back({fd, events, 0});
+int setsockopt(int fd, int level, int name, const void* value, socklen_t length) {
+  SPINDLE_REAL(setsockopt);
+  int rc = real_setsockopt(fd, level, name, value, length);
+  if (rc == 0 && level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) &&
+      length >= sizeof(timeval)) {
+    const auto* t = static_cast<const timeval*>(value);
+    FdTable::instance().set_timeout(fd, name == SO_RCVTIMEO,
+                                    std::int64_t{t->tv_sec} * 1'000'000 + t->tv_usec);
   }
-  Deadline deadline = timeout == nullptr
-                          ? Deadline::never()
-                          : Deadline::after(std::chrono::seconds(timeout->tv_sec) +
-                                            std::chrono::microseconds(timeout->tv_usec));
-  int n = spindle::hook::detail::poll_on_fiber(fds.data(), fds.size(), deadline);
-  if (n < 0) return n;
-  for (fd_set* set : {readable, writable, failed}) {
-    if (set != nullptr) FD_ZERO(set);
-  }
-  int ready = 0;
-  for (const pollfd& p : fds) {
-    if (p.revents & POLLNVAL) {
-      errno = EBADF;
-      return -1;
-    }
-    bool in = readable && (p.revents & (POLLIN | POLLHUP | POLLERR)) && (p.events & POLLIN);
-    bool out = writable && (p.revents & (POLLOUT | POLLERR)) && (p.events & POLLOUT);
-    bool pri = failed && (p.revents & POLLPRI);
-    if (in) FD_SET(p.fd, readable);
-    if (out) FD_SET(p.fd, writable);
-    if (pri) FD_SET(p.fd, failed);
-    ready += in + out + pri;
-  }
-  if (timeout != nullptr && ready == 0) *timeout = timeval{0, 0};  // as Linux: what is left
-  return ready;
-}
-
-// ---- sleeping ---------------------------------------------------------------------------------
-
-int nanosleep(const timespec* duration, timespec* left) {
-  REAL(nanosleep);
-  if (!on_fiber() || duration == nullptr) return real_nanosleep(duration, left);
-  auto wanted =
-      std::chrono::seconds(duration->tv_sec) + std::chrono::nanoseconds(duration->tv_nsec);
-  auto started = spindle::Clock::now();
-  if (spindle::this_fiber::sleep_for(wanted)) {
-    auto gone = spindle::Clock::now() - started;
-    auto rest = std::chrono::duration_cast<std::chrono::nanoseconds>(wanted - gone);
-    if (left != nullptr) {
-      left->tv_sec = static_cast<time_t>(rest.count() / 1'000'000'000);
-      left->tv_nsec = static_cast<long>(rest.count() % 1'000'000'000);
-    }
-    errno = EINTR;
-    return -1;
-  }
-  return 0;
-}
-
-int clock_nanosleep(clockid_t clock, int flags, const timespec* request, timespec* left) {
-  REAL(clock_nanosleep);
-  if (!on_fiber() || request == nullptr) return real_clock_nanosleep(clock, flags, request, left);
-  timespec relative = *request;
-  if ((flags & TIMER_ABSTIME) != 0) {
-    timespec now{};
-    ::clock_gettime(clock, &now);
-    std::int64_t ns =
-        (request->tv_sec - now.tv_sec) * 1'000'000'000ll + (request->tv_nsec - now.tv_nsec);
-    if (ns <= 0) return 0;
-    relative = {static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
-  }
-  if (nanosleep(&relative, (flags & TIMER_ABSTIME) != 0 ? nullptr : left) != 0) return errno;
-  return 0;
-}
-
-int usleep(useconds_t microseconds) {
-  timespec t{static_cast<time_t>(microseconds / 1'000'000),
-             static_cast<long>(microseconds % 1'000'000) * 1000};
-  return nanosleep(&t, nullptr);
-}
-
-unsigned int sleep(unsigned int seconds) {
-  timespec t{static_cast<time_t>(seconds), 0}, left{};
-  if (nanosleep(&t, &left) == 0) return 0;
-  return static_cast<unsigned int>(left.tv_sec + (left.tv_nsec > 0 ? 1 : 0));
-}
-
-// ---- names ------------------------------------------------------------------------------------
-
-int getaddrinfo(const char* node, const char* service, const addrinfo* hints, addrinfo** result) {
-  REAL(getaddrinfo);
-  if (!on_fiber()) return real_getaddrinfo(node, service, hints, result);
-  // glibc's resolver blocks in its own socket calls (which no hook sees): a helper thread
-  // waits for it while the fiber is parked.
-  return resolver_threads().run([&] { return real_getaddrinfo(node, service, hints, result); });
+  return rc;
 }
 
 }  // extern "C"

@@ -1,7 +1,13 @@
 #include "wait.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <vector>
 
@@ -12,128 +18,185 @@
 namespace spindle::hook::detail {
 namespace {
 
-template <typename Fn>
-Fn* next_definition(const char* name) {
-  return reinterpret_cast<Fn*>(::dlsym(RTLD_NEXT, name));
+using std::chrono::milliseconds;
+
+// The longest a parked fiber goes without looking again at its registration, and the longest
+// pause between looks at a descriptor it cannot park on.
+constexpr milliseconds kLongestLook{8000};
+constexpr milliseconds kLongestPause{16};
+
+short events_of(IoDirection direction) {
+  return direction == IoDirection::kRead ? POLLIN : POLLOUT;
 }
 
-bool registered_here(int fd, FdState& state, Worker& worker) {
-  return FdTable::instance().register_with(fd, state, worker);
+Deadline earlier(Deadline deadline, milliseconds from_now) {
+  Deadline other = Deadline::after(from_now);
+  return deadline.when() < other.when() ? deadline : other;
 }
 
-// How long a fiber that cannot park on a descriptor (another worker has it registered) sleeps
-// between two looks at it.
-constexpr auto kLookAgain = std::chrono::milliseconds(1);
-
-int milliseconds_left(Deadline deadline) {
-  if (!deadline.is_finite()) return -1;
-  auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline.when() - Clock::now());
-  return static_cast<int>(std::max<std::int64_t>(left.count(), 0));
+// Parks on `slot` (the registration of `state` on this worker) for `direction`. After the
+// wake the slot is touched only if the entry still names it: one let go meanwhile may be
+// another descriptor's by now, or gone with its block of the reactor's table.
+std::error_code park_on(IoSlot& slot, FdState& state, IoDirection direction, Deadline until) {
+  if (direction == IoDirection::kWrite) {
+    if (auto ec = Worker::current()->reactor().watch_writable(slot)) return ec;
+  }
+  Waiter waiter;
+  Waiter** parked = direction == IoDirection::kRead ? &slot.reader : &slot.writer;
+  *parked = &waiter;
+  auto ec = park(waiter, until, kCancellable);
+  if (state.slot.load(std::memory_order_relaxed) == &slot && *parked == &waiter) {
+    *parked = nullptr;
+  }
+  return ec;
 }
+
+// Why a parked fiber was woken by a cancellation: asked to stop, or its slot let go (the
+// descriptor closed, its registration made again).
+bool asked_to_stop() { return this_fiber::stop_requested(); }
 
 }  // namespace
 
-const Real& Real::get() {
-  static const Real real{next_definition<int(pollfd*, nfds_t, int)>("poll"),
-                         next_definition<int(int)>("close")};
-  return real;
+int real_poll(pollfd* fds, nfds_t count, int timeout_ms) {
+  static const auto poll =
+      reinterpret_cast<int (*)(pollfd*, nfds_t, int)>(::dlsym(RTLD_NEXT, "poll"));
+  return poll(fds, count, timeout_ms);
 }
 
-bool on_fiber() { return current_fiber() != nullptr; }
+bool on_fiber() { return current_fiber() != nullptr && !in_forked_child(); }
 
 Deadline deadline_in(int timeout_ms) {
-  return timeout_ms < 0 ? Deadline::never()
-                        : Deadline::after(std::chrono::milliseconds(timeout_ms));
+  return timeout_ms < 0 ? Deadline::never() : Deadline::after(milliseconds(timeout_ms));
 }
 
-WaitEnd wait_fd(int fd, FdState& state, IoDirection direction, Deadline deadline) {
-  short events = direction == IoDirection::kRead ? POLLIN : POLLOUT;
-  if (!on_fiber()) {
-    pollfd p{fd, events, 0};
-    int n = Real::get().poll(&p, 1, milliseconds_left(deadline));
-    if (n < 0) return errno == EINTR ? WaitEnd::kInterrupted : WaitEnd::kReady;
-    return n == 0 ? WaitEnd::kTimedOut : WaitEnd::kReady;
-  }
-  std::uint32_t generation = state.generation.load(std::memory_order_acquire);
-  Worker& worker = *Worker::current();
-  if (!registered_here(fd, state, worker)) {
-    // Another worker waits on it: look now and then, without parking on its reactor.
-    for (;;) {
-      pollfd p{fd, events, 0};
-      if (Real::get().poll(&p, 1, 0) != 0) return WaitEnd::kReady;
-      if (deadline.expired()) return WaitEnd::kTimedOut;
-      if (this_fiber::sleep_for(kLookAgain)) return WaitEnd::kInterrupted;
-      if (state.generation.load(std::memory_order_acquire) != generation) return WaitEnd::kClosed;
+Deadline Waiting::deadline() {
+  if (deadline_) return *deadline_;
+  bool receive = timeout_ == Timeout::kReceive;
+  std::int64_t us = (receive ? state_.receive_timeout_us : state_.send_timeout_us).load();
+  if ((state_.facts.load(std::memory_order_relaxed) & kShared) != 0) {
+    timeval t{};
+    socklen_t size = sizeof t;
+    if (::getsockopt(fd_, SOL_SOCKET, receive ? SO_RCVTIMEO : SO_SNDTIMEO, &t, &size) == 0) {
+      us = std::int64_t{t.tv_sec} * 1'000'000 + t.tv_usec;
     }
   }
-  std::error_code ec = wait_ready(*state.slot, direction, deadline);
-  if (state.generation.load(std::memory_order_acquire) != generation) return WaitEnd::kClosed;
-  if (!ec) return WaitEnd::kReady;
-  return ec == std::errc::timed_out ? WaitEnd::kTimedOut : WaitEnd::kInterrupted;
+  deadline_ = us > 0 ? Deadline::at(started_ + std::chrono::microseconds(us)) : Deadline::never();
+  return *deadline_;
+}
+
+bool Waiting::user_blocks() {
+  std::uint32_t now = state_.facts.load(std::memory_order_acquire);
+  if (!renewed_ && now == facts_ && (now & kShared) == 0) return true;
+  long flags = ::syscall(SYS_fcntl, fd_, F_GETFL);
+  return flags < 0 || (flags & O_NONBLOCK) == 0;  // (a bad descriptor: the next try says so)
+}
+
+WaitEnd Waiting::wait(IoDirection direction) {
+  Worker& worker = *Worker::current();
+  if (state_.generation.load(std::memory_order_acquire) != generation_) return WaitEnd::kClosed;
+  if (deadline().expired()) return WaitEnd::kTimedOut;
+  Registration r = FdTable::instance().slot_for(fd_, state_, generation_, worker, look_again_);
+  look_again_ = false;
+  if (r.renewed) {
+    renewed_ = true;
+    return WaitEnd::kReady;  // the call tries again, on the descriptor now at the number
+  }
+  if (r.slot == nullptr || (direction == IoDirection::kRead ? r.slot->reader : r.slot->writer)) {
+    return look_now_and_then(direction);
+  }
+  if (state_.generation.load(std::memory_order_acquire) != generation_) return WaitEnd::kClosed;
+  std::error_code ec = park_on(*r.slot, state_, direction, earlier(deadline(), next_look_));
+  if (state_.generation.load(std::memory_order_acquire) != generation_) return WaitEnd::kClosed;
+  if (ec == std::errc::operation_canceled && asked_to_stop()) return WaitEnd::kInterrupted;
+  if (ec == std::errc::timed_out) {
+    if (deadline().expired()) return WaitEnd::kTimedOut;
+    next_look_ = std::min(next_look_ * 2, kLongestLook);
+    look_again_ = true;
+  } else if (ec && ec != std::errc::operation_canceled) {
+    look_again_ = true;  // epoll refused the registration: it is not the descriptor's
+  }
+  return WaitEnd::kReady;
+}
+
+WaitEnd Waiting::look_now_and_then(IoDirection direction) {
+  // Another worker has the descriptor registered (or another fiber waits on it here, or epoll
+  // will not have it): poll it without waiting, then sleep a little.
+  pollfd p{fd_, events_of(direction), 0};
+  if (real_poll(&p, 1, 0) != 0) return WaitEnd::kReady;
+  return pause();
+}
+
+WaitEnd Waiting::pause() {
+  auto left = deadline().is_finite()
+                  ? std::chrono::ceil<milliseconds>(deadline().when() - Clock::now())
+                  : kLongestPause;
+  auto pause = std::clamp(left, milliseconds(0), pause_);
+  pause_ = std::min(pause_ * 2, kLongestPause);
+  if (this_fiber::sleep_for(pause) && asked_to_stop()) return WaitEnd::kInterrupted;
+  if (state_.generation.load(std::memory_order_acquire) != generation_) return WaitEnd::kClosed;
+  if (deadline().expired()) return WaitEnd::kTimedOut;
+  return WaitEnd::kReady;
 }
 
 int poll_on_fiber(pollfd* fds, nfds_t count, Deadline deadline) {
-  const Real& real = Real::get();
   Worker& worker = *Worker::current();
   FdTable& table = FdTable::instance();
-  // The descriptors that can be waited on here; with any other, poll is looked at now and then.
+  std::vector<IoSlot*> slots(count, nullptr);
   std::vector<FdState*> states(count, nullptr);
-  bool parkable = true;
-  for (nfds_t i = 0; i < count; ++i) {
-    if (fds[i].fd < 0) continue;
-    FdState* s = table.get(fds[i].fd);
-    if (s == nullptr || !registered_here(fds[i].fd, *s, worker)) {
-      parkable = false;
-      continue;
-    }
-    states[i] = s;
-  }
+  milliseconds next_look{250}, pause{1};
+  bool look_again = false;
   for (;;) {
-    int n = real.poll(fds, count, 0);
+    int n = real_poll(fds, count, 0);
     if (n != 0) return n;
     if (deadline.expired()) return 0;
-    if (!parkable) {
-      if (this_fiber::sleep_for(kLookAgain)) {
-        errno = EINTR;
-        return -1;
-      }
-      continue;
-    }
-    // One waiter published on every slot wanted: the first readiness claims it.
-    Waiter waiter;
-    bool taken = false;
-    for (nfds_t i = 0; i < count && !taken; ++i) {
-      if (states[i] == nullptr) continue;
-      IoSlot& slot = *states[i]->slot;
-      if ((fds[i].events & POLLOUT) != 0) {
-        if (slot.writer != nullptr || worker.reactor().watch_writable(slot)) taken = true;
-        if (!taken) slot.writer = &waiter;
-      }
-      if ((fds[i].events & (POLLIN | POLLPRI)) != 0 && !taken) {
-        if (slot.reader != nullptr) taken = true;
-        if (!taken) slot.reader = &waiter;
-      }
-    }
-    std::error_code ec;
-    if (taken) {
-      ec = this_fiber::sleep_for(kLookAgain);  // another fiber waits on one of them: look again
-    } else {
-      ec = park(waiter, deadline, kCancellable);
-    }
+    // Where to park: every descriptor's registration on this worker, with no other waiter.
+    bool parkable = true;
     for (nfds_t i = 0; i < count; ++i) {
-      if (states[i] == nullptr || states[i]->slot == nullptr) continue;
-      if (states[i]->slot->reader == &waiter) states[i]->slot->reader = nullptr;
-      if (states[i]->slot->writer == &waiter) states[i]->slot->writer = nullptr;
-    }
-    if (ec == std::errc::operation_canceled) {
-      // Asked to stop, or a descriptor closed under us: poll says which on the next look.
-      bool closed = false;
-      for (nfds_t i = 0; i < count; ++i) closed = closed || (states[i] && !states[i]->slot);
-      if (!closed) {
-        errno = EINTR;
-        return -1;
+      slots[i] = nullptr;
+      if (fds[i].fd < 0) continue;
+      states[i] = table.entry(fds[i].fd);
+      if (states[i] == nullptr) {
+        parkable = false;
+        continue;
       }
-      return real.poll(fds, count, 0);  // POLLNVAL for the closed one
+      auto generation = states[i]->generation.load(std::memory_order_acquire);
+      slots[i] = table.slot_for(fds[i].fd, *states[i], generation, worker, look_again).slot;
+      IoSlot* slot = slots[i];
+      bool reads = (fds[i].events & (POLLIN | POLLPRI)) != 0;
+      bool writes = (fds[i].events & POLLOUT) != 0;
+      if (slot == nullptr || (reads && slot->reader) || (writes && slot->writer)) parkable = false;
+      if (slot != nullptr && writes && worker.reactor().watch_writable(*slot)) parkable = false;
+    }
+    look_again = false;
+    std::error_code ec;
+    if (!parkable) {
+      auto left = std::chrono::ceil<milliseconds>(deadline.when() - Clock::now());
+      ec = this_fiber::sleep_for(deadline.is_finite() ? std::clamp(left, milliseconds(0), pause)
+                                                      : pause);
+      pause = std::min(pause * 2, kLongestPause);
+    } else {
+      // One waiter published on every slot wanted: the first readiness wakes it.
+      Waiter waiter;
+      for (nfds_t i = 0; i < count; ++i) {
+        if (slots[i] == nullptr) continue;
+        if ((fds[i].events & (POLLIN | POLLPRI)) != 0) slots[i]->reader = &waiter;
+        if ((fds[i].events & POLLOUT) != 0) slots[i]->writer = &waiter;
+      }
+      ec = park(waiter, earlier(deadline, next_look), kCancellable);
+      for (nfds_t i = 0; i < count; ++i) {
+        IoSlot* slot = slots[i];
+        if (slot == nullptr || states[i]->slot.load(std::memory_order_relaxed) != slot) continue;
+        if (slot->reader == &waiter) slot->reader = nullptr;
+        if (slot->writer == &waiter) slot->writer = nullptr;
+      }
+      if (ec == std::errc::timed_out && !deadline.expired()) {
+        next_look = std::min(next_look * 2, kLongestLook);
+        look_again = true;
+      }
+    }
+    if (ec == std::errc::operation_canceled && asked_to_stop()) {
+      errno = EINTR;
+      return -1;
     }
   }
 }

@@ -20,45 +20,14 @@
 #include <thread>
 #include <vector>
 
+#include "hook_testing.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;
-
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// A connected pair of blocking stream sockets, closed when it goes.
-struct Pair {
-  int a = -1, b = -1;
-  Pair() {
-    int fds[2];
-    EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
-    a = fds[0];
-    b = fds[1];
-  }
-  ~Pair() {
-    if (a >= 0) ::close(a);
-    if (b >= 0) ::close(b);
-  }
-};
-
-// Runs `fibers` on one worker at once; the wall time until all are done.
-std::chrono::milliseconds on_one_worker(std::vector<std::function<void()>> fibers) {
-  Runtime runtime(RuntimeOptions{.workers = 1});
-  auto started = Clock::now();
-  runtime.block_on([&] {
-    std::vector<JoinHandle<void>> running;
-    for (auto& f : fibers) running.push_back(spawn(std::move(f)));
-    for (auto& r : running) r.join();
-  });
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - started);
-}
-
-}  // namespace
+using namespace spindle::hook_testing;
 
 TEST(Hook, IsLinked) { EXPECT_TRUE(hook::linked()); }
 
