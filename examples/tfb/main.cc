@@ -1,18 +1,26 @@
 // The TechEmpower Framework Benchmarks' test types on spindle, by two roads to PostgreSQL:
 //
 //   tfb --listen 127.0.0.1:8080 --db "host=/run/postgresql dbname=hello_world"
-//       [--threads N] [--connections N] [--road native|hooked]
+//       [--threads N] [--connections N] [--road native|hooked] [--startup-timeout SECONDS]
 //
 // --road native (the default) uses spindle's client (pg/: pipelined, no hooks); --road hooked
 // makes the same calls through plain blocking libpq, made cooperative by hook/. The schema is
-// examples/tfb/schema.sql. Prints {"event":"listening","address":...} once it listens.
+// examples/tfb/schema.sql. At start it reads the World table (for /cached-queries): a database
+// that does not answer within --startup-timeout (30 s) ends it with status 1, and SIGTERM or
+// SIGINT meanwhile ends it at once (status 0). Prints {"event":"listening","address":...} once
+// it listens.
 #include <fmt/format.h>
 #include <libpq-fe.h>
+#include <poll.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <random>
 #include <string>
@@ -378,18 +386,106 @@ class HookedBackend : public Backend {
   std::vector<std::unique_ptr<WorkerPool>> pools_;
 };
 
+// --- start: World read once, within a deadline, stopped by a signal -------------------
+
+// How the start went.
+enum class Started { kReady, kFailed, kStopped };
+
+// Waits on this (plain) thread until `fd` is ready for `events`, `deadline` passes (kFailed,
+// said on stderr) or a signal comes on `signals` (kStopped).
+Started wait_for(int fd, short events, Deadline deadline, int signals) {
+  for (;;) {
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline.when() - Clock::now());
+    if (left.count() <= 0) {
+      fmt::print(stderr, "tfb: the database did not answer in time (--startup-timeout)\n");
+      return Started::kFailed;
+    }
+    pollfd fds[2] = {{fd, events, 0}, {signals, POLLIN, 0}};
+    int n = ::poll(fds, 2, static_cast<int>(left.count()));
+    if (n < 0 && errno != EINTR) {
+      fmt::print(stderr, "tfb: poll: {}\n", std::strerror(errno));
+      return Started::kFailed;
+    }
+    if (n > 0 && (fds[1].revents & POLLIN) != 0) {
+      signalfd_siginfo info{};
+      (void)::read(signals, &info, sizeof info);
+      fmt::print(stderr, "tfb: stopped by signal {} while starting\n", info.ssi_signo);
+      return Started::kStopped;
+    }
+    if (n > 0) return Started::kReady;
+  }
+}
+
+// Reads World with libpq's non-blocking API on this thread (not a fiber: nothing to park), each
+// wait bounded by `deadline` and ended by a signal on `signals`.
+Started read_world(const std::string& conninfo, Deadline deadline, int signals,
+                   std::vector<World>& out) {
+  std::unique_ptr<PGconn, void (*)(PGconn*)> pg(PQconnectStart(conninfo.c_str()), PQfinish);
+  auto failed = [&](std::string_view what) {
+    fmt::print(stderr, "tfb: {}: {}", what, pg ? PQerrorMessage(pg.get()) : "out of memory\n");
+    return Started::kFailed;
+  };
+  if (!pg || PQstatus(pg.get()) == CONNECTION_BAD) return failed("cannot connect");
+  for (auto polling = PGRES_POLLING_WRITING; polling != PGRES_POLLING_OK;) {
+    if (polling == PGRES_POLLING_FAILED) return failed("cannot connect");
+    short events = polling == PGRES_POLLING_READING ? POLLIN : POLLOUT;
+    if (auto s = wait_for(PQsocket(pg.get()), events, deadline, signals); s != Started::kReady) {
+      return s;
+    }
+    polling = PQconnectPoll(pg.get());
+  }
+  if (PQsetnonblocking(pg.get(), 1) != 0 ||
+      !PQsendQuery(pg.get(), "SELECT id, randomnumber FROM world ORDER BY id")) {
+    return failed("cannot read world");
+  }
+  for (int flushed; (flushed = PQflush(pg.get())) != 0;) {
+    if (flushed < 0) return failed("cannot read world");
+    if (auto s = wait_for(PQsocket(pg.get()), POLLOUT, deadline, signals); s != Started::kReady) {
+      return s;
+    }
+  }
+  for (;;) {
+    while (PQisBusy(pg.get())) {
+      if (auto s = wait_for(PQsocket(pg.get()), POLLIN, deadline, signals); s != Started::kReady) {
+        return s;
+      }
+      if (!PQconsumeInput(pg.get())) return failed("cannot read world");
+    }
+    PGresult* r = PQgetResult(pg.get());
+    if (r == nullptr) return Started::kReady;
+    bool rows = PQresultStatus(r) == PGRES_TUPLES_OK;
+    for (int i = 0; rows && i < PQntuples(r); ++i) {
+      out.push_back({std::atoi(PQgetvalue(r, i, 0)), std::atoi(PQgetvalue(r, i, 1))});
+    }
+    if (!rows) fmt::print(stderr, "tfb: cannot read world: {}", PQresultErrorMessage(r));
+    PQclear(r);
+  }
+}
+
 struct Args {
   std::string listen = "127.0.0.1:8080";
   std::string db;
   std::size_t threads = 0;
   std::size_t connections = 2;
   std::string road = "native";
+  std::size_t startup_timeout = 30;  ///< seconds
 };
+
+// World, read within --startup-timeout; SIGINT or SIGTERM meanwhile stops the start.
+Started read_world(const Args& args, const SignalSet& signals, std::vector<World>& out) {
+  auto signal_fd = signals.open_fd();
+  if (!signal_fd) {
+    fmt::print(stderr, "tfb: signalfd: {}\n", signal_fd.error().message());
+    return Started::kFailed;
+  }
+  return read_world(args.db, Deadline::after(std::chrono::seconds(args.startup_timeout)),
+                    signal_fd->get(), out);
+}
 
 [[noreturn]] void usage(std::string_view why) {
   fmt::print(stderr,
              "tfb: {}\nusage: tfb --listen ADDR:PORT --db CONNINFO [--threads N] "
-             "[--connections N per worker] [--road native|hooked]\n",
+             "[--connections N per worker] [--road native|hooked] [--startup-timeout SECONDS]\n",
              why);
   std::exit(2);
 }
@@ -416,6 +512,8 @@ Args parse_args(int argc, char** argv) {
       args.threads = number();
     } else if (flag == "--connections") {
       args.connections = number();
+    } else if (flag == "--startup-timeout") {
+      args.startup_timeout = number();
     } else if (flag == "--road") {
       args.road = value;
       if (value != "native" && value != "hooked") usage("--road is native or hooked");
@@ -435,6 +533,23 @@ int main(int argc, char** argv) {
   if (!address) usage(fmt::format("--listen: {}", address.error().message()));
 
   SignalSet signals{SIGINT, SIGTERM};  // before the runtime: its threads inherit the mask
+
+  // /cached-queries reads a copy of World taken at start.
+  std::vector<World> cache;
+  switch (read_world(args, signals, cache)) {
+    case Started::kReady:
+      break;
+    case Started::kFailed:
+      return 1;
+    case Started::kStopped:
+      return 0;
+  }
+  if (cache.size() != kWorldRows) {
+    fmt::print(stderr, "tfb: world has {} rows, not {} (load examples/tfb/schema.sql)\n",
+               cache.size(), kWorldRows);
+    return 1;
+  }
+
   Runtime runtime(RuntimeOptions{.workers = args.threads});
   std::unique_ptr<Backend> backend;
   if (args.road == "native") {
@@ -442,36 +557,6 @@ int main(int argc, char** argv) {
         runtime, pg::Options{.conninfo = args.db, .connections = args.connections});
   } else {
     backend = std::make_unique<HookedBackend>(runtime, args.db, args.connections);
-  }
-
-  // /cached-queries reads a copy of World taken at start.
-  std::vector<World> cache;
-  try {
-    runtime.block_on([&] {
-      PGconn* pg = PQconnectdb(args.db.c_str());
-      if (PQstatus(pg) != CONNECTION_OK) {
-        fmt::print(stderr, "tfb: cannot connect: {}", PQerrorMessage(pg));
-        PQfinish(pg);
-        return;
-      }
-      PGresult* r = PQexec(pg, "SELECT id, randomnumber FROM world ORDER BY id");
-      if (PQresultStatus(r) == PGRES_TUPLES_OK) {
-        for (int i = 0; i < PQntuples(r); ++i) {
-          cache.push_back({std::atoi(PQgetvalue(r, i, 0)), std::atoi(PQgetvalue(r, i, 1))});
-        }
-      } else {
-        fmt::print(stderr, "tfb: cannot read world: {}", PQerrorMessage(pg));
-      }
-      PQclear(r);
-      PQfinish(pg);
-    });
-  } catch (const std::exception& e) {
-    fmt::print(stderr, "tfb: {}\n", e.what());
-  }
-  if (cache.size() != kWorldRows) {
-    fmt::print(stderr, "tfb: world has {} rows, not {} (load examples/tfb/schema.sql)\n",
-               cache.size(), kWorldRows);
-    return 1;
   }
 
   http::Router router;
