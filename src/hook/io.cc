@@ -238,9 +238,10 @@ extern "C" {
 
 ssize_t read(int fd, void* buffer, size_t size) {
   SPINDLE_REAL(read);
+  // A read of nothing reads nothing (a receive of nothing would take a datagram, or an error).
+  if (size == 0) return real_read(fd, buffer, size);
   if (int error = take_pending_error(fd)) return fail(error);
-  // (A read of nothing reads nothing; a receive of nothing would take a datagram.)
-  if (auto use = size > 0 ? cooperative(fd, 0) : std::nullopt) {
+  if (auto use = cooperative(fd, 0)) {
     iovec part;
     msghdr m = message_of(buffer, size, part);
     if (auto n = cooperative_receive(fd, *use, &m, 0)) return *n;
@@ -250,9 +251,10 @@ ssize_t read(int fd, void* buffer, size_t size) {
 
 ssize_t readv(int fd, const iovec* parts, int count) {
   SPINDLE_REAL(readv);
-  if (int error = take_pending_error(fd)) return fail(error);
   msghdr m = message_of(parts, count);
-  if (auto use = count > 0 && total_of(m) > 0 ? cooperative(fd, 0) : std::nullopt) {
+  if (count <= 0 || total_of(m) == 0) return real_readv(fd, parts, count);  // (as read's)
+  if (int error = take_pending_error(fd)) return fail(error);
+  if (auto use = cooperative(fd, 0)) {
     if (auto n = cooperative_receive(fd, *use, &m, 0)) return *n;
   }
   return real_readv(fd, parts, count);

@@ -138,9 +138,59 @@ WaitEnd Waiting::pause() {
   return WaitEnd::kReady;
 }
 
-int poll_on_fiber(pollfd* fds, nfds_t count, Deadline deadline) {
+namespace {
+
+// The registrations on this worker of the descriptors of `fds`, in `slots` (their entries in
+// `states`): true if the fiber can park on them all (each registered here, none with another
+// fiber waiting on it for the same).
+bool find_slots(pollfd* fds, nfds_t count, std::vector<FdState*>& states,
+                std::vector<IoSlot*>& slots, bool look_again) {
   Worker& worker = *Worker::current();
   FdTable& table = FdTable::instance();
+  bool parkable = true;
+  for (nfds_t i = 0; i < count; ++i) {
+    slots[i] = nullptr;
+    if (fds[i].fd < 0) continue;
+    states[i] = table.entry(fds[i].fd);
+    if (states[i] == nullptr) {
+      parkable = false;
+      continue;
+    }
+    auto generation = states[i]->generation.load(std::memory_order_acquire);
+    IoSlot* slot = table.slot_for(fds[i].fd, *states[i], generation, worker, look_again).slot;
+    slots[i] = slot;
+    bool reads = (fds[i].events & (POLLIN | POLLPRI)) != 0;
+    bool writes = (fds[i].events & POLLOUT) != 0;
+    if (slot == nullptr || (reads && slot->reader) || (writes && slot->writer)) parkable = false;
+    if (slot != nullptr && writes && worker.reactor().watch_writable(*slot)) parkable = false;
+  }
+  return parkable;
+}
+
+// Parks on every slot of `slots` at once (one waiter published on each): the first readiness
+// wakes the fiber, or `until`.
+std::error_code park_on_all(pollfd* fds, nfds_t count, const std::vector<FdState*>& states,
+                            const std::vector<IoSlot*>& slots, Deadline until) {
+  Waiter waiter;
+  for (nfds_t i = 0; i < count; ++i) {
+    if (slots[i] == nullptr) continue;
+    if ((fds[i].events & (POLLIN | POLLPRI)) != 0) slots[i]->reader = &waiter;
+    if ((fds[i].events & POLLOUT) != 0) slots[i]->writer = &waiter;
+  }
+  std::error_code ec = park(waiter, until, kCancellable);
+  for (nfds_t i = 0; i < count; ++i) {
+    // (A slot let go meanwhile is not touched: see park_on.)
+    IoSlot* slot = slots[i];
+    if (slot == nullptr || states[i]->slot.load(std::memory_order_relaxed) != slot) continue;
+    if (slot->reader == &waiter) slot->reader = nullptr;
+    if (slot->writer == &waiter) slot->writer = nullptr;
+  }
+  return ec;
+}
+
+}  // namespace
+
+int poll_on_fiber(pollfd* fds, nfds_t count, Deadline deadline) {
   std::vector<IoSlot*> slots(count, nullptr);
   std::vector<FdState*> states(count, nullptr);
   milliseconds next_look{250}, pause{1};
@@ -149,49 +199,20 @@ int poll_on_fiber(pollfd* fds, nfds_t count, Deadline deadline) {
     int n = real_poll(fds, count, 0);
     if (n != 0) return n;
     if (deadline.expired()) return 0;
-    // Where to park: every descriptor's registration on this worker, with no other waiter.
-    bool parkable = true;
-    for (nfds_t i = 0; i < count; ++i) {
-      slots[i] = nullptr;
-      if (fds[i].fd < 0) continue;
-      states[i] = table.entry(fds[i].fd);
-      if (states[i] == nullptr) {
-        parkable = false;
-        continue;
-      }
-      auto generation = states[i]->generation.load(std::memory_order_acquire);
-      slots[i] = table.slot_for(fds[i].fd, *states[i], generation, worker, look_again).slot;
-      IoSlot* slot = slots[i];
-      bool reads = (fds[i].events & (POLLIN | POLLPRI)) != 0;
-      bool writes = (fds[i].events & POLLOUT) != 0;
-      if (slot == nullptr || (reads && slot->reader) || (writes && slot->writer)) parkable = false;
-      if (slot != nullptr && writes && worker.reactor().watch_writable(*slot)) parkable = false;
-    }
+    bool parkable = find_slots(fds, count, states, slots, look_again);
     look_again = false;
     std::error_code ec;
     if (!parkable) {
+      // Looked at now and then, a little longer each time.
       auto left = std::chrono::ceil<milliseconds>(deadline.when() - Clock::now());
       ec = this_fiber::sleep_for(deadline.is_finite() ? std::clamp(left, milliseconds(0), pause)
                                                       : pause);
       pause = std::min(pause * 2, kLongestPause);
     } else {
-      // One waiter published on every slot wanted: the first readiness wakes it.
-      Waiter waiter;
-      for (nfds_t i = 0; i < count; ++i) {
-        if (slots[i] == nullptr) continue;
-        if ((fds[i].events & (POLLIN | POLLPRI)) != 0) slots[i]->reader = &waiter;
-        if ((fds[i].events & POLLOUT) != 0) slots[i]->writer = &waiter;
-      }
-      ec = park(waiter, earlier(deadline, next_look), kCancellable);
-      for (nfds_t i = 0; i < count; ++i) {
-        IoSlot* slot = slots[i];
-        if (slot == nullptr || states[i]->slot.load(std::memory_order_relaxed) != slot) continue;
-        if (slot->reader == &waiter) slot->reader = nullptr;
-        if (slot->writer == &waiter) slot->writer = nullptr;
-      }
+      ec = park_on_all(fds, count, states, slots, earlier(deadline, next_look));
       if (ec == std::errc::timed_out && !deadline.expired()) {
         next_look = std::min(next_look * 2, kLongestLook);
-        look_again = true;
+        look_again = true;  // (the registrations may no longer be the descriptors')
       }
     }
     if (ec == std::errc::operation_canceled && asked_to_stop()) {

@@ -429,6 +429,47 @@ class Script {
 
   // ---- reads ------------------------------------------------------------------------------
 
+  // Reads into `buffer` by read (how 0), recv (1), recvmsg (2), readv (3) or recvfrom (4);
+  // `name` says which. recvmsg's msg_flags go into `flags`' upper half (written down).
+  static ssize_t receive_by(int how, int fd, std::vector<char>& buffer, int& flags,
+                            const char*& name) {
+    std::size_t size = buffer.size();
+    switch (how) {
+      case 0:
+        name = "read";
+        return ::read(fd, buffer.data(), size);
+      case 1:
+        name = "recv";
+        return ::recv(fd, buffer.data(), size, flags);
+      case 3: {
+        name = "readv";
+        std::size_t half = size / 2;
+        iovec parts[2] = {{buffer.data(), half}, {buffer.data() + half, size - half}};
+        return ::readv(fd, parts, 2);
+      }
+      case 4: {
+        name = "recvfrom";
+        sockaddr_storage from{};
+        socklen_t length = sizeof from;
+        return ::recvfrom(fd, buffer.data(), size, flags, reinterpret_cast<sockaddr*>(&from),
+                          &length);
+      }
+      default: {
+        name = "recvmsg";
+        std::size_t third = size / 3;
+        iovec parts[2] = {{buffer.data(), third}, {buffer.data() + third, size - third}};
+        msghdr m{};
+        m.msg_iov = parts;
+        m.msg_iovlen = 2;
+        ssize_t n = ::recvmsg(fd, &m, flags);
+        int error = errno;
+        if (n >= 0) flags |= m.msg_flags << 16;
+        errno = error;
+        return n;
+      }
+    }
+  }
+
   void read_one() {
     auto [fd, f] = any_fd();
     const int how = below(5);  // read, recv, recvmsg, readv, recvfrom
@@ -470,33 +511,8 @@ class Script {
       });
     }
     std::vector<char> buffer(size);
-    ssize_t n;
-    const char* name = "read";
-    if (how == 0) {
-      n = ::read(fd, buffer.data(), size);
-    } else if (how == 1) {
-      name = "recv";
-      n = ::recv(fd, buffer.data(), size, flags);
-    } else if (how == 3) {
-      name = "readv";
-      std::size_t half = size / 2;
-      iovec parts[2] = {{buffer.data(), half}, {buffer.data() + half, size - half}};
-      n = ::readv(fd, parts, 2);
-    } else if (how == 4) {
-      name = "recvfrom";
-      sockaddr_storage from{};
-      socklen_t length = sizeof from;
-      n = ::recvfrom(fd, buffer.data(), size, flags, reinterpret_cast<sockaddr*>(&from), &length);
-    } else {
-      name = "recvmsg";
-      std::size_t third = size / 3;
-      iovec parts[2] = {{buffer.data(), third}, {buffer.data() + third, size - third}};
-      msghdr m{};
-      m.msg_iov = parts;
-      m.msg_iovlen = 2;
-      n = ::recvmsg(fd, &m, flags);
-      if (n >= 0) flags |= m.msg_flags << 16;  // (written down with the result)
-    }
+    const char* name = nullptr;
+    ssize_t n = receive_by(how, fd, buffer, flags, name);
     int error = errno;
     if (writer.joinable()) writer.join();
     // The model follows what happened.
@@ -514,6 +530,37 @@ class Script {
   }
 
   // ---- writes -----------------------------------------------------------------------------
+
+  // Writes `data` by write (how 0), send (1), sendmsg (2), writev (3) or sendto (4).
+  static ssize_t send_by(int how, int fd, std::vector<char>& data, int flags, const char*& name) {
+    std::size_t size = data.size();
+    switch (how) {
+      case 0:
+        name = "write";
+        return ::write(fd, data.data(), size);
+      case 1:
+        name = "send";
+        return ::send(fd, data.data(), size, flags);
+      case 3: {
+        name = "writev";
+        std::size_t half = size / 2;
+        iovec parts[2] = {{data.data(), half}, {data.data() + half, size - half}};
+        return ::writev(fd, parts, 2);
+      }
+      case 4:
+        name = "sendto";
+        return ::sendto(fd, data.data(), size, flags, nullptr, 0);
+      default: {
+        name = "sendmsg";
+        std::size_t third = size / 3;
+        iovec parts[2] = {{data.data(), third}, {data.data() + third, size - third}};
+        msghdr m{};
+        m.msg_iov = parts;
+        m.msg_iovlen = 2;
+        return ::sendmsg(fd, &m, flags);
+      }
+    }
+  }
 
   void write_one() {
     auto [fd, f] = any_fd();
@@ -548,30 +595,8 @@ class Script {
           [&, peer = f->peer, datagrams = !f->stream()] { got = drain(peer, expect, datagrams); });
     }
     auto data = pattern(f->offset, size);
-    ssize_t n;
-    const char* name = "write";
-    if (how == 0) {
-      n = ::write(fd, data.data(), size);
-    } else if (how == 1) {
-      name = "send";
-      n = ::send(fd, data.data(), size, flags);
-    } else if (how == 3) {
-      name = "writev";
-      std::size_t half = size / 2;
-      iovec parts[2] = {{data.data(), half}, {data.data() + half, size - half}};
-      n = ::writev(fd, parts, 2);
-    } else if (how == 4) {
-      name = "sendto";
-      n = ::sendto(fd, data.data(), size, flags, nullptr, 0);
-    } else {
-      name = "sendmsg";
-      std::size_t third = size / 3;
-      iovec parts[2] = {{data.data(), third}, {data.data() + third, size - third}};
-      msghdr m{};
-      m.msg_iov = parts;
-      m.msg_iovlen = 2;
-      n = ::sendmsg(fd, &m, flags);
-    }
+    const char* name = nullptr;
+    ssize_t n = send_by(how, fd, data, flags, name);
     int error = errno;
     if (reader.joinable()) reader.join();
     if (n > 0) f->offset += static_cast<std::size_t>(n);
