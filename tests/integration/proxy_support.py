@@ -8,6 +8,9 @@ import sys
 import threading
 import time
 
+import h2.config
+import h2.connection
+
 from conftest import ROOT, Server
 
 sys.path.insert(0, os.path.join(ROOT, "bench"))
@@ -263,3 +266,59 @@ class RecordingUpstream(ScriptedUpstream):
             pass
         finally:
             conn.close()
+
+
+def raw(server, data, wait=5.0):
+    """Sends `data` on a new connection and reads until the server closes or `wait` passes."""
+    with socket.create_connection((server.host, server.port), timeout=wait) as s:
+        s.sendall(data)
+        got = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+        except socket.timeout:
+            pass
+        return got
+
+
+def h2_connect(server):
+    """A new HTTP/2 client connection to `server`, its preface sent: (socket, h2 connection)."""
+    s = socket.create_connection((server.host, server.port), timeout=10)
+    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(
+        client_side=True, validate_outbound_headers=False))
+    conn.initiate_connection()
+    s.sendall(conn.data_to_send())
+    return s, conn
+
+
+def h2_events_until(s, conn, done, seconds=10):
+    """Reads and returns events until `done(events)` or the connection closes."""
+    events = []
+    deadline = time.monotonic() + seconds
+    s.settimeout(min(0.5, seconds))
+    while time.monotonic() < deadline and not done(events):
+        try:
+            data = s.recv(65536)
+        except socket.timeout:
+            continue
+        except OSError:
+            break
+        if not data:
+            break
+        events += conn.receive_data(data)
+        out = conn.data_to_send()
+        if out:
+            try:
+                s.sendall(out)
+            except OSError:
+                break
+    return events
+
+
+def request_headers(path, method="GET", authority="a"):
+    """The pseudo-header fields of an http request for `path`."""
+    return [(":method", method), (":path", path), (":scheme", "http"),
+            (":authority", authority)]

@@ -13,9 +13,9 @@ import pytest
 
 import h2.settings
 
-from proxy_support import (RecordingUpstream, ScriptedUpstream, addr, gateway, read_request,
-                           read_request_head, request, upstream)
-from test_security import h2_connect, h2_events_until, raw, request_headers
+from proxy_support import (RecordingUpstream, ScriptedUpstream, addr, gateway, h2_connect,
+                           h2_events_until, raw, read_request, read_request_head, request,
+                           request_headers, upstream)
 
 
 def config(targets, routes, servers_extra="", services_extra="", upstream_extra=""):

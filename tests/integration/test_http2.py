@@ -435,8 +435,7 @@ def test_a_stream_its_client_opens_no_window_for_is_cut_after_the_write_timeout(
     once the write timeout passes with nothing sent, or with less than 4 KiB sent (a window
     opened a byte at a time: data dribble, CVE-2019-9511); a stream that moves more, and one
     whose answer waits on its producer (a slow upstream), are not; the connection goes on."""
-    from proxy_support import ScriptedUpstream, gateway
-    from test_security import h2_connect, request_headers
+    from proxy_support import ScriptedUpstream, gateway, h2_connect, request_headers
 
     class Pausing(ScriptedUpstream):
         def handle(self, conn):  # a window's worth, then 2.5 s later five bytes more

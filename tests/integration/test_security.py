@@ -17,7 +17,8 @@ import pytest
 
 from conftest import Server, memory_kib, sanitizer_build
 from proxy_support import (RecordingUpstream, addr, config_error, free_port, gateway,
-                           read_request_head, request, response_head, wait_until)
+                           h2_connect, h2_events_until, raw, read_request_head, request,
+                           request_headers, response_head, wait_until)
 
 
 @pytest.fixture
@@ -40,22 +41,6 @@ routes:
 services:
   s: {{url: "http://127.0.0.1:{upstream.port}"}}
 """
-
-
-def raw(server, data, wait=5.0):
-    """Sends `data` on a new connection and reads until the server closes or `wait` passes."""
-    with socket.create_connection((server.host, server.port), timeout=wait) as s:
-        s.sendall(data)
-        got = b""
-        try:
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                got += chunk
-        except socket.timeout:
-            pass
-        return got
 
 
 # ---- 1: a response split in two reads ---------------------------------------------------------
@@ -239,44 +224,6 @@ def test_pipelined_requests_that_are_never_read_hold_bounded_memory(build_dir, t
 
 
 # ---- 6: HTTP/2 Rapid Reset ---------------------------------------------------------------------
-
-
-def h2_connect(server):
-    s = socket.create_connection((server.host, server.port), timeout=10)
-    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(
-        client_side=True, validate_outbound_headers=False))
-    conn.initiate_connection()
-    s.sendall(conn.data_to_send())
-    return s, conn
-
-
-def h2_events_until(s, conn, done, seconds=10):
-    """Reads and returns events until `done(events)` or the connection closes."""
-    events = []
-    deadline = time.monotonic() + seconds
-    s.settimeout(min(0.5, seconds))
-    while time.monotonic() < deadline and not done(events):
-        try:
-            data = s.recv(65536)
-        except socket.timeout:
-            continue
-        except OSError:
-            break
-        if not data:
-            break
-        events += conn.receive_data(data)
-        out = conn.data_to_send()
-        if out:
-            try:
-                s.sendall(out)
-            except OSError:
-                break
-    return events
-
-
-def request_headers(path, method="GET", authority="a"):
-    return [(":method", method), (":path", path), (":scheme", "http"),
-            (":authority", authority)]
 
 
 def forwarded_ids(upstream):

@@ -19,10 +19,9 @@ import h2.settings
 import pytest
 import websockets
 
-from proxy_support import (RecordingUpstream, ScriptedUpstream, config_error, gateway,
+from proxy_support import (RecordingUpstream, ScriptedUpstream, config_error, gateway, raw,
                            read_request_head)
 from conftest import memory_kib
-from test_security import raw
 
 GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 KEY = "dGhlIHNhbXBsZSBub25jZQ=="
