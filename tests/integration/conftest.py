@@ -93,6 +93,16 @@ def up(build_dir):
 
 
 @pytest.fixture
+def recorder():
+    """A scripted upstream that records every request it receives (proxy_support's
+    RecordingUpstream)."""
+    from proxy_support import RecordingUpstream
+    upstream = RecordingUpstream()
+    yield upstream
+    upstream.stop()
+
+
+@pytest.fixture
 def test_server(build_dir):
     server = Server([os.path.join(build_dir, "bin", "http_test_server"), "0"])
     yield server

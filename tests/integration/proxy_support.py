@@ -115,6 +115,48 @@ servers:
 """
 
 
+def one_route(upstream, extra_server="", routes=None):
+    """A gateway configuration (HTTP/2 on, no access log) whose `routes` (by default one for
+    every path) send to service s, the scripted `upstream`."""
+    routes = routes or "  - {name: all, match: {path_prefix: /}, service: s}\n"
+    return f"""
+servers:
+  - listen: 127.0.0.1:0
+    http2: true
+    access_log: off
+{extra_server}
+routes:
+{routes}
+services:
+  s: {{url: "http://127.0.0.1:{upstream.port}"}}
+"""
+
+
+def pool_config(targets, routes, servers_extra="", services_extra="", upstream_extra=""):
+    """A gateway configuration behind a trusted proxy on 127.0.0.1 whose `routes` send to
+    service s, the upstream u of the scripted `targets`."""
+    target_list = ", ".join(f"{{address: '127.0.0.1:{t.port}'}}" for t in targets)
+    return f"""
+servers:
+  - listen: 127.0.0.1:0
+    access_log: off
+    trusted_proxies: [127.0.0.1]
+{servers_extra}
+routes:
+{routes}
+services:
+  s: {{upstream: u{services_extra}}}
+upstreams:
+  u:
+    targets: [{target_list}]
+{upstream_extra}
+"""
+
+
+# The one route of pool_config's tests: every path to service s.
+POOL_ROUTE = "  - {name: all, match: {path_prefix: /}, service: s}\n"
+
+
 class ScriptedUpstream:
     """A loopback upstream written in the test: accepts connections (counting them) and hands
     each to `self.handle(conn)` on a thread of its own."""

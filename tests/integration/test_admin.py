@@ -5,6 +5,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -12,7 +13,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import Server
-from proxy_support import addr, free_port, held_dead_port, request, upstream, wait_until
+from proxy_support import (addr, free_port, gateway, held_dead_port, one_route, request, upstream,
+                           wait_until)
 
 
 def start(build_dir, tmp_path, text):
@@ -279,3 +281,29 @@ def test_there_is_no_admin_listener_unless_configured(build_dir, tmp_path):
         assert all("admin_listening" not in line for line in gw.output)
     finally:
         gw.stop()
+
+
+def test_config_redacts_secret_fields_whatever_their_case(build_dir, tmp_path, recorder):
+    admin = free_port()
+    routes = """  - name: all
+    match: {path_prefix: /}
+    middlewares:
+      - headers:
+          request:
+            set: {Authorization: "Bearer s3cr3t-1", X-Api-Key: s3cr3t-2, X-Auth-Token: s3cr3t-3,
+                  Cookie: "sid=s3cr3t-4", X-Plain: visible}
+    service: s
+"""
+    text = one_route(recorder, routes=routes) + f"admin: {{listen: 127.0.0.1:{admin}}}\n"
+    server = gateway(build_dir, tmp_path, text)
+    try:
+        with socket.create_connection(("127.0.0.1", admin), timeout=5) as s:
+            s.sendall(b"GET /config HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            shown = b""
+            while chunk := s.recv(65536):
+                shown += chunk
+        assert b"s3cr3t" not in shown, shown
+        assert shown.count(b"<redacted>") == 4, shown
+        assert b"visible" in shown
+    finally:
+        server.stop()

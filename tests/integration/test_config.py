@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, Server, memory_kib
+from proxy_support import config_error, free_port
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import config_examples  # noqa: E402
@@ -366,3 +367,33 @@ def test_huge_page_stacks_put_the_fibers_stacks_on_huge_pages(build_dir, tmp_pat
     # A chunk's first 2 MiB page at least; without the key no stack is on one.
     assert results["true"] >= 2048, results
     assert results["false"] < results["true"], results
+
+
+def test_an_address_in_use_by_another_spindle_is_refused(build_dir, tmp_path, spindle):
+    second = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "serve", "--listen",
+                             f"127.0.0.1:{spindle.port}", "--threads", "2"],
+                            capture_output=True, text=True, timeout=30)
+    assert second.returncode == 1, second.stdout
+    assert f"cannot listen on 127.0.0.1:{spindle.port}: Address already in use" in second.stderr
+    # The admin listener on a server's address: a configuration error, with its line.
+    port = free_port()
+    config = tmp_path / "admin.yaml"
+    config.write_text(f"admin: {{listen: 127.0.0.1:{port}}}\nservers:\n"
+                      f"  - listen: 127.0.0.1:{port}\n")
+    error = config_error(build_dir, config)
+    assert re.search(r"admin.yaml:3: servers\[0\]\.listen: the admin listener is there already",
+                     error), error
+
+
+def test_check_config_refuses_a_root_serve_could_not_use(build_dir, tmp_path):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    for root, why in ((tmp_path / "missing", "No such file or directory"),
+                      (a_file, "is not a directory")):
+        config = tmp_path / "site.yaml"
+        config.write_text(f"servers:\n  - listen: 127.0.0.1:0\n    root: {root}\n")
+        error = config_error(build_dir, config)
+        assert re.search(rf"site.yaml:3: servers\[0\]\.root: .*{why}", error), error
+        served = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "serve", "--config",
+                                 str(config)], capture_output=True, text=True, timeout=30)
+        assert served.returncode == 1 and error.strip() in served.stderr, served.stderr

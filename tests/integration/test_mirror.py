@@ -1,15 +1,18 @@
 """mirror: a copy of each request goes to another service, fire-and-forget. The copy carries
 the request as it goes upstream (small bodies too), never slows the request (a shadow service
 that takes seconds costs it nothing), is dropped beyond max_in_flight, and a shadow service that
-is down changes nothing for the client."""
+is down changes nothing for the client; a trickling shadow frees its slots and cannot hold a
+shutdown."""
 import http.server
 import json
+import signal
 import threading
 import time
 
 import pytest
 
-from proxy_support import SERVER, addr, free_port, gateway, request, wait_until
+from proxy_support import (SERVER, RecordingUpstream, ScriptedUpstream, addr, free_port, gateway,
+                           read_request_head, request, wait_until)
 
 
 class Shadow:
@@ -138,3 +141,59 @@ def test_percent_0_mirrors_nothing(build_dir, tmp_path, up):
     finally:
         gw.stop()
         shadow.stop()
+
+
+class TricklingUpstream(ScriptedUpstream):
+    """Answers with a body of 100 bytes, one a second."""
+
+    def __init__(self):
+        self.seen = 0
+        super().__init__()
+
+    def handle(self, conn):
+        try:
+            if read_request_head(conn) is None:
+                return
+            self.seen += 1
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+            for _ in range(100):
+                time.sleep(1)
+                conn.sendall(b"x")
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+
+def test_a_trickling_mirror_frees_its_slots_and_cannot_hold_a_shutdown(build_dir, tmp_path):
+    main, mirror = RecordingUpstream(), TricklingUpstream()
+    text = f"""
+drain_timeout: 2s
+servers:
+  - {{listen: 127.0.0.1:0, access_log: off}}
+routes:
+  - name: m
+    match: {{path_prefix: /}}
+    middlewares: [{{mirror: {{service: copy, max_in_flight: 1, timeout: 1s}}}}]
+    service: main
+services:
+  main: {{url: "http://127.0.0.1:{main.port}"}}
+  copy: {{url: "http://127.0.0.1:{mirror.port}"}}
+"""
+    server = gateway(build_dir, tmp_path, text, threads=1)
+    try:
+        assert request(server, "GET", "/one")[0] == 200
+        time.sleep(3)  # the copy's deadline (1 s, each wait 1 s at most) has passed
+        assert request(server, "GET", "/two")[0] == 200
+        deadline = time.monotonic() + 3
+        while mirror.seen < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert mirror.seen == 2, "the first copy still held the only slot"
+        started = time.monotonic()
+        code = server.stop(signal.SIGTERM, timeout=20)
+        took = time.monotonic() - started
+        assert code == 0 and took < 6, (code, took)
+    finally:
+        server.stop()
+        main.stop()
+        mirror.stop()
