@@ -1,4 +1,5 @@
 """Ports for servers a test or a benchmark starts on 127.0.0.1."""
+import os
 import random
 import socket
 
@@ -11,6 +12,19 @@ def ephemeral_ports():
         return low, high
     except (OSError, ValueError):
         return 32768, 60999
+
+
+def worker_share(first, end):
+    """The part of ports [first, end) that is this process's to hand out: all of them, or under
+    pytest-xdist (make check) the worker's own slice, so that two workers never pick one port
+    in the moment between a pick and its bind."""
+    try:
+        worker = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+        count = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    except (KeyError, ValueError):
+        return first, end
+    size = (end - first) // max(count, 1)
+    return first + worker * size, first + (worker + 1) * size
 
 
 _handed_out = set()
@@ -30,6 +44,7 @@ def free_port():
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return s.getsockname()[1]
+    first, low = worker_share(first, low)
     for _ in range(1000):
         port = _rng.randrange(first, low)
         if port in _handed_out:

@@ -9,12 +9,15 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# bench/ holds the helpers the tests share with the benchmarks (ports.py).
+sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 
 def pytest_addoption(parser):

@@ -4,17 +4,14 @@ import http.client
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 import h2.config
 import h2.connection
 
-from conftest import ROOT, Server
-
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-from ports import free_port  # noqa: E402,F401  (one picker for the tests and the benchmarks)
+from conftest import Server
+from ports import free_port  # noqa: F401  (one picker for the tests and the benchmarks)
 
 
 def upstream(build_dir, name, keepalive_ms=None, tls=None, max_body=64 << 20, delay_ms=None):
