@@ -1,6 +1,8 @@
 # The user-facing verbs. Each installs missing Debian packages first (scripts/install-deps.sh).
 #
 #   make run     build and start spindle on 127.0.0.1:8080 (embedded default configuration)
+#   make check   the fast loop: format check, release build, ctest and pytest side by side (pytest
+#                over worker processes); not the sanitizer builds nor the tests marked exclusive
 #   make test    format check, then the whole suite in release, asan (ASan+UBSan) and tsan
 #   make build   release build: build/release/bin/
 #   make bench   micro-benchmarks and the echo throughput comparison, written to docs/
@@ -18,7 +20,7 @@
 SHELL := /bin/bash
 JOBS ?= $(shell nproc)
 
-.PHONY: run test build bench goals soak fuzz format format-check deps deps-test deps-bench debug asan tsan package install pgo
+.PHONY: run check test build bench goals soak fuzz format format-check deps deps-test deps-bench debug asan tsan package install pgo
 
 deps:
 	@scripts/install-deps.sh build
@@ -42,6 +44,9 @@ install: build
 
 run: build
 	build/release/bin/spindle serve
+
+check: deps-test
+	@scripts/check.sh
 
 test: deps-test
 	@scripts/run-tests.sh

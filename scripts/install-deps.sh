@@ -10,7 +10,7 @@ build_pkgs=(build-essential cmake ninja-build pkg-config
   libboost-context-dev libfmt-dev libcli11-dev libyaml-cpp-dev zlib1g-dev libbrotli-dev
   libssl-dev libnghttp2-dev libre2-dev libhiredis-dev libc-ares-dev nlohmann-json3-dev valgrind
   googletest libgtest-dev libgmock-dev libpq-dev libpqxx-dev libcurl4-openssl-dev)
-test_pkgs=(python3 python3-pytest python3-h2 python3-websockets python3-brotli python3-yaml python3-prometheus-client python3-jwt python3-cryptography curl openssl
+test_pkgs=(python3 python3-pytest python3-pytest-xdist python3-h2 python3-websockets python3-brotli python3-yaml python3-prometheus-client python3-jwt python3-cryptography curl openssl
   nghttp2-client wrk golang-go nginx-light h2o redis-server postgresql
   clang-format clang-19 libclang-rt-19-dev lintian dpkg-dev man-db systemd)
 bench_pkgs=(libbenchmark-dev python3-matplotlib nginx-light h2o haproxy wrk util-linux nghttp2-client

@@ -25,6 +25,21 @@ def pytest_addoption(parser):
                      help="build directory whose bin/ holds the binaries under test")
 
 
+# The suite's markers, all of them: `make check` (scripts/check.sh) runs `-m "not exclusive"`
+# over several worker processes; `make test` runs everything, one test at a time.
+MARKERS = {
+    "exclusive": "needs the machine to itself (load, soak, valgrind, the package, systemd, "
+                 "timings or memory figures that other work on the machine would spoil): "
+                 "run by make test only",
+}
+
+
+def pytest_configure(config):
+    for name, why in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {why}")
+    config.option.strict_markers = True  # a misspelt marker is an error, not a new marker
+
+
 class Server:
     """A started server process and the address it listens on."""
 

@@ -9,6 +9,9 @@ import pytest
 
 from conftest import ROOT, sanitizer_build
 
+# Builds the package from the tree (scripts/package.sh) into build/: make test only.
+pytestmark = pytest.mark.exclusive
+
 
 def run(argv, **kw):
     out = subprocess.run(argv, capture_output=True, text=True, **kw)

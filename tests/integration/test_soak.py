@@ -12,6 +12,9 @@ import pytest
 
 from conftest import sanitizer_build
 
+# Thousands of connections for half a minute: the machine to itself (make test only).
+pytestmark = pytest.mark.exclusive
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONNECTIONS = 10_000
 

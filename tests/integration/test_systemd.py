@@ -19,6 +19,9 @@ import pytest
 from conftest import ROOT, Conn, Server, read_response
 from proxy_support import free_port
 
+# Units, socket activation, ports below 1024 probed by number: make test only.
+pytestmark = pytest.mark.exclusive
+
 UNIT = os.path.join(ROOT, "packaging", "spindle.service")
 
 

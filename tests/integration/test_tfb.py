@@ -235,6 +235,7 @@ def test_bad_arguments_are_clear_errors(build_dir, postgres):
     assert out.returncode == 1 and "nosuchdb" in out.stderr
 
 
+@pytest.mark.exclusive  # memcheck: the machine to itself
 @pytest.mark.parametrize("road", ROADS)
 def test_under_valgrind_no_error_and_everything_freed(build_dir, postgres, tmp_path, road):
     """Both roads under memcheck: every test type a few hundred times at 32 connections, a

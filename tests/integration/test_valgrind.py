@@ -12,6 +12,9 @@ import pytest
 
 from conftest import Server, sanitizer_build
 
+# spindle under memcheck, a core's worth each: the machine to itself (make test only).
+pytestmark = pytest.mark.exclusive
+
 LOAD = [  # h2load arguments after the URL's scheme is chosen; (tls, arguments)
     (False, ["-n", "2000", "-c", "200", "--h1"]),
     (False, ["-n", "2000", "-c", "50", "-m", "10"]),
