@@ -105,6 +105,10 @@ class Transaction {
                          Deadline deadline = Deadline::never()) {
     return query(statement, std::span<const Param>(params.begin(), params.size()), deadline);
   }
+  Expected<Result> query(std::string_view sql, std::initializer_list<Param> params,
+                         Deadline deadline = Deadline::never()) {
+    return query(sql, std::span<const Param>(params.begin(), params.size()), deadline);
+  }
   /// COMMIT; an error if it (or anything before it in the transaction) failed.
   Expected<void> commit(Deadline deadline = Deadline::never());
   /// ROLLBACK now, and wait for it.
