@@ -10,7 +10,7 @@
 #include <string>
 
 #include "spindle/client/exchange.h"
-#include "spindle/scripted_upstream.h"
+#include "testing/scripted_upstream.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

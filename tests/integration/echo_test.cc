@@ -9,8 +9,8 @@
 
 #include "spindle/fiber/runtime.h"
 #include "spindle/net/tcp_stream.h"
-#include "spindle/subprocess.h"
 #include "spindle/sync/wait_group.h"
+#include "testing/subprocess.h"
 
 using namespace spindle;
 using namespace std::chrono_literals;

@@ -13,7 +13,7 @@
 #include "spindle/net/tcp_server.h"
 #include "spindle/server/server.h"
 #include "spindle/sync/wait_group.h"
-#include "spindle/testing.h"
+#include "testing/testing.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

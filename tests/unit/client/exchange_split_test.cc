@@ -12,9 +12,9 @@
 #include <string>
 
 #include "spindle/client/exchange.h"
-#include "spindle/scripted_upstream.h"
-#include "spindle/segmented.h"
-#include "spindle/testing.h"
+#include "testing/scripted_upstream.h"
+#include "testing/segmented.h"
+#include "testing/testing.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

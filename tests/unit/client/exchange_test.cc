@@ -17,7 +17,7 @@
 #include "spindle/net/tls.h"
 #include "spindle/server/server.h"
 #include "spindle/sync/event.h"
-#include "spindle/testing.h"
+#include "testing/testing.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

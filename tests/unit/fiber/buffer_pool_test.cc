@@ -4,7 +4,7 @@
 
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/fiber/worker.h"
-#include "spindle/testing.h"
+#include "testing/testing.h"
 
 using namespace spindle;
 

@@ -12,7 +12,7 @@
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/fiber/worker.h"
 #include "spindle/sync/event.h"
-#include "spindle/testing.h"
+#include "testing/testing.h"
 
 using namespace std::chrono_literals;
 using spindle::Deadline;

@@ -3,10 +3,10 @@
 #include <chrono>
 #include <string>
 
-#include "spindle/decompress.h"
 #include "spindle/h1/parser.h"
 #include "spindle/handlers/compression.h"
 #include "spindle/server/access_log.h"
+#include "testing/decompress.h"
 
 using namespace spindle::http;
 using spindle::testing::gunzip;

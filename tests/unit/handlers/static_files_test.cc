@@ -7,10 +7,10 @@
 #include <filesystem>
 #include <fstream>
 
-#include "spindle/decompress.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/h1/parser.h"
-#include "spindle/testing.h"
+#include "testing/decompress.h"
+#include "testing/testing.h"
 
 namespace fs = std::filesystem;
 using namespace spindle::http;

@@ -16,9 +16,9 @@
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
-#include "spindle/http_testing.h"
 #include "spindle/server/server.h"
-#include "spindle/services.h"
+#include "testing/http_testing.h"
+#include "testing/services.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

@@ -16,7 +16,7 @@
 #include "spindle/net/tcp_listener.h"
 #include "spindle/sync/event.h"
 #include "spindle/sync/wait_group.h"
-#include "spindle/testing.h"
+#include "testing/testing.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

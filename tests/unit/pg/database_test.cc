@@ -16,7 +16,7 @@
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
-#include "spindle/services.h"
+#include "testing/services.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

@@ -1,6 +1,6 @@
 // The test services' own promises, where a broken one would make the tests that use them flaky.
 
-#include "spindle/services.h"
+#include "testing/services.h"
 
 #include <gtest/gtest.h>
 

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "spindle/testing.h"
+#include "testing/testing.h"
 
 using namespace spindle;
 using namespace spindle::proxy;

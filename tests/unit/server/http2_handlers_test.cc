@@ -9,9 +9,9 @@
 
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
-#include "spindle/http_testing.h"
-#include "spindle/raw_h2.h"
 #include "spindle/server/server.h"
+#include "testing/http_testing.h"
+#include "testing/raw_h2.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "spindle/http_testing.h"
+#include "testing/http_testing.h"
 
 using namespace spindle::http;
 using spindle::testing::PiecewiseSource;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "spindle/h1/parser.h"
-#include "spindle/http_testing.h"
+#include "testing/http_testing.h"
 
 using namespace spindle::http;
 using spindle::testing::PiecewiseSource;

@@ -8,9 +8,9 @@
 
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
-#include "spindle/http_testing.h"
 #include "spindle/server/server.h"
-#include "spindle/testing.h"
+#include "testing/http_testing.h"
+#include "testing/testing.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

@@ -10,9 +10,9 @@
 #include <regex>
 #include <string>
 
-#include "spindle/http_testing.h"
-#include "spindle/segmented.h"
 #include "spindle/server/server.h"
+#include "testing/http_testing.h"
+#include "testing/segmented.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

@@ -8,7 +8,7 @@
 
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/this_fiber.h"
-#include "spindle/testing.h"
+#include "testing/testing.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

@@ -9,7 +9,7 @@
 #include "spindle/sync/event.h"
 #include "spindle/sync/semaphore.h"
 #include "spindle/sync/wait_group.h"
-#include "spindle/testing.h"
+#include "testing/testing.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "spindle/segmented.h"
+#include "testing/segmented.h"
 
 namespace spindle::testing {
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <thread>
 
-#include "spindle/testing.h"
+#include "testing/testing.h"
 
 namespace spindle::testing {
 
