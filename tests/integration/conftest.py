@@ -111,6 +111,16 @@ def up(build_dir):
 
 
 @pytest.fixture
+def stage(build_dir, tmp_path):
+    """Starts gateways and upstreams for the test and stops them at its end (proxy_support's
+    Stage)."""
+    from proxy_support import Stage
+    started = Stage(build_dir, tmp_path)
+    yield started
+    started.stop()
+
+
+@pytest.fixture
 def recorder():
     """A scripted upstream that records every request it receives (proxy_support's
     RecordingUpstream)."""

@@ -1,6 +1,7 @@
 """What the gateway tests share: upstreams and gateways started from a configuration text,
 and small HTTP helpers."""
 import http.client
+import json
 import os
 import socket
 import subprocess
@@ -34,17 +35,100 @@ def gateway(build_dir, tmp_path, body, threads=2):
 
 
 def addr(server):
-    return f"{server.host}:{server.port}"
+    """HOST:PORT of a started server (a scripted upstream listens on 127.0.0.1)."""
+    return f"{getattr(server, 'host', '127.0.0.1')}:{server.port}"
 
 
-def all_to(target):
-    """Routes and services that send every request to `target`."""
+def all_to(target, route="all", service="a", settings=""):
+    """Routes and services that send every request (by route `route`) to service `service`:
+    `target`, a server, with the service's further `settings` (YAML, e.g. "protocol: h2c")."""
+    more = f", {settings}" if settings else ""
     return f"""
 routes:
-  - {{name: all, match: {{path_prefix: /}}, service: a}}
+  - {{name: {route}, match: {{path_prefix: /}}, service: {service}}}
 services:
-  a: {{url: "http://{addr(target)}"}}
+  {service}: {{url: "http://{addr(target)}"{more}}}
 """
+
+
+def services_to(**targets):
+    """A services section: each keyword a service, to its server over plain HTTP."""
+    return "services:\n" + "".join(f'  {name}: {{url: "http://{addr(target)}"}}\n'
+                                    for name, target in targets.items())
+
+
+def all_to_pool(targets, settings="", upstream=""):
+    """Routes, services and upstreams that send every request to service pool (with its further
+    `settings`), the upstream pool of `targets`: servers, "HOST:PORT" or (server, weight); the
+    upstream's further keys are the YAML lines `upstream` (four spaces in)."""
+    def entry(target):
+        target, weight = target if isinstance(target, tuple) else (target, None)
+        address = target if isinstance(target, str) else addr(target)
+        return f'{{address: "{address}"' + (f", weight: {weight}}}" if weight else "}")
+
+    more = f", {settings}" if settings else ""
+    return f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: pool}}
+services:
+  pool: {{upstream: pool{more}}}
+upstreams:
+  pool:
+    targets: [{", ".join(entry(t) for t in targets)}]
+{upstream}"""
+
+
+def logging_server(log):
+    """SERVER with its access log in JSON lines to the file `log`."""
+    return SERVER.replace("access_log: off", f"access_log: {{path: {log}, format: json}}")
+
+
+def access_records(log):
+    """The JSON access log `log`'s records by request id."""
+    return {r["request_id"]: r for r in map(json.loads, log.read_text().splitlines())}
+
+
+class Process:
+    """A started process whose output is thrown away; stop() terminates it."""
+
+    def __init__(self, argv):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self):
+        self.proc.terminate()
+        return self.proc.wait(timeout=10)
+
+
+class Stage:
+    """What one test starts, stopped (last first) at its end whatever happened: gateways from a
+    configuration text, test upstreams, and anything else with a stop(). The `stage` fixture."""
+
+    def __init__(self, build_dir, tmp_path):
+        self.build_dir = build_dir
+        self.tmp_path = tmp_path
+        self.started = []
+
+    def keep(self, server):
+        """`server`, to be stopped at the test's end."""
+        self.started.append(server)
+        return server
+
+    def gateway(self, text, threads=2):
+        """spindle serving the configuration `text` (proxy_support.gateway)."""
+        return self.keep(gateway(self.build_dir, self.tmp_path, text, threads))
+
+    def upstream(self, name, **settings):
+        """A test upstream named `name` (proxy_support.upstream)."""
+        return self.keep(upstream(self.build_dir, name, **settings))
+
+    def process(self, argv):
+        """A process started from `argv` whose output is thrown away (nginx, a tool): terminated
+        at the test's end."""
+        return self.keep(Process(argv))
+
+    def stop(self):
+        while self.started:
+            self.started.pop().stop()
 
 
 def logged(server, *words, seconds=5):
