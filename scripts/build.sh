@@ -21,7 +21,14 @@ benchmark_came() {
   [ "$bench" = ON ] && [ ! -d "$dir/bench" ] &&
     compgen -G "/usr/lib/*/cmake/benchmark/benchmarkConfig.cmake" >/dev/null
 }
+# ccache when it is installed and no launcher was chosen: a build tree made again (a new clone, a
+# new worktree, rm -rf build) then compiles only what changed since any earlier build.
+launcher=()
+if command -v ccache >/dev/null && [ -z "${CMAKE_CXX_COMPILER_LAUNCHER:-}" ]; then
+  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+fi
 if [ ! -f "$dir/build.ninja" ] || benchmark_came; then
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$type" -DSPINDLE_BUILD_BENCH=$bench >/dev/null
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$type" -DSPINDLE_BUILD_BENCH=$bench \
+    "${launcher[@]}" >/dev/null
 fi
 ninja -C "$dir" "$@"
