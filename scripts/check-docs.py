@@ -176,7 +176,7 @@ def main():
     parser.add_argument("--cxx", default=os.environ.get("CXX", "c++"))
     parser.add_argument("--out", help="where the snippets are written (snippets)")
     parser.add_argument("root", nargs="?", default=os.path.join(os.path.dirname(__file__), ".."))
-    args = parser.parse_args()
+    args = parser.parse_intermixed_args()
     root = os.path.abspath(args.root)
     if args.check == "links":
         return check_links(root)
