@@ -54,7 +54,8 @@ pytest_count() {
   local code summary passed failed
   code=$(cat "build/$config/pytest.status" 2>/dev/null || echo 1)
   tail -n 15 "$log"
-  summary=$(grep -aE '^=* ?[0-9]+ (passed|failed|errors?|skipped|deselected|xfailed|xpassed).* in [0-9.]+s' "$log" | tail -1)
+  local outcomes='passed|failed|errors?|skipped|deselected|xfailed|xpassed|warnings?'
+  summary=$(grep -aE "^=* ?[0-9]+ ($outcomes).* in [0-9.]+s" "$log" | tail -1)
   passed=$(grep -oE '[0-9]+ passed' <<<"$summary" | cut -d' ' -f1)
   failed=$(grep -oE '[0-9]+ (failed|errors?)' <<<"$summary" | awk '{s+=$1} END {print s+0}')
   total_pass=$((total_pass + ${passed:-0}))
