@@ -21,7 +21,8 @@ import re
 import subprocess
 import sys
 
-FENCE = re.compile(r"^\s*(```|~~~)")
+# A fence: three or more backticks (and no backtick after them) or tildes.
+FENCE = re.compile(r"^\s{0,3}(`{3,}(?=[^`]*$)|~{3,})")
 INLINE_CODE = re.compile(r"(`+)(?:(?!\1).)+?\1")
 # [text](target "title") and ![alt](target); the text may hold one level of brackets.
 INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -44,7 +45,9 @@ def prose_lines(path):
                 fence = opened.group(1)
                 continue
             if fence is not None:
-                if line.strip().startswith(fence):
+                # Closed by a fence of the same character, at least as long, with nothing after.
+                if opened and opened.group(1)[0] == fence[0] and \
+                        len(opened.group(1)) >= len(fence) and not line.strip(" `~\n"):
                     fence = None
                 continue
             yield number, INLINE_CODE.sub(lambda m: " " * len(m.group(0)), line.rstrip("\n"))
