@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "spindle/subprocess.h"
+#include "testing/subprocess.h"
 
 namespace {
 
