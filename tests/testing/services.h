@@ -1,7 +1,8 @@
 #pragma once
 // Real services for tests, started by the test and stopped by PID: a throwaway PostgreSQL
-// (tests/tools/postgres.sh: initdb into a temporary folder, Unix socket only) and a Redis on a
-// free loopback port. A machine without them makes the tests that need them skip, saying so.
+// (tests/tools/postgres.sh: initdb into a temporary folder; a Unix socket, and 127.0.0.1 with
+// TLS offered) and a Redis on a free loopback port. A machine without them makes the tests that
+// need them skip, saying so.
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -78,22 +79,50 @@ inline std::pair<std::string, int> run_command(const std::string& command) {
 }
 
 #ifdef SPINDLE_SOURCE_DIR
-/// A PostgreSQL of the test's own, for the whole test binary (started on first use).
+/// A PostgreSQL for tests: the one a ctest run shares (tests/CMakeLists.txt starts it as a
+/// fixture and names its folder in SPINDLE_TEST_POSTGRES), else one of the test binary's own
+/// (started on first use); or one of a test's own with server settings of its choosing.
 class TestPostgres {
  public:
   /// The server, or nullptr if PostgreSQL is not installed (why() says so).
   static TestPostgres* get() {
     static std::unique_ptr<TestPostgres> server = [] {
-      auto s = std::unique_ptr<TestPostgres>(new TestPostgres);
-      return s->conninfo_.empty() ? nullptr : std::move(s);
+      const char* shared = std::getenv("SPINDLE_TEST_POSTGRES");
+      auto s = shared != nullptr ? adopt(shared) : start_own();
+      if (s && s->conninfo_.empty()) {
+        why_ = s->why_own_;
+        return std::unique_ptr<TestPostgres>();
+      }
+      return s;
     }();
     return server.get();
   }
+  /// A server of the caller's own, with more server settings ("-c max_connections=8"); stopped
+  /// when it goes. Its conninfo() is empty if it did not start (why_not() says why).
+  static std::unique_ptr<TestPostgres> start_own(const std::string& settings = "") {
+    auto s = std::unique_ptr<TestPostgres>(new TestPostgres(make_temp_dir("spindle-pg")));
+    s->port_ = static_cast<std::uint16_t>(free_port());
+    auto [out, status] = run_command(script() + " start " + s->dir_ + " " +
+                                     std::to_string(s->port_) + " '" + settings + "' 2>&1");
+    if (status == 0) {
+      s->conninfo_ = out.substr(out.rfind('\n') + 1);
+    } else {
+      s->why_own_ = status == 3 ? "PostgreSQL is not installed (apt-get install postgresql)"
+                                : "PostgreSQL did not start: " + out;
+    }
+    return s;
+  }
   /// Why get() is nullptr.
   static const std::string& why() { return why_; }
-  ~TestPostgres() { run_command(script() + " stop " + dir_); }
+  /// Why a server of start_own() did not start.
+  const std::string& why_not() const { return why_own_; }
+  ~TestPostgres() {
+    if (owned_) run_command(script() + " stop " + dir_);
+  }
   /// "host=DIR port=PORT user=postgres dbname=postgres".
   const std::string& conninfo() const { return conninfo_; }
+  /// Its TCP port on 127.0.0.1 (TLS offered, not required).
+  int port() const { return port_; }
   /// The same server over TCP with TLS required (a throwaway self-signed certificate).
   std::string tls_conninfo() const {
     return "host=127.0.0.1 port=" + std::to_string(port_) +
@@ -101,23 +130,25 @@ class TestPostgres {
   }
 
  private:
-  TestPostgres() : dir_(make_temp_dir("spindle-pg")), port_(free_port()) {
-    auto [out, status] =
-        run_command(script() + " start " + dir_ + " " + std::to_string(port_) + " 2>&1");
-    if (status == 0) {
-      conninfo_ = out.substr(out.rfind('\n') + 1);
-    } else {
-      why_ = status == 3 ? "PostgreSQL is not installed (apt-get install postgresql)"
-                         : "PostgreSQL did not start: " + out;
-    }
+  explicit TestPostgres(std::string dir, bool owned = true) : dir_(std::move(dir)), owned_(owned) {}
+  // The ctest run's server: its folder holds the conninfo and port, or why there is none.
+  static std::unique_ptr<TestPostgres> adopt(const std::string& dir) {
+    auto s = std::unique_ptr<TestPostgres>(new TestPostgres(dir, /*owned=*/false));
+    auto read = [&](const char* name) { return run_command("cat " + dir + "/" + name).first; };
+    s->conninfo_ = read("conninfo");
+    s->port_ = static_cast<std::uint16_t>(std::atoi(read("port").c_str()));
+    if (s->conninfo_.empty()) s->why_own_ = "no shared PostgreSQL: " + read("why");
+    return s;
   }
   static std::string script() {
     return std::string(SPINDLE_SOURCE_DIR) + "/tests/tools/postgres.sh";
   }
 
   std::string dir_;
-  std::uint16_t port_;
+  bool owned_ = true;
+  std::uint16_t port_ = 0;
   std::string conninfo_;
+  std::string why_own_;
   static inline std::string why_;
 };
 

@@ -5,8 +5,14 @@
 # as the `postgres` user Debian's package makes. Stopped with pg_ctl, which signals the PID its
 # postmaster.pid names (this server's, nobody else's).
 #
-#   postgres.sh start DIR PORT   prints the conninfo ("host=DIR port=PORT user=postgres ..."); the
-#                                same over TLS is "host=127.0.0.1 port=PORT ... sslmode=require"
+#   postgres.sh start DIR PORT [SETTINGS]  prints the conninfo ("host=DIR port=PORT user=postgres
+#                                ..."); the same over TLS is "host=127.0.0.1 port=PORT ...
+#                                sslmode=require". SETTINGS: more server options ("-c
+#                                max_connections=8"), after the defaults below
+#   postgres.sh share DIR        the same on a free port, for every test of a ctest run (a
+#                                fixture, tests/CMakeLists.txt): writes DIR/conninfo and DIR/port,
+#                                or DIR/why (and exits 0) when PostgreSQL is not installed, for
+#                                the tests to skip saying so (tests/spindle/services.h)
 #   postgres.sh stop DIR         stops it and removes DIR
 #
 # Exit 3 (and a line on stderr) when PostgreSQL is not installed.
@@ -14,6 +20,22 @@ set -euo pipefail
 cmd=${1:?start|stop}
 dir=${2:?DIR}
 bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1 || true)
+if [ "$cmd" = share ]; then
+  "$0" stop "$dir" 2>/dev/null || true  # what an interrupted run left
+  mkdir -p "$dir"
+  port=$(python3 -c "import sys; sys.path.insert(0, '$(dirname "$0")/../../bench')
+from ports import free_port; print(free_port())")
+  if out=$("$0" start "$dir/server" "$port" 2>"$dir/why"); then
+    rm -f "$dir/why"
+    echo "$port" >"$dir/port"
+    echo "$out" >"$dir/conninfo"
+    exit 0
+  fi
+  status=$?
+  cat "$dir/why" >&2
+  [ $status -eq 3 ] && exit 0  # the tests skip, saying why
+  exit $status
+fi
 if [ -z "$bin" ] || [ ! -x "$bin/postgres" ]; then
   echo "postgres.sh: PostgreSQL is not installed (apt-get install postgresql; make test does)" >&2
   exit 3
@@ -36,14 +58,17 @@ case $cmd in
     options+=" -c fsync=off -c synchronous_commit=off"
     options+=" -c full_page_writes=off -c max_connections=600"
     options+=" -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all"
+    options+=" ${4:-}"
     "${as[@]}" "$bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 60 start -o "$options" \
       >/dev/null || { cat "$dir/server.log" >&2; exit 1; }
     echo "host=$dir port=$port user=postgres dbname=postgres"
     ;;
   stop)
-    if [ -f "$dir/data/postmaster.pid" ]; then
-      "${as[@]}" "$bin/pg_ctl" -D "$dir/data" -m fast -w -t 30 stop >/dev/null 2>&1 || true
-    fi
+    for data in "$dir/data" "$dir/server/data"; do  # a server of start, or of share
+      if [ -f "$data/postmaster.pid" ]; then
+        "${as[@]}" "$bin/pg_ctl" -D "$data" -m fast -w -t 30 stop >/dev/null 2>&1 || true
+      fi
+    done
     rm -rf "$dir"
     ;;
   *)
