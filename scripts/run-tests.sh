@@ -11,6 +11,8 @@ source scripts/test-lib.sh
 if ! scripts/check-format.sh; then failed_runs+=("format"); fi
 # The HTTP/2 conformance suite the integration tests run (a failure here fails them).
 scripts/install-h2spec.sh || echo "run-tests: could not build h2spec: the h2spec tests will fail"
+# The fault-injection proxy the fault tests put between spindle and its peers.
+scripts/install-toxiproxy.sh || echo "run-tests: could not build Toxiproxy: the fault tests will fail"
 
 for config in release asan; do
   echo "== build ($config) =="
