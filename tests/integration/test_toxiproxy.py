@@ -28,6 +28,9 @@ class Echo(socketserver.ThreadingTCPServer):
     def address(self):
         return f"127.0.0.1:{self.server_address[1]}"
 
+    def handle_error(self, request, client_address):
+        pass  # a connection the proxy reset on purpose
+
 
 @pytest.fixture
 def echo():
