@@ -1,19 +1,21 @@
 #include "connection.h"
 
 #include <fmt/format.h>
-#include <openssl/ssl.h>
-#include <poll.h>
 
 #include <charconv>
 #include <cstring>
+#include <thread>
 
+#include "connect.h"
 #include "pool.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/io_wait.h"
 #include "spindle/fiber/spawn.h"
+#include "spindle/fiber/this_fiber.h"
 #include "spindle/fiber/waiter.h"
 #include "spindle/fiber/worker.h"
-#include "spindle/sync/blocking_pool.h"
+#include "spindle/sync/event.h"
+#include "statement_text.h"
 
 namespace spindle::pg {
 namespace {
@@ -25,122 +27,133 @@ std::string trimmed(const char* message) {
   return text;
 }
 
-std::string statement_name(std::uint32_t id) { return fmt::format("spindle_{}", id); }
+// Names of generation 0 keep the form they always had.
+std::string statement_name(std::uint32_t id, std::uint32_t generation) {
+  return generation == 0 ? fmt::format("spindle_{}", id)
+                         : fmt::format("spindle_{}_{}", id, generation);
+}
+
+// What a connection knows of a prepared statement (Connection::prepared_).
+enum PreparedState : std::uint8_t {
+  kNotPrepared = 0,
+  kPrepared,
+  kPreparedDropsPrepared,  ///< a DISCARD / DEALLOCATE statement, prepared
+};
 
 constexpr std::size_t kMaxValue = std::size_t{1} << 30;
+// Cancel requests on their way at once, per Database (each holds a thread while it connects):
+// past it, a call that gives up sends none, and its connection is closed if it stays silent.
+constexpr int kMaxCancels = 16;
+
+Error unsupported_copy() {
+  return client_error(Errc::kUnsupported,
+                      "COPY FROM STDIN / TO STDOUT is not carried by spindle::pg (its data would "
+                      "share the pipeline); use INSERT, or COPY with a server-side file");
+}
 
 }  // namespace
 
 Expected<std::shared_ptr<Connection>> Connection::open(const Options& options,
                                                        std::shared_ptr<Catalog> catalog,
-                                                       std::weak_ptr<Pool> pool) {
+                                                       std::weak_ptr<Pool> pool,
+                                                       Deadline deadline) {
   Worker* worker = Worker::current();
   if (worker == nullptr)
-    return std::unexpected(client_error(Errc::kNotOnWorker, "not on a worker"));
-  // libpq connects blocking (name lookup, TLS): a helper thread waits for it, the fiber parks.
-  std::string timeout = std::to_string(std::max<std::int64_t>(
-      2, std::chrono::ceil<std::chrono::seconds>(options.connect_timeout).count()));
-  bool has_timeout = options.conninfo.find("connect_timeout") != std::string::npos;
-  PGconn* conn = catalog->helpers().run([&] {
-    const char* keys[] = {"dbname", has_timeout ? nullptr : "connect_timeout", nullptr};
-    const char* values[] = {options.conninfo.c_str(), timeout.c_str(), nullptr};
-    return PQconnectdbParams(keys, values, /*expand_dbname=*/1);
-  });
-  if (conn == nullptr) return std::unexpected(client_error(Errc::kConnectFailed, "out of memory"));
-  if (PQstatus(conn) != CONNECTION_OK || PQsetnonblocking(conn, 1) != 0 ||
-      PQenterPipelineMode(conn) != 1) {
-    Error why = client_error(Errc::kConnectFailed, trimmed(PQerrorMessage(conn)));
+    return std::unexpected(unsent_error(Errc::kNotOnWorker, "not on a worker"));
+  auto opened = connect(catalog->connect_params(), catalog->resolver(), deadline);
+  if (!opened) return std::unexpected(opened.error());
+  PGconn* conn = opened->conn;
+  if (PQsetnonblocking(conn, 1) != 0 || PQenterPipelineMode(conn) != 1) {
+    Error why = unsent_error(Errc::kConnectFailed, trimmed(PQerrorMessage(conn)));
+    worker->reactor().release(opened->slot);
     PQfinish(conn);
     return std::unexpected(std::move(why));
   }
-  auto slot = worker->reactor().add(PQsocket(conn));
-  if (!slot) {
-    PQfinish(conn);
-    return std::unexpected(client_error(Errc::kConnectFailed, slot.error().message()));
-  }
   std::shared_ptr<Connection> self(
-      new Connection(conn, std::move(catalog), std::move(pool), options));
+      new Connection(conn, opened->slot, std::move(catalog), std::move(pool), options));
   self->worker_ = worker;
-  self->slot_ = *slot;
+  // A session that came up without spindle's settings (a pooler dropped `options`, or the
+  // conninfo's own set others): one statement, first on the connection, sets them.
+  if (!session_settings_in_force(conn)) Query setup = self->send(nullptr, kSessionSettingsSql, {});
   spawn([self] { self->drive(); }).detach();
   return self;
 }
 
-Connection::Connection(PGconn* conn, std::shared_ptr<Catalog> catalog, std::weak_ptr<Pool> pool,
-                       const Options& options)
+Connection::Connection(PGconn* conn, IoSlot* slot, std::shared_ptr<Catalog> catalog,
+                       std::weak_ptr<Pool> pool, const Options& options)
     : conn_(conn),
-      cancel_(PQgetCancel(conn)),
+      slot_(slot),
+      cancel_(PQgetCancel(conn), [](PGcancel* c) { PQfreeCancel(c); }),
       catalog_(std::move(catalog)),
       pool_(std::move(pool)),
       idle_timeout_(options.idle_timeout),
+      grace_(options.cancel_grace),
       born_(std::chrono::steady_clock::now()) {}
 
 Connection::~Connection() {
   if (conn_ != nullptr) PQfinish(conn_);
-  if (cancel_ != nullptr) PQfreeCancel(cancel_);
 }
 
-Query Connection::send(const Statement* statement, std::string_view sql,
-                       std::span<const Param> params) {
-  Query query;
+// --- Sending -------------------------------------------------------------------------------
+
+std::optional<Error> Connection::refusal(std::span<const Param> params) const {
   if (!usable()) {
-    query.outcome_ = std::unexpected(
-        client_error(broken_ ? Errc::kConnectionLost : Errc::kClosed, "the connection is closing"));
-    return query;
+    return unsent_error(broken_ ? Errc::kConnectionLost : Errc::kClosed,
+                        "the connection is closing");
   }
   // What libpq cannot carry is refused before anything is queued on the connection.
-  if (params.size() > 65535) {
-    query.outcome_ = std::unexpected(client_error(Errc::kBadValue, "more than 65535 parameters"));
-    return query;
-  }
+  if (params.size() > 65535) return unsent_error(Errc::kBadValue, "more than 65535 parameters");
   for (const Param& p : params) {
     const auto* text = std::get_if<std::string_view>(&p);
     const auto* raw = std::get_if<Bytes>(&p);
     // PostgreSQL takes no value over 1 GiB (and libpq's lengths are ints).
     if ((text != nullptr && text->size() >= kMaxValue) ||
         (raw != nullptr && raw->data.size() >= kMaxValue)) {
-      query.outcome_ = std::unexpected(client_error(Errc::kBadValue, "a parameter over 1 GiB"));
-      return query;
+      return unsent_error(Errc::kBadValue, "a parameter over 1 GiB");
     }
     if (text != nullptr && text->find('\0') != std::string_view::npos) {
-      query.outcome_ = std::unexpected(client_error(
-          Errc::kBadValue, "a text parameter holds a NUL byte (send bytes as pg::Bytes)"));
-      return query;
+      return unsent_error(Errc::kBadValue,
+                          "a text parameter holds a NUL byte (send bytes as pg::Bytes)");
     }
   }
-  std::string name;
-  if (statement != nullptr) {
-    name = statement_name(statement->id);
-    if (prepared_.size() <= statement->id) prepared_.resize(statement->id + 1);
-    if (!prepared_[statement->id]) {
-      std::string text = catalog_->sql(statement->id);
-      if (PQsendPrepare(conn_, name.c_str(), text.c_str(), 0, nullptr) != 1) {
-        query.outcome_ =
-            std::unexpected(client_error(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_))));
-        shut(Errc::kConnectionLost);
-        return query;
-      }
-      prepared_[statement->id] = true;
-      fifo_.push_back(Entry{Entry::kParse, nullptr, statement->id});
-    }
+  return std::nullopt;
+}
+
+Expected<std::string> Connection::prepared_name(std::uint32_t id) {
+  if (prepared_.size() <= id) prepared_.resize(id + 1, kNotPrepared);
+  if (prepared_[id] != kNotPrepared) return statement_name(id, generation_);
+  std::string text = catalog_->sql(id);
+  StatementKind kind = classify_statement(text);
+  if (kind == StatementKind::kCopyThroughClient) {
+    Error e = unsupported_copy();
+    e.not_sent = true;
+    return std::unexpected(std::move(e));
   }
+  std::string name = statement_name(id, generation_);
+  if (PQsendPrepare(conn_, name.c_str(), text.c_str(), 0, nullptr) != 1) {
+    Error e = unsent_error(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_)));
+    shut(Errc::kConnectionLost, e.message);
+    return std::unexpected(std::move(e));
+  }
+  prepared_[id] = kind == StatementKind::kDropsPrepared ? kPreparedDropsPrepared : kPrepared;
+  fifo_.push_back(Entry{Entry::kParse, nullptr, id, generation_});
+  return name;
+}
+
+void Connection::encode(std::span<const Param> params) {
   // Parameters go as text (NUL-terminated, one after another in one buffer), bytes in binary.
   // Scratch of the connection's, reused: no allocation per statement once they have grown.
   std::size_t n = params.size();
-  auto& values = param_values_;
-  auto& lengths = param_lengths_;
-  auto& formats = param_formats_;
-  auto& offsets = param_offsets_;
-  values.assign(n, nullptr);
-  lengths.assign(n, 0);
-  formats.assign(n, 0);
-  offsets.assign(n, std::string::npos);
+  param_values_.assign(n, nullptr);
+  param_lengths_.assign(n, 0);
+  param_formats_.assign(n, 0);
+  param_offsets_.assign(n, std::string::npos);
   param_text_.clear();
   for (std::size_t i = 0; i < n; ++i) {
     const Param& p = params[i];
     std::size_t at = param_text_.size();
     if (std::holds_alternative<std::nullptr_t>(p) || std::holds_alternative<Bytes>(p)) continue;
-    offsets[i] = at;
+    param_offsets_[i] = at;
     if (const auto* b = std::get_if<bool>(&p)) {
       param_text_ += *b ? "t" : "f";
     } else if (const auto* v = std::get_if<std::int64_t>(&p)) {
@@ -160,31 +173,66 @@ Query Connection::send(const Statement* statement, std::string_view sql,
   }
   for (std::size_t i = 0; i < n; ++i) {
     if (const auto* b = std::get_if<Bytes>(&params[i])) {
-      values[i] = b->data.data();
-      lengths[i] = static_cast<int>(b->data.size());
-      formats[i] = 1;
-    } else if (offsets[i] != std::string::npos) {
-      values[i] = param_text_.data() + offsets[i];
+      param_values_[i] = b->data.data();
+      param_lengths_[i] = static_cast<int>(b->data.size());
+      param_formats_[i] = 1;
+    } else if (param_offsets_[i] != std::string::npos) {
+      param_values_[i] = param_text_.data() + param_offsets_[i];
     }
   }
-  int count = static_cast<int>(n);
-  int sent = statement != nullptr
-                 ? PQsendQueryPrepared(conn_, name.c_str(), count, values.data(), lengths.data(),
-                                       formats.data(), 0)
-                 : PQsendQueryParams(conn_, std::string(sql).c_str(), count, nullptr, values.data(),
-                                     lengths.data(), formats.data(), 0);
-  if (sent != 1 || PQpipelineSync(conn_) != 1) {
-    query.outcome_ =
-        std::unexpected(client_error(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_))));
-    shut(Errc::kConnectionLost);
-    return query;
+}
+
+Query Connection::send(const Statement* statement, std::string_view sql,
+                       std::span<const Param> params) {
+  if (canceling_ && !wait_for_cancel()) {
+    return Query::failed(unsent_error(usable() ? Errc::kCanceled : Errc::kConnectionLost,
+                                      "gave up waiting for a cancel request's answer"));
   }
-  fifo_.push_back(Entry{Entry::kExecute, &query, 0});
+  if (auto refused = refusal(params)) return Query::failed(std::move(*refused));
+  std::string name;
+  bool drops_prepared = false;
+  if (statement != nullptr) {
+    auto prepared = prepared_name(statement->id);
+    if (!prepared) return Query::failed(std::move(prepared.error()));
+    name = std::move(*prepared);
+    drops_prepared = prepared_[statement->id] == kPreparedDropsPrepared;
+  } else {
+    StatementKind kind = classify_statement(sql);
+    if (kind == StatementKind::kCopyThroughClient) {
+      Error e = unsupported_copy();
+      e.not_sent = true;
+      return Query::failed(std::move(e));
+    }
+    drops_prepared = kind == StatementKind::kDropsPrepared;
+  }
+  encode(params);
+  int count = static_cast<int>(params.size());
+  int sent =
+      statement != nullptr
+          ? PQsendQueryPrepared(conn_, name.c_str(), count, param_values_.data(),
+                                param_lengths_.data(), param_formats_.data(), 0)
+          : PQsendQueryParams(conn_, std::string(sql).c_str(), count, nullptr, param_values_.data(),
+                              param_lengths_.data(), param_formats_.data(), 0);
+  if (sent != 1 || PQpipelineSync(conn_) != 1) {
+    // libpq refused it whole (its connection is gone): nothing of it was written.
+    Error e = unsent_error(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_)));
+    shut(Errc::kConnectionLost, e.message);
+    return Query::failed(std::move(e));
+  }
+  Query query;
+  fifo_.push_back(
+      Entry{Entry::kExecute, &query, statement != nullptr ? statement->id : 0, generation_});
   ++in_flight_;
   query.connection_ = shared_from_this();
   query.sequence_ = first_sequence_ + fifo_.size() - 1;
+  if (drops_prepared) forget_prepared();  // the statements after it prepare again, renamed
   flush();
   return query;  // elided, or moved: a Query's move points the entry at its new place
+}
+
+void Connection::forget_prepared() {
+  ++generation_;
+  std::fill(prepared_.begin(), prepared_.end(), kNotPrepared);
 }
 
 void Connection::flush() {
@@ -203,46 +251,160 @@ void Connection::flush() {
   }).detach();
 }
 
+// --- Giving up, and cancel requests ----------------------------------------------------------
+
+void Connection::rebind(std::uint64_t sequence, Query* owner) {
+  if (sequence >= first_sequence_ && sequence - first_sequence_ < fifo_.size()) {
+    fifo_[sequence - first_sequence_].owner = owner;
+  }
+}
+
+void Connection::abandon(std::uint64_t sequence, bool gave_up) {
+  if (sequence < first_sequence_ || sequence - first_sequence_ >= fifo_.size()) return;
+  std::size_t index = sequence - first_sequence_;
+  Entry& e = fifo_[index];
+  e.owner = nullptr;
+  if (!gave_up || e.gave_up || broken_) return;
+  quiet_since_ = std::chrono::steady_clock::now();  // the grace counts from here at the least
+  e.gave_up = true;
+  ++given_up_;
+  // A cancel stops whatever the server runs when it arrives: it is sent only for the execution
+  // the server is on now (the first in the queue, its results not all in) with nothing behind
+  // it, and nothing is sent after it until the server has taken it (send waits). Otherwise the
+  // statement runs to its end, and the connection is closed if it stays silent too long.
+  bool running = !e.sync_pending;
+  for (std::size_t i = 0; i < index && running; ++i) running = fifo_[i].kind == Entry::kParse;
+  if (running && index + 1 == fifo_.size() && !canceling_ && cancel_ != nullptr) send_cancel();
+  wake_driver();  // to wait no longer than the grace
+}
+
+void Connection::send_cancel() {
+  auto running = catalog_->cancels();
+  if (running->fetch_add(1) >= kMaxCancels) {
+    running->fetch_sub(1);
+    return;
+  }
+  auto done = std::make_shared<Event>();
+  try {
+    std::thread([cancel = cancel_, done, running] {
+      char message[256];
+      if (PQcancel(cancel.get(), message, sizeof message) != 1) {
+        log_warn("pg: cancel request failed: {}", message);
+      }
+      running->fetch_sub(1);
+      done->set();
+    }).detach();
+  } catch (const std::system_error& e) {
+    running->fetch_sub(1);
+    log_warn("pg: no thread for a cancel request: {}", e.what());
+    return;
+  }
+  canceling_ = true;
+  spawn([self = shared_from_this(), done] { self->await_cancel(done); }).detach();
+}
+
+void Connection::await_cancel(const std::shared_ptr<Event>& done) {
+  // PQcancel returns once the server has taken the request (it closes the cancel connection
+  // after signalling the backend): a statement sent after that cannot be hit by it.
+  std::error_code ec = done->wait(Deadline::after(grace_));
+  canceling_ = false;
+  if (ec == std::errc::timed_out && usable()) {
+    evicted_ = true;
+    shut(Errc::kConnectionLost, "the server did not take a cancel request within cancel_grace");
+  }
+  for (Waiter* w : std::exchange(cancel_waiters_, {})) w->notify();
+  if (!troubled()) {
+    if (auto pool = pool_.lock()) pool->changed();
+  }
+  wake_driver();
+}
+
+bool Connection::wait_for_cancel() {
+  while (canceling_ && usable()) {
+    Waiter waiter;
+    cancel_waiters_.push_back(&waiter);
+    std::error_code ec = park(waiter, Deadline::never());
+    std::erase(cancel_waiters_, &waiter);
+    if (ec) return false;
+  }
+  return usable();
+}
+
+// --- The driver ----------------------------------------------------------------------------
+
 void Connection::drive() {
   auto self = shared_from_this();  // alive until the driver ends
-  int fd = PQsocket(conn_);
   for (;;) {
     if (PQconsumeInput(conn_) != 1) {
       fail_all(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_)));
       break;
     }
-    if (!take_results() || broken_) break;
-    if (shutting_) {  // shut() before the driver parked
-      fail_all(shut_reason_, "the connection was closed");
+    if (!take_results()) {
+      fail_all(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_)));
+      break;
+    }
+    if (shutting_) {  // shut()
+      fail_all(shut_reason_, shut_message_);
       break;
     }
     if (retiring_ && fifo_.empty()) break;
-    // libpq reads once per call: if bytes are left in the socket no readiness edge will come
-    // for them, so look before parking.
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 0) > 0) continue;
-    // Over TLS, records already read from the socket wait in OpenSSL's buffer: no readiness
-    // will come for them either.
-    if (auto* ssl = static_cast<SSL*>(PQsslStruct(conn_, "OpenSSL")); ssl && SSL_pending(ssl) > 0) {
+    // libpq reads once per call, and OpenSSL keeps records it read: no readiness edge will
+    // come for bytes left there, so look before parking.
+    if (input_pending(conn_)) continue;
+    std::error_code ec = wait_ready(*slot_, IoDirection::kRead, wait_deadline());
+    if (!ec) {
+      if (troubled()) quiet_since_ = std::chrono::steady_clock::now();  // bytes came
       continue;
     }
-    bool idle = fifo_.empty() && !reserved && idle_timeout_.count() > 0;
-    std::error_code ec = wait_ready(*slot_, IoDirection::kRead,
-                                    idle ? Deadline::after(idle_timeout_) : Deadline::never());
     if (ec == std::errc::timed_out) {
-      if (fifo_.empty() && !reserved) break;  // idle too long: closed
+      if (stalled() && std::chrono::steady_clock::now() >= quiet_since_ + grace_) {
+        evicted_ = true;
+        fail_all(Errc::kConnectionLost,
+                 "PostgreSQL sent nothing within cancel_grace after a call gave up: the "
+                 "connection was closed");
+        break;
+      }
+      if (fifo_.empty() && !reserved && !troubled()) break;  // idle too long: closed
       continue;
     }
-    if (ec) {  // the runtime stops, or shut()
-      fail_all(shut_reason_, "the connection was closed");
+    if (this_fiber::stop_requested()) {  // the runtime stops
+      fail_all(Errc::kClosed, "the runtime stopped");
       break;
     }
+    // Woken to wait again (wake_driver), or by shut(): the loop's top sees which.
   }
   finish();
 }
 
+Deadline Connection::wait_deadline() const {
+  Deadline until = Deadline::never();
+  if (fifo_.empty() && !reserved && idle_timeout_.count() > 0) {
+    until = Deadline::after(idle_timeout_);
+  }
+  if (stalled()) until = earliest(until, Deadline::at(quiet_since_ + grace_));
+  return until;
+}
+
+bool Connection::stalled() const {
+  if (!troubled()) return false;
+  for (const Entry& e : fifo_) {
+    if (e.kind == Entry::kExecute) return e.owner == nullptr;
+  }
+  return canceling_;
+}
+
+void Connection::wake_driver() {
+  // The reader alone: a flusher may wait on the same slot for writing.
+  if (slot_ == nullptr) return;
+  if (Waiter* waiter = std::exchange(slot_->reader, nullptr)) {
+    if (waiter->claim(WakeReason::kCanceled)) waiter->wake();
+  }
+}
+
 bool Connection::take_results() {
-  while (PQisBusy(conn_) == 0) {
+  for (;;) {
+    if (copy_out_ && !drain_copy_out()) break;
+    if (PQisBusy(conn_) != 0) break;
     PGresult* r = PQgetResult(conn_);
     if (fifo_.empty()) {
       if (r == nullptr) break;
@@ -263,55 +425,105 @@ bool Connection::take_results() {
     ExecStatusType status = PQresultStatus(r);
     if (status == PGRES_PIPELINE_SYNC) {
       PQclear(r);
-      if (e.kind == Entry::kExecute) {
-        Expected<Result> outcome = e.outcome ? std::move(*e.outcome) : Expected<Result>(Result());
-        Query* owner = e.owner;
-        fifo_.pop_front();
-        ++first_sequence_;
-        --in_flight_;
-        deliver(owner, std::move(outcome));
-        if (in_flight_ == 0) {
-          if (auto pool = pool_.lock()) pool->idle(this);
-        }
-      }
+      if (e.kind == Entry::kExecute) complete_front();
       continue;
     }
     if (e.kind == Entry::kParse) {
       if (status == PGRES_FATAL_ERROR) {
         last_parse_error_ = server_error(r);
-        if (e.statement < prepared_.size()) prepared_[e.statement] = false;
+        if (e.statement < prepared_.size() && e.generation == generation_) {
+          prepared_[e.statement] = kNotPrepared;
+        }
       }
       PQclear(r);
       continue;
     }
-    if (e.outcome) {  // one result per statement is kept
-      PQclear(r);
-      continue;
-    }
-    switch (status) {
-      case PGRES_TUPLES_OK:
-      case PGRES_COMMAND_OK:
-      case PGRES_EMPTY_QUERY:
-        e.outcome.emplace(Result(r));
-        break;
-      case PGRES_PIPELINE_ABORTED:
-        PQclear(r);
-        e.outcome.emplace(std::unexpected(
-            last_parse_error_.code ? last_parse_error_
-                                   : client_error(Errc::kServerError, "pipeline aborted")));
-        break;
-      case PGRES_FATAL_ERROR:
-        e.outcome.emplace(std::unexpected(server_error(r)));
-        PQclear(r);
-        break;
-      default:
-        e.outcome.emplace(std::unexpected(client_error(
-            Errc::kServerError, fmt::format("unexpected result: {}", PQresStatus(status)))));
-        PQclear(r);
-        break;
-    }
+    if (!on_result(e, status, r)) return false;
   }
   return PQstatus(conn_) == CONNECTION_OK;
+}
+
+bool Connection::on_result(Entry& e, ExecStatusType status, PGresult* r) {
+  if (e.outcome) {  // one result per statement is kept
+    PQclear(r);
+    return true;
+  }
+  switch (status) {
+    case PGRES_TUPLES_OK:
+    case PGRES_COMMAND_OK:
+    case PGRES_EMPTY_QUERY:
+      e.outcome.emplace(Result(r));
+      return true;
+    case PGRES_PIPELINE_ABORTED:
+      PQclear(r);
+      e.outcome.emplace(std::unexpected(
+          last_parse_error_.code ? last_parse_error_
+                                 : client_error(Errc::kServerError, "pipeline aborted")));
+      return true;
+    case PGRES_FATAL_ERROR: {
+      Error error = server_error(r);
+      PQclear(r);
+      // The statement's name is gone from the session (DEALLOCATE, DISCARD ALL, a pooler's
+      // other session): it did not run; the next call prepares it again.
+      if (error.sqlstate == "26000" && e.statement != 0 && e.generation == generation_) {
+        forget_prepared();
+        error.message += " (it is prepared again for the next call)";
+      }
+      e.outcome.emplace(std::unexpected(std::move(error)));
+      return true;
+    }
+    case PGRES_COPY_OUT:
+      // Its rows are read and thrown away (drain_copy_out), then its end, then its Sync.
+      PQclear(r);
+      e.outcome.emplace(std::unexpected(unsupported_copy()));
+      copy_out_ = true;
+      return true;
+    case PGRES_COPY_IN:
+      // The server fails the COPY (and, if anything is pipelined behind it, the connection:
+      // it reads those messages as the COPY's data).
+      PQclear(r);
+      e.outcome.emplace(std::unexpected(unsupported_copy()));
+      if (PQputCopyEnd(conn_, "COPY FROM STDIN is not carried by spindle::pg") != 1) return false;
+      flush();
+      return true;
+    case PGRES_COPY_BOTH:  // a replication stream: the connection cannot come back from it
+      PQclear(r);
+      e.outcome.emplace(std::unexpected(unsupported_copy()));
+      return false;
+    default:
+      e.outcome.emplace(std::unexpected(client_error(
+          Errc::kServerError, fmt::format("unexpected result: {}", PQresStatus(status)))));
+      PQclear(r);
+      return true;
+  }
+}
+
+bool Connection::drain_copy_out() {
+  for (;;) {
+    char* row = nullptr;
+    int n = PQgetCopyData(conn_, &row, /*async=*/1);
+    if (row != nullptr) PQfreemem(row);
+    if (n > 0) continue;
+    if (n == 0) return false;  // more to come
+    copy_out_ = false;         // -1: done; -2: an error, which PQgetResult reports next
+    return true;
+  }
+}
+
+void Connection::complete_front() {
+  Entry& e = fifo_.front();
+  Expected<Result> outcome = e.outcome ? std::move(*e.outcome) : Expected<Result>(Result());
+  Query* owner = e.owner;
+  bool gave_up = e.gave_up;
+  fifo_.pop_front();
+  ++first_sequence_;
+  --in_flight_;
+  if (gave_up) --given_up_;
+  if (troubled()) quiet_since_ = std::chrono::steady_clock::now();  // the server moved on
+  deliver(owner, std::move(outcome));
+  if (in_flight_ == 0 || (gave_up && !troubled())) {
+    if (auto pool = pool_.lock()) pool->changed();
+  }
 }
 
 void Connection::deliver(Query* owner, Expected<Result> outcome) {
@@ -334,63 +546,43 @@ void Connection::fail_all(Errc why, const std::string& message) {
   fifo_.clear();
   first_sequence_ += entries.size();
   in_flight_ = 0;
+  given_up_ = 0;
   for (Entry& e : entries) {
-    if (e.kind == Entry::kExecute) deliver(e.owner, std::unexpected(client_error(why, message)));
+    if (e.kind != Entry::kExecute) continue;
+    // An error that came is the statement's own (it failed: nothing of it stays); a result
+    // without its Sync says nothing of the commit: that outcome is unknown.
+    bool failed = e.outcome && !e.outcome->has_value();
+    deliver(e.owner, failed ? std::move(*e.outcome) : std::unexpected(client_error(why, message)));
   }
 }
 
 void Connection::retire() {
   retiring_ = true;
   // An idle driver is parked for reading: wake it to close now.
-  if (fifo_.empty() && slot_ != nullptr) cancel_waits(*slot_);
+  if (fifo_.empty()) wake_driver();
 }
 
-void Connection::shut(Errc why) {
+void Connection::shut(Errc why, std::string message) {
   shut_reason_ = why;
+  shut_message_ = std::move(message);
   shutting_ = true;
   retiring_ = true;
-  if (slot_ != nullptr) cancel_waits(*slot_);  // the driver wakes, fails the calls and ends
+  wake_driver();  // the driver wakes, fails the calls and ends
 }
 
 void Connection::finish() {
   broken_ = true;
-  if (auto pool = pool_.lock()) pool->remove(this);
+  for (Waiter* w : std::exchange(cancel_waiters_, {})) w->notify();
+  if (auto pool = pool_.lock()) pool->remove(this, evicted_);
   if (slot_ != nullptr) {
-    cancel_waits(*slot_);
+    cancel_waits(*slot_);  // a flusher
     worker_->reactor().release(slot_);
     slot_ = nullptr;
   }
   // The descriptor goes with libpq's connection; the cancel object stays (a cancel may be on
-  // its way on a helper thread, which holds this object).
+  // its way on a thread of its own, which holds it).
   PQfinish(conn_);
   conn_ = nullptr;
-}
-
-void Connection::rebind(std::uint64_t sequence, Query* owner) {
-  if (sequence >= first_sequence_ && sequence - first_sequence_ < fifo_.size()) {
-    fifo_[sequence - first_sequence_].owner = owner;
-  }
-}
-
-void Connection::abandon(std::uint64_t sequence, bool cancel) {
-  if (sequence < first_sequence_ || sequence - first_sequence_ >= fifo_.size()) return;
-  std::size_t index = sequence - first_sequence_;
-  fifo_[index].owner = nullptr;
-  // Only the statement the server is on now is worth a cancel (a cancel stops whatever runs
-  // when it arrives): the first execution in the queue, its results not all in.
-  bool running = !fifo_[index].sync_pending;
-  for (std::size_t i = 0; i < index && running; ++i) running = fifo_[i].kind == Entry::kParse;
-  if (!cancel || !running || cancel_ == nullptr || broken_) return;
-  auto self = shared_from_this();
-  spawn([self] {
-    (void)self->catalog_->helpers().run([&] {
-      char message[256];
-      if (PQcancel(self->cancel_, message, sizeof message) != 1) {
-        log_warn("pg: cancel request failed: {}", message);
-      }
-      return 0;
-    });
-  }).detach();
 }
 
 }  // namespace spindle::pg

@@ -1,13 +1,16 @@
 #pragma once
 // One PostgreSQL connection in pipeline mode (private to src/pg). Statements are written by the
 // fibers that send them; one driver fiber per connection reads the results and hands each to
-// the Query waiting for it, in order. Everything happens on the connection's worker's thread.
+// the Query waiting for it, in order. Everything happens on the connection's worker's thread,
+// but for cancel requests, each made on a thread of its own (libpq's PQcancel blocks).
 
 #include <libpq-fe.h>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -19,94 +22,163 @@
 
 namespace spindle {
 class Worker;
-class BlockingPool;
+class Resolver;
+class Event;
 }  // namespace spindle
 
 namespace spindle::pg {
 
 class Pool;
+struct ConnectParams;
 
 /// An Error of spindle's own (no SQLSTATE): `code` and what happened.
 inline Error client_error(Errc code, std::string message) {
   return Error{make_error_code(code), {}, std::move(message)};
 }
 
-/// What a connection needs of its Database: the statements' SQL and the helper threads.
+/// The same for a statement that never left the client (Error::not_sent).
+inline Error unsent_error(Errc code, std::string message) {
+  Error e = client_error(code, std::move(message));
+  e.not_sent = true;
+  return e;
+}
+
+/// What a connection needs of its Database: the statements' SQL, how to connect, the resolver
+/// for host names and the count of cancel requests on their way.
 struct Catalog {
   /// The SQL of statement `id` (registered with Database::prepare).
   virtual std::string sql(std::uint32_t id) const = 0;
-  virtual BlockingPool& helpers() = 0;
+  virtual const ConnectParams& connect_params() const = 0;
+  /// Made when first needed (a conninfo naming hosts): helper threads of its own.
+  virtual Resolver& resolver() = 0;
+  /// Cancel requests on their way, each on a thread of its own; shared with those threads.
+  virtual std::shared_ptr<std::atomic<int>> cancels() = 0;
   virtual ~Catalog() = default;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
-  /// Connects (on a helper thread: libpq resolves names and negotiates TLS blocking), then
-  /// takes the connection into pipeline mode on the calling worker and starts its driver.
+  /// Connects on the calling worker (connect.h: names resolved on helper threads, libpq's
+  /// non-blocking connect on the reactor) until `deadline`, then takes the connection into
+  /// pipeline mode and starts its driver. Errors are Errc::kConnectFailed.
   static Expected<std::shared_ptr<Connection>> open(const Options& options,
                                                     std::shared_ptr<Catalog> catalog,
-                                                    std::weak_ptr<Pool> pool);
+                                                    std::weak_ptr<Pool> pool, Deadline deadline);
   ~Connection();
 
   /// Sends a prepared statement (its Parse first, the first time on this connection) or an
-  /// unnamed one, each with its own Sync. The Query holds an error if it could not be sent.
+  /// unnamed one, each with its own Sync. The Query holds an error if it could not be sent
+  /// (then Error::not_sent). Waits while a cancel request is on its way (a transaction's
+  /// connection: what is sent then could be hit by it).
   Query send(const Statement* statement, std::string_view sql, std::span<const Param> params);
 
   /// Statements sent whose results have not all come.
   std::size_t in_flight() const { return in_flight_; }
   bool usable() const { return !broken_ && !retiring_; }
+  /// Usable, no call on it gave up unanswered and no cancel request is on its way: new calls
+  /// may join it.
+  bool healthy() const { return usable() && given_up_ == 0 && !canceling_; }
   /// Taken by a transaction (no other call shares it meanwhile).
   bool reserved = false;
+  /// Kept free of new calls so that it drains for the transaction first in line (Pool).
+  bool promised = false;
+  /// Handed to a waiting call that has not sent yet (Pool counts it as a statement).
+  std::size_t pending_picks = 0;
   std::chrono::steady_clock::time_point born() const { return born_; }
   /// Closes it once its calls are answered (max_lifetime, or the pool closing).
   void retire();
   /// Fails every call on it with `why` and closes it now.
-  void shut(Errc why);
+  void shut(Errc why, std::string message = "the connection was closed");
 
   // Query's side.
   void rebind(std::uint64_t sequence, Query* owner);
-  /// The owner gave up (deadline, cancellation, destroyed): its result is thrown away when it
-  /// comes; if the server is running it now, `cancel` asks the server to stop it.
-  void abandon(std::uint64_t sequence, bool cancel);
+  /// The owner is gone: its result is thrown away when it comes. `gave_up` (its deadline
+  /// passed, or its fiber was canceled): if the server runs that statement now and nothing is
+  /// pipelined behind it, a cancel request goes to the server; the connection takes no new
+  /// calls until its calls that gave up are answered, and is closed if the server goes
+  /// Options::cancel_grace without a sign of life while nobody waits for what it runs.
+  void abandon(std::uint64_t sequence, bool gave_up);
 
  private:
   struct Entry {
     enum Kind { kParse, kExecute } kind;
     Query* owner = nullptr;
-    std::uint32_t statement = 0;  ///< for kParse: which (unprepared again if it fails)
-    bool sync_pending = false;    ///< the results are in, the Sync's not yet
+    std::uint32_t statement = 0;   ///< the prepared statement's id (0: unnamed)
+    std::uint32_t generation = 0;  ///< of the statement names it used
+    bool sync_pending = false;     ///< the results are in, the Sync's not yet
+    bool gave_up = false;          ///< its caller gave up unanswered (abandon)
     std::optional<Expected<Result>> outcome;
   };
 
-  Connection(PGconn* conn, std::shared_ptr<Catalog> catalog, std::weak_ptr<Pool> pool,
+  Connection(PGconn* conn, IoSlot* slot, std::shared_ptr<Catalog> catalog, std::weak_ptr<Pool> pool,
              const Options& options);
+  /// The first check of a statement: an error if it cannot be sent (nothing written then).
+  std::optional<Error> refusal(std::span<const Param> params) const;
+  /// The name of prepared statement `id` on this connection, with its Parse written first if
+  /// it is not prepared here yet; an error if it cannot be sent.
+  Expected<std::string> prepared_name(std::uint32_t id);
+  /// The parameters in libpq's arrays (param_values_ ...), text in param_text_.
+  void encode(std::span<const Param> params);
+  /// The statement names in use are gone from the session (DISCARD ALL, DEALLOCATE, a
+  /// pooler's other session): later statements are prepared again under new names.
+  void forget_prepared();
+  bool wait_for_cancel();
+  void send_cancel();
+  void await_cancel(const std::shared_ptr<Event>& done);
+  void flush();
+
   void drive();
+  /// When the driver stops waiting: the idle timeout, or the end of the cancel's grace.
+  Deadline wait_deadline() const;
+  bool troubled() const { return given_up_ > 0 || canceling_; }
+  /// Troubled, and nobody waits for the statement the server is on (its caller gave up, or
+  /// left): then the server's silence for the grace closes the connection. A statement whose
+  /// caller still waits is never cut short for those behind it.
+  bool stalled() const;
+  /// Wakes the driver to wait again with what wait_deadline() says now.
+  void wake_driver();
   /// Takes every result libpq has complete; false if the connection broke.
   bool take_results();
+  /// Rows of a COPY TO STDOUT, thrown away: false while more are to come.
+  bool drain_copy_out();
+  /// One result of the execution at the front; false if the connection cannot go on.
+  bool on_result(Entry& e, ExecStatusType status, PGresult* r);
+  /// The front execution's Sync came: its outcome goes to its caller.
+  void complete_front();
   void deliver(Query* owner, Expected<Result> outcome);
-  void flush();
   void fail_all(Errc why, const std::string& message);
   void finish();
   Error server_error(const PGresult* result) const;
 
   PGconn* conn_;
-  PGcancel* cancel_ = nullptr;
+  IoSlot* slot_;
+  std::shared_ptr<PGcancel> cancel_;  ///< shared with cancel threads still on their way
   std::shared_ptr<Catalog> catalog_;
   std::weak_ptr<Pool> pool_;
   Worker* worker_ = nullptr;
-  IoSlot* slot_ = nullptr;
   std::chrono::milliseconds idle_timeout_;
+  std::chrono::milliseconds grace_;
   std::chrono::steady_clock::time_point born_;
   std::deque<Entry> fifo_;
   std::uint64_t first_sequence_ = 0;  ///< the sequence of fifo_.front()
   std::size_t in_flight_ = 0;
-  std::vector<bool> prepared_;  ///< by statement id
+  std::size_t given_up_ = 0;  ///< entries in fifo_ whose callers gave up unanswered
+  /// The last sign of life while troubled: a byte from the server, a statement completed, a
+  /// call given up (the grace of stalled() counts from it).
+  std::chrono::steady_clock::time_point quiet_since_;
+  std::vector<std::uint8_t> prepared_;  ///< by statement id: a PreparedState
+  std::uint32_t generation_ = 0;        ///< of the statement names (forget_prepared)
   Error last_parse_error_;
+  std::vector<Waiter*> cancel_waiters_;  ///< sends waiting for the cancel request's answer
+  bool canceling_ = false;               ///< a cancel request is on its way
+  bool copy_out_ = false;                ///< rows of a COPY TO STDOUT are coming
   bool flushing_ = false;
   bool broken_ = false;
   bool retiring_ = false;
   bool shutting_ = false;
+  bool evicted_ = false;  ///< closed for not answering after a call gave up
   Errc shut_reason_ = Errc::kClosed;
+  std::string shut_message_;
   std::string param_text_;                 ///< scratch for the text of parameters
   std::vector<const char*> param_values_;  ///< scratch for libpq's parameter arrays
   std::vector<int> param_lengths_, param_formats_;

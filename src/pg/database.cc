@@ -3,30 +3,50 @@
 
 #include <mutex>
 
+#include "connect.h"
 #include "connection.h"
 #include "pool.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/waiter.h"
 #include "spindle/fiber/worker.h"
-#include "spindle/sync/blocking_pool.h"
+#include "spindle/net/resolver.h"
 
 namespace spindle::pg {
 struct Database::Shared : Catalog {
-  explicit Shared(Options o) : options(std::move(o)) {}
+  explicit Shared(Options o)
+      : options(std::move(o)), params(pg::connect_params(options.conninfo)) {}
 
   std::string sql(std::uint32_t id) const override {
     std::lock_guard guard(lock);
     return statements.at(id - 1);
   }
-  BlockingPool& helpers() override { return helper_threads; }
+  const ConnectParams& connect_params() const override { return params; }
+  Resolver& resolver() override {
+    std::call_once(resolver_made, [this] { names = std::make_unique<Resolver>(2); });
+    return *names;
+  }
+  std::shared_ptr<std::atomic<int>> cancels() override { return cancels_running; }
 
   Options options;
+  ConnectParams params;
   mutable std::mutex lock;
-  std::vector<std::string> statements;       ///< statement id n is statements[n - 1]
-  BlockingPool helper_threads{2};            ///< connects and cancel requests (libpq blocks there)
+  std::vector<std::string> statements;  ///< statement id n is statements[n - 1]
+  std::once_flag resolver_made;
+  std::unique_ptr<Resolver> names;  ///< for host names (helper threads), made when first needed
+  std::shared_ptr<std::atomic<int>> cancels_running = std::make_shared<std::atomic<int>>(0);
   std::vector<std::shared_ptr<Pool>> pools;  ///< one per worker, made with the Database
   std::atomic<bool> closed{false};
 };
+
+namespace {
+
+// A call whose deadline passed before it could send is not sent (rather than sent to be
+// given up at once, its outcome unknown).
+Error expired_before_sending() {
+  return unsent_error(Errc::kTimedOut, "the deadline passed before the statement was sent");
+}
+
+}  // namespace
 
 // --- Query -------------------------------------------------------------------------------
 
@@ -73,12 +93,17 @@ Expected<Result> Query::result(Deadline deadline) {
       // Gave up first: the result is thrown away when it comes, the server asked to stop.
       if (connection_) connection_->abandon(sequence_, /*cancel=*/true);
       connection_.reset();
-      return std::unexpected(ec == std::errc::timed_out
-                                 ? client_error(Errc::kTimedOut, "the statement's deadline passed")
-                                 : client_error(Errc::kCanceled, "the calling fiber was canceled"));
+      return std::unexpected(
+          ec == std::errc::timed_out
+              ? client_error(Errc::kTimedOut,
+                             "the deadline passed after the statement was sent: it may have run "
+                             "(its outcome is unknown)")
+              : client_error(Errc::kCanceled,
+                             "the calling fiber was canceled after the statement was sent: it "
+                             "may have run (its outcome is unknown)"));
     }
   }
-  if (!outcome_) return std::unexpected(client_error(Errc::kClosed, "no statement was sent"));
+  if (!outcome_) return std::unexpected(unsent_error(Errc::kClosed, "no statement was sent"));
   Expected<Result> out = std::move(*outcome_);
   outcome_.reset();
   return out;
@@ -95,8 +120,18 @@ Transaction::Transaction(Transaction&& other) noexcept
 Transaction::~Transaction() {
   // Ended without commit() or rollback(): ROLLBACK goes out pipelined, nobody waits for it,
   // and the connection is shared again at once (what comes next runs after the ROLLBACK).
-  if (connection_) Query rollback = connection_->send(nullptr, "ROLLBACK", {});
+  if (connection_) Query rollback = send_end("ROLLBACK");
   release();
+}
+
+Query Transaction::send_end(std::string_view sql) {
+  Query end = connection_->send(nullptr, sql, {});
+  // Not sent, the transaction stays open on the server: the connection must never be shared
+  // so. Closed instead, the server rolls it back.
+  if (end.outcome_ && !end.outcome_->has_value() && end.outcome_->error().not_sent) {
+    connection_->shut(Errc::kConnectionLost, "a transaction's end could not be sent");
+  }
+  return end;
 }
 
 void Transaction::release() {
@@ -106,27 +141,31 @@ void Transaction::release() {
 }
 
 Query Transaction::start(const Statement& statement, std::span<const Param> params) {
-  if (!connection_) return Query::failed(client_error(Errc::kClosed, "the transaction has ended"));
+  if (!connection_) return Query::failed(unsent_error(Errc::kClosed, "the transaction has ended"));
   return connection_->send(&statement, {}, params);
 }
 
 Query Transaction::start(std::string_view sql, std::span<const Param> params) {
-  if (!connection_) return Query::failed(client_error(Errc::kClosed, "the transaction has ended"));
+  if (!connection_) return Query::failed(unsent_error(Errc::kClosed, "the transaction has ended"));
   return connection_->send(nullptr, sql, params);
 }
 
 Expected<Result> Transaction::query(const Statement& statement, std::span<const Param> params,
                                     Deadline deadline) {
+  if (deadline.expired()) return std::unexpected(expired_before_sending());
   return start(statement, params).result(deadline);
 }
 
 Expected<Result> Transaction::query(std::string_view sql, std::span<const Param> params,
                                     Deadline deadline) {
+  if (deadline.expired()) return std::unexpected(expired_before_sending());
   return start(sql, params).result(deadline);
 }
 
 Expected<void> Transaction::commit(Deadline deadline) {
-  auto done = start("COMMIT").result(deadline);
+  if (!connection_)
+    return std::unexpected(unsent_error(Errc::kClosed, "the transaction has ended"));
+  auto done = send_end("COMMIT").result(deadline);
   release();
   if (!done) return std::unexpected(done.error());
   // The server answers COMMIT in a failed transaction with ROLLBACK, and no error.
@@ -138,7 +177,9 @@ Expected<void> Transaction::commit(Deadline deadline) {
 }
 
 Expected<void> Transaction::rollback(Deadline deadline) {
-  auto done = start("ROLLBACK").result(deadline);
+  if (!connection_)
+    return std::unexpected(unsent_error(Errc::kClosed, "the transaction has ended"));
+  auto done = send_end("ROLLBACK").result(deadline);
   release();
   if (!done) return std::unexpected(done.error());
   return {};
@@ -175,8 +216,8 @@ Expected<std::shared_ptr<Connection>> Database::pick(bool exclusive, Deadline de
   if (pool == nullptr) {
     return std::unexpected(
         shared_->closed.load()
-            ? client_error(Errc::kClosed, "the database is closed")
-            : client_error(Errc::kNotOnWorker, "called outside a fiber of the database's runtime"));
+            ? unsent_error(Errc::kClosed, "the database is closed")
+            : unsent_error(Errc::kNotOnWorker, "called outside a fiber of the database's runtime"));
   }
   return pool->pick(exclusive, deadline);
 }
@@ -197,6 +238,7 @@ Expected<Result> Database::query(const Statement& statement, std::span<const Par
                                  Deadline deadline) {
   auto connection = pick(false, deadline);
   if (!connection) return std::unexpected(connection.error());
+  if (deadline.expired()) return std::unexpected(expired_before_sending());
   return (*connection)->send(&statement, {}, params).result(deadline);
 }
 
@@ -204,15 +246,22 @@ Expected<Result> Database::query(std::string_view sql, std::span<const Param> pa
                                  Deadline deadline) {
   auto connection = pick(false, deadline);
   if (!connection) return std::unexpected(connection.error());
+  if (deadline.expired()) return std::unexpected(expired_before_sending());
   return (*connection)->send(nullptr, sql, params).result(deadline);
 }
 
 Expected<Transaction> Database::begin(Deadline deadline) {
   auto connection = pick(true, deadline);
   if (!connection) return std::unexpected(connection.error());
-  // BEGIN goes out pipelined: if it fails, so do the statements after it.
+  auto& pool = shared_->pools[Worker::current()->index()];
+  // BEGIN goes out pipelined, nobody waits for it. Not sent, the statements after it would
+  // each be a transaction of their own: the transaction is refused instead.
   Query begin = (*connection)->send(nullptr, "BEGIN", {});
-  return Transaction(shared_->pools[Worker::current()->index()], std::move(*connection));
+  if (begin.outcome_ && !begin.outcome_->has_value()) {
+    pool->release(connection->get());
+    return std::unexpected(begin.outcome_->error());
+  }
+  return Transaction(pool, std::move(*connection));
 }
 
 Database::Stats Database::stats() const {

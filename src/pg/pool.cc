@@ -2,76 +2,198 @@
 
 #include <algorithm>
 
+#include "spindle/fiber/spawn.h"
 #include "spindle/fiber/waiter.h"
 
 namespace spindle::pg {
+
 Expected<std::shared_ptr<Connection>> Pool::pick(bool exclusive, Deadline deadline) {
-  for (;;) {
-    if (closed_) return std::unexpected(client_error(Errc::kClosed, "the database is closed"));
-    // Connections past their lifetime take no new calls; they close once answered.
-    if (options_.max_lifetime.count() > 0) {
-      auto now = std::chrono::steady_clock::now();
-      std::erase_if(live_, [&](const std::shared_ptr<Connection>& c) {
-        if (c->reserved || now - c->born() < options_.max_lifetime) return false;
-        c->retire();
-        return true;
-      });
-    }
-    Connection* best = nullptr;
-    for (const auto& c : live_) {
-      if (c->reserved || !c->usable()) continue;
-      if (best == nullptr || c->in_flight() < best->in_flight()) best = c.get();
-    }
-    auto found = [&](Connection* c) -> std::shared_ptr<Connection> {
+  if (closed_) return std::unexpected(unsent_error(Errc::kClosed, "the database is closed"));
+  if (queue_.empty()) {
+    if (Connection* c = choose(exclusive)) {
       if (exclusive) c->reserved = true;
       return c->shared_from_this();
-    };
-    if (best != nullptr && best->in_flight() == 0) return found(best);
-    if (live_.size() + opening_ < std::max<std::size_t>(options_.connections, 1)) {
-      auto catalog = catalog_.lock();
-      if (!catalog) return std::unexpected(client_error(Errc::kClosed, "the database is closed"));
-      ++opening_;
-      auto opened = Connection::open(options_, std::move(catalog), weak_from_this());
-      --opening_;
-      if (opened && closed_) (*opened)->shut(Errc::kClosed);
-      if (opened && !closed_) {
-        ++opened_;
-        live_.push_back(*opened);
-        if (exclusive) (*opened)->reserved = true;
-        wake_waiters();  // the others may share it now
-        return *opened;
-      }
-      wake_waiters();  // one of them may open it again
-      if (!opened && live_.empty()) return std::unexpected(opened.error());
-      continue;  // there is a connection after all (opened while this one failed)
     }
-    if (best != nullptr && !exclusive) return found(best);
-    // All taken by transactions, or still being opened: wait for a change.
-    Waiter waiter;
-    waiters_.push_back(&waiter);
-    std::error_code ec = park(waiter, deadline);
-    std::erase(waiters_, &waiter);
-    if (ec == std::errc::timed_out) {
-      return std::unexpected(client_error(Errc::kTimedOut, "no connection was free in time"));
-    }
-    if (ec)
-      return std::unexpected(
-          client_error(Errc::kCanceled, "canceled while waiting for a connection"));
   }
+  // In line behind the calls already waiting.
+  Waiter waiter;
+  Request request{.waiter = &waiter, .exclusive = exclusive};
+  queue_.push_back(&request);
+  serve();
+  std::error_code ec;
+  if (!request.granted && !request.failed) {
+    request.parked = true;
+    ec = park(waiter, deadline);
+    request.parked = false;
+  }
+  std::erase(queue_, &request);
+  if (request.granted) --request.granted->pending_picks;
+  if (request.failed) return std::unexpected(std::move(*request.failed));
+  if (!ec) return std::move(request.granted);
+  // Its deadline passed (or its fiber was canceled), maybe as a connection came: nothing sent.
+  if (request.granted && exclusive) request.granted->reserved = false;
+  request.granted.reset();
+  serve();  // what it held or was promised goes to the next
+  std::string message =
+      ec == std::errc::timed_out
+          ? "no connection was free before the deadline: the statement was not sent"
+          : "canceled while waiting for a connection: the statement was not sent";
+  if (last_failure_) message += " (the last attempt to connect: " + last_failure_->message + ")";
+  return std::unexpected(
+      unsent_error(ec == std::errc::timed_out ? Errc::kTimedOut : Errc::kCanceled, message));
+}
+
+Connection* Pool::choose(bool exclusive) {
+  retire_old();
+  Connection* best = nullptr;
+  std::size_t best_load = 0;
+  for (const auto& c : live_) {
+    if (c->reserved || !c->healthy()) continue;
+    std::size_t load = c->in_flight() + c->pending_picks;
+    if (exclusive) {
+      if (load == 0) return c.get();
+      continue;
+    }
+    if (c->promised) continue;  // draining for a transaction
+    if (best == nullptr || load < best_load) {
+      best = c.get();
+      best_load = load;
+    }
+  }
+  if (best != nullptr && best_load == 0) return best;
+  // Busy: a new connection while there is room, else share the least busy.
+  return can_open() ? nullptr : best;
+}
+
+bool Pool::can_open() const {
+  if (closed_ || live_.size() + opening_ >= std::max<std::size_t>(options_.connections, 1)) {
+    return false;
+  }
+  return pause_.count() == 0 || Clock::now() >= retry_at_;
+}
+
+void Pool::grant(Request& request, Connection* connection) {
+  if (request.exclusive) {
+    connection->reserved = true;
+    connection->promised = false;
+  }
+  ++connection->pending_picks;  // until the call sends (pick takes it off)
+  request.granted = connection->shared_from_this();
+  if (request.parked) request.waiter->notify();
+}
+
+void Pool::serve() {
+  if (serving_ || closed_) return;
+  serving_ = true;
+  bool transaction_waiting = false;
+  std::size_t waiting = 0;
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    Request& r = **it;
+    if (Connection* c = choose(r.exclusive)) {
+      grant(r, c);
+      it = queue_.erase(it);
+      continue;
+    }
+    transaction_waiting = transaction_waiting || r.exclusive;
+    ++waiting;
+    ++it;
+  }
+  promise(transaction_waiting);
+  while (waiting > opening_ && can_open()) open_one();
+  // Nothing will serve them: no connection to use, none opening, and a pause after a failed
+  // open: they fail now, with its error, rather than at their deadlines.
+  if (!queue_.empty() && opening_ == 0 && last_failure_ && !can_open() && !any_usable()) {
+    fail_waiting(*last_failure_);
+  }
+  serving_ = false;
+}
+
+void Pool::promise(bool transaction_waiting) {
+  Connection* kept = nullptr;
+  for (const auto& c : live_) {
+    if (!c->promised) continue;
+    if (transaction_waiting && kept == nullptr && c->healthy() && !c->reserved) {
+      kept = c.get();
+    } else {
+      c->promised = false;
+    }
+  }
+  // A new connection will do, if one may be opened.
+  if (!transaction_waiting || kept != nullptr || can_open()) return;
+  Connection* best = nullptr;
+  for (const auto& c : live_) {
+    if (c->reserved || !c->healthy()) continue;
+    if (best == nullptr ||
+        c->in_flight() + c->pending_picks < best->in_flight() + best->pending_picks) {
+      best = c.get();
+    }
+  }
+  if (best != nullptr) best->promised = true;
+}
+
+void Pool::fail_waiting(const Error& why) {
+  for (Request* r : std::exchange(queue_, {})) {
+    r->failed = why;
+    if (r->parked) r->waiter->notify();
+  }
+}
+
+void Pool::open_one() {
+  auto catalog = catalog_.lock();
+  if (!catalog) return;
+  ++opening_;
+  Deadline deadline = Deadline::after(options_.connect_timeout);
+  spawn([self = shared_from_this(), catalog = std::move(catalog), deadline] {
+    self->opened(Connection::open(self->options_, catalog, self, deadline));
+  }).detach();
+}
+
+void Pool::opened(Expected<std::shared_ptr<Connection>> outcome) {
+  --opening_;
+  if (!outcome) {
+    ++failed_;
+    last_failure_ = std::move(outcome.error());
+    pause_ = pause_.count() == 0 ? kFirstPause : std::min(pause_ * 2, kLongestPause);
+    retry_at_ = Clock::now() + pause_;
+  } else if (closed_) {
+    (*outcome)->shut(Errc::kClosed);
+  } else {
+    ++opened_;
+    pause_ = std::chrono::milliseconds(0);
+    last_failure_.reset();
+    live_.push_back(std::move(*outcome));
+  }
+  serve();
+}
+
+void Pool::retire_old() {
+  // Connections past their lifetime take no new calls; they close once answered.
+  if (options_.max_lifetime.count() <= 0) return;
+  auto now = std::chrono::steady_clock::now();
+  std::erase_if(live_, [&](const std::shared_ptr<Connection>& c) {
+    if (c->reserved || now - c->born() < options_.max_lifetime) return false;
+    c->retire();
+    return true;
+  });
+}
+
+bool Pool::any_usable() const {
+  return std::any_of(live_.begin(), live_.end(), [](const auto& c) { return c->usable(); });
 }
 
 void Pool::release(Connection* connection) {
   connection->reserved = false;
-  wake_waiters();
+  serve();
 }
 
-void Pool::idle(Connection*) {
-  if (!waiters_.empty()) wake_waiters();
+void Pool::changed() {
+  if (!queue_.empty()) serve();
 }
 
-void Pool::remove(Connection* connection) {
+void Pool::remove(Connection* connection, bool evicted) {
+  if (evicted) ++evicted_;
   std::erase_if(live_, [&](const auto& c) { return c.get() == connection; });
-  wake_waiters();
+  serve();
 }
 
 void Pool::close_all() {
@@ -79,21 +201,17 @@ void Pool::close_all() {
   auto live = std::move(live_);
   live_.clear();
   for (const auto& c : live) c->shut(Errc::kClosed);
-  wake_waiters();
+  fail_waiting(unsent_error(Errc::kClosed, "the database is closed"));
 }
 
 Database::Stats Pool::stats() const {
   Database::Stats s;
   s.open = live_.size();
   s.opened = opened_;
+  s.failed = failed_;
+  s.evicted = evicted_;
   for (const auto& c : live_) s.in_flight += c->in_flight();
   return s;
-}
-
-void Pool::wake_waiters() {
-  auto waiters = std::move(waiters_);
-  waiters_.clear();
-  for (Waiter* w : waiters) w->notify();
 }
 
 }  // namespace spindle::pg

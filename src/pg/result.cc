@@ -31,6 +31,8 @@ class Category : public std::error_category {
         return "value not of the type asked";
       case Errc::kClosed:
         return "database closed";
+      case Errc::kUnsupported:
+        return "statement not supported by the client";
     }
     return "unknown PostgreSQL client error";
   }

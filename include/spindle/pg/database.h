@@ -15,10 +15,14 @@
 /// several statements of one request sent with start(), do not wait for each other's round
 /// trips. A Transaction holds one connection for itself until it ends.
 ///
-/// Every call has a deadline: when it passes the call returns Errc::kTimedOut and, if its
-/// statement is the one the server is running, a cancel request goes to the server. A
-/// connection that breaks (server restart, pg_terminate_backend) fails the calls on it with
-/// Errc::kConnectionLost and leaves the pool; the next call opens a new one.
+/// Every call has a deadline and returns by it, whatever the server or the network does: with
+/// Errc::kTimedOut, whose Error::not_sent says whether the statement never left (a connection
+/// was not free or not opened in time) or may have run. A statement the server is running when
+/// its call gives up is canceled, if nothing is pipelined behind it (a cancel stops whatever
+/// runs when it arrives); a connection that then sends nothing for Options::cancel_grace is
+/// closed. A connection that breaks (server restart, pg_terminate_backend) fails the calls on
+/// it with Errc::kConnectionLost and leaves the pool; the next call opens a new one, and opens
+/// that fail are retried after a pause that doubles (docs/database.md).
 
 #include <chrono>
 #include <cstdint>
@@ -45,8 +49,13 @@ struct Options {
   std::string conninfo;
   /// Connections per worker (opened on demand, up to this many).
   std::size_t connections = 2;
-  /// How long opening a connection may take.
+  /// How long opening a connection may take (a call waiting for it gives up at its own
+  /// deadline; the connection, once open, serves the calls after it).
   std::chrono::milliseconds connect_timeout{5000};
+  /// Once a call on a connection gave up unanswered (its deadline passed; a cancel went to the
+  /// server if it could), how long the connection may go without a byte from the server before
+  /// it is closed: a stopped backend, a dead network path.
+  std::chrono::milliseconds cancel_grace{1000};
   /// A connection unused this long is closed (0: never).
   std::chrono::milliseconds idle_timeout{60'000};
   /// A connection older than this is retired once its calls are answered (0: never).
@@ -117,6 +126,9 @@ class Transaction {
  private:
   friend class Database;
   Transaction(std::shared_ptr<Pool> pool, std::shared_ptr<Connection> connection);
+  /// Sends COMMIT or ROLLBACK; if it cannot be sent, closes the connection (never shared with
+  /// the transaction open).
+  Query send_end(std::string_view sql);
   void release();
   std::shared_ptr<Pool> pool_;
   std::shared_ptr<Connection> connection_;
@@ -153,7 +165,9 @@ class Database {
     return query(sql, std::span<const Param>(params.begin(), params.size()), deadline);
   }
 
-  /// A connection of its own for a transaction (waits for one no other call is using).
+  /// A connection of its own for a transaction: waits for one no other call is using, in turn
+  /// with the other calls waiting for a connection (new calls stop joining the connection it
+  /// will have, so that it drains).
   Expected<Transaction> begin(Deadline deadline = Deadline::never());
 
   /// Counts for tests and metrics, for the calling worker's pool.
@@ -161,6 +175,8 @@ class Database {
     std::size_t open = 0;       ///< connections open
     std::size_t opened = 0;     ///< connections opened so far
     std::size_t in_flight = 0;  ///< statements sent, result not yet in
+    std::size_t failed = 0;     ///< opens that failed (refused, timed out, bad settings)
+    std::size_t evicted = 0;    ///< connections closed for not answering after a call gave up
   };
   Stats stats() const;
 

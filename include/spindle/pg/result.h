@@ -26,11 +26,12 @@ enum class Errc {
   kConnectFailed = 1,  ///< the connection could not be made (message: libpq's)
   kConnectionLost,     ///< the connection broke while the call was on it
   kServerError,        ///< the server refused the statement (see Error::sqlstate)
-  kTimedOut,           ///< the call's deadline passed (a cancel was sent to the server)
+  kTimedOut,           ///< the call's deadline passed (see Error::not_sent)
   kCanceled,           ///< the calling fiber was asked to stop
   kNotOnWorker,        ///< called outside a fiber of the Database's runtime
-  kBadValue,           ///< a column read as a type its text is not
+  kBadValue,           ///< a parameter libpq cannot carry, or a column read as a type it is not
   kClosed,             ///< the Database was closed
+  kUnsupported,        ///< a statement the client does not carry: COPY FROM STDIN / TO STDOUT
 };
 
 const std::error_category& pg_category();
@@ -42,6 +43,11 @@ struct Error {
   std::error_code code;
   std::string sqlstate;
   std::string message;
+  /// True when the statement never left the client (refused before sending, no connection
+  /// free or opened by the deadline, ...): it did not run, and running it again cannot run it
+  /// twice. False after it was sent: a kTimedOut, kCanceled, kConnectionLost or kClosed
+  /// statement may have run, or may still run: its outcome is unknown (docs/database.md).
+  bool not_sent = false;
 };
 
 template <typename T>

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "pg_testing.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
@@ -24,30 +25,15 @@ using namespace spindle;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-pg::Options options_for(const spindle::testing::TestPostgres& server, std::size_t connections = 2) {
-  return pg::Options{.conninfo = server.conninfo(), .connections = connections};
-}
-
-// A table of this test's own (the server is shared by the tests of one binary).
-std::string fresh_table(const spindle::testing::TestPostgres& server, const std::string& name) {
-  PGconn* c = PQconnectdb(server.conninfo().c_str());
-  EXPECT_EQ(PQstatus(c), CONNECTION_OK) << PQerrorMessage(c);
-  std::string sql = "DROP TABLE IF EXISTS " + name + "; CREATE TABLE " + name +
-                    " (id int PRIMARY KEY, note text)";
-  PGresult* r = PQexec(c, sql.c_str());
-  EXPECT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQerrorMessage(c);
-  PQclear(r);
-  PQfinish(c);
-  return name;
-}
+using spindle::testing::pg_fresh_table;
+using spindle::testing::pg_options;
 
 }  // namespace
 
 TEST(PgDatabase, TypedParametersAndResultsRoundTrip) {
   REQUIRE_POSTGRES(postgres);
   Runtime runtime(RuntimeOptions{.workers = 1});
-  pg::Database db(runtime, options_for(*postgres));
+  pg::Database db(runtime, pg_options(*postgres));
   runtime.block_on([&] {
     const char raw[] = {'\0', '\x01', '\xff', 'a'};
     auto when = pg::Timestamp(std::chrono::sys_days(std::chrono::year(2026) / 11 / 25)) + 3h +
@@ -82,7 +68,7 @@ TEST(PgDatabase, TypedParametersAndResultsRoundTrip) {
 TEST(PgDatabase, ConcurrentCallsOfOneWorkerArePipelinedOnOneConnection) {
   REQUIRE_POSTGRES(postgres);
   Runtime runtime(RuntimeOptions{.workers = 1});
-  pg::Database db(runtime, options_for(*postgres, 1));
+  pg::Database db(runtime, pg_options(*postgres, 1));
   auto twice = db.prepare("SELECT $1::int4 * 2, pg_backend_pid()");
   runtime.block_on([&] {
     constexpr int kFibers = 300;
@@ -112,7 +98,7 @@ TEST(PgDatabase, ConcurrentCallsOfOneWorkerArePipelinedOnOneConnection) {
 TEST(PgDatabase, SeveralStatementsOfOneFiberGoOutTogether) {
   REQUIRE_POSTGRES(postgres);
   Runtime runtime(RuntimeOptions{.workers = 1});
-  pg::Database db(runtime, options_for(*postgres, 1));
+  pg::Database db(runtime, pg_options(*postgres, 1));
   auto by_id = db.prepare("SELECT $1::int4 + 1000");
   runtime.block_on([&] {
     std::vector<pg::Query> queries;
@@ -133,7 +119,7 @@ TEST(PgDatabase, SeveralStatementsOfOneFiberGoOutTogether) {
 TEST(PgDatabase, AStatementIsPreparedOncePerConnection) {
   REQUIRE_POSTGRES(postgres);
   Runtime runtime(RuntimeOptions{.workers = 1});
-  pg::Database db(runtime, options_for(*postgres, 1));
+  pg::Database db(runtime, pg_options(*postgres, 1));
   auto one = db.prepare("SELECT 1");
   auto count =
       db.prepare("SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'spindle_%'");
@@ -147,9 +133,9 @@ TEST(PgDatabase, AStatementIsPreparedOncePerConnection) {
 
 TEST(PgDatabase, ServerErrorsCarryTheirSqlstateAndLeaveTheConnectionUsable) {
   REQUIRE_POSTGRES(postgres);
-  auto table = fresh_table(*postgres, "pg_errors");
+  auto table = pg_fresh_table(*postgres, "pg_errors");
   Runtime runtime(RuntimeOptions{.workers = 1});
-  pg::Database db(runtime, options_for(*postgres, 1));
+  pg::Database db(runtime, pg_options(*postgres, 1));
   auto insert = db.prepare("INSERT INTO pg_errors VALUES ($1, 'x')");
   auto broken = db.prepare("SELEC nothing");
   runtime.block_on([&] {
@@ -183,7 +169,7 @@ TEST(PgDatabase, ServerErrorsCarryTheirSqlstateAndLeaveTheConnectionUsable) {
 TEST(PgDatabase, ADeadlineEndsTheCallAndCancelsTheStatementOnTheServer) {
   REQUIRE_POSTGRES(postgres);
   Runtime runtime(RuntimeOptions{.workers = 1});
-  pg::Database db(runtime, options_for(*postgres, 1));
+  pg::Database db(runtime, pg_options(*postgres, 1));
   runtime.block_on([&] {
     auto started = Clock::now();
     auto slow = db.query("SELECT pg_sleep(30)", {}, Deadline::after(200ms));
@@ -203,8 +189,8 @@ TEST(PgDatabase, ADeadlineEndsTheCallAndCancelsTheStatementOnTheServer) {
 TEST(PgDatabase, AKilledBackendFailsItsCallsAndTheNextCallOpensAnother) {
   REQUIRE_POSTGRES(postgres);
   Runtime runtime(RuntimeOptions{.workers = 1});
-  pg::Database db(runtime, options_for(*postgres, 1));
-  pg::Database killer(runtime, options_for(*postgres, 1));
+  pg::Database db(runtime, pg_options(*postgres, 1));
+  pg::Database killer(runtime, pg_options(*postgres, 1));
   runtime.block_on([&] {
     auto pid = db.query("SELECT pg_backend_pid()");
     ASSERT_TRUE(pid.has_value()) << pid.error().message;
@@ -228,9 +214,9 @@ TEST(PgDatabase, AKilledBackendFailsItsCallsAndTheNextCallOpensAnother) {
 
 TEST(PgDatabase, TransactionsCommitRollBackAndRollBackWhenDropped) {
   REQUIRE_POSTGRES(postgres);
-  auto table = fresh_table(*postgres, "pg_transactions");
+  auto table = pg_fresh_table(*postgres, "pg_transactions");
   Runtime runtime(RuntimeOptions{.workers = 1});
-  pg::Database db(runtime, options_for(*postgres, 1));
+  pg::Database db(runtime, pg_options(*postgres, 1));
   auto insert = db.prepare("INSERT INTO pg_transactions VALUES ($1, 'x')");
   auto count = [&] { return *db.query("SELECT count(*) FROM pg_transactions")->get<int>(0, 0); };
   runtime.block_on([&] {
@@ -268,7 +254,7 @@ TEST(PgDatabase, TransactionsCommitRollBackAndRollBackWhenDropped) {
 TEST(PgDatabase, ATransactionHasItsConnectionToItself) {
   REQUIRE_POSTGRES(postgres);
   Runtime runtime(RuntimeOptions{.workers = 1});
-  pg::Database db(runtime, options_for(*postgres, 1));
+  pg::Database db(runtime, pg_options(*postgres, 1));
   runtime.block_on([&] {
     auto t = db.begin();
     ASSERT_TRUE(t.has_value());
@@ -287,7 +273,7 @@ TEST(PgDatabase, ATransactionHasItsConnectionToItself) {
 TEST(PgDatabase, IdleConnectionsAreClosed) {
   REQUIRE_POSTGRES(postgres);
   Runtime runtime(RuntimeOptions{.workers = 1});
-  auto options = options_for(*postgres, 1);
+  auto options = pg_options(*postgres, 1);
   options.idle_timeout = 150ms;
   pg::Database db(runtime, options);
   runtime.block_on([&] {
@@ -303,7 +289,7 @@ TEST(PgDatabase, IdleConnectionsAreClosed) {
 TEST(PgDatabase, ClosingFailsTheCallsInFlight) {
   REQUIRE_POSTGRES(postgres);
   Runtime runtime(RuntimeOptions{.workers = 1});
-  pg::Database db(runtime, options_for(*postgres, 1));
+  pg::Database db(runtime, pg_options(*postgres, 1));
   runtime.block_on([&] {
     auto slow = db.start("SELECT pg_sleep(30)");
     auto started = Clock::now();
@@ -320,7 +306,7 @@ TEST(PgDatabase, CallsOutsideTheRuntimeAndBadConnectionStringsAreClearErrors) {
   REQUIRE_POSTGRES(postgres);
   Runtime runtime(RuntimeOptions{.workers = 1});
   runtime.start();
-  pg::Database db(runtime, options_for(*postgres, 1));
+  pg::Database db(runtime, pg_options(*postgres, 1));
   EXPECT_EQ(db.query("SELECT 1").error().code, pg::Errc::kNotOnWorker);
   pg::Database nowhere(runtime, pg::Options{.conninfo = "host=127.0.0.1 port=1 dbname=x"});
   pg::Database nonsense(runtime, pg::Options{.conninfo = "this is = not a conninfo"});
@@ -367,7 +353,7 @@ TEST(PgDatabase, OverTlsLargeResultsOfPipelinedCallsAllArrive) {
 TEST(PgDatabase, ParametersLibpqCannotCarryAreRefusedAndTheConnectionServesOn) {
   REQUIRE_POSTGRES(postgres);
   Runtime runtime(RuntimeOptions{.workers = 1});
-  pg::Database db(runtime, options_for(*postgres, 1));
+  pg::Database db(runtime, pg_options(*postgres, 1));
   runtime.block_on([&] {
     using namespace std::string_view_literals;
     auto nul = db.query("SELECT $1::text", {pg::param("a\0b"sv)});
@@ -401,7 +387,7 @@ TEST(PgDatabase, ParametersLibpqCannotCarryAreRefusedAndTheConnectionServesOn) {
 TEST(PgDatabase, ALargeStatementIsWrittenWhileItsCallerWaitsOnlyForItsResult) {
   REQUIRE_POSTGRES(postgres);
   Runtime runtime(RuntimeOptions{.workers = 1});
-  pg::Database db(runtime, options_for(*postgres, 1));
+  pg::Database db(runtime, pg_options(*postgres, 1));
   runtime.block_on([&] {
     // 8 MiB of parameters: more than the socket takes at once, written by the flusher while
     // the server reads; several such calls in flight at the same time.
