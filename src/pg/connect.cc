@@ -156,6 +156,10 @@ ConnectParams connect_params(const std::string& conninfo) {
     if (o->val != nullptr) set[o->keyword] = o->val;
   }
   PQconninfoFree(parsed);
+  if (auto it = set.find("connect_timeout"); it != set.end()) {
+    int seconds = std::atoi(it->second.c_str());
+    if (seconds > 0) out.connect_timeout = std::chrono::seconds(std::max(seconds, 2));
+  }
   for (auto [key, value] : kTcpDefaults) set.try_emplace(key, value);
   // The conninfo's own options come after spindle's: where they set the same, the session
   // reports it and the connection sets spindle's again (kSessionSettingsSql).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "connect.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/waiter.h"
 
@@ -142,7 +143,8 @@ void Pool::open_one() {
   auto catalog = catalog_.lock();
   if (!catalog) return;
   ++opening_;
-  Deadline deadline = Deadline::after(options_.connect_timeout);
+  auto conninfos = catalog->connect_params().connect_timeout;
+  Deadline deadline = Deadline::after(conninfos.count() > 0 ? conninfos : options_.connect_timeout);
   spawn([self = shared_from_this(), catalog = std::move(catalog), deadline] {
     self->opened(Connection::open(self->options_, catalog, self, deadline));
   }).detach();

@@ -50,7 +50,8 @@ struct Options {
   /// Connections per worker (opened on demand, up to this many).
   std::size_t connections = 2;
   /// How long opening a connection may take (a call waiting for it gives up at its own
-  /// deadline; the connection, once open, serves the calls after it).
+  /// deadline; the connection, once open, serves the calls after it). A connect_timeout in the
+  /// conninfo takes its place.
   std::chrono::milliseconds connect_timeout{5000};
   /// Once a call on a connection gave up unanswered (its deadline passed; a cancel went to the
   /// server if it could), how long the connection may go without a byte from the server before

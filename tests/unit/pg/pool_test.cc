@@ -179,6 +179,24 @@ TEST(PgConnect, ACallWaitingForAnOpenEndsByItsDeadlineNotTheConnectTimeout) {
   });
 }
 
+TEST(PgConnect, AConninfosConnectTimeoutBoundsAnOpen) {
+  SilentListener silent;
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  pg::Database db(runtime, pg::Options{.conninfo = silent.conninfo() + " connect_timeout=1",
+                                       .connections = 1,
+                                       .connect_timeout = 30s});
+  runtime.block_on([&] {
+    // libpq's minimum is 2 s: the open gives up then, and says so to the call waiting for it.
+    auto started = Clock::now();
+    auto r = db.query("SELECT 1", {}, Deadline::after(10s));
+    ASSERT_FALSE(r.has_value());
+    EXPECT_EQ(r.error().code, pg::Errc::kConnectFailed) << r.error().message;
+    EXPECT_TRUE(r.error().not_sent);
+    EXPECT_GE(Clock::now() - started, 2s);
+    EXPECT_LT(Clock::now() - started, 2s + kDeadlineSlack);
+  });
+}
+
 TEST(PgConnect, OpensOnSeveralWorkersDoNotWaitForEachOther) {
   REQUIRE_POSTGRES(postgres);
   SilentListener silent;
