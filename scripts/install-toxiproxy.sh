@@ -2,7 +2,7 @@
 # Builds Toxiproxy's server (Shopify's fault-injection TCP proxy) into build/tools/ with the Go
 # toolchain, once, at the versions pinned in tests/tools/toxiproxy/go.mod (go.sum checks what
 # the proxy serves). The fault tests look for build/tools/toxiproxy-server and run this script
-# when it is missing (tests/spindle/toxiproxy.h, tests/integration/toxiproxy.py); test
+# when it is missing (tests/testing/toxiproxy.h, tests/integration/toxiproxy.py); test
 # processes that start together wait for one build (flock).
 #
 # Exit 3 (and a line on stderr) when Go is not installed: the tests that need Toxiproxy skip,

@@ -32,8 +32,8 @@
 #include <thread>
 
 #include "spindle/fiber/worker.h"
-#include "spindle/services.h"
 #include "spindle/sync/event.h"
+#include "testing/services.h"
 
 namespace spindle::testing {
 

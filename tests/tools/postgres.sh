@@ -12,7 +12,7 @@
 #   postgres.sh share DIR        the same on a free port, for every test of a ctest run (a
 #                                fixture, tests/CMakeLists.txt): writes DIR/conninfo and DIR/port,
 #                                or DIR/why (and exits 0) when PostgreSQL is not installed, for
-#                                the tests to skip saying so (tests/spindle/services.h)
+#                                the tests to skip saying so (tests/testing/services.h)
 #   postgres.sh stop DIR         stops it and removes DIR
 #
 # Exit 3 (and a line on stderr) when PostgreSQL is not installed.

@@ -1,5 +1,5 @@
 // The client between PostgreSQL and a network that misbehaves, through Toxiproxy (Shopify's
-// fault-injection proxy, tests/spindle/toxiproxy.h): a path that stalls, a connection reset in
+// fault-injection proxy, tests/testing/toxiproxy.h): a path that stalls, a connection reset in
 // the middle of a result, a listener that refuses, latency and a bandwidth limit; then random
 // schedules of all of them (and of refused connections: a role's connection limit) under many
 // fibers on two workers. Every call returns by its deadline (plus kDeadlineSlack), every result
@@ -22,7 +22,7 @@
 #include "pg_testing.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/sync/event.h"
-#include "spindle/toxiproxy.h"
+#include "testing/toxiproxy.h"
 
 using namespace std::chrono_literals;
 using namespace spindle;

@@ -15,7 +15,7 @@
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/pg/database.h"
-#include "spindle/services.h"
+#include "testing/services.h"
 
 namespace spindle::testing {
 
