@@ -120,6 +120,57 @@ class ConsistentHash final : public Balancer {
 
 }  // namespace
 
+namespace {
+
+// The healthy share of each priority of `targets`, summed (Envoy's normalised total health),
+// true if below `threshold` percent. No allocation: picks are per request.
+bool below_panic_threshold(std::span<const TargetView> targets, unsigned threshold) {
+  std::size_t healthy = 0;
+  bool one_priority = true;
+  for (const TargetView& t : targets) {
+    healthy += t.healthy ? 1 : 0;
+    one_priority = one_priority && t.priority == targets[0].priority;
+  }
+  if (one_priority) return healthy * 100 < std::size_t{threshold} * targets.size();
+  // Priorities are few: each is found by a scan for the next one up.
+  double share = 0;
+  std::optional<unsigned> done;
+  for (;;) {
+    std::optional<unsigned> next;
+    for (const TargetView& t : targets) {
+      if ((!done || t.priority > *done) && (!next || t.priority < *next)) next = t.priority;
+    }
+    if (!next) break;
+    std::size_t up = 0, all = 0;
+    for (const TargetView& t : targets) {
+      if (t.priority != *next) continue;
+      up += t.healthy ? 1 : 0;
+      ++all;
+    }
+    share += static_cast<double>(up) / static_cast<double>(all);
+    done = next;
+  }
+  return std::min(share, 1.0) * 100 + 1e-9 < threshold;
+}
+
+}  // namespace
+
+bool narrow_to_priority(std::span<TargetView> targets, unsigned panic_threshold) {
+  if (targets.empty()) return false;
+  bool panicking = below_panic_threshold(targets, panic_threshold);
+  if (panicking) {
+    for (TargetView& t : targets) t.healthy = true;
+  }
+  std::optional<unsigned> lowest;
+  for (const TargetView& t : targets) {
+    if (t.available() && (!lowest || t.priority < *lowest)) lowest = t.priority;
+  }
+  if (lowest) {
+    for (TargetView& t : targets) t.excluded = t.excluded || t.priority != *lowest;
+  }
+  return panicking;
+}
+
 std::uint64_t hash_key(std::string_view key) {
   std::uint64_t h = 0xcbf29ce484222325ULL;
   for (unsigned char c : key) {

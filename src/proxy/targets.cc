@@ -19,20 +19,14 @@ std::optional<std::size_t> pick_target(Gateway::WorkerState& worker,
   auto now = coarse_now();  // ejections last seconds
   std::vector<TargetView>& views = worker.views;
   views.resize(upstream.targets.size());
-  std::size_t healthy = 0;
   for (std::size_t i = 0; i < views.size(); ++i) {
     views[i] = TargetView{.weight = upstream.targets[i].config.weight,
+                          .priority = upstream.targets[i].config.priority,
                           .healthy = upstream.targets[i].health->healthy(now),
                           .in_flight = worker.in_flight[upstream.index][i],
                           .excluded = tried.contains(i)};
-    healthy += views[i].healthy ? 1 : 0;
   }
-  // Envoy's panic mode: when most targets look down, the checks (or the clients causing the
-  // failures) are more likely wrong than the targets; keep spreading the load over all.
-  bool panicking = healthy * 100 < upstream.config->panic_threshold * views.size();
-  if (panicking) {
-    for (TargetView& v : views) v.healthy = true;
-  }
+  bool panicking = narrow_to_priority(views, upstream.config->panic_threshold);
   if (panic != nullptr) *panic = panicking;
   return worker.balancers[upstream.index]->pick(views, key_hash);
 }

@@ -26,6 +26,8 @@ namespace spindle::proxy {
 struct TargetView {
   /// From the configuration (1-1000).
   unsigned weight = 1;
+  /// Its SRV priority (0 for configured targets): lower ones first, the others are backups.
+  unsigned priority = 0;
   /// False while health checks have taken it out.
   bool healthy = true;
   /// Requests in flight to it from this worker.
@@ -47,6 +49,15 @@ class Balancer {
   /// The balancer `upstream` asks for, over its targets (their order and weights).
   static std::unique_ptr<Balancer> make(const UpstreamConfig& upstream);
 };
+
+/// Narrows `targets` to those a pick may take (the others are marked excluded) and says
+/// whether the upstream panics. The priority taken is the lowest with a healthy target not yet
+/// tried (RFC 2782: the others are backups, used when every target of the lower ones is down
+/// or tried). Panic, as Envoy's: when the healthy share of each priority, summed over the
+/// priorities (at most 100%), is below `panic_threshold` percent, the checks (or the clients
+/// causing the failures) are more likely wrong than the targets: every target counts as
+/// healthy, and the lowest priority with one not yet tried is taken.
+bool narrow_to_priority(std::span<TargetView> targets, unsigned panic_threshold);
 
 /// A 64-bit hash of `key` (FNV-1a, then mixed), stable across processes and runs: instances
 /// of spindle behind one L4 balancer send a key to the same target.

@@ -360,6 +360,8 @@ struct TargetConfig {
   std::string host;
   std::uint16_t port = 0;
   unsigned weight = 1;
+  /// From SRV records only: the targets of the lowest priority with one up take the requests.
+  unsigned priority = 0;
 };
 
 /// Probing targets with requests of our own.
