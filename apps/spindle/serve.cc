@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -44,8 +45,11 @@ servers:
     access_log: {path: "-", format: combined}
 )";
 
-Config effective_config(const ServeFlags& flags) {
+// The configuration to serve: the file's (`text`, its contents as read, if given), or the
+// built-in one, with the command line's overrides.
+Config effective_config(const ServeFlags& flags, const std::string* text = nullptr) {
   Config config = flags.config.empty() ? parse_config(kDefaultConfig, "(built-in configuration)")
+                  : text != nullptr    ? parse_config(*text, flags.config)
                                        : load_config(flags.config);
   if (flags.threads) config.threads = *flags.threads;
   if (flags.listen) {
@@ -87,14 +91,6 @@ int check_config(const std::string& file) {
 
 namespace {
 
-// The whole text of `file` ("" if it cannot be read).
-std::string read_text(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // The one-line STATUS= for systemd (systemctl status shows it).
 std::string status_line(const Instance& instance, std::string_view prefix = {}) {
   const Config& config = instance.config();
@@ -102,30 +98,6 @@ std::string status_line(const Instance& instance, std::string_view prefix = {}) 
                      config.routes.size(),
                      config.threads == 0 ? std::string("a worker per core")
                                          : fmt::format("{} worker(s)", config.threads));
-}
-
-// Loads the configuration again and puts it in force, or logs why not (the one in force
-// stays). `why`: what asked for it, for the log. systemd is told it reloads, then ready again
-// (whatever the outcome: the configuration in force serves).
-void reload(Instance& instance, const ServeFlags& flags, std::string_view why) {
-  systemd::notify(systemd::reloading());
-  auto rejected = [&](std::string_view error) {
-    instance.reloads().failed.fetch_add(1, std::memory_order_relaxed);
-    log_error("reload ({}) rejected: {}; the configuration in force stays", why, error);
-    systemd::notify("READY=1\n" + status_line(instance, "reload rejected; serving "));
-  };
-  Config config;
-  try {
-    config = effective_config(flags);
-  } catch (const ConfigError& e) {
-    return rejected(e.what());
-  }
-  std::size_t routes = config.routes.size();
-  if (auto applied = instance.apply(std::move(config)); !applied) return rejected(applied.error());
-  instance.reloads().succeeded.fetch_add(1, std::memory_order_relaxed);
-  log_info("reload ({}): configuration from {} in force ({} routes)", why,
-           flags.config.empty() ? "(built-in configuration)" : flags.config, routes);
-  systemd::notify("READY=1\n" + status_line(instance, "reloaded; serving "));
 }
 
 // Waits until `fd` is readable or `timeout_ms` passes (-1: for ever); true if readable.
@@ -137,11 +109,20 @@ bool readable(int fd, int timeout_ms) {
   return n > 0;
 }
 
-// After a change in the configuration's folder, waits until it has been quiet for 50 ms (an
-// editor or a ConfigMap update is several events), at most a second.
-void settle(ConfigWatch& watch) {
+// After a change of the configuration file, waits until its folder has been quiet for 50 ms
+// (an editor or a ConfigMap update is several events), at most a second, and says what the
+// file's state is then.
+ConfigWatch::Change settle(ConfigWatch& watch, ConfigWatch::Change change) {
+  using Change = ConfigWatch::Change;
+  bool complete = change == Change::kComplete;
+  bool writing = change == Change::kWriting;
   auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  while (std::chrono::steady_clock::now() < until && readable(watch.fd(), 50)) watch.consume();
+  while (std::chrono::steady_clock::now() < until && readable(watch.fd(), 50)) {
+    Change more = watch.consume();
+    writing = more == Change::kWriting;  // kNone: nobody writes it now either
+    complete = complete || more == Change::kComplete;
+  }
+  return writing ? Change::kWriting : complete ? Change::kComplete : Change::kNone;
 }
 
 }  // namespace
@@ -268,17 +249,11 @@ class MainLoop {
     }
   }
 
-  // Watches the configuration file (with --config); without a watch, SIGHUP still reloads.
-  void watch_config() {
-    if (flags_.config.empty()) return;
-    auto opened = ConfigWatch::open(flags_.config);
-    if (opened) {
-      watch_ = std::move(*opened);
-      loaded_ = read_text(flags_.config);
-    } else {
-      log_warn("{}: cannot watch for changes ({}): reload with SIGHUP", flags_.config,
-               opened.error().message());
-    }
+  // Watches the configuration file with `watch` (none: SIGHUP still reloads); `text` is the
+  // file's contents as loaded.
+  void watch_config(std::optional<ConfigWatch> watch, std::string text) {
+    watch_ = std::move(watch);
+    loaded_ = std::move(text);
   }
 
   // Runs until a stop signal (its number) or until a new process took over (0); then the
@@ -319,13 +294,54 @@ class MainLoop {
     handing_over_.reset();
   }
 
+  // The file changed: once a complete new version is there (its writer closed it, or it was
+  // renamed into place) and its contents differ from the last loaded, it is reloaded.
   void on_config_changed() {
-    watch_->consume();
-    settle(*watch_);
-    std::string text = read_text(flags_.config);
+    ConfigWatch::Change change = settle(*watch_, watch_->consume());
+    if (change != ConfigWatch::Change::kComplete) return;  // a writer has it: its close comes
+    watch_->follow();
+    std::string text;
+    try {
+      text = proxy::read_config_file(flags_.config);
+    } catch (const ConfigError& e) {
+      systemd::notify(systemd::reloading());
+      return rejected("file changed", e.what());
+    }
     if (text == loaded_) return;
-    loaded_ = std::move(text);
-    reload(instance_, flags_, "file changed");
+    loaded_ = text;
+    reload("file changed", &text);
+  }
+
+  // Reads the configuration again (`text`: the file's contents as read; the built-in one
+  // without --config) and puts it in force, or logs why not (the one in force stays). systemd
+  // is told it reloads, then ready again (whatever the outcome: the configuration in force
+  // serves).
+  void reload(std::string_view why, const std::string* text) {
+    systemd::notify(systemd::reloading());
+    Config config;
+    try {
+      config = effective_config(flags_, text);
+    } catch (const ConfigError& e) {
+      return rejected(why, e.what());
+    }
+    put_in_force(std::move(config), why);
+  }
+
+  void put_in_force(Config config, std::string_view why) {
+    std::size_t routes = config.routes.size();
+    if (auto applied = instance_.apply(std::move(config)); !applied) {
+      return rejected(why, applied.error());
+    }
+    instance_.reloads().succeeded.fetch_add(1, std::memory_order_relaxed);
+    log_info("reload ({}): configuration from {} in force ({} routes)", why,
+             flags_.config.empty() ? "(built-in configuration)" : flags_.config, routes);
+    systemd::notify("READY=1\n" + status_line(instance_, "reloaded; serving "));
+  }
+
+  void rejected(std::string_view why, std::string_view error) {
+    instance_.reloads().failed.fetch_add(1, std::memory_order_relaxed);
+    log_error("reload ({}) rejected: {}; the configuration in force stays", why, error);
+    systemd::notify("READY=1\n" + status_line(instance_, "reload rejected; serving "));
   }
 
   // `spindle upgrade` asks for an upgrade; the new process asks for the listening sockets.
@@ -356,14 +372,27 @@ class MainLoop {
     signalfd_siginfo info{};
     if (::read(signal_fd_, &info, sizeof info) != sizeof info) return;
     if (info.ssi_signo == SIGHUP) {
-      if (watch_) loaded_ = read_text(flags_.config);
-      reload(instance_, flags_, "SIGHUP");
+      on_sighup();
     } else if (info.ssi_signo == SIGUSR2) {
       std::string outcome = upgrade_now();
       if (outcome.starts_with("error ")) log_error("upgrade (SIGUSR2): {}", outcome.substr(6));
     } else {
       signo_ = static_cast<int>(info.ssi_signo);
     }
+  }
+
+  // SIGHUP reloads whatever the file holds now.
+  void on_sighup() {
+    if (flags_.config.empty()) return reload("SIGHUP", nullptr);
+    std::string text;
+    try {
+      text = proxy::read_config_file(flags_.config);
+    } catch (const ConfigError& e) {
+      systemd::notify(systemd::reloading());
+      return rejected("SIGHUP", e.what());
+    }
+    loaded_ = text;
+    reload("SIGHUP", &text);
   }
 
   // Starts the replacement process: "started PID", or "error WHY".
@@ -414,10 +443,28 @@ void stop(Instance& instance, int signo, Listeners listeners) {
 
 }  // namespace
 
+namespace {
+
+// The watch on the configuration file (with --config), or nothing (logged).
+std::optional<ConfigWatch> watch_file(const ServeFlags& flags) {
+  if (flags.config.empty()) return std::nullopt;
+  auto opened = ConfigWatch::open(flags.config);
+  if (opened) return std::move(*opened);
+  log_warn("{}: cannot watch for changes ({}): reload with SIGHUP", flags.config,
+           opened.error().message());
+  return std::nullopt;
+}
+
+}  // namespace
+
 int serve(const ServeFlags& flags) {
+  // The watch before the file is read: a change made after the read is seen.
+  std::optional<ConfigWatch> watch = watch_file(flags);
+  std::string text;
   Config config;
   try {
-    config = effective_config(flags);
+    if (!flags.config.empty()) text = proxy::read_config_file(flags.config);
+    config = effective_config(flags, flags.config.empty() ? nullptr : &text);
   } catch (const ConfigError& e) {
     fmt::print(stderr, "spindle: {}\n", e.what());
     return 1;
@@ -465,7 +512,7 @@ int serve(const ServeFlags& flags) {
     systemd::notify(fmt::format("MAINPID={}", ::getpid()));
   }
   systemd::notify("READY=1\n" + status_line(instance, "serving "));
-  loop.watch_config();
+  loop.watch_config(std::move(watch), std::move(text));
   stop(instance, loop.run(), *listeners);
   return 0;
 }

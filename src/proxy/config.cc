@@ -1,5 +1,6 @@
 #include "spindle/proxy/config.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include "config_reader.h"
 #include "gateway_config.h"
 #include "spindle/base/ascii.h"
+#include "spindle/io/unique_fd.h"
 
 namespace spindle::proxy {
 namespace {
@@ -387,17 +389,45 @@ std::string redacted_source(const Config& config) {
   }
 }
 
-Config load_config(const std::string& file) {
-  struct stat st {};
-  if (::stat(file.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-    throw ConfigError(fmt::format("{}: not a regular file", file));
+std::string read_config_file(const std::string& file) {
+  constexpr off_t kLargest = off_t{64} << 20;
+  struct stat path {};
+  if (::stat(file.c_str(), &path) != 0) {
+    throw ConfigError(fmt::format("{}: cannot read the file: {}", file, std::strerror(errno)));
   }
-  std::ifstream in(file);
-  if (!in) throw ConfigError(fmt::format("{}: cannot read the file", file));
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_config(text.str(), file);
+  if (!S_ISREG(path.st_mode)) throw ConfigError(fmt::format("{}: not a regular file", file));
+  // Non-blocking: if a FIFO took the file's place since the stat, the open does not wait.
+  UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
+  struct stat before {};
+  if (!fd || ::fstat(fd.get(), &before) != 0) {
+    throw ConfigError(fmt::format("{}: cannot read the file: {}", file, std::strerror(errno)));
+  }
+  if (!S_ISREG(before.st_mode)) throw ConfigError(fmt::format("{}: not a regular file", file));
+  if (before.st_size > kLargest) {
+    throw ConfigError(fmt::format("{}: larger than 64 MiB: not a configuration", file));
+  }
+  std::string text;
+  char buffer[65536];
+  ssize_t n;
+  while ((n = ::read(fd.get(), buffer, sizeof buffer)) != 0) {
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw ConfigError(fmt::format("{}: {}", file, std::strerror(errno)));
+    text.append(buffer, static_cast<std::size_t>(n));
+    if (static_cast<off_t>(text.size()) > kLargest) {
+      throw ConfigError(fmt::format("{}: larger than 64 MiB: not a configuration", file));
+    }
+  }
+  struct stat after {};
+  bool same = ::fstat(fd.get(), &after) == 0 && ::stat(file.c_str(), &path) == 0 &&
+              after.st_size == before.st_size && static_cast<off_t>(text.size()) == after.st_size &&
+              after.st_mtim.tv_sec == before.st_mtim.tv_sec &&
+              after.st_mtim.tv_nsec == before.st_mtim.tv_nsec && path.st_ino == after.st_ino &&
+              path.st_dev == after.st_dev;
+  if (!same) throw ConfigError(fmt::format("{}: changed while it was read", file));
+  return text;
 }
+
+Config load_config(const std::string& file) { return parse_config(read_config_file(file), file); }
 
 // A path from the configuration: relative ones are relative to the file's directory.
 std::string detail::config_path(const std::string& file, const std::string& path) {

@@ -472,7 +472,13 @@ Config parse_config(const std::string& text, const std::string& file);
 /// like) shown as "<redacted>".
 std::string redacted_source(const Config& config);
 
-/// Reads and parses `file`. Throws ConfigError (also when it cannot be read).
+/// The whole text of the configuration file `file`, read in one go. Throws ConfigError when it
+/// cannot be read, is not a regular file (a FIFO or a device is refused, never waited on),
+/// is larger than 64 MiB, or changed (size, modification time, or another file renamed into
+/// its place) while it was read: a writer is at work, and its next change is the one to load.
+std::string read_config_file(const std::string& file);
+
+/// Reads (read_config_file) and parses `file`. Throws ConfigError (also when it cannot be read).
 Config load_config(const std::string& file);
 
 }  // namespace spindle::proxy
