@@ -96,13 +96,13 @@ std::expected<Instance::Prepared, std::string> Instance::prepare(
 std::expected<std::shared_ptr<proxy::Gateway>, std::string> Instance::build_gateway(
     const proxy::Config& config, std::set<std::string>& hosts, std::set<std::string>& srv,
     std::optional<proxy::DnsAnswers>& answers) {
-  // Target names and SRV names are looked up with discovery (TTLs), and kept up to date once
-  // this configuration is in force.
+  // Target names and SRV names come from discovery (TTLs), which keeps them up to date in the
+  // background: never looked up here.
   proxy::dns_names(config, hosts, srv);
   if (config.routes.empty()) return nullptr;
   if (!hosts.empty() || !srv.empty()) {
-    if (!discovery_) discovery_ = std::make_unique<proxy::Discovery>(config.dns);
-    answers = discovery_->resolve(config.dns, hosts, srv);
+    (void)names_ready(config);
+    answers = discovery_.answers();
   }
   try {
     return proxy::Gateway::build(config, runtime_.size(), health_, &metrics_, &limits_,
@@ -205,15 +205,22 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   std::set<std::string> hosts, srv;
   std::optional<proxy::DnsAnswers> answers;
   auto gateway = build_gateway(config, hosts, srv, answers);
-  if (!gateway) return std::unexpected(gateway.error());
+  // On failure, discovery goes back to the names of the configuration in force.
+  auto refuse = [&](std::string why) {
+    std::set<std::string> kept_hosts, kept_srv;
+    proxy::dns_names(config_, kept_hosts, kept_srv);
+    discovery_.keep(config_.dns, kept_hosts, kept_srv);
+    return std::unexpected(std::move(why));
+  };
+  if (!gateway) return refuse(gateway.error());
   // The gateway keeps its own copy of the configuration: the servers are read from it.
   auto prepared = prepare_all(*gateway ? (*gateway)->config() : config);
-  if (!prepared) return std::unexpected(prepared.error());
+  if (!prepared) return refuse(prepared.error());
   // New addresses are bound now, not yet accepting (their first requests must find this
   // configuration's routes: they are published below); if one cannot be bound, those bound so
   // far are closed again.
   auto opened = open_new(*prepared);
-  if (!opened) return std::unexpected(opened.error());
+  if (!opened) return refuse(opened.error());
 
   // 2. The switch. Nothing below fails. What /config shows changes first, then the routes;
   // a listener that is new starts accepting after both (connections that came meanwhile, or
@@ -224,7 +231,7 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
     shown_config_ = std::move(text);
   }
   gateways_.publish(*gateway);
-  if (discovery_) discovery_->keep(config.dns, hosts, srv, answers.value_or(proxy::DnsAnswers{}));
+  discovery_.keep(config.dns, hosts, srv);
   switch_listeners(*prepared, *opened);
   if (*gateway) (*gateway)->start_probes(runtime_, connections_);
   if (gateway_) gateway_->stop_probes();
@@ -239,10 +246,22 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   return {};
 }
 
+bool Instance::names_ready(const proxy::Config& config) {
+  std::set<std::string> hosts, srv;
+  proxy::dns_names(config, hosts, srv);
+  if (started_) proxy::dns_names(config_, hosts, srv);
+  discovery_.keep(config.dns, hosts, srv);
+  return discovery_.settled();
+}
+
+void Instance::wait_for_names(const proxy::Config& config,
+                              std::chrono::steady_clock::time_point until) {
+  if (!names_ready(config)) (void)discovery_.wait_settled(until);
+}
+
 void Instance::rediscover() {
-  if (!discovery_ || !gateway_) return;
-  auto answers = discovery_->changed();
-  if (!answers) return;
+  auto answers = discovery_.changed();
+  if (!answers || !gateway_) return;
   std::shared_ptr<proxy::Gateway> gateway;
   try {
     gateway =
@@ -316,6 +335,25 @@ std::string Instance::process_metrics() {
          "When the configuration in force was put in force (Unix time).");
   sample(out, "spindle_config_last_success_timestamp_seconds", "",
          static_cast<double>(last_reload_unix_.load(std::memory_order_relaxed)));
+  using Type = proxy::Discovery::Type;
+  using Outcome = proxy::Discovery::Outcome;
+  family(out, "spindle_dns_lookups_total", "counter",
+         "DNS lookups of target and SRV names ended, by record type and outcome (answered, "
+         "negative: NXDOMAIN or no record of the type, failed: SERVFAIL, REFUSED, timeout...).");
+  for (auto [type, type_label] :
+       {std::pair{Type::kA, "A"}, {Type::kAaaa, "AAAA"}, {Type::kSrv, "SRV"}}) {
+    for (auto [outcome, label] : {std::pair{Outcome::kAnswered, "answered"},
+                                  {Outcome::kNegative, "negative"},
+                                  {Outcome::kFailed, "failed"}}) {
+      sample(out, "spindle_dns_lookups_total",
+             fmt::format("type=\"{}\",outcome=\"{}\"", type_label, label),
+             static_cast<double>(discovery_.lookups(type, outcome)));
+    }
+  }
+  family(out, "spindle_dns_stale_answers", "gauge",
+         "Names' address families (or SRV names) served from their last answer while their "
+         "lookups fail (until its TTL and dns.stale_grace have passed).");
+  sample(out, "spindle_dns_stale_answers", "", static_cast<double>(discovery_.stale()));
   family(out, "spindle_ready", "gauge", "1 while serving, 0 once draining.");
   sample(out, "spindle_ready", "", ready() ? 1 : 0);
   return out;

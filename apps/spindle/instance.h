@@ -18,6 +18,7 @@
 #include "spindle/client/exchange.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/proxy/config.h"
+#include "spindle/proxy/discovery.h"
 #include "spindle/proxy/gateway.h"
 #include "spindle/proxy/metrics.h"
 #include "spindle/server/server.h"
@@ -73,8 +74,16 @@ class Instance {
 
   /// When DNS discovery's answers changed (a target name's addresses, an SRV name's records),
   /// builds the gateway again with them and publishes it: new targets join, gone ones drain.
-  /// The main thread calls it every second.
+  /// The main thread calls it every second, and when dns_fd() is readable.
   void rediscover();
+  /// Has DNS discovery look the names of `config` up (besides those of the configuration in
+  /// force), in the background; true once each has had its first lookup end, so that apply()
+  /// finds their answers. Never waits.
+  bool names_ready(const proxy::Config& config);
+  /// Waits (on the calling thread) until names_ready(config) or `until`.
+  void wait_for_names(const proxy::Config& config, std::chrono::steady_clock::time_point until);
+  /// Readable when discovery has news (changed answers, names ready).
+  int dns_fd() const { return discovery_.fd(); }
 
   /// Reloads tried, and how they ended (for the admin listener).
   struct ReloadCounts {
@@ -110,8 +119,9 @@ class Instance {
     bool admin = false;
   };
   std::expected<Prepared, std::string> prepare(const proxy::ServerConfig& server);
-  /// apply()'s first step: the gateway for `config` (nullptr without routes), its target and
-  /// SRV names (`hosts`, `srv`) looked up into `answers`; or why it cannot be built.
+  /// apply()'s first step: the gateway for `config` (nullptr without routes), with its target
+  /// and SRV names (`hosts`, `srv`) as discovery last answered them (`answers`; names it has
+  /// no answer for yet have no target); or why it cannot be built.
   std::expected<std::shared_ptr<proxy::Gateway>, std::string> build_gateway(
       const proxy::Config& config, std::set<std::string>& hosts, std::set<std::string>& srv,
       std::optional<proxy::DnsAnswers>& answers);
@@ -140,8 +150,8 @@ class Instance {
   proxy::Gateways gateways_;
   proxy::Metrics metrics_;
   proxy::RateLimitRegistry limits_;
-  /// Keeps target names resolved (made when a configuration first has any).
-  std::unique_ptr<proxy::Discovery> discovery_;
+  /// Keeps target names resolved (its thread starts when a configuration first has any).
+  proxy::Discovery discovery_{proxy::DnsConfig{}};
   proxy::Proxy forwarder_;
   proxy::Config config_;
   std::shared_ptr<proxy::Gateway> gateway_;

@@ -265,16 +265,31 @@ class MainLoop {
   }
 
  private:
+  // A reload waiting for the first answers of the DNS names it brings.
+  struct PendingReload {
+    Config config;                                ///< the configuration to put in force
+    std::string why;                              ///< what asked for it, for the log
+    std::chrono::steady_clock::time_point until;  ///< when it goes in force regardless
+  };
+
   // One wait for anything watched, at most a second, and what came.
   void turn() {
-    pollfd fds[4] = {{.fd = signal_fd_, .events = POLLIN, .revents = 0},
+    pollfd fds[5] = {{.fd = signal_fd_, .events = POLLIN, .revents = 0},
                      {.fd = watch_ ? watch_->fd() : -1, .events = POLLIN, .revents = 0},
                      {.fd = point_ ? point_->fd() : -1, .events = POLLIN, .revents = 0},
-                     {.fd = handing_over_.get(), .events = POLLIN, .revents = 0}};
+                     {.fd = handing_over_.get(), .events = POLLIN, .revents = 0},
+                     {.fd = instance_.dns_fd(), .events = POLLIN, .revents = 0}};
     // Every second at least, the admin listener's view of the listeners is brought up to date.
-    int ready = ::poll(fds, 4, 1000);
+    int wait_ms = 1000;
+    if (pending_) {
+      auto left = std::chrono::ceil<std::chrono::milliseconds>(pending_->until -
+                                                               std::chrono::steady_clock::now());
+      wait_ms = static_cast<int>(std::clamp<long>(left.count(), 0, wait_ms));
+    }
+    int ready = ::poll(fds, 5, wait_ms);
     instance_.refresh();
     instance_.rediscover();
+    finish_pending_reload();
     check_successor();
     if (ready <= 0) return;  // the second passed, or EINTR
     if (fds[1].revents != 0) on_config_changed();
@@ -313,9 +328,11 @@ class MainLoop {
   }
 
   // Reads the configuration again (`text`: the file's contents as read; the built-in one
-  // without --config) and puts it in force, or logs why not (the one in force stays). systemd
-  // is told it reloads, then ready again (whatever the outcome: the configuration in force
-  // serves).
+  // without --config) and puts it in force, or logs why not (the one in force stays). A
+  // configuration that brings DNS names waits for their first answers first — in turn(), up
+  // to twice dns.timeout (an SRV name, then the hosts it names) — while signals are served.
+  // systemd is told it reloads, then ready again (whatever the outcome: the configuration in
+  // force serves).
   void reload(std::string_view why, const std::string* text) {
     systemd::notify(systemd::reloading());
     Config config;
@@ -324,7 +341,27 @@ class MainLoop {
     } catch (const ConfigError& e) {
       return rejected(why, e.what());
     }
-    put_in_force(std::move(config), why);
+    if (instance_.names_ready(config)) {
+      pending_.reset();
+      return put_in_force(std::move(config), why);
+    }
+    auto wait = 2 * config.dns.timeout + std::chrono::milliseconds(200);
+    log_info("reload ({}): waiting up to {} ms for the first answers of the DNS names it brings",
+             why, wait.count());
+    pending_ =
+        PendingReload{std::move(config), std::string(why), std::chrono::steady_clock::now() + wait};
+  }
+
+  // The pending reload, once its names are answered or its time is up.
+  void finish_pending_reload() {
+    if (!pending_) return;
+    if (!instance_.names_ready(pending_->config) &&
+        std::chrono::steady_clock::now() < pending_->until) {
+      return;
+    }
+    PendingReload pending = std::move(*pending_);
+    pending_.reset();
+    put_in_force(std::move(pending.config), pending.why);
   }
 
   void put_in_force(Config config, std::string_view why) {
@@ -408,15 +445,16 @@ class MainLoop {
 
   Instance& instance_;
   const ServeFlags& flags_;
-  const std::string exe_;               // the binary an upgrade starts
-  const int signal_fd_;                 // the signalfd of the signals the process handles
-  std::optional<HandoverPoint> point_;  // where upgrades are asked for (with --handover)
-  std::optional<ConfigWatch> watch_;    // the configuration file's folder (with --config)
-  std::string loaded_;                  // the file's text as last loaded
-  pid_t successor_ = 0;                 // the replacement process started, until it serves
-  UniqueFd handing_over_;               // its handover connection, once it asked
-  int signo_ = 0;                       // the stop signal received
-  bool handed_over_ = false;            // the replacement serves: this process drains
+  const std::string exe_;                 // the binary an upgrade starts
+  const int signal_fd_;                   // the signalfd of the signals the process handles
+  std::optional<HandoverPoint> point_;    // where upgrades are asked for (with --handover)
+  std::optional<ConfigWatch> watch_;      // the configuration file's folder (with --config)
+  std::string loaded_;                    // the file's text as last loaded
+  std::optional<PendingReload> pending_;  // a reload waiting for DNS answers
+  pid_t successor_ = 0;                   // the replacement process started, until it serves
+  UniqueFd handing_over_;                 // its handover connection, once it asked
+  int signo_ = 0;                         // the stop signal received
+  bool handed_over_ = false;              // the replacement serves: this process drains
 };
 
 // Drains and stops: after a stop signal (`signo`), or after a new process took over (0).
@@ -499,6 +537,10 @@ int serve(const ServeFlags& flags) {
   } else {
     loop.listen_for_upgrades();
   }
+  // The first answers of the DNS names, all asked at once in the background, bounded as a
+  // reload's wait is.
+  instance.wait_for_names(config, std::chrono::steady_clock::now() + 2 * config.dns.timeout +
+                                      std::chrono::milliseconds(200));
   if (auto started = instance.apply(std::move(config)); !started) {
     fmt::print(stderr, "spindle: {}\n", started.error());
     return 1;  // the predecessor sees the connection close, and serves on

@@ -1,15 +1,17 @@
-// DNS discovery with c-ares, on a thread of its own: each lookup runs a c-ares channel to its
-// end (poll on its sockets), which is all a thread that only resolves needs.
+// DNS discovery with c-ares, on a thread of its own: one channel, every lookup due sent on it at
+// once, and a poll on its sockets and on an eventfd that keep() and the destructor write.
 
 #include "spindle/proxy/discovery.h"
 
 #include <ares.h>
 #include <arpa/inet.h>
 #include <arpa/nameser.h>
-#include <fmt/format.h>
 #include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "spindle/base/log.h"
 #include "spindle/net/address.h"
@@ -18,226 +20,287 @@ namespace spindle::proxy {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
 
-// One lookup's outcome.
-struct HostAnswer {
-  bool ok = false;
-  std::vector<std::string> addresses;
-  std::chrono::seconds ttl{0};
+// Records used of one answer: more than an upstream needs, few enough that a hostile server
+// cannot make discovery look up thousands of names.
+constexpr int kMaxRecords = 64;
+// SRV weights are scaled into the range configured targets have.
+constexpr unsigned kMaxWeight = 1000;
+
+const char* type_name(Discovery::Type type) {
+  switch (type) {
+    case Discovery::Type::kA:
+      return "A";
+    case Discovery::Type::kAaaa:
+      return "AAAA";
+    case Discovery::Type::kSrv:
+      return "SRV";
+  }
+  return "?";
+}
+
+// What a c-ares status says of a lookup.
+Discovery::Outcome outcome_of(int status) {
+  if (status == ARES_SUCCESS) return Discovery::Outcome::kAnswered;
+  // NXDOMAIN, or the name has no record of the type: an answer, that there is none.
+  if (status == ARES_ENOTFOUND || status == ARES_ENODATA) return Discovery::Outcome::kNegative;
+  return Discovery::Outcome::kFailed;
+}
+
+// A host name as SRV records may give one: what a Host field and SNI can carry, nothing else.
+bool plausible_host(const std::string& name) {
+  return !name.empty() && name.size() <= 253 && name.front() != '.' &&
+         std::ranges::all_of(name, [](char c) {
+           return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                  c == '-' || c == '_' || c == '.';
+         });
+}
+
+milliseconds clamp_ttl(const DnsConfig& config, std::chrono::seconds ttl) {
+  return std::clamp(milliseconds(ttl), config.min_ttl, config.max_ttl);
+}
+
+// The addresses of an A or AAAA reply and their lowest TTL; false if it does not parse.
+bool parse_addresses(Discovery::Type type, const unsigned char* reply, int length,
+                     std::vector<std::string>& addresses, std::chrono::seconds& ttl) {
+  int count = kMaxRecords;
+  char text[INET6_ADDRSTRLEN];
+  std::int64_t lowest = -1;
+  auto note = [&](int family, const void* address, int record_ttl) {
+    ::inet_ntop(family, address, text, sizeof text);
+    addresses.emplace_back(text);
+    if (lowest < 0 || record_ttl < lowest) lowest = record_ttl;
+  };
+  if (type == Discovery::Type::kA) {
+    ares_addrttl found[kMaxRecords];
+    if (ares_parse_a_reply(reply, length, nullptr, found, &count) != ARES_SUCCESS) return false;
+    for (int i = 0; i < count; ++i) note(AF_INET, &found[i].ipaddr, found[i].ttl);
+  } else {
+    ares_addr6ttl found[kMaxRecords];
+    if (ares_parse_aaaa_reply(reply, length, nullptr, found, &count) != ARES_SUCCESS) return false;
+    for (int i = 0; i < count; ++i) note(AF_INET6, &found[i].ip6addr, found[i].ttl);
+  }
+  std::ranges::sort(addresses);
+  addresses.erase(std::ranges::unique(addresses).begin(), addresses.end());
+  ttl = std::chrono::seconds(std::max<std::int64_t>(lowest, 0));
+  return true;
+}
+
+// The usable records of an SRV reply, of every priority: a target of "." (no service there),
+// port 0 or an implausible name left out; one per host and port (its lowest priority); the
+// lowest priorities' kMaxRecords; weights within 1-kMaxWeight, in proportion. False if the
+// reply does not parse.
+bool parse_services(const unsigned char* reply, int length, std::vector<DnsAnswers::Srv>& records) {
+  ares_srv_reply* list = nullptr;
+  if (ares_parse_srv_reply(reply, length, &list) != ARES_SUCCESS) return false;
+  unsigned heaviest = 0;
+  for (auto* r = list; r != nullptr; r = r->next) {
+    std::string host = r->host;
+    if (r->port == 0 || !plausible_host(host)) continue;
+    records.push_back({host, r->port, r->weight, r->priority});
+    heaviest = std::max<unsigned>(heaviest, r->weight);
+  }
+  ares_free_data(list);
+  for (auto& r : records) {
+    if (heaviest > kMaxWeight) r.weight = r.weight * kMaxWeight / heaviest;
+    r.weight = std::max(1u, r.weight);  // 0 means "rarely": the smallest share there is
+  }
+  std::ranges::sort(records, [](const auto& x, const auto& y) {
+    return std::tie(x.priority, x.host, x.port, x.weight) <
+           std::tie(y.priority, y.host, y.port, y.weight);
+  });
+  std::set<std::pair<std::string, std::uint16_t>> seen;
+  std::erase_if(records, [&](const auto& r) { return !seen.insert({r.host, r.port}).second; });
+  if (records.size() > kMaxRecords) records.resize(kMaxRecords);
+  return true;
+}
+
+// The negative-caching TTL of an NXDOMAIN or empty reply, if its authority section has an SOA
+// record (RFC 2308: the lower of that record's TTL and its MINIMUM field).
+std::optional<std::chrono::seconds> negative_ttl(const unsigned char* reply, int length) {
+  if (reply == nullptr || length < 12) return std::nullopt;
+  auto u16 = [&](int at) { return (reply[at] << 8) | reply[at + 1]; };
+  auto u32 = [&](int at) { return (static_cast<std::uint32_t>(u16(at)) << 16) | u16(at + 2); };
+  int at = 12;
+  auto skip_name = [&] {
+    char* name = nullptr;
+    long used = 0;
+    if (ares_expand_name(reply + at, reply, length, &name, &used) != ARES_SUCCESS) return false;
+    ares_free_string(name);
+    at += static_cast<int>(used);
+    return true;
+  };
+  for (int i = 0, questions = u16(4); i < questions; ++i) {
+    if (!skip_name() || at + 4 > length) return std::nullopt;
+    at += 4;
+  }
+  for (int i = 0, answers = u16(6), records = answers + u16(8); i < records; ++i) {
+    if (!skip_name() || at + 10 > length) return std::nullopt;
+    int type = u16(at);
+    std::uint32_t ttl = u32(at + 4);
+    int end = at + 10 + u16(at + 8);
+    at += 10;
+    if (end > length) return std::nullopt;
+    if (i >= answers && type == ns_t_soa) {
+      if (!skip_name() || !skip_name() || at + 20 > end) return std::nullopt;
+      std::uint32_t lowest = std::min(ttl, u32(at + 16));
+      return std::chrono::seconds(lowest > 0x7fffffff ? 0 : lowest);  // RFC 2181: above: 0
+    }
+    at = end;
+  }
+  return std::nullopt;
+}
+
+// How long a kept answer holds, and when it is asked again.
+struct Freshness {
+  Clock::time_point stale_after;  ///< when the last answer stops counting if lookups fail
+  Clock::time_point next;         ///< when it is looked up again
+  bool failing = false;           ///< its last lookup failed (logged once per outage)
 };
 
-struct SrvAnswer {
-  bool ok = false;
-  std::vector<DnsAnswers::Srv> records;
+// Takes one lookup's outcome in: `answer` (answered) replaces `kept` and holds for `ttl` plus
+// the grace; a negative answer empties it; both are asked again after `ttl`. A failure keeps
+// it while it holds, asked again after min_ttl. `what` and `why` are for the log.
+template <class Record>
+void take(const DnsConfig& config, const std::string& what, Discovery::Outcome outcome,
+          const char* why, std::vector<Record> answer, milliseconds ttl, std::vector<Record>& kept,
+          Freshness& fresh) {
+  auto now = Clock::now();
+  if (outcome != Discovery::Outcome::kFailed) {
+    if (fresh.failing) log_info("dns: {}: answered again", what);
+    fresh.failing = false;
+    kept = std::move(answer);
+    fresh.stale_after = now + ttl + config.stale_grace;
+    fresh.next = now + ttl;
+    return;
+  }
+  if (!fresh.failing) {
+    auto left = std::chrono::duration_cast<milliseconds>(fresh.stale_after - now);
+    if (kept.empty()) {
+      log_warn("dns: {}: {}", what, why);
+    } else {
+      log_warn("dns: {}: {}; keeping the last answer ({} record(s)) for up to {} ms more", what,
+               why, kept.size(), std::max<long>(0, left.count()));
+    }
+  }
+  fresh.failing = true;
+  if (!kept.empty() && now >= fresh.stale_after) {
+    log_warn(
+        "dns: {}: lookups still fail past the last answer's TTL and dns.stale_grace: its {} "
+        "record(s) dropped",
+        what, kept.size());
+    kept.clear();
+  }
+  fresh.next = now + config.min_ttl;
+}
+
+}  // namespace
+
+// A host name kept.
+struct Discovery::Host {
+  std::array<std::vector<std::string>, 2> addresses;  ///< A's and AAAA's (IP text, sorted)
+  std::array<Freshness, 2> fresh;                     ///< A's and AAAA's
+  int in_flight = 0;                                  ///< its lookups not ended yet
+  bool looked_up = false;                             ///< its first lookup ended
+  bool checked = false;                               ///< the hosts file was read for it
+  bool hosts_file = false;                            ///< a name of the hosts file: not DNS's
+  std::uint64_t serial = 0;                           ///< which keeping of the name this is
 };
 
-// A c-ares channel set up from `config`, freed on scope exit.
-class Channel {
+// An SRV name kept.
+struct Discovery::Service {
+  std::vector<DnsAnswers::Srv> records;  ///< the last answer's
+  Freshness fresh;                       ///< when to ask again, how long the answer holds
+  int in_flight = 0;                     ///< 1 while its lookup runs
+  bool looked_up = false;                ///< its first lookup ended
+  std::uint64_t serial = 0;              ///< which keeping of the name this is
+};
+
+// One lookup on its way: c-ares's callback argument.
+struct Discovery::Ticket {
+  Discovery* self;       ///< whose lookup
+  std::string name;      ///< the name asked
+  Type type;             ///< what was asked
+  std::uint64_t serial;  ///< the keeping of the name it was asked for
+};
+
+// A c-ares channel set up from a DnsConfig; the poll on its sockets.
+class Discovery::Channel {
  public:
   explicit Channel(const DnsConfig& config) {
     static const int initialised = ares_library_init(ARES_LIB_INIT_ALL);
     (void)initialised;
     ares_options options{};
-    options.timeout = static_cast<int>(std::max<long>(100, config.timeout.count() / 2));
+    // Two tries, the second twice as long (c-ares doubles it): the timeout in all.
+    options.timeout = static_cast<int>(std::max<long>(100, config.timeout.count() / 3));
     options.tries = 2;
-    int mask = ARES_OPT_TIMEOUTMS | ARES_OPT_TRIES;
-    ok_ = ares_init_options(&channel_, &options, mask) == ARES_SUCCESS;
+    ok_ =
+        ares_init_options(&channel_, &options, ARES_OPT_TIMEOUTMS | ARES_OPT_TRIES) == ARES_SUCCESS;
     if (ok_ && !config.servers.empty()) {
       std::string csv;
       for (const std::string& s : config.servers) csv += (csv.empty() ? "" : ",") + s;
       ok_ = ares_set_servers_ports_csv(channel_, csv.c_str()) == ARES_SUCCESS;
     }
+    if (!ok_) log_error("dns: cannot set up a resolver channel: every lookup fails");
   }
   ~Channel() {
-    if (channel_ != nullptr) ares_destroy(channel_);
+    if (channel_ != nullptr) ares_destroy(channel_);  // calls back every lookup in flight
   }
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
+
   bool ok() const { return ok_; }
   ares_channel get() { return channel_; }
 
-  // Runs the queries sent until all are answered (or have timed out).
-  void run() {
-    for (;;) {
-      ares_socket_t sockets[ARES_GETSOCK_MAXNUM];
-      int bits = ares_getsock(channel_, sockets, ARES_GETSOCK_MAXNUM);
-      std::vector<pollfd> fds;
-      for (int i = 0; i < ARES_GETSOCK_MAXNUM; ++i) {
-        short events = 0;
-        if (ARES_GETSOCK_READABLE(bits, i)) events |= POLLIN;
-        if (ARES_GETSOCK_WRITABLE(bits, i)) events |= POLLOUT;
-        if (events != 0) fds.push_back(pollfd{.fd = sockets[i], .events = events, .revents = 0});
+  // True if `name` is in the hosts file (/etc/hosts).
+  bool in_hosts_file(const std::string& name) {
+    if (!ok_) return false;
+    for (int family : {AF_INET, AF_INET6}) {
+      hostent* host = nullptr;
+      if (ares_gethostbyname_file(channel_, name.c_str(), family, &host) == ARES_SUCCESS) {
+        ares_free_hostent(host);
+        return true;
       }
-      if (fds.empty()) return;
-      timeval tv{};
-      timeval* wait = ares_timeout(channel_, nullptr, &tv);
-      int ms = wait ? static_cast<int>(wait->tv_sec * 1000 + wait->tv_usec / 1000) : 1000;
-      ::poll(fds.data(), fds.size(), ms);
-      for (const pollfd& p : fds) {
-        ares_process_fd(channel_, (p.revents & POLLIN) ? p.fd : ARES_SOCKET_BAD,
-                        (p.revents & POLLOUT) ? p.fd : ARES_SOCKET_BAD);
-      }
-      ares_process_fd(channel_, ARES_SOCKET_BAD, ARES_SOCKET_BAD);  // timeouts
     }
+    return false;
+  }
+
+  // Waits until a socket of the channel or `wake` is readable, or `until` (or c-ares's next
+  // timeout, if sooner); processes what came, and the timeouts.
+  void wait(int wake, Clock::time_point until) {
+    ares_socket_t sockets[ARES_GETSOCK_MAXNUM];
+    int bits = ok_ ? ares_getsock(channel_, sockets, ARES_GETSOCK_MAXNUM) : 0;
+    std::vector<pollfd> fds{pollfd{.fd = wake, .events = POLLIN, .revents = 0}};
+    for (int i = 0; i < ARES_GETSOCK_MAXNUM; ++i) {
+      short events = (ARES_GETSOCK_READABLE(bits, i) ? POLLIN : 0) |
+                     (ARES_GETSOCK_WRITABLE(bits, i) ? POLLOUT : 0);
+      if (events != 0) fds.push_back(pollfd{.fd = sockets[i], .events = events, .revents = 0});
+    }
+    auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now());
+    long ms = std::clamp<long>(left.count(), 0, 60'000);
+    timeval most{.tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000}, tv{};
+    if (ok_) {
+      timeval* t = ares_timeout(channel_, &most, &tv);
+      ms = t->tv_sec * 1000 + (t->tv_usec + 999) / 1000;
+    }
+    ::poll(fds.data(), fds.size(), static_cast<int>(ms));
+    if (fds[0].revents != 0) {
+      std::uint64_t n;
+      (void)!::read(wake, &n, sizeof n);
+    }
+    for (std::size_t i = 1; i < fds.size(); ++i) {
+      const pollfd& p = fds[i];
+      ares_process_fd(channel_, (p.revents & (POLLIN | POLLERR | POLLHUP)) ? p.fd : ARES_SOCKET_BAD,
+                      (p.revents & POLLOUT) ? p.fd : ARES_SOCKET_BAD);
+    }
+    if (ok_) ares_process_fd(channel_, ARES_SOCKET_BAD, ARES_SOCKET_BAD);  // timeouts
   }
 
  private:
   ares_channel channel_ = nullptr;
   bool ok_ = false;
 };
-
-// True if `name` is in the hosts file (/etc/hosts): such a name is not DNS's to answer, and is
-// left to the system resolver, once, as names were before discovery.
-bool in_hosts_file(const DnsConfig& config, const std::string& name) {
-  Channel channel(config);
-  if (!channel.ok()) return false;
-  for (int family : {AF_INET, AF_INET6}) {
-    hostent* host = nullptr;
-    if (ares_gethostbyname_file(channel.get(), name.c_str(), family, &host) == ARES_SUCCESS) {
-      ares_free_hostent(host);
-      return true;
-    }
-  }
-  return false;
-}
-
-// A and AAAA of `name`.
-HostAnswer lookup_host(const DnsConfig& config, const std::string& name) {
-  Channel channel(config);
-  HostAnswer answer;
-  if (!channel.ok()) return answer;
-  struct Query {
-    HostAnswer* answer;
-    int family;
-    bool done = false;
-    bool ok = false;
-  };
-  auto callback = [](void* arg, int status, int, unsigned char* abuf, int alen) {
-    auto* q = static_cast<Query*>(arg);
-    q->done = true;
-    if (status == ARES_ENODATA || status == ARES_ENOTFOUND) {
-      q->ok = true;  // answered: no such address
-      return;
-    }
-    if (status != ARES_SUCCESS) return;
-    constexpr int kMax = 64;
-    int count = kMax;
-    char text[INET6_ADDRSTRLEN];
-    std::int64_t lowest = -1;
-    if (q->family == AF_INET) {
-      ares_addrttl found[kMax];
-      if (ares_parse_a_reply(abuf, alen, nullptr, found, &count) != ARES_SUCCESS) return;
-      for (int i = 0; i < count; ++i) {
-        ::inet_ntop(AF_INET, &found[i].ipaddr, text, sizeof text);
-        q->answer->addresses.emplace_back(text);
-        if (lowest < 0 || found[i].ttl < lowest) lowest = found[i].ttl;
-      }
-    } else {
-      ares_addr6ttl found[kMax];
-      if (ares_parse_aaaa_reply(abuf, alen, nullptr, found, &count) != ARES_SUCCESS) return;
-      for (int i = 0; i < count; ++i) {
-        ::inet_ntop(AF_INET6, &found[i].ip6addr, text, sizeof text);
-        q->answer->addresses.emplace_back(text);
-        if (lowest < 0 || found[i].ttl < lowest) lowest = found[i].ttl;
-      }
-    }
-    q->ok = true;
-    if (lowest >= 0 && (q->answer->ttl.count() == 0 || lowest < q->answer->ttl.count())) {
-      q->answer->ttl = std::chrono::seconds(lowest);
-    }
-  };
-  Query a{&answer, AF_INET}, aaaa{&answer, AF_INET6};
-  ares_query(channel.get(), name.c_str(), ns_c_in, ns_t_a, callback, &a);
-  ares_query(channel.get(), name.c_str(), ns_c_in, ns_t_aaaa, callback, &aaaa);
-  channel.run();
-  answer.ok = a.ok && aaaa.ok;
-  std::ranges::sort(answer.addresses);
-  answer.addresses.erase(std::ranges::unique(answer.addresses).begin(), answer.addresses.end());
-  return answer;
-}
-
-// The SRV records of `name` (those of the lowest priority: the others are fallbacks).
-SrvAnswer lookup_srv(const DnsConfig& config, const std::string& name) {
-  Channel channel(config);
-  SrvAnswer answer;
-  if (!channel.ok()) return answer;
-  auto callback = [](void* arg, int status, int, unsigned char* abuf, int alen) {
-    auto* a = static_cast<SrvAnswer*>(arg);
-    if (status == ARES_ENODATA || status == ARES_ENOTFOUND) {
-      a->ok = true;
-      return;
-    }
-    ares_srv_reply* records = nullptr;
-    if (status != ARES_SUCCESS || ares_parse_srv_reply(abuf, alen, &records) != ARES_SUCCESS) {
-      return;
-    }
-    a->ok = true;
-    unsigned short best = 0xffff;
-    for (auto* r = records; r != nullptr; r = r->next) best = std::min(best, r->priority);
-    for (auto* r = records; r != nullptr; r = r->next) {
-      if (r->priority != best || r->port == 0) continue;
-      // Weight 0 means "rarely": it gets the smallest share there is.
-      a->records.push_back({r->host, r->port, std::max<unsigned>(1, r->weight)});
-    }
-    ares_free_data(records);
-  };
-  ares_query(channel.get(), name.c_str(), ns_c_in, ns_t_srv, callback, &answer);
-  channel.run();
-  std::ranges::sort(answer.records, [](const auto& x, const auto& y) {
-    return std::tie(x.host, x.port, x.weight) < std::tie(y.host, y.port, y.weight);
-  });
-  return answer;
-}
-
-std::chrono::milliseconds clamp_ttl(const DnsConfig& config, std::chrono::seconds ttl) {
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(ttl);
-  return std::clamp(ms, config.min_ttl, config.max_ttl);
-}
-
-// Looks every name of `hosts` and `srv` up into `answers` (keeping an old answer when a lookup
-// fails); returns when each is due next.
-std::map<std::string, Clock::time_point> refresh(const DnsConfig& config,
-                                                 const std::set<std::string>& hosts,
-                                                 const std::set<std::string>& srv,
-                                                 DnsAnswers& answers) {
-  std::map<std::string, Clock::time_point> due;
-  std::set<std::string> all_hosts = hosts;
-  for (const std::string& name : srv) {
-    SrvAnswer found = lookup_srv(config, name);
-    if (found.ok) {
-      answers.services[name] = found.records;
-    } else {
-      log_warn("dns: SRV {}: no answer; keeping the last one", name);
-    }
-    for (const auto& record : answers.services[name]) all_hosts.insert(record.host);
-    due["srv " + name] = Clock::now() + config.srv_refresh;
-  }
-  for (auto it = all_hosts.begin(); it != all_hosts.end();) {
-    if (in_hosts_file(config, *it)) {
-      it = all_hosts.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (const std::string& name : all_hosts) {
-    HostAnswer found = lookup_host(config, name);
-    if (found.ok) {
-      answers.addresses[name] = found.addresses;
-    } else {
-      log_warn("dns: {}: no answer; keeping the last one", name);
-      answers.addresses.try_emplace(name);
-    }
-    due["host " + name] =
-        Clock::now() +
-        (found.ok && !found.addresses.empty() ? clamp_ttl(config, found.ttl) : config.min_ttl);
-  }
-  // Names no longer asked for are forgotten.
-  std::erase_if(answers.addresses, [&](const auto& e) { return !all_hosts.contains(e.first); });
-  std::erase_if(answers.services, [&](const auto& e) { return !srv.contains(e.first); });
-  return due;
-}
-
-}  // namespace
 
 void dns_names(const Config& config, std::set<std::string>& hosts, std::set<std::string>& srv) {
   for (const UpstreamConfig& u : config.upstreams) {
@@ -248,94 +311,266 @@ void dns_names(const Config& config, std::set<std::string>& hosts, std::set<std:
   }
 }
 
-Discovery::Discovery(DnsConfig config) : config_(std::move(config)) {
-  thread_ = std::thread([this] { run(); });
-}
+Discovery::Discovery(DnsConfig config)
+    : config_(std::move(config)),
+      wake_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)),
+      notify_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
 Discovery::~Discovery() {
-  {
-    std::lock_guard guard(lock_);
-    stopping_ = true;
+  stopping_.store(true);
+  if (thread_.joinable()) {
+    wake();
+    thread_.join();
   }
-  wake_.notify_all();
-  thread_.join();
 }
 
-DnsAnswers Discovery::resolve(const DnsConfig& config, const std::set<std::string>& hosts,
-                              const std::set<std::string>& srv) {
-  DnsAnswers answers;
-  {
-    std::lock_guard guard(lock_);
-    answers = answers_;
-  }
-  (void)refresh(config, hosts, srv, answers);
-  return answers;
+void Discovery::wake() {
+  std::uint64_t one = 1;
+  (void)!::write(wake_.get(), &one, sizeof one);
 }
 
 void Discovery::keep(const DnsConfig& config, const std::set<std::string>& hosts,
-                     const std::set<std::string>& srv, DnsAnswers answers) {
+                     const std::set<std::string>& srv) {
   {
     std::lock_guard guard(lock_);
+    bool new_servers = config.servers != config_.servers || config.timeout != config_.timeout;
+    config_serial_ += new_servers ? 1 : 0;
     config_ = config;
-    hosts_ = hosts;
-    srv_ = srv;
-    answers_ = std::move(answers);
-    changed_ = false;
-    ++generation_;
+    bool same = hosts == config_hosts_ && srv.size() == services_.size() &&
+                std::ranges::all_of(srv, [&](const auto& s) { return services_.contains(s); });
+    if (same && !new_servers) return;
+    config_hosts_ = hosts;
+    std::erase_if(services_, [&](const auto& s) { return !srv.contains(s.first); });
+    for (const std::string& name : srv) {
+      if (!services_.contains(name)) services_[name].serial = ++serial_;
+    }
+    sync_hosts();
+    publish();
   }
-  wake_.notify_all();
+  if (!thread_.joinable() && !(hosts.empty() && srv.empty())) {
+    thread_ = std::thread([this] { run(); });
+  }
+  wake();
+}
+
+void Discovery::sync_hosts() {
+  std::set<std::string> wanted = config_hosts_;
+  for (const auto& [_, service] : services_) {
+    for (const auto& r : service.records) wanted.insert(r.host);
+  }
+  std::erase_if(hosts_, [&](const auto& h) { return !wanted.contains(h.first); });
+  for (const std::string& name : wanted) {
+    if (!hosts_.contains(name)) hosts_[name].serial = ++serial_;  // due at once
+  }
+}
+
+bool Discovery::settled() {
+  std::lock_guard guard(lock_);
+  return std::ranges::all_of(hosts_, [](const auto& h) { return h.second.looked_up; }) &&
+         std::ranges::all_of(services_, [](const auto& s) { return s.second.looked_up; });
+}
+
+bool Discovery::wait_settled(Clock::time_point until) {
+  while (!settled()) {
+    auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now()).count();
+    if (left <= 0) return false;
+    pollfd p{.fd = notify_.get(), .events = POLLIN, .revents = 0};
+    ::poll(&p, 1, static_cast<int>(std::min<long>(left, 100)));
+  }
+  return true;
+}
+
+DnsAnswers Discovery::answers() {
+  std::lock_guard guard(lock_);
+  changed_ = false;
+  return answers_;
 }
 
 std::optional<DnsAnswers> Discovery::changed() {
+  std::uint64_t n;
+  (void)!::read(notify_.get(), &n, sizeof n);
   std::lock_guard guard(lock_);
   if (!changed_) return std::nullopt;
   changed_ = false;
   return answers_;
 }
 
-void Discovery::run() {
-  std::unique_lock guard(lock_);
-  std::map<std::string, Clock::time_point> due;
-  std::uint64_t generation = generation_;
-  for (;;) {
-    if (stopping_) return;
-    if (generation != generation_) {
-      // keep() has just been given fresh answers: the schedule starts again.
-      generation = generation_;
-      due.clear();
-    }
-    if (hosts_.empty() && srv_.empty()) {
-      wake_.wait(guard);
-      continue;
-    }
-    auto next =
-        due.empty()
-            ? Clock::now() + config_.min_ttl
-            : std::ranges::min_element(due, {}, [](const auto& e) { return e.second; })->second;
-    if (due.empty() || Clock::now() < next) {
-      if (due.empty()) {
-        // First round after keep(): everything is looked up again after the shortest TTL
-        // allowed, and on the TTLs the answers give from then on.
-        due["first"] = next;
+std::size_t Discovery::stale() {
+  std::lock_guard guard(lock_);
+  std::size_t n = 0;
+  for (const auto& [_, h] : hosts_) {
+    for (int i = 0; i < 2; ++i) n += h.fresh[i].failing && !h.addresses[i].empty() ? 1 : 0;
+  }
+  for (const auto& [_, s] : services_) n += s.fresh.failing && !s.records.empty() ? 1 : 0;
+  return n;
+}
+
+void Discovery::publish() {
+  DnsAnswers answers;
+  bool settled = true;
+  for (const auto& [name, h] : hosts_) {
+    settled = settled && h.looked_up;
+    if (h.hosts_file) continue;
+    auto& all = answers.addresses[name];
+    for (const auto& family : h.addresses) all.insert(all.end(), family.begin(), family.end());
+    std::ranges::sort(all);
+  }
+  for (const auto& [name, s] : services_) {
+    settled = settled && s.looked_up;
+    answers.services[name] = s.records;
+  }
+  bool news = !(answers == answers_) || (settled && !was_settled_);
+  was_settled_ = settled;
+  if (!(answers == answers_)) {
+    answers_ = std::move(answers);
+    changed_ = true;
+  }
+  if (news) {
+    std::uint64_t one = 1;
+    (void)!::write(notify_.get(), &one, sizeof one);
+  }
+}
+
+std::vector<Discovery::Ticket*> Discovery::due(Clock::time_point now, Clock::time_point& next) {
+  std::vector<Ticket*> tickets;
+  next = now + std::chrono::minutes(1);
+  for (auto& [name, h] : hosts_) {
+    if (h.hosts_file || h.in_flight != 0) continue;
+    // Each family on its own TTL (an AAAA that does not exist is asked on its negative TTL).
+    for (Type type : {Type::kA, Type::kAaaa}) {
+      Clock::time_point due = h.fresh[type == Type::kA ? 0 : 1].next;
+      if (due > now) {
+        next = std::min(next, due);
+        continue;
       }
-      wake_.wait_until(guard, next);
-      continue;
-    }
-    // Something is due: look everything up (names are few; one round keeps SRV targets and
-    // their hosts consistent).
-    DnsConfig config = config_;
-    std::set<std::string> hosts = hosts_, srv = srv_;
-    DnsAnswers answers = answers_;
-    guard.unlock();
-    auto next_due = refresh(config, hosts, srv, answers);
-    guard.lock();
-    if (generation != generation_) continue;  // keep() came meanwhile: its answers stand
-    due = std::move(next_due);
-    if (!(answers == answers_)) {
-      answers_ = std::move(answers);
-      changed_ = true;
+      tickets.push_back(new Ticket{this, name, type, h.serial});
+      ++h.in_flight;
     }
   }
+  for (auto& [name, s] : services_) {
+    if (s.in_flight != 0) continue;
+    if (s.fresh.next > now) {
+      next = std::min(next, s.fresh.next);
+      continue;
+    }
+    tickets.push_back(new Ticket{this, name, Type::kSrv, s.serial});
+    s.in_flight = 1;
+  }
+  return tickets;
+}
+
+void Discovery::run() {
+  std::unique_ptr<Channel> channel;
+  std::uint64_t channel_serial = 0;
+  while (!stopping_.load()) {
+    {
+      std::lock_guard guard(lock_);
+      bool idle =
+          std::ranges::all_of(hosts_, [](const auto& h) { return h.second.in_flight == 0; }) &&
+          std::ranges::all_of(services_, [](const auto& s) { return s.second.in_flight == 0; });
+      // New servers or timeout: a new channel, once the lookups on the old one have ended.
+      if (!channel || (channel_serial != config_serial_ && idle)) {
+        channel.reset();
+        channel = std::make_unique<Channel>(config_);
+        channel_serial = config_serial_;
+      }
+    }
+    check_hosts_file(*channel);
+    Clock::time_point next;
+    std::vector<Ticket*> tickets;
+    {
+      std::lock_guard guard(lock_);
+      tickets = due(Clock::now(), next);
+    }
+    for (Ticket* ticket : tickets) send(*channel, ticket);
+    channel->wait(wake_.get(), next);
+  }
+}
+
+void Discovery::check_hosts_file(Channel& channel) {
+  std::vector<std::string> unchecked;
+  {
+    std::lock_guard guard(lock_);
+    for (auto& [name, h] : hosts_) {
+      if (!h.checked) unchecked.push_back(name);
+    }
+  }
+  if (unchecked.empty()) return;
+  std::set<std::string> found;
+  for (const std::string& name : unchecked) {
+    if (channel.in_hosts_file(name)) found.insert(name);
+  }
+  std::lock_guard guard(lock_);
+  for (const std::string& name : unchecked) {
+    auto it = hosts_.find(name);
+    if (it == hosts_.end()) continue;
+    it->second.checked = true;
+    // Left to the system resolver, as names were before discovery.
+    if (found.contains(name)) it->second.hosts_file = it->second.looked_up = true;
+  }
+  if (!found.empty()) publish();
+}
+
+void Discovery::send(Channel& channel, Ticket* ticket) {
+  if (!channel.ok()) return on_reply(ticket, ARES_ECONNREFUSED, 0, nullptr, 0);
+  int type = ticket->type == Type::kA ? ns_t_a : ticket->type == Type::kAaaa ? ns_t_aaaa : ns_t_srv;
+  ares_query(channel.get(), ticket->name.c_str(), ns_c_in, type, &Discovery::on_reply, ticket);
+}
+
+void Discovery::on_reply(void* arg, int status, int, unsigned char* reply, int length) {
+  std::unique_ptr<Ticket> ticket(static_cast<Ticket*>(arg));
+  Discovery& self = *ticket->self;
+  if (status == ARES_EDESTRUCTION || self.stopping_.load()) return;
+  std::lock_guard guard(self.lock_);
+  if (ticket->type == Type::kSrv) {
+    self.merge_service(*ticket, status, reply, length);
+  } else {
+    self.merge_host(*ticket, status, reply, length);
+  }
+  self.publish();
+}
+
+void Discovery::merge_host(const Ticket& ticket, int status, const unsigned char* reply,
+                           int length) {
+  auto it = hosts_.find(ticket.name);
+  if (it == hosts_.end() || it->second.serial != ticket.serial) return;  // no longer kept
+  Host& host = it->second;
+  int family = ticket.type == Type::kA ? 0 : 1;
+  Outcome outcome = outcome_of(status);
+  std::vector<std::string> parsed;
+  std::chrono::seconds ttl{0};
+  const char* why = ares_strerror(status);
+  if (outcome == Outcome::kAnswered && !parse_addresses(ticket.type, reply, length, parsed, ttl)) {
+    outcome = Outcome::kFailed;
+    why = "a reply that does not parse";
+  }
+  counts_[static_cast<int>(ticket.type)][static_cast<int>(outcome)].fetch_add(1);
+  // A negative answer lasts its SOA's negative TTL (at least min_ttl: none is min_ttl).
+  if (outcome == Outcome::kNegative) ttl = negative_ttl(reply, length).value_or(ttl);
+  take(config_, fmt::format("{} {}", ticket.name, type_name(ticket.type)), outcome, why,
+       std::move(parsed), clamp_ttl(config_, ttl), host.addresses[family], host.fresh[family]);
+  if (--host.in_flight == 0) host.looked_up = true;
+}
+
+void Discovery::merge_service(const Ticket& ticket, int status, const unsigned char* reply,
+                              int length) {
+  auto it = services_.find(ticket.name);
+  if (it == services_.end() || it->second.serial != ticket.serial) return;
+  Service& service = it->second;
+  Outcome outcome = outcome_of(status);
+  std::vector<DnsAnswers::Srv> records;
+  const char* why = ares_strerror(status);
+  if (outcome == Outcome::kAnswered && !parse_services(reply, length, records)) {
+    outcome = Outcome::kFailed;
+    why = "a reply that does not parse";
+  }
+  counts_[static_cast<int>(Type::kSrv)][static_cast<int>(outcome)].fetch_add(1);
+  // c-ares gives no SRV TTL: srv_refresh stands for it.
+  take(config_, fmt::format("{} SRV", ticket.name), outcome, why, std::move(records),
+       config_.srv_refresh, service.records, service.fresh);
+  service.in_flight = 0;
+  service.looked_up = true;
+  sync_hosts();
 }
 
 }  // namespace spindle::proxy

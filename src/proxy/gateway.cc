@@ -215,7 +215,7 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, Heal
       if (!u.config->srv.empty() && dns != nullptr) {
         if (auto found = dns->services.find(u.config->srv); found != dns->services.end()) {
           for (const DnsAnswers::Srv& r : found->second) {
-            configured.push_back(TargetConfig{r.host, r.port, r.weight});
+            configured.push_back(TargetConfig{r.host, r.port, r.weight, r.priority});
           }
         }
       }

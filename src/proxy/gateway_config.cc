@@ -457,7 +457,7 @@ void read_redis(const ConfigReader& top, Config& config) {
 void read_dns(const ConfigReader& top, Config& config) {
   if (!top.has("dns")) return;
   ConfigReader r = top.nested("dns");
-  r.only({"servers", "min_ttl", "max_ttl", "srv_refresh", "timeout"});
+  r.only({"servers", "min_ttl", "max_ttl", "srv_refresh", "timeout", "stale_grace"});
   DnsConfig& dns = config.dns;
   for (const std::string& server : r.strings("servers")) {
     auto address = Address::parse(server);
@@ -474,6 +474,7 @@ void read_dns(const ConfigReader& top, Config& config) {
   if (dns.srv_refresh.count() == 0) r.fail_key("srv_refresh", "must be more than 0");
   dns.timeout = r.duration("timeout", dns.timeout);
   if (dns.timeout.count() == 0) r.fail_key("timeout", "must be more than 0");
+  dns.stale_grace = r.duration("stale_grace", dns.stale_grace);
 }
 
 void read_gateway(const ConfigReader& top, Config& config) {

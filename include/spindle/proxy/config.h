@@ -432,6 +432,8 @@ struct DnsConfig {
   std::chrono::milliseconds srv_refresh{std::chrono::seconds(10)};
   /// How long one lookup may take.
   std::chrono::milliseconds timeout{std::chrono::seconds(2)};
+  /// How long past its TTL a last answer is still used while lookups of the name fail.
+  std::chrono::milliseconds stale_grace{std::chrono::hours(1)};
 };
 
 /// The whole configuration.
