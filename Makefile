@@ -10,7 +10,8 @@
 #   make soak    10,000 connections through the proxy for 3 minutes, HTTP/1.1 then HTTP/2 over
 #                TLS both ways: errors, RSS, descriptors
 #   make fuzz    libFuzzer drivers (HTTP/1, chunked, responses, configuration, JWT, exchange,
-#                PostgreSQL values, HPACK, HTTP/2 frames and sessions; FUZZ_SECONDS each)
+#                PostgreSQL values, HPACK, HTTP/2 frames and sessions, DNS replies;
+#                FUZZ_SECONDS each)
 #   make format  reformat every source file with clang-format
 #   make package the Debian package build/spindle_<version>_amd64.deb (lintian-checked; PGO=1:
 #                from the profile-guided build)

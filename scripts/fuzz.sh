@@ -10,7 +10,8 @@ CC=clang-19 CXX=clang++-19 cmake -S tests/fuzz -B build/fuzz -G Ninja >/dev/null
 ninja -C build/fuzz
 scripts/config_examples.py build/fuzz/seed/config docs/*.md
 status=0
-for name in http1_parser chunked response_parser config jwt exchange pg_values hpack h2_frames h2_session; do
+for name in http1_parser chunked response_parser config jwt exchange pg_values hpack h2_frames h2_session \
+  dns_reply; do
   mkdir -p "build/fuzz/corpus/$name"
   seed=tests/fuzz/corpus/$name
   dict=tests/fuzz/http1.dict

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <span>
 
 #include "spindle/base/log.h"
 #include "spindle/net/address.h"
@@ -61,9 +62,10 @@ milliseconds clamp_ttl(const DnsConfig& config, std::chrono::seconds ttl) {
   return std::clamp(milliseconds(ttl), config.min_ttl, config.max_ttl);
 }
 
-// The addresses of an A or AAAA reply and their lowest TTL; false if it does not parse.
-bool parse_addresses(Discovery::Type type, const unsigned char* reply, int length,
-                     std::vector<std::string>& addresses, std::chrono::seconds& ttl) {
+// The addresses of an A or AAAA reply and their lowest TTL: c-ares's status (ARES_ENODATA: the
+// reply has none).
+int parse_addresses(Discovery::Type type, const unsigned char* reply, int length,
+                    std::vector<std::string>& addresses, std::chrono::seconds& ttl) {
   int count = kMaxRecords;
   char text[INET6_ADDRSTRLEN];
   std::int64_t lowest = -1;
@@ -72,28 +74,34 @@ bool parse_addresses(Discovery::Type type, const unsigned char* reply, int lengt
     addresses.emplace_back(text);
     if (lowest < 0 || record_ttl < lowest) lowest = record_ttl;
   };
+  int status;
   if (type == Discovery::Type::kA) {
     ares_addrttl found[kMaxRecords];
-    if (ares_parse_a_reply(reply, length, nullptr, found, &count) != ARES_SUCCESS) return false;
-    for (int i = 0; i < count; ++i) note(AF_INET, &found[i].ipaddr, found[i].ttl);
+    status = ares_parse_a_reply(reply, length, nullptr, found, &count);
+    for (int i = 0; status == ARES_SUCCESS && i < count; ++i) {
+      note(AF_INET, &found[i].ipaddr, found[i].ttl);
+    }
   } else {
     ares_addr6ttl found[kMaxRecords];
-    if (ares_parse_aaaa_reply(reply, length, nullptr, found, &count) != ARES_SUCCESS) return false;
-    for (int i = 0; i < count; ++i) note(AF_INET6, &found[i].ip6addr, found[i].ttl);
+    status = ares_parse_aaaa_reply(reply, length, nullptr, found, &count);
+    for (int i = 0; status == ARES_SUCCESS && i < count; ++i) {
+      note(AF_INET6, &found[i].ip6addr, found[i].ttl);
+    }
   }
   std::ranges::sort(addresses);
   addresses.erase(std::ranges::unique(addresses).begin(), addresses.end());
   ttl = std::chrono::seconds(std::max<std::int64_t>(lowest, 0));
-  return true;
+  return status;
 }
 
 // The usable records of an SRV reply, of every priority: a target of "." (no service there),
 // port 0 or an implausible name left out; one per host and port (its lowest priority); the
-// lowest priorities' kMaxRecords; weights within 1-kMaxWeight, in proportion. False if the
-// reply does not parse.
-bool parse_services(const unsigned char* reply, int length, std::vector<DnsAnswers::Srv>& records) {
+// lowest priorities' kMaxRecords; weights within 1-kMaxWeight, in proportion. c-ares's status.
+int parse_services(const unsigned char* reply, int length, std::vector<DnsAnswers::Srv>& records) {
   ares_srv_reply* list = nullptr;
-  if (ares_parse_srv_reply(reply, length, &list) != ARES_SUCCESS) return false;
+  if (int status = ares_parse_srv_reply(reply, length, &list); status != ARES_SUCCESS) {
+    return status;
+  }
   unsigned heaviest = 0;
   for (auto* r = list; r != nullptr; r = r->next) {
     std::string host = r->host;
@@ -113,7 +121,7 @@ bool parse_services(const unsigned char* reply, int length, std::vector<DnsAnswe
   std::set<std::pair<std::string, std::uint16_t>> seen;
   std::erase_if(records, [&](const auto& r) { return !seen.insert({r.host, r.port}).second; });
   if (records.size() > kMaxRecords) records.resize(kMaxRecords);
-  return true;
+  return ARES_SUCCESS;
 }
 
 // The negative-caching TTL of an NXDOMAIN or empty reply, if its authority section has an SOA
@@ -152,17 +160,10 @@ std::optional<std::chrono::seconds> negative_ttl(const unsigned char* reply, int
   return std::nullopt;
 }
 
-// How long a kept answer holds, and when it is asked again.
-struct Freshness {
-  Clock::time_point stale_after;  ///< when the last answer stops counting if lookups fail
-  Clock::time_point next;         ///< when it is looked up again
-  bool failing = false;           ///< its last lookup failed (logged once per outage)
-};
-
 // Takes one lookup's outcome in: `answer` (answered) replaces `kept` and holds for `ttl` plus
 // the grace; a negative answer empties it; both are asked again after `ttl`. A failure keeps
 // it while it holds, asked again after min_ttl. `what` and `why` are for the log.
-template <class Record>
+template <class Record, class Freshness>
 void take(const DnsConfig& config, const std::string& what, Discovery::Outcome outcome,
           const char* why, std::vector<Record> answer, milliseconds ttl, std::vector<Record>& kept,
           Freshness& fresh) {
@@ -196,6 +197,30 @@ void take(const DnsConfig& config, const std::string& what, Discovery::Outcome o
 }
 
 }  // namespace
+
+std::optional<DnsReply> read_dns_reply(Discovery::Type type, std::span<const unsigned char> reply) {
+  const unsigned char* data = reply.data();
+  int length = static_cast<int>(std::min<std::size_t>(reply.size(), 65535));
+  DnsReply out;
+  std::chrono::seconds ttl{0};
+  int status = type == Discovery::Type::kSrv
+                   ? parse_services(data, length, out.records)
+                   : parse_addresses(type, data, length, out.addresses, ttl);
+  if (status != ARES_SUCCESS && status != ARES_ENODATA) return std::nullopt;
+  if (out.addresses.empty() && out.records.empty()) {
+    out.ttl = negative_ttl(data, length);
+  } else if (type != Discovery::Type::kSrv) {
+    out.ttl = ttl;  // c-ares gives no SRV record's TTL
+  }
+  return out;
+}
+
+// How long a kept answer holds, and when it is asked again.
+struct Discovery::Freshness {
+  Clock::time_point stale_after;  ///< when the last answer stops counting if lookups fail
+  Clock::time_point next;         ///< when it is looked up again
+  bool failing = false;           ///< its last lookup failed (logged once per outage)
+};
 
 // A host name kept.
 struct Discovery::Host {
@@ -375,7 +400,10 @@ bool Discovery::wait_settled(Clock::time_point until) {
     auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now()).count();
     if (left <= 0) return false;
     pollfd p{.fd = notify_.get(), .events = POLLIN, .revents = 0};
-    ::poll(&p, 1, static_cast<int>(std::min<long>(left, 100)));
+    if (::poll(&p, 1, static_cast<int>(std::min<long>(left, 100))) > 0) {
+      std::uint64_t n;
+      (void)!::read(notify_.get(), &n, sizeof n);  // else the next poll returns at once
+    }
   }
   return true;
 }
@@ -530,25 +558,42 @@ void Discovery::on_reply(void* arg, int status, int, unsigned char* reply, int l
   self.publish();
 }
 
+namespace {
+
+// What a lookup's reply says: `outcome` as c-ares's status says (a failure if it does not
+// parse; a negative one if nothing usable is in it), the reply read, and `why` for the log.
+DnsReply read_reply(Discovery::Type type, int status, const unsigned char* reply, int length,
+                    Discovery::Outcome& outcome, const char*& why) {
+  outcome = outcome_of(status);
+  why = ares_strerror(status);
+  if (outcome == Discovery::Outcome::kFailed) return {};
+  if (reply == nullptr || length <= 0) return {};
+  auto got = read_dns_reply(type, {reply, static_cast<std::size_t>(length)});
+  if (!got) {
+    outcome = Discovery::Outcome::kFailed;
+    why = "a reply that does not parse";
+    return {};
+  }
+  if (got->addresses.empty() && got->records.empty()) outcome = Discovery::Outcome::kNegative;
+  return std::move(*got);
+}
+
+}  // namespace
+
 void Discovery::merge_host(const Ticket& ticket, int status, const unsigned char* reply,
                            int length) {
   auto it = hosts_.find(ticket.name);
   if (it == hosts_.end() || it->second.serial != ticket.serial) return;  // no longer kept
   Host& host = it->second;
   int family = ticket.type == Type::kA ? 0 : 1;
-  Outcome outcome = outcome_of(status);
-  std::vector<std::string> parsed;
-  std::chrono::seconds ttl{0};
-  const char* why = ares_strerror(status);
-  if (outcome == Outcome::kAnswered && !parse_addresses(ticket.type, reply, length, parsed, ttl)) {
-    outcome = Outcome::kFailed;
-    why = "a reply that does not parse";
-  }
+  Outcome outcome;
+  const char* why;
+  DnsReply got = read_reply(ticket.type, status, reply, length, outcome, why);
   counts_[static_cast<int>(ticket.type)][static_cast<int>(outcome)].fetch_add(1);
-  // A negative answer lasts its SOA's negative TTL (at least min_ttl: none is min_ttl).
-  if (outcome == Outcome::kNegative) ttl = negative_ttl(reply, length).value_or(ttl);
+  // A negative answer lasts its SOA's negative TTL; none, or a failure: min_ttl.
   take(config_, fmt::format("{} {}", ticket.name, type_name(ticket.type)), outcome, why,
-       std::move(parsed), clamp_ttl(config_, ttl), host.addresses[family], host.fresh[family]);
+       std::move(got.addresses), clamp_ttl(config_, got.ttl.value_or(std::chrono::seconds(0))),
+       host.addresses[family], host.fresh[family]);
   if (--host.in_flight == 0) host.looked_up = true;
 }
 
@@ -557,16 +602,12 @@ void Discovery::merge_service(const Ticket& ticket, int status, const unsigned c
   auto it = services_.find(ticket.name);
   if (it == services_.end() || it->second.serial != ticket.serial) return;
   Service& service = it->second;
-  Outcome outcome = outcome_of(status);
-  std::vector<DnsAnswers::Srv> records;
-  const char* why = ares_strerror(status);
-  if (outcome == Outcome::kAnswered && !parse_services(reply, length, records)) {
-    outcome = Outcome::kFailed;
-    why = "a reply that does not parse";
-  }
+  Outcome outcome;
+  const char* why;
+  DnsReply got = read_reply(Type::kSrv, status, reply, length, outcome, why);
   counts_[static_cast<int>(Type::kSrv)][static_cast<int>(outcome)].fetch_add(1);
   // c-ares gives no SRV TTL: srv_refresh stands for it.
-  take(config_, fmt::format("{} SRV", ticket.name), outcome, why, std::move(records),
+  take(config_, fmt::format("{} SRV", ticket.name), outcome, why, std::move(got.records),
        config_.srv_refresh, service.records, service.fresh);
   service.in_flight = 0;
   service.looked_up = true;

@@ -19,6 +19,7 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -95,6 +96,7 @@ class Discovery {
   std::size_t stale();
 
  private:
+  struct Freshness;
   struct Host;
   struct Service;
   struct Ticket;
@@ -137,5 +139,17 @@ class Discovery {
   std::array<std::array<std::atomic<std::uint64_t>, 3>, 3> counts_{};  ///< type x outcome
   std::thread thread_;  ///< started by the first keep() with names
 };
+
+/// What one DNS reply says, as discovery takes it.
+struct DnsReply {
+  std::vector<std::string> addresses;       ///< A or AAAA: at most 64, sorted, each once
+  std::vector<DnsAnswers::Srv> records;     ///< SRV: the usable ones (see DnsAnswers::Srv)
+  std::optional<std::chrono::seconds> ttl;  ///< the addresses' lowest TTL; of a reply without
+                                            ///< records, its SOA's negative TTL (RFC 2308)
+};
+
+/// Reads `reply`, the bytes a name server sent for a lookup of `type`: nullopt if they do not
+/// parse. Any bytes are safe to give it (tests/fuzz/dns_reply_fuzz.cc).
+std::optional<DnsReply> read_dns_reply(Discovery::Type type, std::span<const unsigned char> reply);
 
 }  // namespace spindle::proxy
