@@ -335,16 +335,14 @@ class MainLoop {
   // force serves).
   void reload(std::string_view why, const std::string* text) {
     systemd::notify(systemd::reloading());
+    pending_.reset();  // a newer version replaces the one waiting, whatever becomes of it
     Config config;
     try {
       config = effective_config(flags_, text);
     } catch (const ConfigError& e) {
       return rejected(why, e.what());
     }
-    if (instance_.names_ready(config)) {
-      pending_.reset();
-      return put_in_force(std::move(config), why);
-    }
+    if (instance_.names_ready(config)) return put_in_force(std::move(config), why);
     auto wait = 2 * config.dns.timeout + std::chrono::milliseconds(200);
     log_info("reload ({}): waiting up to {} ms for the first answers of the DNS names it brings",
              why, wait.count());
@@ -376,6 +374,9 @@ class MainLoop {
   }
 
   void rejected(std::string_view why, std::string_view error) {
+    // Discovery goes back to the names in force (a reload waiting had added its own).
+    pending_.reset();
+    (void)instance_.names_ready(instance_.config());
     instance_.reloads().failed.fetch_add(1, std::memory_order_relaxed);
     log_error("reload ({}) rejected: {}; the configuration in force stays", why, error);
     systemd::notify("READY=1\n" + status_line(instance_, "reload rejected; serving "));
