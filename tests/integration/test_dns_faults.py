@@ -415,6 +415,32 @@ def test_a_reload_waits_for_the_names_it_brings_without_blocking(build_dir, tmp_
         two.stop()
 
 
+def test_a_newer_reload_drops_the_one_waiting_even_when_it_is_refused(build_dir, tmp_path, dns):
+    one = Named("127.0.0.2", "one")
+    dns.set("one.test", A, "127.0.0.2")
+    dns.set("one.test", AAAA)
+    dns.fail("late.test", A, "silent")
+    dns.fail("late.test", AAAA, "silent")
+    gw = start(build_dir, tmp_path, dns, one_upstream("one.test", one.port), ", timeout: 1s")
+    path = tmp_path / "gateway.yaml"
+    good = path.read_text()
+    try:
+        # Waits for late.test (up to 2.2 s)...
+        path.write_text(good.replace(f"one.test:{one.port}", "late.test:80"))
+        gw.proc.send_signal(signal.SIGHUP)
+        assert logged(gw, "waiting up to", "for the first answers")
+        # ...when a broken version comes: refused, and the waiting one with it.
+        path.write_text(good + "nonsense: [\n")
+        gw.proc.send_signal(signal.SIGHUP)
+        assert logged(gw, "reload (SIGHUP) rejected")
+        time.sleep(3)
+        assert answers(gw, 4) == ["one"] * 4
+        assert not logged(gw, "reload (SIGHUP): configuration from", seconds=0.1)
+    finally:
+        gw.stop()
+        one.stop()
+
+
 def test_a_reload_storm_leaves_only_the_last_reloads_names_looked_up(build_dir, tmp_path, dns):
     """Twenty reloads in a row, each bringing a name the DNS server never answers: the last one
     wins, the names of those it replaced are no longer asked, and SIGTERM is prompt."""
