@@ -34,6 +34,7 @@ SAMPLES = {
     "dns.max_ttl": "1m",
     "dns.srv_refresh": "30s",
     "dns.timeout": "1s",
+    "dns.stale_grace": "10m",
     "upstreams.NAME.srv": "_http._tcp.api.example",
     "redis.address": "localhost:6379",
     "redis.timeout": "20ms",
