@@ -463,7 +463,8 @@ std::vector<Discovery::Ticket*> Discovery::due(Clock::time_point now, Clock::tim
   std::vector<Ticket*> tickets;
   next = now + std::chrono::minutes(1);
   for (auto& [name, h] : hosts_) {
-    if (h.hosts_file || h.in_flight != 0) continue;
+    // A name not checked against the hosts file yet waits for the next round (a moment).
+    if (h.hosts_file || !h.checked || h.in_flight != 0) continue;
     // Each family on its own TTL (an AAAA that does not exist is asked on its negative TTL).
     for (Type type : {Type::kA, Type::kAaaa}) {
       Clock::time_point due = h.fresh[type == Type::kA ? 0 : 1].next;
