@@ -25,7 +25,7 @@ for config in release asan; do
 done
 
 echo "== build (tsan) =="
-tsan_targets="unit_fiber unit_sync unit_net unit_pg unit_hook"
+tsan_targets="unit_fiber unit_sync unit_net unit_pg unit_hook unit_proxy"
 if scripts/build.sh tsan $tsan_targets >build-tsan.log 2>&1 || scripts/build.sh tsan $tsan_targets; then
   rm -f build-tsan.log
   # The tests where fibers on different workers (and plain threads) wake each other, and the
@@ -39,6 +39,8 @@ if scripts/build.sh tsan $tsan_targets >build-tsan.log 2>&1 || scripts/build.sh 
   # the suppressions drop that report, and that one only (tests/unit/hook/tsan.supp).
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/unit/hook/tsan.supp" \
     run_ctest tsan -L hook -R 'HookCloseRace|HookAttack|HookReuse|TheScriptsRunTheSameAsWithLibc1'
+  # DNS discovery: its thread, the caller's, and c-ares's callbacks on a name server's answers.
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" run_ctest tsan -L proxy -R '^Discovery\.'
 else
   failed_runs+=("tsan:build")
 fi
