@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -32,6 +33,69 @@ MARKERS = {
                  "timings or memory figures that other work on the machine would spoil): "
                  "run by make test only",
 }
+
+
+# Sanitizer reports of every process the tests start (spindle, the test servers, tfb, ...) go to
+# files here, whatever the test does with the process's output: a server that an ASan or UBSan
+# report aborted (or whose exit found a leak) fails the test that ran it, not only a test that
+# happens to look at its exit. A test that sets its own *SAN_OPTIONS keeps this (see san_env).
+SANITIZER_LOGS = tempfile.mkdtemp(prefix="spindle-sanitizer-")
+SANITIZER_VARS = ("ASAN_OPTIONS", "UBSAN_OPTIONS", "TSAN_OPTIONS", "LSAN_OPTIONS")
+
+
+def san_env(options=""):
+    """`options` (colon-separated) for a sanitizer's *_OPTIONS, with the suite's log_path kept."""
+    where = f"log_path={SANITIZER_LOGS}/report"
+    return f"{options}:{where}" if options else where
+
+
+for _var in SANITIZER_VARS:
+    os.environ[_var] = san_env(os.environ.get(_var, ""))
+
+
+def sanitizer_reports_since(seen):
+    """The sanitizer report files written since `seen` (a set of names), with their text."""
+    found = []
+    for name in sorted(set(os.listdir(SANITIZER_LOGS)) - seen):
+        with open(os.path.join(SANITIZER_LOGS, name), errors="replace") as f:
+            found.append((name, f.read()))
+    return found
+
+
+SANITIZER_REPORTS_SEEN = set()
+SANITIZER_REPORTS_BETWEEN_TESTS = []  # written while no test ran: a module-scoped server's exit
+
+
+def sanitizer_failure(reports, whose):
+    text = "\n".join(f"== {name}\n{body[:6000]}" for name, body in reports)
+    pytest.fail(f"{len(reports)} sanitizer report(s) from {whose}:\n{text}", pytrace=False)
+
+
+def take_sanitizer_reports():
+    reports = sanitizer_reports_since(SANITIZER_REPORTS_SEEN)
+    SANITIZER_REPORTS_SEEN.update(name for name, _ in reports)
+    return reports
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_sanitizer_report_left():
+    """Fails the run (as an error of its last test) if a process a module- or session-scoped
+    fixture ran wrote a sanitizer report: those stop after their tests' own checks."""
+    yield
+    reports = SANITIZER_REPORTS_BETWEEN_TESTS + take_sanitizer_reports()
+    if reports:
+        sanitizer_failure(reports, "processes that outlived a test (module or session fixtures)")
+
+
+@pytest.fixture(autouse=True)
+def no_sanitizer_report(no_sanitizer_report_left):
+    """Fails the test if a process it ran wrote a sanitizer report (checked after its other
+    function-scoped fixtures stopped their processes)."""
+    SANITIZER_REPORTS_BETWEEN_TESTS.extend(take_sanitizer_reports())
+    yield
+    reports = take_sanitizer_reports()
+    if reports:
+        sanitizer_failure(reports, "processes this test ran")
 
 
 def pytest_configure(config):

@@ -9,7 +9,7 @@ import h2.events
 import h2.settings
 import pytest
 
-from conftest import Server, memory_kib
+from conftest import Server, memory_kib, san_env
 from proxy_support import (addr, gateway, h2_connect, h2_events_until, request, request_headers,
                            upstream)
 
@@ -18,7 +18,7 @@ def test_pipelined_requests_that_are_never_read_hold_bounded_memory(build_dir, t
     root = tmp_path / "www"
     root.mkdir()
     (root / "small").write_bytes(b"s" * 16000)
-    env = {"ASAN_OPTIONS": "quarantine_size_mb=8:detect_leaks=0"}
+    env = {"ASAN_OPTIONS": san_env("quarantine_size_mb=8:detect_leaks=0")}
     server = Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--listen",
                      "127.0.0.1:0", "--root", str(root), "--threads", "2"], env=env)
     socks = []
