@@ -25,7 +25,9 @@ mkdir -p "$root/DEBIAN"
 
 install -D -m 0755 "$binary" "$root/usr/bin/spindle"
 strip --strip-unneeded --remove-section=.comment --remove-section=.note "$root/usr/bin/spindle"
-install -D -m 0644 packaging/spindle.yaml "$root/etc/spindle/spindle.yaml"
+# 0640: credentials (Redis passwords, upstream keys) go here; postinst gives it to the group
+# spindle, which the service runs as (as Debian's redis-server does with redis.conf).
+install -D -m 0640 packaging/spindle.yaml "$root/etc/spindle/spindle.yaml"
 install -D -m 0644 packaging/spindle.service "$root/lib/systemd/system/spindle.service"
 install -D -m 0644 packaging/spindle.socket "$root/lib/systemd/system/spindle.socket"
 install -d "$root/usr/share/man/man1" "$root/usr/share/doc/spindle"

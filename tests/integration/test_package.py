@@ -35,7 +35,7 @@ def deb(build_dir):
 def test_contents_control_and_conffiles(deb, tmp_path):
     contents = run(["dpkg-deb", "--contents", deb]).stdout
     for path, mode in [("./usr/bin/spindle", "-rwxr-xr-x"),
-                       ("./etc/spindle/spindle.yaml", "-rw-r--r--"),
+                       ("./etc/spindle/spindle.yaml", "-rw-r-----"),
                        ("./lib/systemd/system/spindle.service", "-rw-r--r--"),
                        ("./lib/systemd/system/spindle.socket", "-rw-r--r--"),
                        ("./usr/share/man/man1/spindle.1.gz", "-rw-r--r--"),
@@ -87,7 +87,7 @@ def test_installed_into_a_throwaway_root_then_removed_and_purged(deb, tmp_path):
     version = run([str(root / "usr/bin/spindle"), "--version"]).stdout
     assert version.strip() == "spindle 0.1.0"
     conf = root / "etc/spindle/spindle.yaml"
-    assert conf.exists()
+    assert conf.stat().st_mode & 0o777 == 0o640  # credentials go there
     # Installed again over itself: the changed configuration is kept.
     conf.write_text(conf.read_text() + "\n# changed by the operator\n")
     dpkg(root, "-i", deb)
@@ -122,3 +122,29 @@ def test_postinst_makes_the_system_user_once(deb, tmp_path):
         calls = log.read_text()
         assert ("adduser --system --group --quiet --no-create-home --home /nonexistent "
                 "spindle" in calls) == expected, calls
+
+
+def test_postinst_gives_the_configuration_to_the_service_group_unless_overridden(deb, tmp_path):
+    control = tmp_path / "control"
+    run(["dpkg-deb", "--control", deb, str(control)])
+    conf = tmp_path / "spindle.yaml"
+    script = tmp_path / "postinst"
+    script.write_text((control / "postinst").read_text().replace("/etc/spindle/spindle.yaml",
+                                                                  str(conf)))
+    stand_ins = tmp_path / "bin"
+    stand_ins.mkdir()
+    log = tmp_path / "calls"
+    for name in ["adduser", "systemctl", "chgrp", "chmod", "getent"]:
+        (stand_ins / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\nexit 0\n')
+        (stand_ins / name).chmod(0o755)
+    env = {"PATH": f"{stand_ins}:/usr/bin:/bin"}
+    for overridden, expected in [(False, True), (True, False)]:
+        (stand_ins / "dpkg-statoverride").write_text(
+            f"#!/bin/sh\nexit {0 if overridden else 1}\n")
+        (stand_ins / "dpkg-statoverride").chmod(0o755)
+        conf.write_text("listen: 127.0.0.1:8080\n")
+        log.write_text("")
+        run(["sh", str(script), "configure", ""], env=env)
+        calls = log.read_text().splitlines()
+        assert (f"chgrp spindle {conf}" in calls) == expected, calls
+        assert (f"chmod 0640 {conf}" in calls) == expected, calls
