@@ -137,6 +137,7 @@ Expected<std::string> Connection::prepared_name(std::uint32_t id) {
   }
   prepared_[id] = kind == StatementKind::kDropsPrepared ? kPreparedDropsPrepared : kPrepared;
   fifo_.push_back(Entry{Entry::kParse, nullptr, id, generation_});
+  fifo_.back().sent_at = Clock::now();
   return name;
 }
 
@@ -222,6 +223,7 @@ Query Connection::send(const Statement* statement, std::string_view sql,
   Query query;
   fifo_.push_back(
       Entry{Entry::kExecute, &query, statement != nullptr ? statement->id : 0, generation_});
+  fifo_.back().sent_at = Clock::now();
   ++in_flight_;
   query.connection_ = shared_from_this();
   query.sequence_ = first_sequence_ + fifo_.size() - 1;
@@ -515,6 +517,7 @@ void Connection::complete_front() {
   Expected<Result> outcome = e.outcome ? std::move(*e.outcome) : Expected<Result>(Result());
   Query* owner = e.owner;
   bool gave_up = e.gave_up;
+  pace(e.sent_at);
   fifo_.pop_front();
   ++first_sequence_;
   --in_flight_;
@@ -524,6 +527,16 @@ void Connection::complete_front() {
   if (in_flight_ == 0 || (gave_up && !troubled())) {
     if (auto pool = pool_.lock()) pool->changed();
   }
+}
+
+void Connection::pace(Clock::time_point sent_at) {
+  // The server worked on this statement from its send, or from the answer before it if it
+  // was still busy then: with a deep pipeline the samples add up to the server's own pace.
+  Clock::time_point now = Clock::now();
+  std::chrono::nanoseconds sample = now - std::max(sent_at, last_answer_);
+  per_statement_ =
+      per_statement_.count() == 0 ? sample : per_statement_ + (sample - per_statement_) / 16;
+  last_answer_ = now;
 }
 
 void Connection::deliver(Query* owner, Expected<Result> outcome) {

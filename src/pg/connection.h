@@ -74,6 +74,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   /// Statements sent whose results have not all come.
   std::size_t in_flight() const { return in_flight_; }
+  /// How long the oldest statement not answered yet has waited at `now` (zero when none).
+  std::chrono::nanoseconds oldest_wait(Clock::time_point now) const {
+    return fifo_.empty() ? std::chrono::nanoseconds(0) : now - fifo_.front().sent_at;
+  }
+  /// The server's recent time per statement answered here (zero until one was answered).
+  std::chrono::nanoseconds per_statement() const { return per_statement_; }
   bool usable() const { return !broken_ && !retiring_; }
   /// Usable, no call on it gave up unanswered and no cancel request is on its way: new calls
   /// may join it.
@@ -107,6 +113,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::uint32_t generation = 0;  ///< of the statement names it used
     bool sync_pending = false;     ///< the results are in, the Sync's not yet
     bool gave_up = false;          ///< its caller gave up unanswered (abandon)
+    Clock::time_point sent_at;     ///< when it was written to libpq
     std::optional<Expected<Result>> outcome;
   };
 
@@ -145,6 +152,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool on_result(Entry& e, ExecStatusType status, PGresult* r);
   /// The front execution's Sync came: its outcome goes to its caller.
   void complete_front();
+  /// Takes the answer to a statement sent at `sent_at` into per_statement().
+  void pace(Clock::time_point sent_at);
   void deliver(Query* owner, Expected<Result> outcome);
   void fail_all(Errc why, const std::string& message);
   void finish();
@@ -162,7 +171,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<Entry> fifo_;
   std::uint64_t first_sequence_ = 0;  ///< the sequence of fifo_.front()
   std::size_t in_flight_ = 0;
-  std::size_t given_up_ = 0;  ///< entries in fifo_ whose callers gave up unanswered
+  /// Smoothed: the time from an answer (or a send to an idle server) to the next answer.
+  std::chrono::nanoseconds per_statement_{0};
+  Clock::time_point last_answer_;  ///< when the last statement was answered
+  std::size_t given_up_ = 0;       ///< entries in fifo_ whose callers gave up unanswered
   /// The last sign of life while troubled: a byte from the server, a statement completed, a
   /// call given up (the grace of stalled() counts from it).
   std::chrono::steady_clock::time_point quiet_since_;

@@ -46,24 +46,24 @@ Expected<std::shared_ptr<Connection>> Pool::pick(bool exclusive, Deadline deadli
 
 Connection* Pool::choose(bool exclusive) {
   retire_old();
-  Connection* best = nullptr;
-  std::size_t best_load = 0;
-  for (const auto& c : live_) {
-    if (c->reserved || !c->healthy()) continue;
-    std::size_t load = c->in_flight() + c->pending_picks;
-    if (exclusive) {
-      if (load == 0) return c.get();
-      continue;
+  if (exclusive) {
+    for (const auto& c : live_) {
+      if (!c->reserved && c->healthy() && c->in_flight() + c->pending_picks == 0) return c.get();
     }
-    if (c->promised) continue;  // draining for a transaction
-    if (best == nullptr || load < best_load) {
-      best = c.get();
-      best_load = load;
-    }
+    return nullptr;
   }
-  if (best != nullptr && best_load == 0) return best;
-  // Busy: a new connection while there is room, else share the least busy.
-  return can_open() ? nullptr : best;
+  lanes_.clear();
+  Clock::time_point now = Clock::now();
+  for (const auto& c : live_) {
+    lanes_.push_back(Lane{.open_to_calls = !c->reserved && c->healthy() && !c->promised,
+                          .depth = c->in_flight() + c->pending_picks,
+                          .oldest = c->oldest_wait(now),
+                          .per_statement = c->per_statement()});
+  }
+  // One open at a time to spread: the calls go on what is open meanwhile.
+  Placement placed = place(lanes_, opening_ == 0 && can_open(), options_.spread_after);
+  if (placed.open_another) open_one();
+  return placed.lane ? live_[*placed.lane].get() : nullptr;
 }
 
 bool Pool::can_open() const {

@@ -1,13 +1,15 @@
 #pragma once
 // The connections of one worker (private to src/pg). Used only on that worker's thread.
 //
-// A call takes an idle connection, else waits for a new one while there is room, else joins the
-// least busy; a transaction takes an idle one for itself. Calls that cannot be served wait in
-// one queue and are served in order as connections open, drain or come back; a transaction
-// first in line has a connection kept free of new calls until it drains. Connections are
-// opened by fibers of their own (a call waiting for one gives up at its own deadline; the
-// connection serves the next); after an open fails, the next waits a pause that doubles
-// (kFirstPause to kLongestPause), and calls with no connection to use fail at once meanwhile.
+// A call joins the first connection that keeps up (placement.h: the fewest connections that keep
+// up carry the statements), else the least busy, and another connection opens while there is
+// room; with none to join it waits for one. A transaction takes an idle one for itself. Calls that
+// cannot be served wait in one queue and are served in order as connections open, drain or come
+// back; a transaction first in line has a connection kept free of new calls until it drains.
+// Connections are opened by fibers of their own (a call waiting for one gives up at its own
+// deadline; the connection serves the next); after an open fails, the next waits a pause that
+// doubles (kFirstPause to kLongestPause), and calls with no connection to use fail at once
+// meanwhile.
 
 #include <chrono>
 #include <deque>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "connection.h"
+#include "placement.h"
 #include "spindle/pg/database.h"
 
 namespace spindle {
@@ -76,6 +79,7 @@ class Pool : public std::enable_shared_from_this<Pool> {
   Options options_;
   std::weak_ptr<Catalog> catalog_;  ///< the Database's (its connections hold it)
   std::vector<std::shared_ptr<Connection>> live_;
+  std::vector<Lane> lanes_;     ///< scratch for choose()
   std::deque<Request*> queue_;  ///< calls waiting, in order
   std::size_t opening_ = 0;
   std::size_t opened_ = 0;
