@@ -496,7 +496,8 @@ upstreams:
     balancer: weighted
     srv: {srv}
     health:
-      active: {{path: /, interval: 100ms, timeout: 500ms, healthy: 1, unhealthy: 1}}
+      # A down target answers 503 at once; the timeout only has to outlast a loaded machine.
+      active: {{path: /, interval: 100ms, timeout: 3s, healthy: 1, unhealthy: 1}}
 """
 
 
