@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -30,17 +31,20 @@ struct InlineText {
   }
 };
 
-/// Counts a request in flight to a target on this worker while it lives.
+/// Counts a request in flight to a target on this worker while it lives. The count is part of
+/// a snapshot (Gateway::WorkerState), which it shares the ownership of: whatever holds the
+/// request (a streamed answer's producer, a tunnel) holds the snapshot as long, however many
+/// reloads retire it meanwhile.
 class InFlight {
  public:
-  /// Adds one to `count` until destroyed.
-  explicit InFlight(std::size_t& count) : count_(count) { ++count_; }
-  ~InFlight() { --count_; }
+  /// Adds one to `*count` until destroyed; `count` owns a share of the snapshot it is in.
+  explicit InFlight(std::shared_ptr<std::size_t> count) : count_(std::move(count)) { ++*count_; }
+  ~InFlight() { --*count_; }
   InFlight(const InFlight&) = delete;
   InFlight& operator=(const InFlight&) = delete;
 
  private:
-  std::size_t& count_;  ///< the worker's count for the target
+  std::shared_ptr<std::size_t> count_;  ///< the worker's count for the target
 };
 
 /// The request as it goes to the upstream. Shared with the response's producer (or a tunnel),

@@ -403,7 +403,9 @@ http::Response Forwarding::run() {
     tried.add(*pick);
     last_target_ = target.label;
     forward_head_->in_flight.reset();
-    forward_head_->in_flight.emplace(worker_.in_flight[upstream_.index][*pick]);
+    // (Aliasing the snapshot: the count keeps it for as long as anything holds the request.)
+    forward_head_->in_flight.emplace(
+        std::shared_ptr<std::size_t>(gateway_, &worker_.in_flight[upstream_.index][*pick]));
     auto started = Clock::now();
     Attempt attempt = exchange_with(target);
     if (attempt.head == nullptr) {
