@@ -7,14 +7,16 @@
 #   lib/pkgconfig/spindle.pc                     pkg-config --cflags --libs spindle
 #
 # Targets for users: spindle::spindle (runtime, net, HTTP: every layer's library below the
-# gateway, which programs may also name alone, e.g. spindle::h1 for the HTTP/1 parser), spindle::proxy (the gateway layer),
-# spindle::hook (the opt-in libc hooks), spindle::pg (the PostgreSQL client). Versions: while
-# the major version is 0, a minor version may change the API, so a request for 0.1 is met by
-# 0.1.x only (SameMinorVersion); from 1.0 on, SameMajorVersion.
+# gateway, which programs may also name alone, e.g. spindle::h1 for the HTTP/1 parser),
+# spindle::proxy (the gateway layer), spindle::hook (the opt-in libc hooks), spindle::pg (the
+# PostgreSQL client). Versions: while the major version is 0, a minor version may change the
+# API, so a request for 0.1 is met by 0.1.x only (SameMinorVersion); from 1.0 on,
+# SameMajorVersion.
 include(CMakePackageConfigHelpers)
 
-install(TARGETS spindle spindle_runtime spindle_http spindle_h1 spindle_h2 spindle_server spindle_client
-                spindle_handlers spindle_proxy spindle_hook spindle_pg EXPORT spindleTargets
+install(TARGETS spindle spindle_base spindle_runtime spindle_http spindle_h1 spindle_h2
+                spindle_server spindle_client spindle_handlers spindle_proxy spindle_hook spindle_pg
+        EXPORT spindleTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(TARGETS spindle_bin RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})

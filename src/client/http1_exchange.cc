@@ -9,7 +9,7 @@
 #include <charconv>
 #include <cstring>
 
-#include "spindle/fiber/block_cache.h"
+#include "spindle/base/block_cache.h"
 #include "spindle/fiber/worker.h"
 #include "spindle/h1/chunked.h"
 #include "spindle/h1/head_writer.h"

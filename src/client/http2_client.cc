@@ -15,8 +15,8 @@
 
 #include "connections.h"
 #include "spindle/base/ascii.h"
+#include "spindle/base/block_cache.h"
 #include "spindle/base/byte_queue.h"
-#include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/h2/session.h"

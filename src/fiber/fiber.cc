@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "sanitizer.h"
+#include "spindle/base/block_cache.h"
 #include "spindle/base/intrusive_ptr.h"
 #include "spindle/base/log.h"
-#include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/fiber_local.h"
 #include "spindle/fiber/io_wait.h"
 #include "spindle/fiber/this_fiber.h"

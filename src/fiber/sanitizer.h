@@ -5,23 +5,13 @@
 
 #include <cstddef>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define SPINDLE_ASAN 1
+#include "spindle/base/sanitizers.h"
+
+#if SPINDLE_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
-#if defined(__SANITIZE_THREAD__)
-#define SPINDLE_TSAN 1
+#if SPINDLE_TSAN
 #include <sanitizer/tsan_interface.h>
-#endif
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) && !defined(SPINDLE_ASAN)
-#define SPINDLE_ASAN 1
-#include <sanitizer/asan_interface.h>
-#endif
-#if __has_feature(thread_sanitizer) && !defined(SPINDLE_TSAN)
-#define SPINDLE_TSAN 1
-#include <sanitizer/tsan_interface.h>
-#endif
 #endif
 
 namespace spindle::sanitizer {

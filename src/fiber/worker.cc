@@ -6,8 +6,8 @@
 #include <optional>
 
 #include "sanitizer.h"
+#include "spindle/base/block_cache.h"
 #include "spindle/base/log.h"
-#include "spindle/fiber/block_cache.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/fiber/waiter.h"
 #include "spindle/io/bare_recv.h"

@@ -6,42 +6,13 @@
 #include <new>
 #include <utility>
 
+#include "spindle/base/block_cache.h"
 #include "spindle/http/bytes.h"
 
 namespace spindle::http {
 namespace {
 
 constexpr char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; }
-
-}  // namespace
-}  // namespace spindle::http
-
-namespace spindle {
-// The runtime's per-thread block cache (spindle/fiber/block_cache.h), referenced weakly: this
-// layer depends on no other, so a program that does not link the runtime (a fuzzer of the
-// parsers, say) has neither, and a map's room beyond its own then comes from the heap. Every
-// program that runs fibers links it: a map made per request then takes and gives back its
-// room as cheaply as the request's other objects (malloc's slow paths, which a burst of
-// requests takes, made a browser's request over HTTP/2 dearer: docs/performance.md, "Smaller
-// header maps"). A map's room goes back the way it came, whichever thread frees it.
-[[gnu::weak]] void* take_block(std::size_t size);
-[[gnu::weak]] void give_block(void* block, std::size_t size) noexcept;
-}  // namespace spindle
-
-namespace spindle::http {
-namespace {
-
-void* take_room(std::size_t bytes) {
-  return &take_block != nullptr ? take_block(bytes) : ::operator new(bytes);
-}
-
-void give_room(void* room, std::size_t bytes) noexcept {
-  if (&give_block != nullptr) {
-    give_block(room, bytes);
-  } else {
-    ::operator delete(room, bytes);
-  }
-}
 
 }  // namespace
 
@@ -110,9 +81,9 @@ void HeaderMap::add_overflow(const Field& field) {
   const std::size_t more = size_ - kInline;
   if (more == more_room_) {
     const std::size_t room = more_room_ == 0 ? kMoreFirst : 2 * more_room_;
-    auto* grown = static_cast<Field*>(take_room(room * sizeof(Field)));
+    auto* grown = static_cast<Field*>(take_block(room * sizeof(Field)));
     if (more != 0) std::memcpy(static_cast<void*>(grown), more_, more * sizeof(Field));
-    if (more_ != nullptr) give_room(more_, more_room_ * sizeof(Field));
+    if (more_ != nullptr) give_block(more_, more_room_ * sizeof(Field));
     more_ = grown;
     more_room_ = room;
   }
@@ -142,12 +113,12 @@ std::size_t HeaderMap::shrink_to(std::size_t kept) {
 }
 
 void HeaderMap::release_overflow() {
-  if (more_ != nullptr) give_room(more_, more_room_ * sizeof(Field));
+  if (more_ != nullptr) give_block(more_, more_room_ * sizeof(Field));
   more_ = nullptr;
   more_room_ = 0;
   while (TextBlock* block = blocks_) {
     blocks_ = block->next;
-    give_room(block, block->bytes);
+    give_block(block, block->bytes);
   }
   block_free_ = nullptr;
   block_left_ = 0;
@@ -202,7 +173,7 @@ std::string_view HeaderMap::copy(std::string_view text) {
   }
   if (block_left_ < text.size()) {
     const std::size_t bytes = std::max(kTextBlock, sizeof(TextBlock) + text.size());
-    auto* block = new (take_room(bytes)) TextBlock{blocks_, bytes};
+    auto* block = new (take_block(bytes)) TextBlock{blocks_, bytes};
     blocks_ = block;
     block_free_ = reinterpret_cast<char*>(block + 1);
     block_left_ = bytes - sizeof(TextBlock);

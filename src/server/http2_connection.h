@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "server_internal.h"
+#include "spindle/base/block_cache.h"
 #include "spindle/base/byte_queue.h"
 #include "spindle/base/intrusive_ptr.h"
-#include "spindle/fiber/block_cache.h"
 #include "spindle/h2/session.h"
 #include "spindle/sync/event.h"
 #include "spindle/sync/wait_group.h"

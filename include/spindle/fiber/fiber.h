@@ -73,7 +73,7 @@ class Fiber {
   Fiber& operator=(const Fiber&) = delete;
   virtual ~Fiber();
 
-  /// Fiber objects come from the thread's block cache (block_cache.h): a server spawns one
+  /// Fiber objects come from the thread's block cache (base/block_cache.h): a server spawns one
   /// per request, and more are alive at once than malloc's per-thread cache keeps.
   static void* operator new(std::size_t size);
   static void operator delete(void* p, std::size_t size);

@@ -2,9 +2,9 @@
 /// HeaderMap: HTTP header fields — case-insensitive names, insertion order kept, repeated names
 /// allowed. Fields are string_views: into the read buffer for a parsed request (no copy), into
 /// the map's own arena for values a handler adds. The first 8 fields and 256 bytes of copied
-/// text are inside the map; beyond them it takes room from the runtime's per-thread block cache
-/// (the heap in a program without the runtime). A map is small on purpose: requests in flight
-/// each hold several (the request, the response, a proxied request's head, the upstream's
+/// text are inside the map; beyond them it takes room from the thread's block cache
+/// (base/block_cache.h), as a request's other objects do. A map is small on purpose: requests in
+/// flight each hold several (the request, the response, a proxied request's head, the upstream's
 /// answer), some in their fibers' stacks, and at a thousand in flight the bytes each request
 /// spans are what the worker pays for (docs/performance.md, "Smaller header maps").
 

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "spindle/fiber/block_cache.h"
+#include "spindle/base/block_cache.h"
 #include "spindle/h1/parser.h"
 #include "spindle/http/header_map.h"
 #include "spindle/io/deadline.h"

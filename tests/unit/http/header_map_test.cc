@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "spindle/fiber/block_cache.h"
+#include "spindle/base/block_cache.h"
 
 using spindle::http::for_each_list_item;
 using spindle::http::HeaderMap;
@@ -136,9 +136,9 @@ constexpr bool kBlockCacheOff = false;
 #endif
 
 // A map is small; what it holds beyond its own room (fields past the eighth, copied text past
-// 256 bytes) comes from the thread's block cache in a program that has the runtime, as the
-// request's other objects do, not from malloc (a browser's request over HTTP/2 spills every
-// time: malloc's slow paths cost it about 4%).
+// 256 bytes) comes from the thread's block cache (base/), as the request's other objects do,
+// not from malloc (a browser's request over HTTP/2 spills every time: malloc's slow paths cost
+// it about 4%).
 TEST(HeaderMap, TakesItsRoomBeyondItsOwnFromTheThreadsBlockCacheAndGivesItBack) {
   if (kBlockCacheOff) GTEST_SKIP() << "sanitizer build: the block cache is off";
   std::thread([] {  // a thread of its own: its cache starts empty

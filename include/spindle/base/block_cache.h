@@ -8,8 +8,8 @@
 /// (sorting bins, merging neighbours): about 5,000 instructions per proxied HTTP/2 request.
 /// This cache keeps freed blocks by size class (64-byte steps up to 1 KiB, 1 KiB steps up to
 /// 32 KiB; larger ones go straight to the heap), at most kBudget bytes per thread. A worker
-/// trims it with its other pools (idle_cache.h): what was not reused for a second goes back
-/// to malloc, down to a small floor per class.
+/// trims it with its other pools (fiber/idle_cache.h): what was not reused for a second goes
+/// back to malloc, down to a small floor per class.
 ///
 /// A block may be freed on another thread than the one that took it: it joins that thread's
 /// cache (memory is memory). Sanitizer builds skip the cache, so that AddressSanitizer still

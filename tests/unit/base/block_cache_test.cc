@@ -1,4 +1,4 @@
-#include "spindle/fiber/block_cache.h"
+#include "spindle/base/block_cache.h"
 
 #include <gtest/gtest.h>
 

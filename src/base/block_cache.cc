@@ -1,9 +1,9 @@
-#include "spindle/fiber/block_cache.h"
+#include "spindle/base/block_cache.h"
 
 #include <algorithm>
 #include <cstdint>
 
-#include "sanitizer.h"
+#include "spindle/base/sanitizers.h"
 
 namespace spindle {
 namespace {
@@ -32,7 +32,7 @@ class BlockCache {
  public:
   // At most this many bytes cached per thread; beyond, a freed block goes to malloc.
   static constexpr std::size_t kBudget = 32 * 1024 * 1024;
-  // Blocks per class that survive a trim (idle_cache.h explains the low-water mark).
+  // Blocks per class that survive a trim (fiber/idle_cache.h explains the low-water mark).
   static constexpr std::size_t kSmallFloor = 64, kLargeFloor = 8;
 
   ~BlockCache() {
