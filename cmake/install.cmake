@@ -8,9 +8,10 @@
 #
 # Targets for users: spindle::spindle (runtime, net, HTTP: every layer's library below the
 # gateway, which programs may also name alone, e.g. spindle::h1 for the HTTP/1 parser),
-# spindle::proxy (the gateway layer), spindle::hook (the opt-in libc hooks), spindle::pg (the
-# PostgreSQL client). Versions: while the major version is 0, a minor version may change the
-# API, so a request for 0.1 is met by 0.1.x only (SameMinorVersion); from 1.0 on,
+# spindle::proxy (the gateway layer), spindle::hook (the opt-in libc hooks) and spindle::pg (the
+# PostgreSQL client); the last two bring the runtime alone (a program that also serves HTTP
+# names spindle::spindle as well). Versions: while the major version is 0, a minor version may
+# change the API, so a request for 0.1 is met by 0.1.x only (SameMinorVersion); from 1.0 on,
 # SameMajorVersion.
 include(CMakePackageConfigHelpers)
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Checks that includes point down the layers (docs/architecture.md draws them).
+"""Checks that includes and links point down the layers (docs/architecture.md draws them).
 
-Each folder of include/spindle/ and src/ is a layer built as its own library; a file of a
-layer may include only the public headers of the layers below it (and its own). The table
-below is the one place the order is written; the libraries' links in src/CMakeLists.txt
-follow it. Exit status 1 and one line per include that points up or sideways.
+Each folder of include/spindle/ and src/ is a layer built as a library (the runtime's four as
+one); a file of a layer may include only the public headers of the layers below it (and its
+own). The table below is the one place the order is written; the libraries' links in
+src/CMakeLists.txt follow it: a library links no layer its own may not use, and every layer
+its files include. Exit status 1 and one line per include or link out of order.
 """
 import pathlib
 import re
@@ -28,12 +29,64 @@ BELOW = {
     "proxy": RUNTIME | {"http", "h1", "h2", "server", "client", "handlers"},
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"spindle/([a-z0-9_]+)/', re.M)
+GLOB = re.compile(r"file\(GLOB(?:_RECURSE)?\s+(\w+)([^)]*)\)")
+FOLDER = re.compile(r"/(\w+)/\*\.cc")
+LIBRARY = re.compile(r"add_library\((\w+)\s+(STATIC|INTERFACE)\s*(?:\$\{(\w+)\})?")
+LINK = re.compile(r"target_link_libraries\((\w+)\s+(?:PUBLIC|PRIVATE|INTERFACE)([^)]*)\)")
+
+
+def libraries(cmake):
+    """From src/CMakeLists.txt: each library's layers (None for a bundle of other libraries)
+    and the spindle libraries it links."""
+    text = re.sub(r"#[^\n]*", "", cmake)
+    globs = {var: set(FOLDER.findall(args)) for var, args in GLOB.findall(text)}
+    named = re.findall(r"^spindle_layer\((\w+)\)", text, re.M)
+    layers = {f"spindle_{name}": {name} for name in named}
+    for name, kind, var in LIBRARY.findall(text):
+        if name.startswith("spindle_") or kind == "INTERFACE":
+            layers.setdefault(name, None if kind == "INTERFACE" else globs.get(var, set()))
+    links = {name: set() for name in layers}
+    for name, args in LINK.findall(text):
+        if name in links:
+            links[name] |= {arg for arg in args.split() if arg in layers}
+    return layers, links
+
+
+def check_links(root, included):
+    """One line per library that links a layer its own may not use, or does not link (even
+    through others) a layer its files include."""
+    layers, links = libraries((root / "src" / "CMakeLists.txt").read_text())
+
+    def reach(name):  # every layer a library brings, through what it links
+        found = set(layers[name] or ())
+        for dep in links[name]:
+            found |= reach(dep)
+        return found
+
+    wrong = []
+    for name, own in layers.items():
+        if own is None:
+            continue
+        allowed = set().union(*(BELOW.get(layer, set()) | {layer} for layer in own))
+        for dep in sorted(links[name]):
+            if not reach(dep) <= allowed:
+                wrong.append(f"src/CMakeLists.txt: {name} links {dep} "
+                             f"({', '.join(sorted(reach(dep) - allowed))} beyond what "
+                             f"{', '.join(sorted(own))} may use)")
+        missing = set().union(*(included.get(layer, set()) for layer in own)) - reach(name)
+        if missing:
+            wrong.append(f"src/CMakeLists.txt: {name} does not link "
+                         f"{', '.join(sorted(missing))}, which its files include")
+    unbuilt = set(BELOW) - set().union(*(own for own in layers.values() if own))
+    wrong += [f"src/CMakeLists.txt: no library builds {layer}/" for layer in sorted(unbuilt)]
+    return wrong
 
 
 def main() -> int:
     root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent.parent)
     wrong = []
     seen = set()
+    included = {}
     for top in (root / "include" / "spindle", root / "src"):
         for layer_dir in sorted(p for p in top.iterdir() if p.is_dir()):
             layer = layer_dir.name
@@ -50,12 +103,16 @@ def main() -> int:
                     wrong.append(f"{path.relative_to(root)}: reaches into another folder by a "
                                  "relative path")
                 for used in INCLUDE.findall(text):
+                    included.setdefault(layer, set()).add(used)
                     if used not in allowed:
                         wrong.append(f"{path.relative_to(root)}: includes spindle/{used}/ "
                                      f"({layer} may use only {', '.join(sorted(allowed))})")
+    includes_wrong = len(wrong)
+    wrong += check_links(root, included)
     for line in wrong:
         print(line)
-    print(f"check-layers: {len(seen)} layers, {len(wrong)} includes out of order")
+    print(f"check-layers: {len(seen)} layers, {includes_wrong} includes and "
+          f"{len(wrong) - includes_wrong} links out of order")
     return 1 if wrong else 0
 
 
