@@ -45,6 +45,12 @@ servers:
     access_log: {path: "-", format: combined}
 )";
 
+// True if the built-in server listens where the passed sockets do: no address is configured
+// (neither --config nor --listen) and sockets were passed.
+bool serves_where_passed(const ServeFlags& flags) {
+  return flags.config.empty() && !flags.listen && !flags.passed.empty();
+}
+
 // The configuration to serve: the file's (`text`, its contents as read, if given), or the
 // built-in one, with the command line's overrides.
 Config effective_config(const ServeFlags& flags, const std::string* text = nullptr) {
@@ -62,6 +68,14 @@ Config effective_config(const ServeFlags& flags, const std::string* text = nullp
     config.servers.at(0).listen = *address;
   }
   if (flags.root) config.servers.at(0).root = *flags.root;
+  if (serves_where_passed(flags)) {
+    ServerConfig server = config.servers.at(0);
+    config.servers.clear();
+    for (const Address& address : flags.passed) {
+      server.listen = address;
+      config.servers.push_back(server);
+    }
+  }
   return config;
 }
 
@@ -201,11 +215,20 @@ void warn_if_no_huge_pages() {
 // Where the listening sockets come from when they are not bound afresh.
 enum class Listeners { kBound, kHandedOver, kFromSystemd };
 
+// The addresses of `listeners` (keyed by Address::to_string(); another key is no address).
+std::vector<Address> addresses_of(const InheritedListeners& listeners) {
+  std::vector<Address> addresses;
+  for (const auto& [identity, sockets] : listeners) {
+    if (auto address = Address::parse(identity)) addresses.push_back(*address);
+  }
+  return addresses;
+}
+
 // Takes the listening sockets of the spindle serving at `predecessor` (a binary upgrade), or
-// those systemd holds (socket activation), into `instance`. Unexpected (printed) when the
-// predecessor could not hand them over.
+// those systemd holds (socket activation), into `instance`, and their addresses into
+// `flags.passed`. Unexpected (printed) when the predecessor could not hand them over.
 std::expected<Listeners, std::string> inherit_listeners(
-    Instance& instance, const ServeFlags& flags, const std::optional<UniqueFd>& predecessor) {
+    Instance& instance, ServeFlags& flags, const std::optional<UniqueFd>& predecessor) {
   if (predecessor) {
     auto inherited = take_listeners(predecessor->get());
     if (!inherited) {
@@ -214,12 +237,14 @@ std::expected<Listeners, std::string> inherit_listeners(
     }
     log_info("taking over {} listener(s) from the spindle at {}", inherited->size(),
              flags.handover);
+    flags.passed = addresses_of(*inherited);
     instance.inherit(std::move(*inherited));
     return Listeners::kHandedOver;
   }
   if (auto from_systemd = systemd::take_listeners(); !from_systemd.empty()) {
     // Socket activation: the listeners systemd holds, matched to the configuration by address.
     log_info("taking {} listening socket(s) from systemd", from_systemd.size());
+    flags.passed = addresses_of(from_systemd);
     instance.inherit(std::move(from_systemd));
     return Listeners::kFromSystemd;
   }
@@ -496,7 +521,8 @@ std::optional<ConfigWatch> watch_file(const ServeFlags& flags) {
 
 }  // namespace
 
-int serve(const ServeFlags& flags) {
+int serve(const ServeFlags& command_line) {
+  ServeFlags flags = command_line;  // and, once taken, where the sockets passed listen
   // The watch before the file is read: a change made after the read is seen.
   std::optional<ConfigWatch> watch = watch_file(flags);
   std::string text;
@@ -529,6 +555,10 @@ int serve(const ServeFlags& flags) {
   if (!listeners) {
     fmt::print(stderr, "spindle: {}\n", listeners.error());
     return 1;
+  }
+  if (serves_where_passed(flags)) {
+    log_info("no address configured: the built-in server listens on the socket(s) passed");
+    config = effective_config(flags);
   }
   // The handover point is open before anyone is told the servers listen (their "listening"
   // lines, READY=1), so that whoever saw them can upgrade at once; a predecessor keeps the path

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "spindle/net/address.h"
+
 namespace spindle::app {
 
 /// The version printed by --version.
@@ -26,6 +28,11 @@ struct ServeFlags {
   std::string handover;
   /// The whole command line (an upgrade starts the binary again with it).
   std::vector<std::string> argv;
+  /// Where the listening sockets passed to the process listen (systemd's socket activation, or
+  /// the spindle this one replaces): filled in by serve(), not by a flag. Without --config and
+  /// --listen, the built-in configuration serves there (a server on each), not on
+  /// 127.0.0.1:8080.
+  std::vector<Address> passed;
 };
 
 /// Runs the server until SIGTERM/SIGINT; returns the process exit code.
