@@ -5,7 +5,9 @@ Each folder of include/spindle/ and src/ is a layer built as a library (the runt
 one); a file of a layer may include only the public headers of the layers below it (and its
 own). The table below is the one place the order is written; the libraries' links in
 src/CMakeLists.txt follow it: a library links no layer its own may not use, and every layer
-its files include. Exit status 1 and one line per include or link out of order.
+its files include. A weak symbol is a link no include shows (a layer reaching one it may not
+use, found or not at link time): none is declared. Exit status 1 and one line per include,
+link or weak symbol out of order.
 """
 import pathlib
 import re
@@ -28,6 +30,7 @@ BELOW = {
     "pg": RUNTIME,
     "proxy": RUNTIME | {"http", "h1", "h2", "server", "client", "handlers"},
 }
+WEAK = re.compile(r"\bgnu::weak\b|__attribute__\s*\(\(\s*weak\b|^\s*#\s*pragma\s+weak\b", re.M)
 INCLUDE = re.compile(r'^\s*#\s*include\s+"spindle/([a-z0-9_]+)/', re.M)
 GLOB = re.compile(r"file\(GLOB(?:_RECURSE)?\s+(\w+)([^)]*)\)")
 FOLDER = re.compile(r"/(\w+)/\*\.cc")
@@ -102,6 +105,9 @@ def main() -> int:
                 if re.search(r'^\s*#\s*include\s+"\.\./', text, re.M):
                     wrong.append(f"{path.relative_to(root)}: reaches into another folder by a "
                                  "relative path")
+                if WEAK.search(text):
+                    wrong.append(f"{path.relative_to(root)}: declares a weak symbol (a link "
+                                 "the includes do not show)")
                 for used in INCLUDE.findall(text):
                     included.setdefault(layer, set()).add(used)
                     if used not in allowed:
@@ -111,7 +117,7 @@ def main() -> int:
     wrong += check_links(root, included)
     for line in wrong:
         print(line)
-    print(f"check-layers: {len(seen)} layers, {includes_wrong} includes and "
+    print(f"check-layers: {len(seen)} layers, {includes_wrong} includes (or weak symbols) and "
           f"{len(wrong) - includes_wrong} links out of order")
     return 1 if wrong else 0
 
