@@ -14,6 +14,7 @@
 #include "spindle/h1/chunked.h"
 #include "spindle/h1/head_writer.h"
 #include "spindle/http/rules.h"
+#include "spindle/http/status.h"
 
 namespace spindle::http::detail {
 
@@ -207,14 +208,12 @@ class Http1Exchange final : public ClientExchange, public PermitHolder, public B
     for (const Field& f : head.headers) {
       response_.headers.add_view({kept(f.name), kept(f.value), f.token});  // (its token kept)
     }
-    framing_ = head.framing;
+    framing_ = head.framing;  // as the parser read it: the answer to a GET
     keep_alive_ = head.keep_alive;
-    if (head_request_ ||
-        (framing_.kind == BodyFraming::Kind::kTunnel && !connect_request_ && head.status != 101)) {
-      framing_.kind = BodyFraming::Kind::kNone;
-    }
-    if (connect_request_ && head.status >= 200 && head.status < 300) {
+    if (opens_tunnel(head.status, connect_request_)) {
       framing_.kind = BodyFraming::Kind::kTunnel;
+    } else if (head_request_) {
+      framing_.kind = BodyFraming::Kind::kNone;
     }
     response_.no_body = framing_.kind == BodyFraming::Kind::kNone;
     if (framing_.kind == BodyFraming::Kind::kLength) {

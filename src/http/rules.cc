@@ -174,12 +174,12 @@ std::optional<FramingError> request_framing(const HeaderMap& headers, const Fram
 std::optional<FramingError> response_framing(const HeaderMap& headers, const FramingFields& fields,
                                              int status, std::string_view request_method,
                                              BodyFraming& out) {
-  if (request_method == "HEAD" || status_has_no_body(status)) {
-    out = {status == 101 ? BodyFraming::Kind::kTunnel : BodyFraming::Kind::kNone, 0};
+  if (opens_tunnel(status, request_method == "CONNECT")) {
+    out = {BodyFraming::Kind::kTunnel, 0};
     return std::nullopt;
   }
-  if (request_method == "CONNECT" && status >= 200 && status < 300) {
-    out = {BodyFraming::Kind::kTunnel, 0};
+  if (request_method == "HEAD" || status_has_no_body(status)) {
+    out = {BodyFraming::Kind::kNone, 0};
     return std::nullopt;
   }
   if (fields.transfer_encoding) {

@@ -721,8 +721,7 @@ Connection::Outcome Connection::serve() {
                    shared_.draining.load(std::memory_order_acquire) ||
                    (options_.max_requests_per_connection != 0 &&
                     state_.requests >= options_.max_requests_per_connection);
-      bool tunnel = response.status == 101 ||
-                    (head_.method == "CONNECT" && response.status >= 200 && response.status < 300);
+      bool tunnel = opens_tunnel(response.status, head_.method == "CONNECT");
       if (tunnel && response.takeover) {
         // The connection becomes the handler's: the 101 (or CONNECT's 2xx) head goes out,
         // then the takeover gets the socket and whatever the client sent past its request.

@@ -19,4 +19,13 @@ constexpr bool status_has_no_body(int status) {
   return (status >= 100 && status < 200) || status == 204 || status == 304;
 }
 
+/// True if a response with `status` makes the HTTP/1.1 connection a tunnel once its head is
+/// through: a 101 (Switching Protocols, RFC 9110 §15.2.2), or any 2xx answering CONNECT
+/// (`answers_connect`, RFC 9110 §9.3.6). Neither has body framing. The one place this is decided
+/// (the server, the client and the framing rules ask it). (HTTP/2 has no 101, and its CONNECT
+/// makes a stream a tunnel, not the connection.)
+constexpr bool opens_tunnel(int status, bool answers_connect) {
+  return status == 101 || (answers_connect && status >= 200 && status < 300);
+}
+
 }  // namespace spindle::http

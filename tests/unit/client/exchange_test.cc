@@ -449,6 +449,49 @@ TEST(ExchangeErrors, AMalformedResponseIsAProtocolError) {
   EXPECT_EQ(error, ExchangeErrc::kProtocolError);
 }
 
+// On HTTP/1.1 a 101, or any 2xx to CONNECT (a 204 too), and nothing else hands the connection
+// over as a tunnel, with the bytes that came after the head (RFC 9110 §15.2.2, §9.3.6); every
+// other answer to every method is a response whose connection stays the exchange's.
+TEST(ExchangeTunnel, A101OrA2xxToConnectAndNothingElseGivesTheConnection) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  auto upstream = scripted(runtime, [](TcpStream& s) {
+    std::string head = read_head(s);
+    std::size_t at = head.find("x-status: ");
+    std::string status = at == std::string::npos ? "500" : head.substr(at + 10, 3);
+    (void)s.write_all(fmt::format("HTTP/1.1 {} X\r\nContent-Length: 0\r\n\r\nafter", status),
+                      Deadline::after(5s));
+    (void)this_fiber::sleep_for(300ms);
+  });
+  UpstreamConnections pools(runtime);
+  runtime.block_on([&] {
+    for (std::string_view method : {"GET", "HEAD", "POST", "CONNECT"}) {
+      for (int status : {101, 200, 204, 299, 300, 404, 502}) {
+        SCOPED_TRACE(fmt::format("{} answered {}", method, status));
+        RequestHead head = head_for(method, method == "CONNECT" ? "backend.test:443" : "/");
+        head.headers.add("x-status", std::to_string(status));
+        auto ex = pools.open(endpoint_of(upstream->address()), head, "u", {});
+        ASSERT_TRUE(ex.has_value());
+        ASSERT_TRUE((*ex)->finish().has_value());
+        auto answer = (*ex)->read_head();
+        ASSERT_TRUE(answer.has_value());
+        EXPECT_EQ((*answer)->status, status);
+        std::string early;
+        auto tunnel = (*ex)->take_connection(early);
+        bool expected = status == 101 || (method == "CONNECT" && status / 100 == 2);
+        ASSERT_EQ(tunnel.has_value(), expected);
+        if (!expected) continue;
+        while (early.size() < 5) {
+          char more[5];
+          auto n = tunnel->read(more, Deadline::after(5s));
+          if (!n || *n == 0) break;
+          early.append(more, *n);
+        }
+        EXPECT_EQ(early, "after");
+      }
+    }
+  });
+}
+
 TEST(ExchangeErrors, AnHttp2StreamTheUpstreamRefusedReachedNothing) {
   with_server(start_upstream, [&](UpstreamConnections& pools, HttpServer& upstream) {
     Endpoint endpoint = endpoint_of(upstream.address(), WireProtocol::kH2c);

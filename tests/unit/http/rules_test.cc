@@ -5,6 +5,7 @@
 #include <string>
 
 #include "spindle/h1/parser.h"
+#include "spindle/http/status.h"
 
 using namespace spindle::http;
 using Kind = BodyFraming::Kind;
@@ -332,6 +333,32 @@ TEST(HttpRules, ResponseFramingFollowsRfc9112Section6_3) {
             static_cast<int>(Kind::kUntilClose));
   EXPECT_EQ(response_kind(fields({}), 200), static_cast<int>(Kind::kUntilClose));
   EXPECT_EQ(response_kind(fields({{"Content-Length", "5, 6"}}), 200), -502);
+}
+
+// A 101, or any 2xx to CONNECT, and nothing else makes the connection a tunnel (RFC 9110
+// §15.2.2, §9.3.6): whatever the request's method, whatever framing fields the head carries
+// (a 204 to CONNECT too: it is a 2xx). Past that, HEAD and the statuses without a body have none.
+TEST(HttpRules, A101OrA2xxToConnectAndNothingElseOpensATunnel) {
+  const HeaderMap heads[] = {fields({}), fields({{"Content-Length", "5"}}),
+                             fields({{"Transfer-Encoding", "chunked"}})};
+  for (std::string_view method : {"GET", "HEAD", "POST", "CONNECT", "OPTIONS"}) {
+    for (int status = 100; status <= 599; ++status) {
+      bool tunnel = status == 101 || (method == "CONNECT" && status / 100 == 2);
+      EXPECT_EQ(opens_tunnel(status, method == "CONNECT"), tunnel) << method << " " << status;
+      bool no_body = method == "HEAD" || status / 100 == 1 || status == 204 || status == 304;
+      for (const HeaderMap& head : heads) {
+        int kind = response_kind(head, status, method);
+        if (tunnel) {
+          EXPECT_EQ(kind, static_cast<int>(Kind::kTunnel)) << method << " " << status;
+        } else if (no_body) {
+          EXPECT_EQ(kind, static_cast<int>(Kind::kNone)) << method << " " << status;
+        } else {
+          EXPECT_NE(kind, static_cast<int>(Kind::kTunnel)) << method << " " << status;
+          EXPECT_NE(kind, static_cast<int>(Kind::kNone)) << method << " " << status;
+        }
+      }
+    }
+  }
 }
 
 TEST(HttpRules, TheParsersDecideFramingThroughTheRules) {
