@@ -5,6 +5,7 @@ namespace spindle::http {
 void RequestHead::clear() {
   method = {};
   target = {};
+  authority = {};
   minor_version = 1;
   headers.clear();
   content_length.reset();

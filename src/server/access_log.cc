@@ -149,6 +149,8 @@ void AccessLog::format(std::string& out, Format format, const AccessRecord& r,
   append_escaped(out, r.method, true);
   out += "\",\"target\":\"";
   append_escaped(out, r.target, true);
+  out += "\",\"host\":\"";
+  append_escaped(out, r.authority, true);
   fmt::format_to(it, "\",\"version\":\"HTTP/{}.{}\",\"status\":{},\"bytes\":{},\"referer\":\"",
                  r.major_version, r.minor_version, r.status, r.bytes);
   append_escaped(out, r.referer, true);

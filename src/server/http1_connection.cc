@@ -18,6 +18,7 @@
 #include "spindle/fiber/buffer_pool.h"
 #include "spindle/h1/chunked.h"
 #include "spindle/h1/head_writer.h"
+#include "spindle/http/canonical.h"
 #include "spindle/http/status.h"
 #include "spindle/net/stream.h"
 
@@ -188,9 +189,9 @@ class Connection final : public BodySource, public ContextSource, public Interim
   /// At the start of a cleartext connection: 1 if the buffer holds the HTTP/2 client preface,
   /// 0 if it may still (a prefix of it), -1 if not.
   int http2_preface() const;
-  /// Normalises the target of the request just parsed, in the read buffer (target.h); why it
-  /// cannot be, if so.
-  std::optional<TargetError> normalize_target();
+  /// Makes the request just parsed the canonical request (canonical.h), its target rewritten
+  /// in the read buffer; why it cannot be, if so.
+  std::optional<BadRequest> canonicalize();
   /// If the request just parsed asks for h2c (RFC 7540 3.2) and may have it, answers 101 and
   /// returns true (upgrade_ is set).
   bool accept_h2c_upgrade();
@@ -242,13 +243,10 @@ int Connection::http2_preface() const {
   return kHttp2Preface.starts_with(have) ? 0 : -1;
 }
 
-std::optional<TargetError> Connection::normalize_target() {
+std::optional<BadRequest> Connection::canonicalize() {
   // The target is a view into buffer_, which this connection owns: rewritten where it lies.
   char* target = buffer_.data() + (head_.target.data() - buffer_.data());
-  auto size = http::normalize_target(target, head_.target.size(), options_.paths);
-  if (!size) return size.error();
-  head_.target = std::string_view(target, *size);
-  return std::nullopt;
+  return canonicalize_request(head_, target, options_.paths);
 }
 
 bool Connection::accept_h2c_upgrade() {
@@ -696,10 +694,10 @@ Connection::Outcome Connection::serve() {
         return Outcome::kClose;
       }
       begin_ += parsed.consumed;
-      // A target that cannot be normalised is answered 400 without routing; its framing is
-      // sound, so the connection goes on.
-      std::optional<TargetError> bad_target = normalize_target();
-      if (!bad_target && accept_h2c_upgrade()) return Outcome::kHttp2;
+      // A request that cannot be made canonical is answered 400 without routing; its framing
+      // is sound, so the connection goes on.
+      std::optional<BadRequest> bad_request = canonicalize();
+      if (!bad_request && accept_h2c_upgrade()) return Outcome::kHttp2;
       if (!start_body()) {
         (void)flush();
         return Outcome::kClose;
@@ -710,7 +708,8 @@ Connection::Outcome Connection::serve() {
       request.set_interim_sink(this);
       request.set_client_gone_slot(&client_gone_);
       stream_.on_readable(&Connection::watch_client, this);
-      Response response = bad_target ? Response::error(400, bad_target->reason) : respond(request);
+      Response response =
+          bad_request ? Response::error(400, bad_request->reason) : respond(request);
       stream_.cancel_on_readable();
       client_gone_ = nullptr;
       ++state_.requests;

@@ -13,6 +13,7 @@
 #include "spindle/fiber/buffer_pool.h"
 #include "spindle/fiber/spawn.h"
 #include "spindle/fiber/this_fiber.h"
+#include "spindle/http/canonical.h"
 #include "spindle/http/release.h"
 
 namespace spindle::http::detail {
@@ -238,27 +239,7 @@ const RequestContext& Http2Connection::request_context() { return state_.request
 
 void Http2Connection::start_handler(H2Stream& s) {
   s.head.method = s.method;
-  s.head.target = s.path;
   s.head.minor_version = 1;
-  if (auto host = s.head.headers.get(token::kHost); host && !s.authority.empty()) {
-    // RFC 9113 8.3.1: a Host naming another entity than :authority makes the request
-    // malformed (which one would a handler, or an upstream, believe?).
-    if (!iequals(*host, s.authority) || s.head.headers.count(token::kHost) != 1) s.refuse(400);
-  } else if (!s.authority.empty()) {
-    s.head.headers.add_with_static_name("host", token::kHost, s.authority);
-  }
-  if (s.head.headers.count(token::kCookie) > 1) {
-    // RFC 9113 8.2.3: cookie pairs may come as separate fields; they are one field with "; "
-    // between them for everything past HTTP/2 (HTTP/1.1 allows one Cookie line).
-    std::string joined;
-    for (const Field& f : s.head.headers) {
-      if (f.token != &token::kCookie) continue;
-      if (!joined.empty()) joined += "; ";
-      joined += f.value;
-    }
-    s.head.headers.erase(token::kCookie);
-    s.head.headers.add("cookie", joined);
-  }
   if (!s.protocol.empty()) {
     // Extended CONNECT: the handler sees a CONNECT to a path, with the protocol it asks for.
     s.head.protocol = s.protocol;
@@ -274,14 +255,16 @@ void Http2Connection::start_handler(H2Stream& s) {
   if (framing.content_length && *framing.content_length > shared_.options.max_body) {
     s.refuse(413);
   }
-  if (s.method == "CONNECT" && s.protocol.empty()) {
-    s.head.target = s.authority;  // a plain CONNECT names where to, not a path
-  } else if (s.path.empty() || (s.path.front() != '/' && s.path != "*")) {
-    s.refuse(400);
-  } else if (auto size = normalize_target(s.path.data(), s.path.size(), shared_.options.paths)) {
-    s.path.resize(*size);
-    s.head.target = s.path;
-  } else {
+  // A plain CONNECT names where to, not a path (RFC 9113 8.5); otherwise :path is origin-form
+  // or '*' (8.3.1). Then the request is made canonical as an HTTP/1.1 one is: the method, the
+  // path, :authority against Host (RFC 9113 8.3.1: a Host naming another entity is malformed),
+  // the fields (cookie pairs sent as separate fields become one, 8.2.3).
+  const bool tunnel = s.method == "CONNECT" && s.protocol.empty();
+  std::string& target = tunnel ? s.authority : s.path;
+  if (!tunnel && (s.path.empty() || (s.path.front() != '/' && s.path != "*"))) s.refuse(400);
+  s.head.target = target;
+  s.head.authority = s.authority;
+  if (s.early_status == 0 && canonicalize_request(s.head, target.data(), shared_.options.paths)) {
     s.refuse(400);
   }
   due_.push_back(open_[s.open_index]);
@@ -399,7 +382,7 @@ void Http2Connection::handle(StreamRef s) {
   try {
     // The clock is read only for the access log's duration.
     auto started = shared_.options.access_log ? Clock::now() : Clock::time_point();
-    const bool head_only = s->method == "HEAD";
+    const bool head_only = s->head.method == "HEAD";
     // The response is made in place (a Response is several KiB: no move of it).
     std::optional<Request> request;
     if (s->early_status == 0) {

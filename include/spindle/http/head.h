@@ -17,8 +17,13 @@ struct RequestHead {
   /// The method token, e.g. "GET" (case-sensitive, as RFC 9110 says).
   std::string_view method;
   /// The request target as sent: origin-form "/a?b", absolute-form "http://h/a",
-  /// authority-form "h:443" (CONNECT) or "*" (OPTIONS).
+  /// authority-form "h:443" (CONNECT) or "*" (OPTIONS). In the canonical request (canonical.h)
+  /// never absolute-form, and its path normalised.
   std::string_view target;
+  /// The authority the request is for, host[:port]: set by canonicalize_request (from an
+  /// absolute-form or CONNECT target, HTTP/2's :authority, or Host; validated), or by an
+  /// HTTP/2 driver with the :authority it received before; "" if the request names none.
+  std::string_view authority;
   /// The minor version: 0 for HTTP/1.0, 1 for HTTP/1.1 (and later 1.x, answered as 1.1).
   int minor_version = 1;
   /// All header fields, in order.

@@ -27,14 +27,20 @@ inline constexpr std::uint16_t kHost = 4;
 /// Describes the message itself, never a trailer (RFC 9110 §6.5.1: Trailer, Content-Type,
 /// Content-Encoding, Content-Range, with the framing and Host).
 inline constexpr std::uint16_t kNotInTrailers = 8;
-/// Set by the gateway on what it forwards (Via, X-Forwarded-For/-Proto/-Host, X-Request-Id,
-/// traceparent; Expect, which it answers itself): a client's own are not passed on as sent.
+/// Owned by the gateway: it says what the request was, and who sent it, to the upstream and to
+/// a forward_auth service (Via, Forwarded, X-Forwarded-*, X-Real-IP, X-Request-Id, traceparent,
+/// the original URL and method; Expect, which it answers itself). A client's own never go on as
+/// sent: the gateway writes its own (folding in a trusted proxy's, where it says so) or none.
 inline constexpr std::uint16_t kSetByProxy = 16;
 /// Its values are secrets (credentials, sessions): HPACK never indexes them (RFC 7541 §7.1.3).
 inline constexpr std::uint16_t kSensitive = 32;
 /// Its value is new in every message (the request id and trace context a gateway writes):
 /// HPACK does not index it, as it would never be named again.
 inline constexpr std::uint16_t kUniquePerMessage = 64;
+/// A request has it once at most (RFC 9110's fields whose value is not a list, and those of
+/// CORS and WebSocket said to appear once): two are ambiguous (which one did the gateway judge,
+/// which one will the upstream read?) and the request is refused (canonical.h).
+inline constexpr std::uint16_t kSingleton = 128;
 }  // namespace field_flag
 
 /// A known field name.
@@ -101,42 +107,42 @@ inline constexpr Token kTokens[] = {
     {"access-control-allow-origin", 0, 20},
     {"age", 0, 21},
     {"allow", 0, 22},
-    {"authorization", f::kSensitive, 23},
+    {"authorization", f::kSensitive | f::kSingleton, 23},
     {"cache-control", 0, 24},
     {"content-disposition", 0, 25},
     {"content-encoding", f::kNotInTrailers, 26},
     {"content-language", 0, 27},
     {"content-length", f::kFraming | f::kNotInTrailers, 28},
-    {"content-location", 0, 29},
-    {"content-range", f::kNotInTrailers, 30},
-    {"content-type", f::kNotInTrailers, 31},
+    {"content-location", f::kSingleton, 29},
+    {"content-range", f::kNotInTrailers | f::kSingleton, 30},
+    {"content-type", f::kNotInTrailers | f::kSingleton, 31},
     {"cookie", f::kSensitive, 32},
-    {"date", 0, 33},
+    {"date", f::kSingleton, 33},
     {"etag", 0, 34},
     {"expect", f::kSetByProxy, 35},
     {"expires", 0, 36},
-    {"from", 0, 37},
-    {"host", f::kHost | f::kNotInTrailers, 38},
+    {"from", f::kSingleton, 37},
+    {"host", f::kHost | f::kNotInTrailers | f::kSingleton, 38},
     {"if-match", 0, 39},
-    {"if-modified-since", 0, 40},
+    {"if-modified-since", f::kSingleton, 40},
     {"if-none-match", 0, 41},
-    {"if-range", 0, 42},
-    {"if-unmodified-since", 0, 43},
+    {"if-range", f::kSingleton, 42},
+    {"if-unmodified-since", f::kSingleton, 43},
     {"last-modified", 0, 44},
     {"link", 0, 45},
     {"location", 0, 46},
-    {"max-forwards", 0, 47},
+    {"max-forwards", f::kSingleton, 47},
     {"proxy-authenticate", 0, 48},
-    {"proxy-authorization", f::kSensitive, 49},
-    {"range", 0, 50},
-    {"referer", 0, 51},
+    {"proxy-authorization", f::kSensitive | f::kSingleton, 49},
+    {"range", f::kSingleton, 50},
+    {"referer", f::kSingleton, 51},
     {"refresh", 0, 52},
     {"retry-after", 0, 53},
     {"server", 0, 54},
     {"set-cookie", f::kSensitive, 55},
     {"strict-transport-security", 0, 56},
     {"transfer-encoding", f::kHopByHop | f::kFraming | f::kNotInTrailers, 57},
-    {"user-agent", 0, 58},
+    {"user-agent", f::kSingleton, 58},
     {"vary", 0, 59},
     {"via", f::kSetByProxy, 60},
     {"www-authenticate", 0, 61},
@@ -154,17 +160,35 @@ inline constexpr Token kTokens[] = {
     {"x-forwarded-host", f::kSetByProxy, 0},
     {"x-request-id", f::kSetByProxy | f::kUniquePerMessage, 0},
     {"traceparent", f::kSetByProxy | f::kUniquePerMessage, 0},
+    // What the gateway alone says of a request (kSetByProxy): who sent it, and what it was
+    // before the gateway (auth services, and frameworks behind proxies, read these).
+    {"forwarded", f::kSetByProxy, 0},
+    {"x-real-ip", f::kSetByProxy, 0},
+    {"x-forwarded-port", f::kSetByProxy, 0},
+    {"x-forwarded-prefix", f::kSetByProxy, 0},
+    {"x-forwarded-server", f::kSetByProxy, 0},
+    {"x-forwarded-ssl", f::kSetByProxy, 0},
+    {"x-forwarded-scheme", f::kSetByProxy, 0},
+    {"x-forwarded-uri", f::kSetByProxy, 0},
+    {"x-forwarded-method", f::kSetByProxy, 0},
+    {"x-original-url", f::kSetByProxy, 0},
+    {"x-original-uri", f::kSetByProxy, 0},
+    {"x-original-method", f::kSetByProxy, 0},
+    {"x-rewrite-url", f::kSetByProxy, 0},
+    {"x-http-method-override", f::kSetByProxy, 0},
+    {"x-http-method", f::kSetByProxy, 0},
+    {"x-method-override", f::kSetByProxy, 0},
     {"tracestate", 0, 0},
-    {"origin", 0, 0},
-    {"access-control-request-method", 0, 0},
+    {"origin", f::kSingleton, 0},
+    {"access-control-request-method", f::kSingleton, 0},
     {"access-control-request-headers", 0, 0},
-    {"sec-websocket-key", 0, 0},
+    {"sec-websocket-key", f::kSingleton, 0},
     {"sec-websocket-accept", 0, 0},
-    {"sec-websocket-version", 0, 0},
+    {"sec-websocket-version", f::kSingleton, 0},
 };
 
-// Each name has a slot of its own in a table of 512: a key from its length and its first two
-// and last bytes, any case (| 0x20 lower-cases letters and leaves the other bytes of known names
+// Each name has a slot of its own in a table of 512: a key from its length, its first byte and
+// its last two, any case (| 0x20 lower-cases letters and leaves the other bytes of known names
 // as they are), times a multiplier, top nine bits. The multiplier is the first of a sequence
 // under which no two known names share a slot, found while compiling: a lookup is one slot and
 // at most one compare, with no probing.
@@ -173,8 +197,9 @@ constexpr std::uint32_t token_key(std::string_view name) {  // name.size() >= 2
   auto byte = [](char c) {
     return static_cast<std::uint32_t>(static_cast<unsigned char>(c) | 0x20);
   };
+  // (Not the second byte: "x-forwarded-host" and "-port" differ only near their ends.)
   return (static_cast<std::uint32_t>(name.size()) & 0xff) | byte(name[0]) << 8 |
-         byte(name[1]) << 16 | byte(name.back()) << 24;
+         byte(name[name.size() - 2]) << 16 | byte(name.back()) << 24;
 }
 constexpr std::size_t token_slot(std::uint32_t key, std::uint32_t multiplier) {
   return (key * multiplier) >> (32 - kTokenSlotBits);
@@ -287,6 +312,22 @@ inline constexpr const Token& kXForwardedProto = detail::named("x-forwarded-prot
 inline constexpr const Token& kXForwardedHost = detail::named("x-forwarded-host");
 inline constexpr const Token& kXRequestId = detail::named("x-request-id");
 inline constexpr const Token& kTraceparent = detail::named("traceparent");
+inline constexpr const Token& kForwarded = detail::named("forwarded");
+inline constexpr const Token& kXRealIp = detail::named("x-real-ip");
+inline constexpr const Token& kXForwardedPort = detail::named("x-forwarded-port");
+inline constexpr const Token& kXForwardedPrefix = detail::named("x-forwarded-prefix");
+inline constexpr const Token& kXForwardedServer = detail::named("x-forwarded-server");
+inline constexpr const Token& kXForwardedSsl = detail::named("x-forwarded-ssl");
+inline constexpr const Token& kXForwardedScheme = detail::named("x-forwarded-scheme");
+inline constexpr const Token& kXForwardedUri = detail::named("x-forwarded-uri");
+inline constexpr const Token& kXForwardedMethod = detail::named("x-forwarded-method");
+inline constexpr const Token& kXOriginalUrl = detail::named("x-original-url");
+inline constexpr const Token& kXOriginalUri = detail::named("x-original-uri");
+inline constexpr const Token& kXOriginalMethod = detail::named("x-original-method");
+inline constexpr const Token& kXRewriteUrl = detail::named("x-rewrite-url");
+inline constexpr const Token& kXHttpMethodOverride = detail::named("x-http-method-override");
+inline constexpr const Token& kXHttpMethod = detail::named("x-http-method");
+inline constexpr const Token& kXMethodOverride = detail::named("x-method-override");
 inline constexpr const Token& kTracestate = detail::named("tracestate");
 inline constexpr const Token& kOrigin = detail::named("origin");
 inline constexpr const Token& kAccessControlRequestMethod =

@@ -32,6 +32,9 @@ struct AccessRecord {
   std::string_view remote;
   std::string_view method;
   std::string_view target;
+  /// The authority the request is for (the canonical request's, http/canonical.h; "" if none):
+  /// "host" in the JSON format.
+  std::string_view authority;
   /// HTTP/1.0, HTTP/1.1 or HTTP/2.0.
   int major_version = 1;
   int minor_version = 1;

@@ -87,8 +87,13 @@ class Request {
   /// The method, e.g. "GET" (a HEAD request is seen as HEAD; the router also runs GET routes
   /// for it and the server drops the body).
   std::string_view method() const { return head_->method; }
-  /// The request target as sent.
+  /// The request target: in the server's requests the canonical one (http/canonical.h),
+  /// origin-form with its path normalised ("*" for OPTIONS, host:port for CONNECT).
   std::string_view target() const { return head_->target; }
+  /// The authority the request is for, host[:port], validated; "" if it names none. In the
+  /// server's requests the canonical one: from an absolute-form target, :authority or Host,
+  /// which never differ.
+  std::string_view authority() const { return head_->authority; }
   /// The path part of the target (still percent-encoded); "/" for "*" and authority forms.
   std::string_view path() const { return path_; }
   /// The query after '?', without it ("" if none).

@@ -43,6 +43,7 @@ TEST(AccessLog, FormatsJsonLinesAndEscapesWhatClientsSent) {
                     AccessRecord{.remote = "::1",
                                  .method = "POST",
                                  .target = "/x",
+                                 .authority = "a.example\"",
                                  .minor_version = 0,
                                  .status = 404,
                                  .bytes = 0,
@@ -52,7 +53,8 @@ TEST(AccessLog, FormatsJsonLinesAndEscapesWhatClientsSent) {
                     at_epoch_plus(0));
   EXPECT_EQ(line,
             "{\"time\":\"1970-01-01T00:00:00Z\",\"remote\":\"::1\",\"method\":\"POST\","
-            "\"target\":\"/x\",\"version\":\"HTTP/1.0\",\"status\":404,\"bytes\":0,"
+            "\"target\":\"/x\",\"host\":\"a.example\\\"\",\"version\":\"HTTP/"
+            "1.0\",\"status\":404,\"bytes\":0,"
             "\"referer\":\"a\\\"b\",\"user_agent\":\"evil\\u000aline\",\"duration_us\":42}\n");
 }
 

@@ -147,18 +147,28 @@ TEST(HttpRules, OneTableNamesEveryFieldWithARuleInAnyCase) {
   using namespace field_flag;
   EXPECT_EQ(field_flags("Transfer-Encoding"), kHopByHop | kFraming | kNotInTrailers);
   EXPECT_EQ(field_flags("content-LENGTH"), kFraming | kNotInTrailers);
-  EXPECT_EQ(field_flags("Host"), kHost | kNotInTrailers);
+  EXPECT_EQ(field_flags("Host"), kHost | kNotInTrailers | kSingleton);
   // Asked for some rules only: those bits, or nothing.
   EXPECT_EQ(field_flags("Transfer-Encoding", kFraming | kHost), kFraming);
   EXPECT_EQ(field_flags("Content-Type", kHopByHop), 0);
   EXPECT_EQ(field_flags("Via", kHopByHop | kSetByProxy), kSetByProxy);
-  for (std::string_view name : {"Via", "Expect", "traceparent", "X-Request-Id", "X-Forwarded-For",
-                                "x-forwarded-host", "X-FORWARDED-PROTO"}) {
+  for (std::string_view name :
+       {"Via", "Expect", "traceparent", "X-Request-Id", "X-Forwarded-For", "x-forwarded-host",
+        "X-FORWARDED-PROTO", "Forwarded", "X-Real-IP", "X-Forwarded-Port", "x-forwarded-uri",
+        "X-Forwarded-Method", "X-Original-URL", "X-HTTP-Method-Override"}) {
     EXPECT_EQ(field_flags(name) & ~kUniquePerMessage, kSetByProxy) << name;
   }
   // What HPACK reads from the same table: never indexed, and not worth indexing.
   for (std::string_view name : {"Authorization", "proxy-authorization", "Cookie", "set-cookie"}) {
-    EXPECT_EQ(field_flags(name), kSensitive) << name;
+    EXPECT_EQ(field_flags(name, ~kSingleton), kSensitive) << name;
+  }
+  // Once at most in a request.
+  for (std::string_view name : {"Host", "Authorization", "content-type", "Range", "User-Agent",
+                                "Origin", "Sec-WebSocket-Key"}) {
+    EXPECT_EQ(field_flags(name, kSingleton), kSingleton) << name;
+  }
+  for (std::string_view name : {"Cookie", "Accept", "X-Forwarded-For", "Via", "Content-Length"}) {
+    EXPECT_EQ(field_flags(name, kSingleton), 0) << name;
   }
   EXPECT_EQ(field_flags("X-Request-Id", kUniquePerMessage), kUniquePerMessage);
   for (std::string_view name : {"HTTP2-Settings", "Keep-Alive", "Proxy-Connection"}) {
