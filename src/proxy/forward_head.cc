@@ -105,6 +105,23 @@ bool wants_upgrade(const http::Request& request) {
 
 }  // namespace
 
+void request_id_of(const http::Request& request, InlineText<128>& out) {
+  std::string_view noted = request.attribute(kRequestIdAttribute);
+  auto id = noted.empty() ? request.headers().get(http::token::kXRequestId) : noted;
+  if (id && (!noted.empty() || good_request_id(*id))) {
+    out.assign(*id);
+  } else {
+    new_request_id(out);
+  }
+}
+
+void note_route(http::Request& request, const RouteConfig& route) {
+  request.set_attribute("route", route.name);
+  InlineText<128> id;
+  request_id_of(request, id);
+  request.set_attribute(kRequestIdAttribute, id.view());
+}
+
 std::string_view version_text(int version) {
   return version == 20 ? "2" : version == 10 ? "1.0" : "1.1";
 }
@@ -175,18 +192,12 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
   const http::RequestContext& context = request.context();
   const http::HeaderMap& in = request.headers();
   bool from_proxy = trusted(server, context);
-  // CONNECT names its authority as the target; otherwise Host does.
-  out.authority = request.method() == "CONNECT"
-                      ? std::string(request.target())
-                      : std::string(in.get(http::token::kHost).value_or(""));
+  // The canonical request's (CONNECT's target, an extended CONNECT's :authority, Host: they
+  // never differ), else the address the client connected to.
+  out.authority = request.authority();
   if (out.authority.empty() && context.local != nullptr) out.authority = context.local->to_string();
 
-  auto id = in.get(http::token::kXRequestId);
-  if (id && good_request_id(*id)) {
-    out.request_id.assign(*id);
-  } else {
-    new_request_id(out.request_id);
-  }
+  request_id_of(request, out.request_id);
   bool trace_restarted = false;
   next_traceparent(in.get(http::token::kTraceparent), trace_restarted, out.traceparent);
   // The client and the trusted proxies before us (note_client); anyone else's claim is gone.

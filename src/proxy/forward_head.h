@@ -74,6 +74,18 @@ struct ForwardHead {
   std::string websocket_key;
 };
 
+/// The request attribute that holds the request's id once noted (note_route): logged.
+inline constexpr std::string_view kRequestIdAttribute = "request_id";
+
+/// The id of `request`: the one noted (note_route), else the client's X-Request-Id if it is
+/// worth keeping (1 to 128 of [A-Za-z0-9._-]), else a new one.
+void request_id_of(const http::Request& request, InlineText<128>& out);
+
+/// Notes, for the access log, the route a request took and its id (request_id_of), as soon as
+/// it is routed: the line of a request a middleware answers says them too, and the forwarded
+/// request and a mirror copy carry that id.
+void note_route(http::Request& request, const RouteConfig& route);
+
 /// "1.1" for the HTTP version of a message (major * 10 + minor).
 std::string_view version_text(int version);
 

@@ -288,8 +288,7 @@ std::optional<Forwarding::Refusal> Forwarding::prepare() {
   }
   logged_ = server_.config->access_log.enabled;
   if (logged_) {
-    request_.set_attribute("route", route_.name);
-    request_.set_attribute("request_id", forward_head_->request_id.view());
+    // (route and request_id were noted as the request was routed: Proxy::on_route)
     request_.set_attribute("trace_id", forward_head_->traceparent.view().substr(3, 32));
   }
   const http::RequestHead& head = forward_head_->head;

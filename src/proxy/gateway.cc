@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "owned_fields.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/fiber/worker.h"
@@ -138,7 +139,8 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, Heal
     }
   }
   for (const ServerConfig& server : c.servers) {
-    Server built{&server, server.key(), RouteTable(c, server.name), {}};
+    Server built{&server, server.key(), RouteTable(c, server.name), {}, {}};
+    built.owned_fields = detail::owned_fields(built.routes);
     if (metrics != nullptr) {
       for (const RouteConfig& route : c.routes) {
         built.route_series.push_back(metrics->request_series(built.key, route.name));

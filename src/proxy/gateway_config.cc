@@ -9,6 +9,7 @@
 #include <set>
 
 #include "spindle/base/ascii.h"
+#include "spindle/http/canonical.h"
 #include "spindle/http/rules.h"
 #include "spindle/proxy/jwt.h"
 
@@ -74,9 +75,10 @@ RouteMatch read_match(const ConfigReader& r) {
     }
   }
   for (const std::string& method : r.strings("methods")) {
-    if (!http::is_method(method))
-      r.fail_key("methods", fmt::format("'{}' is not a method", method));
-    m.methods.push_back(method);
+    // As a request's method is judged (http/canonical.h): "put" is PUT.
+    auto canonical = http::is_method(method) ? http::canonical_method(method) : std::nullopt;
+    if (!canonical) r.fail_key("methods", fmt::format("'{}' is not a method", method));
+    m.methods.emplace_back(*canonical);
   }
   if (r.has("headers")) {
     ConfigReader headers = r.nested("headers");

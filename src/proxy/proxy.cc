@@ -12,6 +12,7 @@
 
 #include "client_identity.h"
 #include "forward_head.h"
+#include "owned_fields.h"
 #include "route_middlewares.h"
 #include "spindle/base/block_cache.h"
 #include "spindle/base/log.h"
@@ -36,6 +37,7 @@ using detail::counts_against_target;
 using detail::ForwardHead;
 using detail::is_preflight;
 using detail::note_client;
+using detail::note_route;
 using detail::note_target_failure;
 using detail::pick_target;
 using detail::split_pick;
@@ -91,7 +93,7 @@ bool client_listed(const http::Request& request, const std::vector<Cidr>& networ
 // Where a redirect middleware sends the request: its scheme, host, port and path where it
 // names them, else the request's own (the port kept only when scheme and host are).
 std::string redirect_location(const http::Request& request, const MiddlewareConfig& m) {
-  std::string_view authority = request.header(http::token::kHost);
+  std::string_view authority = request.authority();
   std::string_view host = authority;
   std::string_view port;
   if (auto colon = authority.rfind(':');
@@ -328,18 +330,25 @@ http::Middleware Proxy::middleware(std::string server_key) {
     const std::shared_ptr<Gateway>& current = gateways_.current();
     const Gateway::Server* server = current ? current->server(server_key) : nullptr;
     const RouteConfig* route = nullptr;
-    if (server != nullptr && server->routes.size() != 0) {
+    // A field the routes judge, twice or spelt otherwise: which would the upstream read?
+    std::optional<std::string_view> ambiguous;
+    if (server != nullptr && !server->owned_fields.empty()) {
+      ambiguous = detail::ambiguous_owned_field(request.headers(), server->owned_fields);
+    }
+    if (server != nullptr && server->routes.size() != 0 && !ambiguous) {
       // An extended CONNECT (RFC 8441) routes as the GET upgrade it stands for.
       std::string_view method = request.head().protocol.empty() ? request.method() : "GET";
-      route = server->routes.select(request.header(http::token::kHost), request.target(), method,
-                                    request.headers());
+      route =
+          server->routes.select(request.authority(), request.target(), method, request.headers());
     }
     // A routed request keeps a copy of the snapshot (and of the route it points into), even if
     // a new one is published while it runs; one no route takes needs none (the copy's
     // count is atomic: two locked instructions).
     std::shared_ptr<Gateway> gateway = route ? current : nullptr;
     // Built in place (a response is a few KiB: each move of one shows per request).
-    http::Response response = route ? on_route(request, gateway, *server, *route) : next(request);
+    http::Response response = ambiguous ? http::Response::error(400, *ambiguous)
+                              : route   ? on_route(request, gateway, *server, *route)
+                                        : next(request);
     if (route && !route->middlewares.empty()) on_the_way_back(*route, request, response);
     if (metrics_) {
       std::uint32_t series = unrouted;
@@ -357,6 +366,7 @@ http::Middleware Proxy::middleware(std::string server_key) {
 http::Response Proxy::on_route(http::Request& request, const std::shared_ptr<Gateway>& gateway,
                                const Gateway::Server& server, const RouteConfig& route) {
   note_client(request, *server.config);
+  if (server.config->access_log.enabled) note_route(request, route);
   if (route.middlewares.empty()) return pass_on(request, gateway, server, route);
   return through_middlewares(request, gateway, server, route);
 }
@@ -413,7 +423,8 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   const Gateway::Target& target = upstream.targets[*pick];
 
   // GET path, with the client's fields (those chosen, never those about its body or the
-  // connection) and what the request was: X-Forwarded-Method, -Proto, -Host, -Uri, -For.
+  // connection, nor those the gateway owns) and what the request was: X-Forwarded-Method,
+  // -Proto, -Host, -Uri, -For (the canonical request's), and its X-Request-Id.
   http::RequestHead head;
   head.method = "GET";
   head.target = auth.path;
@@ -430,13 +441,15 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   }
   const http::RequestContext& context = request.context();
   std::string client(client_text(request));
-  head.headers.add_view("X-Forwarded-Method", request.method());
+  head.headers.add_view("X-Forwarded-Method", http::token::kXForwardedMethod, request.method());
   head.headers.add_view("X-Forwarded-Proto", http::token::kXForwardedProto,
                         context.tls ? "https" : "http");
-  head.headers.add_view("X-Forwarded-Host", http::token::kXForwardedHost,
-                        request.header(http::token::kHost));
-  head.headers.add_view("X-Forwarded-Uri", request.target());
+  head.headers.add_view("X-Forwarded-Host", http::token::kXForwardedHost, request.authority());
+  head.headers.add_view("X-Forwarded-Uri", http::token::kXForwardedUri, request.target());
   head.headers.add_view("X-Forwarded-For", http::token::kXForwardedFor, client);
+  detail::InlineText<128> id;  // the forwarded request's, for the service's log
+  detail::request_id_of(request, id);
+  head.headers.add_view("X-Request-Id", http::token::kXRequestId, id.view());
   std::string authority = target.label;
 
   // (Sent again, as a forwarded request is, when the service closing a connection turned it

@@ -55,6 +55,16 @@ std::string PasswordCheck::digest(const std::string& text) {
 namespace detail {
 namespace {
 
+// `text` as an RFC 9110 quoted-string: '"' and '\\' escaped.
+std::string quoted(std::string_view text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + '"';
+}
+
 // "a, b, c".
 std::string joined(const std::vector<std::string>& items) {
   std::string out;
@@ -77,7 +87,7 @@ std::string_view cors_origin(const CorsConfig& cors, std::string_view origin) {
 
 // The token of a request for `jwt`: from its cookie, or Authorization: Bearer.
 std::string_view bearer_token(const http::Request& request, const JwtConfig& jwt) {
-  if (!jwt.cookie.empty()) return cookie_value(request, jwt.cookie);
+  if (!jwt.cookie.empty()) return find_cookie(request, jwt.cookie).first;
   std::string_view authorization = request.header(http::token::kAuthorization);
   if (authorization.size() < 7 || !http::iequals(authorization.substr(0, 7), "bearer ")) return {};
   std::string_view token = authorization.substr(7);
@@ -116,20 +126,58 @@ std::optional<std::string> authenticated_user(const http::Request& request,
   return user;
 }
 
-std::string_view cookie_value(const http::Request& request, std::string_view name) {
-  std::string_view value;
+namespace {
+
+// The value of hex digit `c`, or -1.
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// True if the cookie name `raw` (a pair's text before '=') is `name` as frameworks read it:
+// trimmed of spaces and tabs (Werkzeug, Go, Express), percent-escapes decoded (PHP).
+bool cookie_named(std::string_view raw, std::string_view name) {
+  raw = http::trim_ows(raw);
+  if (raw == name) return true;
+  if (raw.find('%') == std::string_view::npos) return false;
+  std::string decoded;
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    const int high = i + 2 < raw.size() && raw[i] == '%' ? hex_value(raw[i + 1]) : -1;
+    const int low = high < 0 ? -1 : hex_value(raw[i + 2]);
+    if (low < 0) {
+      decoded += raw[i];
+      continue;
+    }
+    decoded += static_cast<char>(high * 16 + low);
+    i += 2;
+  }
+  return decoded == name;
+}
+
+}  // namespace
+
+FoundCookie find_cookie(const http::Request& request, std::string_view name) {
+  FoundCookie found;
   for (const http::Field& f : request.headers()) {
     if (f.token != &http::token::kCookie) continue;
     for (std::string_view rest = f.value; !rest.empty();) {
       std::string_view pair = rest.substr(0, rest.find(';'));
       rest = pair.size() < rest.size() ? rest.substr(pair.size() + 1) : std::string_view{};
-      while (!pair.empty() && pair.front() == ' ') pair.remove_prefix(1);
-      if (pair.starts_with(name) && pair.size() > name.size() && pair[name.size()] == '=') {
-        value = pair.substr(name.size() + 1);
-      }
+      const std::size_t equals = pair.find('=');
+      if (equals == std::string_view::npos || !cookie_named(pair.substr(0, equals), name)) continue;
+      if (found.count++ == 0) found.first = http::trim_ows(pair.substr(equals + 1));
+      std::string_view exact = pair.substr(0, equals);
+      while (exact.starts_with(' ') || exact.starts_with('\t')) exact.remove_prefix(1);
+      found.misspelt = found.misspelt || exact != name;
     }
   }
-  return value;
+  return found;
+}
+
+std::string_view cookie_value(const http::Request& request, std::string_view name) {
+  return find_cookie(request, name).first;
 }
 
 std::string_view split_pick(const http::Request& request, const TrafficSplitConfig& split,
@@ -211,8 +259,17 @@ void add_cors_fields(const http::Request& request, const RouteConfig& route,
 }
 
 std::optional<http::Response> check_jwt(http::Request& request, const JwtConfig& jwt) {
+  // Two cookies of the name: the gateway would verify one, the service behind it may read the
+  // other (frameworks read the first; Django the last). One spelt otherwise: some read it as
+  // the token, others as another cookie.
+  if (!jwt.cookie.empty()) {
+    if (FoundCookie found = find_cookie(request, jwt.cookie); found.count > 1 || found.misspelt) {
+      return http::Response::error(400,
+                                   "more than one cookie of the token's name, or one misspelt");
+    }
+  }
   std::string_view token = bearer_token(request, jwt);
-  std::string challenge = fmt::format("Bearer realm=\"{}\"", jwt.realm);
+  std::string challenge = fmt::format("Bearer realm={}", quoted(jwt.realm));
   if (token.empty()) {
     http::Response answer = http::Response::error(401, "a bearer token is required");
     answer.headers.set("WWW-Authenticate", challenge);
@@ -225,8 +282,8 @@ std::optional<http::Response> check_jwt(http::Request& request, const JwtConfig&
   if (!claims) {
     http::Response answer = http::Response::error(401, "invalid token: " + claims.error());
     answer.headers.set("WWW-Authenticate",
-                       fmt::format("{}, error=\"invalid_token\", error_description=\"{}\"",
-                                   challenge, claims.error()));
+                       fmt::format("{}, error=\"invalid_token\", error_description={}", challenge,
+                                   quoted(claims.error())));
     return answer;
   }
   for (const auto& [name, value] : *claims) {

@@ -46,8 +46,21 @@ std::string auth_attribute(std::string_view field);
 std::optional<std::string> authenticated_user(const http::Request& request,
                                               const BasicAuthConfig& auth, PasswordCheck& check);
 
-/// The value of cookie `name` in the request's Cookie fields ("" if none; the last one if
-/// several).
+/// The cookies of one name in a request.
+struct FoundCookie {
+  std::string_view first;  ///< the value of the first ("" if none), as frameworks read it
+  std::size_t count = 0;   ///< how many there are
+  /// One is named otherwise than exactly `name=`: a framework may take it for another cookie,
+  /// or for this one ("name =", "%6Eame=": Express trims names, PHP decodes them).
+  bool misspelt = false;
+};
+
+/// The cookies named `name` in the request's Cookie fields, names read as frameworks read
+/// them: trimmed of spaces and tabs, percent-escapes decoded.
+FoundCookie find_cookie(const http::Request& request, std::string_view name);
+
+/// The value of cookie `name` in the request's Cookie fields ("" if none; the first one if
+/// several, as frameworks read it).
 std::string_view cookie_value(const http::Request& request, std::string_view name);
 
 /// The service a traffic_split sends `request` to: the one its sticky cookie names, or one

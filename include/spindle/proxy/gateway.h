@@ -121,6 +121,9 @@ class Gateway {
     /// Its request series in Metrics for each route of the configuration, by the route's
     /// place in Config::routes (empty when built without metrics).
     std::vector<std::uint32_t> route_series;
+    /// The fields its routes judge or write: a request may have each once, in the
+    /// configuration's spelling (else 400).
+    std::vector<OwnedField> owned_fields;
   };
 
   /// Compiles `config` for a runtime of `workers` workers (numbering its series in `metrics`,

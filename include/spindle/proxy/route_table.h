@@ -12,6 +12,7 @@
 /// configuration (regular expressions compiled then), read-only afterwards: any thread.
 
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -23,6 +24,14 @@ class RE2;
 }
 
 namespace spindle::proxy {
+
+/// A field name a configuration's routes judge or write (a route's match on fields, a rate
+/// limit's key, what jwt and forward_auth write, what forward_auth sends, a headers edit): a
+/// request may have it once, in this spelling (Gateway::Server::owned_fields).
+struct OwnedField {
+  std::string written;  ///< lower case, as the configuration spells it
+  std::string folded;   ///< lower case, each '_' as '-': the name of its every spelling
+};
 
 class RouteTable {
  public:
@@ -41,6 +50,8 @@ class RouteTable {
 
   /// Routes in the table.
   std::size_t size() const { return entries_.size(); }
+  /// Route `i` (below size()), in the configuration's order.
+  const RouteConfig& route(std::size_t i) const { return *entries_[i].route; }
 
  private:
   struct Entry {
