@@ -12,7 +12,11 @@ build_pkgs=(build-essential cmake ninja-build pkg-config
   googletest libgtest-dev libgmock-dev libpq-dev libpqxx-dev libcurl4-openssl-dev)
 test_pkgs=(python3 python3-pytest python3-pytest-xdist python3-h2 python3-websockets python3-brotli python3-yaml python3-prometheus-client python3-jwt python3-cryptography curl openssl
   nghttp2-client wrk golang-go nginx-light h2o redis-server postgresql
-  clang-format clang-19 libclang-rt-19-dev lintian dpkg-dev man-db systemd)
+  clang-format clang-19 libclang-rt-19-dev lintian dpkg-dev man-db systemd
+  python3-flask nodejs)
+# npm installs Express for the framework tests (scripts/install-express.sh): Debian's package,
+# unless the Node.js installed brings its own (NodeSource's does, and conflicts with Debian's).
+command -v npm >/dev/null || test_pkgs+=(npm)
 bench_pkgs=(libbenchmark-dev python3-matplotlib nginx-light h2o haproxy wrk util-linux nghttp2-client
   valgrind iproute2 linux-perf)
 

@@ -1,0 +1,3 @@
+module spindle.test/frameworks
+
+go 1.19
