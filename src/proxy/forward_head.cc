@@ -115,11 +115,19 @@ void request_id_of(const http::Request& request, InlineText<128>& out) {
   }
 }
 
-void note_route(http::Request& request, const RouteConfig& route) {
-  request.set_attribute("route", route.name);
+std::string_view note_request_id(http::Request& request) {
+  if (std::string_view noted = request.attribute(kRequestIdAttribute); !noted.empty()) {
+    return noted;
+  }
   InlineText<128> id;
   request_id_of(request, id);
   request.set_attribute(kRequestIdAttribute, id.view());
+  return request.attribute(kRequestIdAttribute);
+}
+
+void note_route(http::Request& request, const RouteConfig& route) {
+  request.set_attribute("route", route.name);
+  note_request_id(request);
 }
 
 std::string_view version_text(int version) {

@@ -81,9 +81,13 @@ inline constexpr std::string_view kRequestIdAttribute = "request_id";
 /// worth keeping (1 to 128 of [A-Za-z0-9._-]), else a new one.
 void request_id_of(const http::Request& request, InlineText<128>& out);
 
-/// Notes, for the access log, the route a request took and its id (request_id_of), as soon as
-/// it is routed: the line of a request a middleware answers says them too, and the forwarded
-/// request and a mirror copy carry that id.
+/// Notes the id of `request` (request_id_of) on it, if not yet: every copy made of it after
+/// (to a forward_auth service, a mirror target, the upstream) carries that id. Returns it (a
+/// view of the attribute, valid until another attribute is set).
+std::string_view note_request_id(http::Request& request);
+
+/// Notes, for the access log, the route a request took and its id, as soon as it is routed:
+/// the line of a request a middleware answers says them too.
 void note_route(http::Request& request, const RouteConfig& route);
 
 /// "1.1" for the HTTP version of a message (major * 10 + minor).

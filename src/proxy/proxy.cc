@@ -265,6 +265,7 @@ void Proxy::mirror(http::Request& request, const std::shared_ptr<Gateway>& gatew
     request.set_attribute("mirror", "dropped");
     return;
   }
+  detail::note_request_id(request);  // the copy and the request carry one id
   auto built = std::allocate_shared<ForwardHead>(BlockAllocator<ForwardHead>());
   build_head(request, server, *built);
   apply_request_middlewares(request, route, *built);
@@ -447,8 +448,10 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   head.headers.add_view("X-Forwarded-Host", http::token::kXForwardedHost, request.authority());
   head.headers.add_view("X-Forwarded-Uri", http::token::kXForwardedUri, request.target());
   head.headers.add_view("X-Forwarded-For", http::token::kXForwardedFor, client);
-  detail::InlineText<128> id;  // the forwarded request's, for the service's log
-  detail::request_id_of(request, id);
+  // The forwarded request's, for the service's log (copied: the attribute's text moves when
+  // attributes are added).
+  detail::InlineText<128> id;
+  id.assign(detail::note_request_id(request));
   head.headers.add_view("X-Request-Id", http::token::kXRequestId, id.view());
   std::string authority = target.label;
 

@@ -11,7 +11,7 @@ import time
 import h2.events
 import pytest
 
-from proxy_support import RecordingUpstream, gateway
+from proxy_support import RecordingUpstream, gateway, wait_until
 from test_security import h2_connect, h2_events_until, raw, request_headers
 
 ALICE = "Basic " + base64.b64encode(b"alice:secret").decode()
@@ -392,3 +392,88 @@ def test_an_http2_websocket_goes_upstream_with_its_authority_as_host(build_dir, 
     finally:
         server.stop()
         upstream.stop()
+
+
+# ---- what an attacker tried next (kept as tests) ------------------------------------------------
+
+
+class HeadAwareUpstream(RecordingUpstream):
+    """Answers as real servers do: a HEAD (in any spelling: Werkzeug upper-cases the method)
+    gets the length of the body it would have, and no body."""
+
+    def answer(self, head, body):
+        method = head.split(b" ", 1)[0]
+        text = b"twelve bytes"
+        if method.upper() == b"HEAD":
+            return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(text)
+        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(text), text)
+
+
+def test_a_head_in_lower_case_is_a_head_on_both_sides(build_dir, tmp_path):
+    # "head" forwarded as sent: the upstream answers a HEAD (a length, no body), the gateway
+    # waits for a body the upstream never sends, and the next answer on the connection is read
+    # as this one's body. Canonical, it is HEAD everywhere.
+    upstream = HeadAwareUpstream()
+    server = gateway(build_dir, tmp_path, config(
+        upstream, "  - {name: all, match: {path_prefix: /}, service: s}\n"))
+    try:
+        got = raw(server, b"head /a HTTP/1.1\r\nHost: a\r\n\r\n"
+                          b"GET /b HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", wait=5)
+        first, _, rest = got.partition(b"\r\n\r\n")
+        assert first.startswith(b"HTTP/1.1 200") and b"Content-Length: 12" in first, got
+        assert rest.startswith(b"HTTP/1.1 200") and rest.endswith(b"\r\n\r\ntwelve bytes"), got
+        assert [h.split(b" ", 1)[0] for h, _ in upstream.requests] == [b"HEAD", b"GET"]
+    finally:
+        server.stop()
+        upstream.stop()
+
+
+def test_a_route_method_is_read_as_a_requests_is(build_dir, tmp_path):
+    from proxy_support import config_error
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("""servers:
+  - {listen: 127.0.0.1:0}
+routes:
+  - {match: {methods: [put, purge]}, service: s}
+services:
+  s: {url: "http://127.0.0.1:9"}
+""")
+    err = config_error(build_dir, bad)
+    assert "bad.yaml:4: routes[0].match.methods: 'purge' is not a method" in err, err
+
+
+def test_every_copy_of_a_request_carries_one_id_and_no_claim_of_the_client(build_dir, tmp_path,
+                                                                           recorder):
+    # (The access log is off: no id is noted for it as the request is routed.)
+    auth, copies = RecordingUpstream(), RecordingUpstream()
+    routes = """  - name: auth
+    match: {path_prefix: /a}
+    middlewares: [{forward_auth: {service: auth}}]
+    service: s
+  - name: mirrored
+    match: {path_prefix: /m}
+    middlewares: [{mirror: {service: copies}}]
+    service: s
+"""
+    server = gateway(build_dir, tmp_path, config(recorder, routes, services_extra=(
+        f'  auth: {{url: "http://127.0.0.1:{auth.port}"}}\n'
+        f'  copies: {{url: "http://127.0.0.1:{copies.port}"}}')))
+    claims = ["X-HTTP-Method-Override: DELETE", "X-Original-URL: /admin", "X-Rewrite-URL: /admin",
+              "Forwarded: for=10.0.0.1;host=admin", "X-Real-IP: 10.0.0.1",
+              "X-Forwarded-Port: 443", "X-Forwarded-Prefix: /admin", "X-Forwarded-Ssl: on",
+              "X-Method-Override: DELETE", "X-Original-Method: DELETE"]
+    try:
+        for path, other in (("/a", auth), ("/m", copies)):
+            assert send(server, f"GET {path} HTTP/1.1\r\nHost: a\r\n" + "".join(
+                f"{c}\r\n" for c in claims) + "\r\n") == 200
+            assert wait_until(lambda: other.requests)
+            heads = [upstream_heads(u)[-1] for u in (recorder, other)]
+            ids = [fields_named(h, "x-request-id") for h in heads]
+            assert len(ids[0]) == 1 and ids[0] == ids[1], (path, heads)
+            for head in heads:
+                for claim in claims:
+                    assert fields_named(head, claim.split(":")[0]) == [], (claim, head)
+    finally:
+        server.stop()
+        auth.stop()
+        copies.stop()
