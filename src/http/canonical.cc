@@ -143,7 +143,10 @@ std::optional<BadRequest> canonical_authority(RequestHead& head, std::string_vie
   }
   if (!authority.empty() && !is_authority(authority)) return BadRequest{"invalid authority"};
   head.authority = authority;
-  if (!host && !authority.empty()) head.headers.add_view("host", token::kHost, authority);
+  // One Host, saying the authority exactly (it may have differed in case).
+  if (host && *host == authority) return std::nullopt;
+  if (host) head.headers.erase(token::kHost);
+  if (!authority.empty()) head.headers.add_view("host", token::kHost, authority);
   return std::nullopt;
 }
 

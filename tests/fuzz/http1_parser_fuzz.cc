@@ -29,7 +29,7 @@ void check_canonical(const RequestHead& head) {
   for (const Field& f : head.headers) {
     hosts += f.token == &token::kHost ? 1 : 0;
     cookies += f.token == &token::kCookie ? 1 : 0;
-    if (f.token == &token::kHost) check(iequals(f.value, head.authority));
+    if (f.token == &token::kHost) check(f.value == head.authority);
     if (f.token == nullptr || (f.token->flags & field_flag::kSingleton) == 0) continue;
     check(head.headers.count(*f.token) == 1);
   }

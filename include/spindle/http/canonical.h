@@ -15,7 +15,7 @@
 ///     path);
 ///   - the authority, host[:port] (is_authority): from an absolute-form or CONNECT target, else
 ///     HTTP/2's :authority, else Host. Two that differ (without regard to case) are refused.
-///     The request then has exactly one Host field, which says the same;
+///     The request then has exactly one Host field, which says it exactly;
 ///   - the fields: a field that may appear once (field_flag::kSingleton: Host, Authorization,
 ///     Content-Type, Range, ...) appears once; a name with '_' where a field spindle knows has
 ///     '-' (X_Forwarded_For, Content_Length) is refused, for CGI, WSGI and PHP take both for the

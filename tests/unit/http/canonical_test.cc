@@ -163,6 +163,7 @@ TEST(CanonicalAuthority, OneAuthorityWhereverItIsNamed) {
   Head h2("GET", "/x", {{"host", "a.example"}});
   h2.authority = "A.example";
   EXPECT_EQ(h2.canonical(), "GET /x @A.example");
+  EXPECT_EQ(h2.values(token::kHost), std::vector<std::string>{"A.example"});  // says it exactly
   Head other("GET", "/x", {{"host", "b.example"}});
   other.authority = "a.example";
   EXPECT_EQ(other.canonical(), "400: Host names another authority than the request");
