@@ -11,8 +11,8 @@ import time
 import h2.events
 import pytest
 
-from proxy_support import RecordingUpstream, gateway, wait_until
-from test_security import h2_connect, h2_events_until, raw, request_headers
+from proxy_support import (RecordingUpstream, gateway, h2_connect, h2_events_until, raw,
+                           request_headers, wait_until)
 
 ALICE = "Basic " + base64.b64encode(b"alice:secret").decode()
 # htpasswd -s: alice / secret
@@ -377,7 +377,7 @@ def test_the_jwt_challenge_names_no_value_the_client_chose(build_dir, tmp_path, 
 
 
 def test_an_http2_websocket_goes_upstream_with_its_authority_as_host(build_dir, tmp_path):
-    from test_upgrades import H2WebSocket, SwitchingUpstream
+    from test_protocol_upgrades import H2WebSocket, SwitchingUpstream
     upstream = SwitchingUpstream()
     routes = "  - {name: all, match: {path_prefix: /}, service: s}\n"
     server = gateway(build_dir, tmp_path, config(upstream, routes))
