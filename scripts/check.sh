@@ -15,6 +15,9 @@ workers=${PYTEST_WORKERS:-$((2 * jobs))}
 
 if ! scripts/check-format.sh; then failed_runs+=("format"); fi
 scripts/install-h2spec.sh || echo "check: could not build h2spec: the h2spec tests will fail"
+# The framework upstreams of test_framework_upstreams.py: Express (npm registry) and Go net/http.
+scripts/install-express.sh || echo "check: could not install Express: the framework tests will fail"
+scripts/install-go-echo.sh || echo "check: could not build the Go server: the framework tests will fail"
 
 echo "== build (release) =="
 if ! scripts/build.sh release >build-release.log 2>&1 && ! scripts/build.sh release; then

@@ -11,6 +11,9 @@ source scripts/test-lib.sh
 if ! scripts/check-format.sh; then failed_runs+=("format"); fi
 # The HTTP/2 conformance suite the integration tests run (a failure here fails them).
 scripts/install-h2spec.sh || echo "run-tests: could not build h2spec: the h2spec tests will fail"
+# The framework upstreams of test_framework_upstreams.py: Express (npm registry) and Go net/http.
+scripts/install-express.sh || echo "run-tests: could not install Express: the framework tests will fail"
+scripts/install-go-echo.sh || echo "run-tests: could not build the Go server: the framework tests will fail"
 # The fault-injection proxy the fault tests put between spindle and its peers.
 scripts/install-toxiproxy.sh || echo "run-tests: could not build Toxiproxy: the fault tests will fail"
 

@@ -54,7 +54,12 @@ def framework(kind, name):
 
 @pytest.fixture(scope="module")
 def installed():
-    """Express's packages and the Go server, built once (scripts/install-*.sh)."""
+    """Express's packages and the Go server, built once (scripts/install-*.sh). Fails (never
+    skips) when a framework is missing: each is installable (scripts/install-deps.sh test)."""
+    flask = subprocess.run(["/usr/bin/python3", "-c", "import flask"], capture_output=True,
+                           text=True)
+    assert flask.returncode == 0, \
+        f"Flask is missing (scripts/install-deps.sh test installs python3-flask): {flask.stderr}"
     for script in ("install-express.sh", "install-go-echo.sh"):
         done = subprocess.run([os.path.join(ROOT, "scripts", script)], capture_output=True,
                               text=True, timeout=600)
