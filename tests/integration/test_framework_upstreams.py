@@ -369,6 +369,25 @@ def check_auth_request(seen, judged):
     assert seen["forwarded_for"] == "127.0.0.1" and seen["forwarded_proto"] == "http", why
 
 
+def outputs(gw, app, mirror, auth):
+    """What the upstream, the mirror target and the auth service printed so far, and the
+    gateway's access log lines by request id."""
+    log = {j.get("request_id"): j for j in map(json.loads, (
+        line for line in list(gw.output) if line.startswith("{")))}
+    return understood(app), understood(mirror), understood(auth), log
+
+
+def settled(gw, app, mirror, auth, statuses):
+    """True once every request answered 200 was printed by the upstream, every request the
+    gateway routed to forward_auth by the auth service, and every request a service printed is
+    in the access log."""
+    got, copies, asked, log = outputs(gw, app, mirror, auth)
+    reached, questioned = {s["request_id"] for s in got}, {s["request_id"] for s in asked}
+    return (all(rid in reached for rid, status in statuses.items() if status == 200) and
+            all(rid in questioned for rid, line in log.items() if line.get("route") == "fa") and
+            all(s["request_id"] in log for s in got + copies + asked))
+
+
 @pytest.mark.parametrize("kind", ["flask", "express", "go"])
 def test_every_service_understood_what_the_gateway_judged(build_dir, tmp_path, installed, kind):
     rng = random.Random(f"{SEED}-{kind}")
@@ -386,14 +405,12 @@ def test_every_service_understood_what_the_gateway_judged(build_dir, tmp_path, i
             else:
                 statuses[rid] = send_h2(gw, method, target, fields, websocket=protocol == "ws")
             assert statuses[rid] is not None, request
-        got = understood(app)
-        copies = understood(mirror)
-        asked = understood(auth)
-        log = wait_until(lambda: (lambda lines: lines if all(
-            s["request_id"] in lines for s in got + copies + asked) else None)(
-                {j.get("request_id"): j for j in map(json.loads, (
-                    line for line in list(gw.output) if line.startswith("{")))}), seconds=10)
-        assert log is not None, "the access log lacks requests the services got"
+        # The services' and the gateway's lines are read by threads of their own, and may
+        # come after the answers: wait until what was seen covers what was answered.
+        wait_until(lambda: settled(gw, app, mirror, auth, statuses), seconds=10)
+        got, copies, asked, log = outputs(gw, app, mirror, auth)
+        assert all(s["request_id"] in log for s in got + copies + asked), \
+            "the access log lacks requests the services got"
     finally:
         gw.stop()
         for service in (app, mirror, auth):
