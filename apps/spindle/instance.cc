@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <set>
+#include <unordered_set>
 #include <utility>
 
 #include "serve.h"
@@ -40,6 +41,16 @@ std::string listener_identity(const proxy::ServerConfig& server, std::size_t ind
     return fmt::format("{} (servers[{}])", address, index);
   }
   return address;
+}
+
+// The pool keys of every target of `gateway` (none without one).
+std::unordered_set<std::string> endpoint_keys(const proxy::Gateway* gateway) {
+  std::unordered_set<std::string> keys;
+  if (gateway == nullptr) return keys;
+  for (const auto& u : gateway->upstreams()) {
+    for (const auto& t : u.targets) keys.insert(t.endpoint.key());
+  }
+  return keys;
 }
 
 }  // namespace
@@ -231,6 +242,9 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
     shown_config_ = std::move(text);
   }
   gateways_.publish(*gateway);
+  // Pools are kept by target and TLS settings: those the new configuration names keep their
+  // connections, the others close theirs.
+  connections_.retain(endpoint_keys(gateway->get()));
   discovery_.keep(config.dns, hosts, srv);
   switch_listeners(*prepared, *opened);
   if (*gateway) (*gateway)->start_probes(runtime_, connections_);
@@ -271,6 +285,7 @@ void Instance::rediscover() {
     return;
   }
   gateways_.publish(gateway);
+  connections_.retain(endpoint_keys(gateway.get()));
   for (const auto& u : gateway->upstreams()) {
     std::string targets;
     for (const auto& t : u.targets)

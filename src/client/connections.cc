@@ -1,5 +1,6 @@
 #include "connections.h"
 
+#include "http2_client.h"
 #include "spindle/fiber/worker.h"
 
 namespace spindle::http::detail {
@@ -74,7 +75,7 @@ std::size_t TargetState::open_count() const { return connections + idle.size() +
 void TargetState::put_idle(Stream stream) {
   auto now = coarse_now();
   drop_expired(now);
-  if (idle.size() >= limits.max_idle) return;  // closed as it goes
+  if (retired || idle.size() >= limits.max_idle) return;  // closed as it goes
   watch_idle(stream);
   idle.push_back({std::move(stream), now});
 }
@@ -95,6 +96,13 @@ void TargetState::drop_expired(Clock::time_point now) {
   std::size_t expired = 0;
   while (expired < idle.size() && now - idle[expired].since >= limits.idle_timeout) ++expired;
   if (expired != 0) idle.erase(idle.begin(), idle.begin() + static_cast<std::ptrdiff_t>(expired));
+}
+
+void TargetState::retire() {
+  retired = true;
+  idle.clear();
+  for (const auto& session : http2) session->retire();
+  http2.clear();
 }
 
 }  // namespace spindle::http::detail

@@ -75,6 +75,9 @@ struct TargetState {
   Clock::time_point http2_sweep_due{};
   /// The limits of the last open().
   PoolLimits limits;
+  /// No configuration in force names the endpoint any more (UpstreamConnections::retain): its
+  /// connections close once their exchanges end, none is kept idle.
+  bool retired = false;
   /// With max_connections: one permit per HTTP/1.1 exchange in flight; open() calls beyond
   /// them wait here (pending of them), first come, first served.
   std::unique_ptr<Semaphore> slots;
@@ -104,6 +107,9 @@ struct TargetState {
   std::optional<Stream> take_idle();
   /// Closes idle connections older than the idle timeout.
   void drop_expired(Clock::time_point now);
+  /// Closes the idle connections and marks it retired: the busy ones close when their
+  /// exchanges end (HTTP/2: after the last stream).
+  void retire();
 };
 
 /// One of a target's max_connections permits, given back when it goes.

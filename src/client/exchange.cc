@@ -129,8 +129,10 @@ const std::string& Endpoint::key() const {
     const char* proto = protocol == WireProtocol::kHttp1   ? "h1"
                         : protocol == WireProtocol::kHttp2 ? "h2"
                                                            : "h2c";
+    // TLS settings by content, not by context: a reload's new context of the same settings
+    // keeps the connections (and the health) of the one before.
     key_ = fmt::format("{}|{}|{}|{}", address.to_string(), proto, server_name,
-                       static_cast<const void*>(tls.get()));
+                       tls ? std::string_view(tls->identity()) : std::string_view("plain"));
   }
   return key_;
 }
@@ -202,6 +204,18 @@ std::error_code wait_for_permit(TargetState& target, const PoolLimits& limits, D
 
 struct UpstreamConnections::Pool {
   std::unordered_map<std::string, std::shared_ptr<TargetState>> targets;
+  /// The keys of the endpoints in force (retain), or every key before the first retain.
+  std::optional<std::unordered_set<std::string>> in_force;
+
+  /// The state of `key`'s endpoint, made on first use (retired at once if not in force).
+  const std::shared_ptr<TargetState>& target(const std::string& key) {
+    auto& slot = targets[key];
+    if (!slot) {
+      slot = std::make_shared<TargetState>();
+      slot->retired = in_force && !in_force->contains(key);
+    }
+    return slot;
+  }
 
   ~Pool() {
     for (auto& [key, target] : targets) {
@@ -225,6 +239,24 @@ UpstreamConnections::~UpstreamConnections() {
     });
   }
   (void)closed.wait();
+}
+
+void UpstreamConnections::retain(std::unordered_set<std::string> kept) {
+  WaitGroup done;
+  for (std::size_t i = 0; i < pools_.size(); ++i) {
+    done.add();
+    runtime_.worker(i).post([this, &kept, &done] {
+      Pool& p = pool();
+      std::erase_if(p.targets, [&](auto& entry) {
+        if (kept.contains(entry.first)) return false;
+        entry.second->retire();  // exchanges under way keep it until they end
+        return true;
+      });
+      p.in_force = kept;
+      done.done();
+    });
+  }
+  (void)done.wait(Deadline::never(), kNotCancellable);
 }
 
 UpstreamConnections::Pool& UpstreamConnections::pool() {
@@ -272,10 +304,7 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
       return fail(std::errc::invalid_argument);
     }
   }
-  Pool& p = pool();
-  auto& slot = p.targets[endpoint.key()];
-  if (!slot) slot = std::make_shared<TargetState>();
-  std::shared_ptr<TargetState> target = slot;
+  std::shared_ptr<TargetState> target = pool().target(endpoint.key());
   target->limits = limits;
 
   // HTTP/2: on a connection with room for one more stream. When each is full, the request
@@ -370,6 +399,7 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
     }
     permit = {};  // streams on one connection: no HTTP/1.1 permit needed
     auto session = detail::Http2Session::start(std::move(*stream));
+    if (target->retired) session->retire();
     // Until its SETTINGS come, the server is taken to allow what it told the others.
     if (!target->http2.empty())
       session->assume_max_concurrent(target->http2.back()->max_concurrent());

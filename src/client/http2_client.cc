@@ -106,6 +106,8 @@ struct Http2Session::Impl final : h2::SessionHandler {
   /// Streams whose response was refused in the read being processed: reset after it.
   std::vector<std::uint32_t> refused;
   bool broken = false;
+  /// Http2Session::retire: the connection ends with its last stream.
+  bool retiring = false;
   /// When the last stream ended (while none is open).
   Clock::time_point last_end = coarse_now();
   /// Streams opened so far, and how many of them the writer has written.
@@ -131,9 +133,19 @@ struct Http2Session::Impl final : h2::SessionHandler {
       std::erase(sending, &call);
     }
     calls.erase(call.id);  // the exchange, if any, keeps its own reference
-    if (calls.empty()) last_end = coarse_now();
+    if (calls.empty()) {
+      last_end = coarse_now();
+      if (retiring) close_now();
+    }
     std::lock_guard guard(room_lock);
     room.notify_one();
+  }
+  /// Ends the connection: nothing more goes on it, its fibers end.
+  void close_now() {
+    broken = true;
+    release_waiters();
+    (void)stream.shutdown(TcpStream::Shutdown::kBoth);
+    writer_wake.set();
   }
   /// Wakes every open() waiting for room (the session can open no more).
   void release_waiters() {
@@ -471,11 +483,11 @@ void Http2Session::assume_max_concurrent(std::uint32_t n) {
   impl_->session.assume_max_concurrent(n);
 }
 
-void Http2Session::close() {
-  impl_->broken = true;
-  impl_->release_waiters();
-  (void)impl_->stream.shutdown(TcpStream::Shutdown::kBoth);
-  impl_->writer_wake.set();
+void Http2Session::close() { impl_->close_now(); }
+
+void Http2Session::retire() {
+  impl_->retiring = true;
+  if (impl_->calls.empty()) impl_->close_now();
 }
 
 std::shared_ptr<Http2Session> Http2Session::start(Stream stream) {

@@ -33,6 +33,9 @@ class Http2Session : public std::enable_shared_from_this<Http2Session> {
                                                const ExchangeTimeouts& timeouts);
   /// Ends the connection; its fibers finish on their own.
   void close();
+  /// Ends the connection once no stream is open (now, if none is): for an endpoint no
+  /// configuration names any more.
+  void retire();
 
   struct Impl;
 

@@ -2,9 +2,11 @@
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
+#include <openssl/evp.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
 #include <sys/socket.h>
@@ -17,6 +19,8 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <utility>
 
 #include "spindle/base/ascii.h"
@@ -105,6 +109,34 @@ std::expected<std::string, std::string> alpn_wire(const std::vector<std::string>
     wire += p;
   }
   return wire;
+}
+
+// The SHA-256 of a file's bytes in hex, or "" if it cannot be read.
+std::string file_digest(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return {};
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  if (EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr) != 1) {
+    ERR_clear_error();
+    return {};
+  }
+  std::string hex;
+  for (unsigned int i = 0; i < size; ++i) {
+    fmt::format_to(std::back_inserter(hex), "{:02x}", digest[i]);
+  }
+  return hex;
+}
+
+// TlsClientContext::identity() of `options`: what decides how a connection is verified and
+// what it offers, by content (the CA bundle by its bytes: a renewed bundle is new settings).
+std::string client_identity(const TlsClientOptions& options) {
+  std::string ca = options.insecure          ? std::string("unverified")
+                   : options.ca_file.empty() ? std::string("system store")
+                                             : fmt::format("ca {} sha256:{}", options.ca_file,
+                                                           file_digest(options.ca_file));
+  return fmt::format("{} alpn:{}", ca, fmt::join(options.alpn, ","));
 }
 
 bool is_ip_literal(std::string_view host) {
@@ -357,6 +389,7 @@ std::expected<std::shared_ptr<const TlsClientContext>, std::string> TlsClientCon
       return std::unexpected(openssl_message());
     }
   }
+  self->identity_ = client_identity(options);
   self->options_ = std::move(options);
   return self;
 }

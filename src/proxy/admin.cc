@@ -1,6 +1,7 @@
 #include "spindle/proxy/admin.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "spindle/fiber/worker.h"
 #include "spindle/io/timer_queue.h"
@@ -48,8 +49,15 @@ std::string target_metrics(Runtime& runtime, const Gateway& gateway,
   std::string out;
   using namespace prometheus;
   auto labels = [&](std::size_t i) {
-    return fmt::format("upstream=\"{}\",target=\"{}\"", escape(owners[i]->config->name),
-                       escape(targets[i]->label));
+    // An upstream spoken to with several TLS settings has its targets once per variant:
+    // the services of each tell them apart.
+    std::string services =
+        owners[i]->variants > 1
+            ? fmt::format(",services=\"{}\"",
+                          escape(fmt::format("{}", fmt::join(owners[i]->services, ","))))
+            : std::string();
+    return fmt::format("upstream=\"{}\",target=\"{}\"{}", escape(owners[i]->config->name),
+                       escape(targets[i]->label), services);
   };
   family(out, "spindle_upstream_target_healthy", "gauge",
          "1 if the target takes requests (not ejected, not failing its health checks), else 0.");

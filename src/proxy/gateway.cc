@@ -110,6 +110,69 @@ http::WireProtocol wire_protocol(UpstreamProtocol p) {
   return http::WireProtocol::kHttp1;
 }
 
+// The TLS settings service `s` asks for (nullptr: plain), shared by the connections to each
+// of its targets.
+std::shared_ptr<const TlsClientContext> service_tls(const ServiceConfig& s) {
+  if (!s.tls) return nullptr;
+  TlsClientOptions options;
+  options.ca_file = s.tls_ca_file;
+  options.insecure = !s.tls_verify;
+  options.alpn = s.protocol == UpstreamProtocol::kH2 ? std::vector<std::string>{"h2"}
+                                                     : std::vector<std::string>{"http/1.1"};
+  auto ctx = TlsClientContext::create(options);
+  if (!ctx) throw ConfigError(fmt::format("services.{}.tls: {}", s.name, ctx.error()));
+  return *ctx;
+}
+
+// Makes the targets of `u` as service `s` speaks to them (u.protocol, `tls`, its server
+// name): from SRV records or as configured; a name through discovery's answers (every address
+// a target), else through the system resolver (the first address).
+void make_targets(Gateway::Upstream& u, const ServiceConfig& s,
+                  const std::shared_ptr<const TlsClientContext>& tls, HealthRegistry& health,
+                  const DnsAnswers* dns) {
+  auto add = [&](const TargetConfig& t, const Address& address, bool one_of_several) {
+    Gateway::Target target;
+    target.config = t;
+    target.label = t.host.find(':') != std::string::npos ? fmt::format("[{}]:{}", t.host, t.port)
+                                                         : fmt::format("{}:{}", t.host, t.port);
+    // A name with several addresses makes several targets: each says which.
+    if (one_of_several) target.label += fmt::format(" ({})", address.to_string());
+    target.endpoint.address = address;
+    target.endpoint.protocol = u.protocol;
+    target.endpoint.tls = tls;
+    target.endpoint.server_name = s.tls_server_name.empty() ? t.host : s.tls_server_name;
+    target.health = health.get(target.endpoint.key());
+    u.targets.push_back(std::move(target));
+  };
+  std::vector<TargetConfig> configured = u.config->targets;
+  if (!u.config->srv.empty() && dns != nullptr) {
+    if (auto found = dns->services.find(u.config->srv); found != dns->services.end()) {
+      for (const DnsAnswers::Srv& r : found->second) {
+        configured.push_back(TargetConfig{r.host, r.port, r.weight, r.priority});
+      }
+    }
+  }
+  for (std::size_t i = 0; i < configured.size(); ++i) {
+    const TargetConfig& t = configured[i];
+    auto numeric = Address::from_host_port(t.host, t.port);
+    const std::vector<std::string>* addresses = nullptr;
+    if (!numeric && dns != nullptr) {
+      if (auto found = dns->addresses.find(t.host); found != dns->addresses.end()) {
+        addresses = &found->second;
+      }
+    }
+    if (addresses == nullptr) {
+      add(t, resolve_target(t, fmt::format("upstreams.{}.targets[{}]", u.config->name, i)), false);
+      continue;
+    }
+    for (const std::string& ip : *addresses) {
+      if (auto address = Address::from_host_port(ip, t.port)) {
+        add(t, *address, addresses->size() > 1);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, HealthRegistry& health,
@@ -161,7 +224,13 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, Heal
     g->upstreams_.push_back(std::move(upstream));
   }
   g->services_.reserve(c.services.size());
-  std::vector<bool> made(g->upstreams_.size(), false);
+  // An upstream's targets are made for each way services speak to them (protocol, TLS
+  // settings, server name): services that agree share them, one that differs gets targets of
+  // its own (a variant of the upstream, with its own balancer, connections and health), so
+  // that no service is ever spoken for with another's TLS settings. Room for a variant per
+  // service: the services keep pointers into the list.
+  g->upstreams_.reserve(c.upstreams.size() + c.services.size());
+  std::vector<std::vector<std::pair<std::string, Upstream*>>> variants(c.upstreams.size());
   for (const ServiceConfig& s : c.services) {
     Service service;
     service.config = &s;
@@ -171,83 +240,46 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, Heal
                                               .first_byte = s.timeouts.first_byte,
                                               .read = s.timeouts.read,
                                               .write = s.timeouts.write};
-    auto it = std::ranges::find_if(g->upstreams_,
-                                   [&](const Upstream& u) { return u.config->name == s.upstream; });
-    if (it == g->upstreams_.end()) {
+    auto configured = g->upstreams_.begin() + static_cast<std::ptrdiff_t>(c.upstreams.size());
+    auto it = std::find_if(g->upstreams_.begin(), configured,
+                           [&](const Upstream& u) { return u.config->name == s.upstream; });
+    if (it == configured) {
       throw ConfigError(fmt::format("services.{}: no upstream named '{}'", s.name, s.upstream));
     }
-    service.upstream = &*it;
-    // The TLS settings a service asks for, shared by the connections to each of its targets.
-    std::shared_ptr<const TlsClientContext> tls;
-    if (s.tls) {
-      TlsClientOptions options;
-      options.ca_file = s.tls_ca_file;
-      options.insecure = !s.tls_verify;
-      options.alpn = s.protocol == UpstreamProtocol::kH2 ? std::vector<std::string>{"h2"}
-                                                         : std::vector<std::string>{"http/1.1"};
-      auto ctx = TlsClientContext::create(options);
-      if (!ctx) throw ConfigError(fmt::format("services.{}.tls: {}", s.name, ctx.error()));
-      tls = *ctx;
+    auto& known = variants[it->index];
+    // (An upstream serves one protocol: a second service must agree.)
+    if (!known.empty() && known.front().second->protocol != wire_protocol(s.protocol)) {
+      throw ConfigError(
+          fmt::format("services.{}: upstream '{}' is already used by a service with another "
+                      "protocol",
+                      s.name, s.upstream));
     }
-    // Targets are made once per upstream, by the first service that uses it (an upstream
-    // serves one protocol: a second service must agree).
-    Upstream& u = *it;
-    if (!made[u.index]) {
-      made[u.index] = true;
-      u.protocol = wire_protocol(s.protocol);
-      u.tls = static_cast<bool>(tls);
-      auto add = [&](const TargetConfig& t, const Address& address, bool one_of_several) {
-        Target target;
-        target.config = t;
-        target.label = t.host.find(':') != std::string::npos
-                           ? fmt::format("[{}]:{}", t.host, t.port)
-                           : fmt::format("{}:{}", t.host, t.port);
-        // A name with several addresses makes several targets: each says which.
-        if (one_of_several) target.label += fmt::format(" ({})", address.to_string());
-        target.endpoint.address = address;
-        target.endpoint.protocol = u.protocol;
-        target.endpoint.tls = tls;
-        target.endpoint.server_name = s.tls_server_name.empty() ? t.host : s.tls_server_name;
-        target.health = health.get(target.endpoint.key());
-        u.targets.push_back(std::move(target));
-      };
-      // Targets from SRV records, or as configured; a name through discovery's answers
-      // (every address a target), else through the system resolver (the first address).
-      std::vector<TargetConfig> configured = u.config->targets;
-      if (!u.config->srv.empty() && dns != nullptr) {
-        if (auto found = dns->services.find(u.config->srv); found != dns->services.end()) {
-          for (const DnsAnswers::Srv& r : found->second) {
-            configured.push_back(TargetConfig{r.host, r.port, r.weight, r.priority});
-          }
-        }
+    std::shared_ptr<const TlsClientContext> tls = service_tls(s);
+    std::string settings = fmt::format("{}|{}", tls ? tls->identity() : "plain",
+                                       s.tls ? s.tls_server_name : std::string());
+    auto same = std::ranges::find(known, settings, &std::pair<std::string, Upstream*>::first);
+    if (same != known.end()) {
+      service.upstream = same->second;
+      same->second->services.push_back(s.name);
+    } else {
+      Upstream* u = &*it;
+      if (!known.empty()) {
+        u = &g->upstreams_.emplace_back(*it);
+        u->index = g->upstreams_.size() - 1;
+        u->targets.clear();
+        u->services.clear();
       }
-      for (std::size_t i = 0; i < configured.size(); ++i) {
-        const TargetConfig& t = configured[i];
-        auto numeric = Address::from_host_port(t.host, t.port);
-        const std::vector<std::string>* addresses = nullptr;
-        if (!numeric && dns != nullptr) {
-          if (auto found = dns->addresses.find(t.host); found != dns->addresses.end()) {
-            addresses = &found->second;
-          }
-        }
-        if (addresses == nullptr) {
-          add(t, resolve_target(t, fmt::format("upstreams.{}.targets[{}]", u.config->name, i)),
-              false);
-          continue;
-        }
-        for (const std::string& ip : *addresses) {
-          if (auto address = Address::from_host_port(ip, t.port)) {
-            add(t, *address, addresses->size() > 1);
-          }
-        }
-      }
-    } else if (u.protocol != wire_protocol(s.protocol) || u.tls != static_cast<bool>(tls)) {
-      throw ConfigError(fmt::format(
-          "services.{}: upstream '{}' is already used by a service with another protocol or TLS "
-          "setting",
-          s.name, s.upstream));
+      u->protocol = wire_protocol(s.protocol);
+      u->tls = static_cast<bool>(tls);
+      u->services.push_back(s.name);
+      make_targets(*u, s, tls, health, dns);
+      known.emplace_back(std::move(settings), u);
+      service.upstream = u;
     }
     g->services_.push_back(service);
+  }
+  for (const auto& made : variants) {
+    for (const auto& [settings, u] : made) u->variants = made.size();
   }
   for (std::size_t w = 0; w < workers; ++w) {
     auto state = std::make_unique<WorkerState>();

@@ -19,6 +19,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <unordered_set>
 
 #include "spindle/base/error.h"
 #include "spindle/fiber/runtime.h"
@@ -113,8 +114,11 @@ struct Endpoint {
   /// The name sent as SNI and verified against the certificate.
   std::string server_name;
 
-  /// The pool key: connections are shared only between identical endpoints. Made on the
-  /// first call and kept (set the fields before): open() looks it up on every request.
+  /// The pool key: connections are shared only between identical endpoints: address,
+  /// protocol, server name and TLS settings by content (TlsClientContext::identity), so that
+  /// an endpoint made again with the same settings (a reload) finds the connections of the
+  /// one before. Made on the first call and kept (set the fields before): open() looks it up
+  /// on every request.
   const std::string& key() const;
 
  private:
@@ -248,6 +252,14 @@ class UpstreamConnections {
                                                std::string_view authority,
                                                const ExchangeTimeouts& timeouts,
                                                const PoolLimits& limits = {}, bool fresh = false);
+
+  /// Keeps the connections of the endpoints whose keys (Endpoint::key) are in `kept` and
+  /// closes the others', on every worker: idle ones now, busy ones when their exchange ends
+  /// (an HTTP/2 connection after its last stream); an endpoint not kept that is opened later
+  /// (by a request of a configuration before) keeps no connection either. For a new
+  /// configuration of targets: what it no longer names holds no socket. Call from outside
+  /// the workers; returns when every worker has done it.
+  void retain(std::unordered_set<std::string> kept);
 
   /// Idle HTTP/1.1 connections to `endpoint` on the calling worker.
   std::size_t idle(const Endpoint& endpoint) const;

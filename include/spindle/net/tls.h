@@ -117,6 +117,10 @@ class TlsClientContext {
   SSL_CTX* native() const { return ctx_; }
   /// The options it was made from.
   const TlsClientOptions& options() const { return options_; }
+  /// Its settings by content: verification, the CA bundle's path and a digest of its bytes
+  /// (the system store by name), ALPN. Two contexts of one identity verify and offer alike,
+  /// so connections made with one may serve the other (a reload's new context).
+  const std::string& identity() const { return identity_; }
 
  private:
   TlsClientContext() = default;
@@ -126,6 +130,8 @@ class TlsClientContext {
   void resume(SSL* ssl, const std::string& name) const;
 
   TlsClientOptions options_;
+  /// identity().
+  std::string identity_;
   SSL_CTX* ctx_ = nullptr;
   /// The last session per server name (owned references).
   mutable std::mutex sessions_lock_;

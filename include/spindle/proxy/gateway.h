@@ -90,9 +90,16 @@ class Gateway {
     std::vector<Target> targets;
     http::PoolLimits limits;
     std::size_t index = 0;
-    /// How its targets are spoken to (the same for all: set by the first service using it).
+    /// How its targets are spoken to: the protocol (one per upstream) and whether over TLS.
+    /// Its targets' endpoints carry the TLS settings of the services below.
     http::WireProtocol protocol = http::WireProtocol::kHttp1;
     bool tls = false;
+    /// The services that speak to its targets so (same protocol, TLS settings, server name).
+    std::vector<std::string> services;
+    /// How many ways services speak to this upstream's targets: above 1, an upstream of the
+    /// configuration is here once per way (a variant each, with its own targets, balancer,
+    /// connections and health; the same config).
+    std::size_t variants = 1;
 
     /// What passive checking did with a failure of target `index`.
     enum class Verdict {
