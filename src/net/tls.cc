@@ -414,6 +414,7 @@ TlsStream::TlsStream(TlsStream&& other) noexcept
       ahead_begin_(std::exchange(other.ahead_begin_, 0)),
       ahead_end_(std::exchange(other.ahead_end_, 0)),
       reads_ahead_(other.reads_ahead_),
+      starved_(other.starved_),
       io_(other.io_),
       context_(std::move(other.context_)),
       peer_name_(std::move(other.peer_name_)) {
@@ -429,6 +430,7 @@ TlsStream& TlsStream::operator=(TlsStream&& other) noexcept {
     ahead_begin_ = std::exchange(other.ahead_begin_, 0);
     ahead_end_ = std::exchange(other.ahead_end_, 0);
     reads_ahead_ = other.reads_ahead_;
+    starved_ = other.starved_;
     io_ = other.io_;
     context_ = std::move(other.context_);
     peer_name_ = std::move(other.peer_name_);
@@ -504,7 +506,9 @@ int TlsStream::read_ahead(BIO* bio, char* out, std::size_t want, std::size_t* go
 }
 
 bool TlsStream::drained() const {
-  return tcp_.drained() && SSL_has_pending(ssl_) == 0 && ahead_begin_ == ahead_end_;
+  // A record cut short (its last bytes never sent) stays in OpenSSL's buffer: a read parks on
+  // the socket all the same, and the connection's timeouts must apply to that wait.
+  return tcp_.drained() && (starved_ || (SSL_has_pending(ssl_) == 0 && ahead_begin_ == ahead_end_));
 }
 
 TlsStream::~TlsStream() {
@@ -525,10 +529,15 @@ Result<int> TlsStream::drive(Deadline deadline, Op&& op) {
   ++io_;
   for (;;) {
     int r = op();
-    if (r > 0) return r;
+    if (r > 0) {
+      starved_ = false;  // (a handshake's last read may have taken a whole record ahead)
+      return r;
+    }
     int error = SSL_get_error(ssl_, r);
     switch (error) {
       case SSL_ERROR_WANT_READ:
+        // Every whole record taken: what OpenSSL holds now is at most part of one.
+        starved_ = true;
         if (auto ec = tcp_.wait(IoDirection::kRead, deadline)) return fail(ec);
         continue;
       case SSL_ERROR_WANT_WRITE:

@@ -579,12 +579,13 @@ bool Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
     }
     if (buffer.data() == nullptr) buffer = take_buffer();
     // Bytes are there (or the reactor said so): a read that finds none instead notes the
-    // stream drained and comes back here to wait as above. (TLS may need to wait for the
-    // socket to take its own bytes first: then the read waits, as long as it must.)
+    // stream drained (a TLS record cut short included) and comes back here to wait as above.
+    // (TLS may need to wait for the socket to take its own bytes first: then the read waits
+    // as a write does, within the write timeout.)
     auto n = stream_.read(buffer.span(), Deadline::no_wait());
     if (!n && n.error() == std::errc::timed_out) {
       if (stream_.drained()) continue;
-      n = stream_.read(buffer.span(), Deadline::never());
+      n = stream_.read(buffer.span(), Deadline::after(shared_.options.write_timeout));
     }
     if (!n || *n == 0) break;  // the connection failed, was stopped, or the client closed it
     ok = session_.receive(bytes_of({buffer.data(), *n}));

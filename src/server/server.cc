@@ -257,7 +257,7 @@ void close_idle_connections(WorkerState& worker) {
 detail::ConnectionState::ConnectionState(Stream s, std::shared_ptr<HttpServer::Shared> sh,
                                          WorkerState& w)
     : stream(std::move(s)), shared(std::move(sh)), worker(&w) {
-  ++worker->open;
+  // (Counted in worker->open since its accept: serve_accepted.)
   shared->active.add();
   if (stream.tls() != nullptr) {
     if (!worker->tls_buffers) {
@@ -416,18 +416,32 @@ void serve_accepted(const std::shared_ptr<HttpServer::Shared>& shared, TcpStream
     if (!options.tls) (void)tcp.write_all(kOverloaded, Deadline::after(std::chrono::seconds(1)));
     return;
   }
+  // Counted from its accept, as nginx's worker_connections and haproxy's maxconn count: a
+  // connection in its TLS handshake holds a socket and OpenSSL's state as one served does.
+  // The count passes to the connection (its destructor uncounts it).
+  struct Place {
+    std::size_t* open;
+    ~Place() {
+      if (open != nullptr) --*open;
+    }
+  } place{&++worker.open};
   Stream stream;
   bool h2 = false;
   if (options.tls) {
     auto tls =
         TlsStream::accept(std::move(tcp), options.tls, Deadline::after(options.handshake_timeout));
     if (!tls) return;  // a bad or stalled handshake: closed, nothing to answer
-    h2 = options.http2 && tls->alpn() == "h2";
+    // HTTP/2 as ALPN chose it; with `only`, also for a client that sent no ALPN (HTTP/2 by
+    // prior knowledge over TLS, as haproxy's `proto h2` and Envoy's HTTP2 codec do): such a
+    // connection is never answered in HTTP/1.1 (a request that is not HTTP/2's preface ends
+    // it unanswered, as in cleartext).
+    h2 = options.http2 && (tls->alpn() == "h2" || (options.http2_only && tls->alpn().empty()));
     stream = Stream(std::move(*tls));
   } else {
     stream = Stream(std::move(tcp));
   }
   auto state = std::make_unique<ConnectionState>(std::move(stream), shared, worker);
+  place.open = nullptr;
   run_connection(std::move(state), h2);
 }
 

@@ -172,8 +172,9 @@ namespace detail {
 /// One client connection, from accept to close: its socket, and what it keeps between
 /// requests. The one owner of the connection (through ConnectionPtr, or a worker's idle or
 /// ready list while no fiber serves it); its constructor and destructor alone count it in the
-/// worker's `open` and the server's `active`, so whatever is thrown, a connection that ends is
-/// closed and uncounted. While it is idle this is all there is of it: no fiber, no stack, no
+/// server's `active`, and its destructor uncounts it from the worker's `open` (counted since its
+/// accept, handshake included: serve_accepted), so whatever is thrown, a connection that ends
+/// is closed and uncounted. While it is idle this is all there is of it: no fiber, no stack, no
 /// read buffer.
 struct ConnectionState {
   ConnectionState(Stream s, std::shared_ptr<HttpServer::Shared> sh, WorkerState& w);

@@ -188,8 +188,9 @@ class TlsStream {
   /// True if decrypted or undecrypted bytes wait in OpenSSL's buffers (a read would not block).
   bool has_pending() const;
   /// True if the last read of the socket came back shorter than asked or would have blocked,
-  /// nothing has arrived since, and OpenSSL holds nothing: a read would park (read() then
-  /// waits without calling OpenSSL), as TcpStream::drained().
+  /// nothing has arrived since, and OpenSSL holds nothing but part of a record (a record whose
+  /// last bytes have not come): a read would park (read() then waits without calling
+  /// OpenSSL), as TcpStream::drained().
   bool drained() const;
   /// The protocol ALPN chose ("" if none).
   std::string_view alpn() const;
@@ -242,6 +243,9 @@ class TlsStream {
   std::uint32_t ahead_begin_ = 0;
   std::uint32_t ahead_end_ = 0;
   bool reads_ahead_ = false;
+  /// The last OpenSSL call wanted more bytes from the socket and none came since it: what
+  /// OpenSSL holds, if anything, is part of a record (drained()).
+  bool starved_ = false;
   /// io_count().
   std::uint32_t io_ = 0;
   /// Keeps the context (and its SSL_CTXs) alive as long as the connection.
