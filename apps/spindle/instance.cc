@@ -286,7 +286,9 @@ void Instance::rediscover() {
   }
   gateways_.publish(gateway);
   connections_.retain(endpoint_keys(gateway.get()));
+  std::set<const proxy::UpstreamConfig*> said;  // (an upstream's variants have one answer)
   for (const auto& u : gateway->upstreams()) {
+    if (!said.insert(u.config).second) continue;
     std::string targets;
     for (const auto& t : u.targets)
       targets += (targets.empty() ? "" : ", ") + t.endpoint.address.to_string();
