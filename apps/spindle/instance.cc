@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <set>
 #include <unordered_set>
@@ -60,8 +61,9 @@ void Instance::announce(std::string line) {
     held_lines_ += line;
     return;
   }
-  fmt::print("{}", line);
-  std::fflush(stdout);
+  // Through the one writer to standard output (after the access lines before it), never
+  // dropped, and never waited for: a reader that stopped cannot hold a reload.
+  LogOutput::standard_output().write(line, 1, LogOutput::kDirect | LogOutput::kKeep);
 }
 
 void Instance::release_listening_lines() {
@@ -92,16 +94,49 @@ std::expected<Instance::Prepared, std::string> Instance::prepare(
   if (server.access_log.enabled) {
     auto format = server.access_log.format == "json" ? http::AccessLog::Format::kJson
                                                      : http::AccessLog::Format::kCombined;
-    auto log = http::AccessLog::open(runtime_, server.access_log.path, format);
-    if (!log) {
-      return std::unexpected(
-          fmt::format("access log {}: {}", server.access_log.path, log.error().message()));
-    }
-    options.access_log = std::move(*log);
+    auto output = log_output(server.access_log);
+    if (!output) return std::unexpected(output.error());
+    options.access_log = http::AccessLog::open(runtime_, std::move(*output), format);
   }
   return Prepared{
       server.listen, server.fingerprint, server.key(), std::move(*router), std::move(options), {},
       false};
+}
+
+std::expected<std::shared_ptr<LogOutput>, std::string> Instance::log_output(
+    const proxy::AccessLogConfig& log) {
+  auto& slot = preparing_outputs_[log.path];
+  if (!slot) {
+    if (auto kept = outputs_.find(log.path); kept != outputs_.end()) {
+      slot = kept->second;
+    } else if (log.path == "-") {
+      // The process's one writer to standard output (held, not owned: it is never destroyed).
+      slot = std::shared_ptr<LogOutput>(std::shared_ptr<void>(), &LogOutput::standard_output());
+    } else {
+      auto opened = LogOutput::open(log.path, log.buffer);
+      if (!opened) {
+        preparing_outputs_.erase(log.path);
+        return std::unexpected(
+            fmt::format("access log {}: {}", log.path, opened.error().message()));
+      }
+      slot = std::move(*opened);
+    }
+    slot->set_max_pending(log.buffer);
+  } else {
+    // Servers sharing a file: the largest of their bounds.
+    slot->set_max_pending(std::max(log.buffer, slot->max_pending()));
+  }
+  return slot;
+}
+
+void Instance::reopen_logs() {
+  for (const auto& [path, output] : outputs_) {
+    if (output->path().empty()) continue;
+    if (auto failed = output->reopen()) {
+      log_error("access log {}: cannot open it again ({}): lines go on to the file it was", path,
+                failed.message());
+    }
+  }
 }
 
 std::expected<std::shared_ptr<proxy::Gateway>, std::string> Instance::build_gateway(
@@ -213,6 +248,7 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
     log_warn("huge_page_stacks: a change takes effect on restart");
   }
   // 1. Everything that can fail, while the configuration in force serves on untouched.
+  preparing_outputs_.clear();
   std::set<std::string> hosts, srv;
   std::optional<proxy::DnsAnswers> answers;
   auto gateway = build_gateway(config, hosts, srv, answers);
@@ -247,6 +283,12 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   connections_.retain(endpoint_keys(gateway->get()));
   discovery_.keep(config.dns, hosts, srv);
   switch_listeners(*prepared, *opened);
+  // A log file kept from the configuration before is opened again: a reload after logrotate
+  // renamed it writes to the new file (as SIGUSR1 does).
+  for (const auto& [path, output] : preparing_outputs_) {
+    if (outputs_.contains(path) && !output->path().empty()) (void)output->reopen();
+  }
+  outputs_ = std::exchange(preparing_outputs_, {});
   if (*gateway) (*gateway)->start_probes(runtime_, connections_);
   if (gateway_) gateway_->stop_probes();
   gateway_ = std::move(*gateway);
@@ -313,8 +355,11 @@ void Instance::refresh() {
   for (const auto& [identity, listener] : listeners_) {
     counts.emplace_back(identity, listener.server->connections());
   }
+  std::vector<std::shared_ptr<LogOutput>> outputs;
+  for (const auto& [path, output] : outputs_) outputs.push_back(output);
   std::lock_guard guard(shown_lock_);
   shown_connections_ = std::move(counts);
+  shown_outputs_ = std::move(outputs);
 }
 
 http::Router Instance::admin_router() {
@@ -373,7 +418,39 @@ std::string Instance::process_metrics() {
   sample(out, "spindle_dns_stale_answers", "", static_cast<double>(discovery_.stale()));
   family(out, "spindle_ready", "gauge", "1 while serving, 0 once draining.");
   sample(out, "spindle_ready", "", ready() ? 1 : 0);
+  log_metrics(out);
   return out;
+}
+
+void Instance::log_metrics(std::string& out) {
+  using namespace proxy::prometheus;
+  // The access logs' outputs in force and the error log (standard error), each once.
+  std::vector<const LogOutput*> outputs{&LogOutput::standard_error()};
+  {
+    std::lock_guard guard(shown_lock_);
+    for (const auto& output : shown_outputs_) {
+      if (std::ranges::find(outputs, output.get()) == outputs.end()) {
+        outputs.push_back(output.get());
+      }
+    }
+  }
+  family(out, "spindle_log_lines_dropped_total", "counter",
+         "Log lines dropped: their output took them slower than they came (past its buffer), "
+         "or failed.");
+  for (const LogOutput* output : outputs) {
+    sample(out, "spindle_log_lines_dropped_total",
+           fmt::format("output=\"{}\"", escape(output->name())),
+           static_cast<double>(output->dropped_lines()));
+  }
+  family(out, "spindle_log_bytes_pending", "gauge", "Log bytes waiting for their output.");
+  for (const LogOutput* output : outputs) {
+    sample(out, "spindle_log_bytes_pending", fmt::format("output=\"{}\"", escape(output->name())),
+           static_cast<double>(output->pending_bytes()));
+  }
+  family(out, "spindle_log_lines_suppressed_total", "counter",
+         "Error log lines left out: their place in the code wrote its most lines that second.");
+  sample(out, "spindle_log_lines_suppressed_total", "",
+         static_cast<double>(log_lines_suppressed()));
 }
 
 void Instance::retire(std::unique_ptr<http::HttpServer> server) {
@@ -417,6 +494,11 @@ bool Instance::shutdown(std::chrono::milliseconds gentle) {
   for (auto& thread : retiring_) thread.join();
   retiring_.clear();
   if (gateway_) gateway_->stop_probes();
+  // The logs write what waits for as long as the drain time lasts, and no longer: an output
+  // that does not take it (a reader that stopped) cannot hold the exit.
+  for (const auto& [path, output] : outputs_) output->finish_by(deadline.when());
+  LogOutput::standard_output().finish_by(deadline.when());
+  LogOutput::standard_error().finish_by(deadline.when());
   return clean;
 }
 

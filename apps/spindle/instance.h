@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "handover.h"
+#include "spindle/base/log_output.h"
 #include "spindle/client/exchange.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/proxy/config.h"
@@ -85,6 +86,11 @@ class Instance {
   /// Readable when discovery has news (changed answers, names ready).
   int dns_fd() const { return discovery_.fd(); }
 
+  /// Opens the access log files again, at their paths (logrotate renamed them and sends
+  /// SIGUSR1; a reload does it too): lines from now on go to the new files. A file that cannot
+  /// be opened is said in the log, and its old one goes on.
+  void reopen_logs();
+
   /// Reloads tried, and how they ended (for the admin listener).
   struct ReloadCounts {
     std::atomic<std::uint64_t> succeeded{0};
@@ -119,6 +125,10 @@ class Instance {
     bool admin = false;
   };
   std::expected<Prepared, std::string> prepare(const proxy::ServerConfig& server);
+  /// The output of `log`'s path for the configuration being prepared: the one in force for
+  /// that path (one writer per file, kept across reloads), or a new one.
+  std::expected<std::shared_ptr<LogOutput>, std::string> log_output(
+      const proxy::AccessLogConfig& log);
   /// apply()'s first step: the gateway for `config` (nullptr without routes), with its target
   /// and SRV names (`hosts`, `srv`) as discovery last answered them (`answers`; names it has
   /// no answer for yet have no target); or why it cannot be built.
@@ -143,6 +153,8 @@ class Instance {
   http::Router admin_router();
   /// The process's own part of /metrics.
   std::string process_metrics();
+  /// The logs' part of it: lines dropped and bytes waiting per output, lines suppressed.
+  void log_metrics(std::string& out);
 
   Runtime& runtime_;
   proxy::HealthRegistry health_;
@@ -155,6 +167,11 @@ class Instance {
   proxy::Proxy forwarder_;
   proxy::Config config_;
   std::shared_ptr<proxy::Gateway> gateway_;
+  /// The access logs' outputs by path ("-": standard output), of the configuration in force
+  /// (outputs_) and of the one being prepared (preparing_outputs_). Declared before the
+  /// listeners, whose logs write to them, so that they are destroyed after.
+  std::map<std::string, std::shared_ptr<LogOutput>> outputs_;
+  std::map<std::string, std::shared_ptr<LogOutput>> preparing_outputs_;
   /// By listen address (for an ephemeral port, its place in the list as well).
   std::map<std::string, Listener> listeners_;
   /// Servers draining after a reload removed them.
@@ -167,6 +184,7 @@ class Instance {
   mutable std::mutex shown_lock_;
   std::string shown_config_;
   std::vector<std::pair<std::string, std::size_t>> shown_connections_;
+  std::vector<std::shared_ptr<LogOutput>> shown_outputs_;
   std::atomic<std::int64_t> last_reload_unix_{0};
   bool started_ = false;
 };

@@ -436,6 +436,10 @@ class MainLoop {
     if (::read(signal_fd_, &info, sizeof info) != sizeof info) return;
     if (info.ssi_signo == SIGHUP) {
       on_sighup();
+    } else if (info.ssi_signo == SIGUSR1) {
+      // logrotate's "reopen" (as nginx and Envoy take it): the files were renamed.
+      instance_.reopen_logs();
+      log_info("SIGUSR1: access log files opened again");
     } else if (info.ssi_signo == SIGUSR2) {
       std::string outcome = upgrade_now();
       if (outcome.starts_with("error ")) log_error("upgrade (SIGUSR2): {}", outcome.substr(6));
@@ -535,7 +539,7 @@ int serve(const ServeFlags& command_line) {
     return 1;
   }
   // Before the runtime, so that its threads inherit the blocked mask.
-  SignalSet signals{SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGUSR2};
+  SignalSet signals{SIGINT, SIGTERM, SIGQUIT, SIGHUP, SIGUSR1, SIGUSR2};
   auto signal_fd = signals.open_fd();
   if (!signal_fd) {
     fmt::print(stderr, "spindle: signalfd: {}\n", signal_fd.error().message());

@@ -41,7 +41,9 @@ bool notify(std::string_view state) {
   socklen_t length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + where.size());
   int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
-  ssize_t sent = ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL,
+  // Never waited for: a service manager that does not read its socket cannot hold a reload
+  // or a shutdown (the message is lost, and said).
+  ssize_t sent = ::sendto(fd, state.data(), state.size(), MSG_NOSIGNAL | MSG_DONTWAIT,
                           reinterpret_cast<const sockaddr*>(&address), length);
   int error = errno;
   ::close(fd);

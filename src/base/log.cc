@@ -1,11 +1,14 @@
 #include "spindle/base/log.h"
 
 #include <fmt/chrono.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "spindle/base/log_output.h"
 
 namespace spindle {
 namespace {
@@ -33,24 +36,141 @@ std::string_view base_name(const char* path) {
   return slash ? slash + 1 : path;
 }
 
-}  // namespace
+// ---- the per-place limit ----------------------------------------------------------------------
 
-void set_log_level(LogLevel level) { g_level.store(level, std::memory_order_relaxed); }
+using Clock = std::chrono::steady_clock;
+constexpr auto kLogInterval = std::chrono::seconds(1);
 
-LogLevel log_level() { return g_level.load(std::memory_order_relaxed); }
+// One place in the code that logs: its lines this interval, and those left out.
+struct Place {
+  std::source_location where;
+  LogLevel level = LogLevel::kInfo;
+  Clock::time_point since{};
+  unsigned written = 0;
+  std::uint64_t suppressed = 0;
+};
 
-namespace detail {
+struct PlaceKey {
+  const char* file;
+  std::uint_least32_t line;
+  bool operator==(const PlaceKey&) const = default;
+};
+struct PlaceHash {
+  std::size_t operator()(const PlaceKey& k) const {
+    return std::hash<const void*>()(k.file) ^ (std::size_t{k.line} * 0x9e3779b97f4a7c15u);
+  }
+};
 
-void write_log_line(LogLevel level, const std::source_location& where, std::string_view message) {
+// The places that logged (as many as the code has), never destroyed: a line may be logged
+// until the process ends, from any thread.
+struct Places {
+  std::mutex lock;
+  std::unordered_map<PlaceKey, Place, PlaceHash> by_place;
+  std::atomic<std::uint64_t> suppressed{0};
+};
+Places& places() {
+  static Places* const made = new Places();
+  return *made;
+}
+
+void write_line(LogLevel level, const std::source_location& where, std::string_view message);
+
+// Says how many lines `place` left out, if any, and starts its next interval at `now`.
+void report_suppressed(Place& place, Clock::time_point now) {
+  if (place.suppressed != 0) {
+    auto seconds = std::chrono::duration<double>(now - place.since).count();
+    write_line(place.level, place.where,
+               fmt::format("({} similar line(s) suppressed in the last {:.1f} s)", place.suppressed,
+                           seconds));
+  }
+  place.since = now;
+  place.written = 0;
+  place.suppressed = 0;
+}
+
+// Once a second, from the error log's writer: the counts of the intervals that are over, even
+// when their places logged nothing since.
+void report_ended_intervals() {
+  Places& all = places();
+  auto now = Clock::now();
+  std::lock_guard guard(all.lock);
+  for (auto& [key, place] : all.by_place) {
+    if (place.suppressed != 0 && now - place.since >= kLogInterval) report_suppressed(place, now);
+  }
+}
+
+LogOutput& error_output() {
+  static LogOutput& output = []() -> LogOutput& {
+    LogOutput& made = LogOutput::standard_error();
+    made.on_tick(&report_ended_intervals);
+    return made;
+  }();
+  return output;
+}
+
+void write_line(LogLevel level, const std::source_location& where, std::string_view message) {
   auto now = std::chrono::system_clock::now();
   auto seconds = std::chrono::floor<std::chrono::seconds>(now);
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - seconds).count();
   fmt::memory_buffer line;
   fmt::format_to(std::back_inserter(line), "{:%Y-%m-%dT%H:%M:%S}.{:03}Z {} {}:{} {}\n", seconds, ms,
                  level_name(level), base_name(where.file_name()), where.line(), message);
-  // One write so that lines from different threads do not interleave.
-  [[maybe_unused]] auto n = ::write(STDERR_FILENO, line.data(), line.size());
+  // One write, so that lines from different threads do not interleave; at once when stderr
+  // takes it, else queued (within a bound) for the error log's writer: never waited for.
+  error_output().write({line.data(), line.size()}, 1, LogOutput::kDirect);
+}
+
+}  // namespace
+
+void set_log_level(LogLevel level) { g_level.store(level, std::memory_order_relaxed); }
+
+LogLevel log_level() { return g_level.load(std::memory_order_relaxed); }
+
+std::uint64_t log_lines_suppressed() { return places().suppressed.load(std::memory_order_relaxed); }
+
+namespace detail {
+
+void write_log_line(LogLevel level, const std::source_location& where, std::string_view message) {
+  write_line(level, where, message);
+}
+
+bool log_line_allowed(LogLevel level, const std::source_location& where) {
+  Places& all = places();
+  auto now = Clock::now();
+  std::lock_guard guard(all.lock);
+  Place& place = all.by_place[PlaceKey{where.file_name(), where.line()}];
+  if (place.written == 0 && place.suppressed == 0) {
+    place.where = where;
+    place.level = level;
+  }
+  if (now - place.since >= kLogInterval) report_suppressed(place, now);
+  if (place.written < kLogBurst) {
+    ++place.written;
+    return true;
+  }
+  ++place.suppressed;
+  all.suppressed.fetch_add(1, std::memory_order_relaxed);
+  return false;
 }
 
 }  // namespace detail
 }  // namespace spindle
+
+fmt::format_context::iterator fmt::formatter<spindle::detail::LogText>::format(
+    const spindle::detail::LogText& text, fmt::format_context& context) const {
+  std::string_view shown = text.text.substr(0, spindle::kMaxLogText);
+  std::string out;
+  out.reserve(shown.size() + 16);
+  for (char c : shown) {
+    auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      fmt::format_to(std::back_inserter(out), "\\x{:02x}", u);
+    } else {
+      out += c;
+    }
+  }
+  if (text.text.size() > shown.size()) {
+    fmt::format_to(std::back_inserter(out), "...({} more bytes)", text.text.size() - shown.size());
+  }
+  return fmt::formatter<std::string_view>::format(out, context);
+}

@@ -66,9 +66,11 @@ void read_access_log(const ConfigReader& server, AccessLogConfig& log) {
     server.fail_key("access_log", "expected off, or a mapping with path/format");
   }
   ConfigReader r = server.nested("access_log");
-  r.only({"path", "format"});
+  r.only({"path", "format", "buffer"});
   log.path = r.string("path", log.path);
   log.format = r.string("format", log.format);
+  log.buffer = r.size("buffer", log.buffer);
+  if (log.buffer < 64 * 1024) r.fail_key("buffer", "at least 64k (a few batches of lines)");
   if (log.path.empty()) r.fail_key("path", "expected a file, or - for standard output");
   if (log.format != "combined" && log.format != "json") {
     r.fail_key("format", "expected combined or json");

@@ -1,9 +1,7 @@
 #include "spindle/server/access_log.h"
 
-#include <fcntl.h>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include "spindle/base/log.h"
 #include "spindle/fiber/runtime.h"
@@ -37,17 +35,12 @@ void append_escaped(std::string& out, std::string_view text, bool json) {
 
 }  // namespace
 
-AccessLog::AccessLog(UniqueFd fd, Format format, std::size_t workers)
-    : fd_(std::move(fd)), format_(format), buffers_(workers) {
-  writer_ = std::thread([this] { write_loop(); });
-}
+AccessLog::AccessLog(std::shared_ptr<LogOutput> output, Format format, std::size_t workers)
+    : output_(std::move(output)), format_(format), buffers_(workers) {}
 
-Result<std::shared_ptr<AccessLog>> AccessLog::open(Runtime& runtime, const std::string& path,
-                                                   Format format) {
-  UniqueFd fd(path == "-" ? ::dup(STDOUT_FILENO)
-                          : ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-  if (!fd) return fail_errno();
-  std::shared_ptr<AccessLog> log(new AccessLog(std::move(fd), format, runtime.size()));
+std::shared_ptr<AccessLog> AccessLog::open(Runtime& runtime, std::shared_ptr<LogOutput> output,
+                                           Format format) {
+  std::shared_ptr<AccessLog> log(new AccessLog(std::move(output), format, runtime.size()));
   // A quiet worker still gets its last lines out within a second or two.
   for (std::size_t i = 0; i < runtime.size(); ++i) {
     spawn_on(runtime.worker(i), [weak = std::weak_ptr<AccessLog>(log), i] {
@@ -62,16 +55,24 @@ Result<std::shared_ptr<AccessLog>> AccessLog::open(Runtime& runtime, const std::
   return log;
 }
 
-AccessLog::~AccessLog() {
-  {
-    std::lock_guard lock(mutex_);
-    for (auto& b : buffers_) {
-      if (!b.text.empty()) queue_.push_back(std::move(b.text));
-    }
-    stopping_ = true;
+Result<std::shared_ptr<AccessLog>> AccessLog::open(Runtime& runtime, const std::string& path,
+                                                   Format format, std::size_t max_pending) {
+  std::shared_ptr<LogOutput> output;
+  if (path == "-") {
+    // The process's one writer to standard output, never destroyed: held without owning it.
+    output = std::shared_ptr<LogOutput>(std::shared_ptr<void>(), &LogOutput::standard_output());
+  } else {
+    auto opened = LogOutput::open(path, max_pending);
+    if (!opened) return fail(opened.error());
+    output = std::move(*opened);
   }
-  ready_.notify_one();
-  writer_.join();
+  return open(runtime, std::move(output), format);
+}
+
+AccessLog::~AccessLog() {
+  for (auto& b : buffers_) {
+    if (!b.text.empty()) hand_off(b);
+  }
 }
 
 void AccessLog::record(const AccessRecord& record) {
@@ -79,42 +80,16 @@ void AccessLog::record(const AccessRecord& record) {
   if (!worker) return;
   WorkerBuffer& buffer = buffers_[worker->index()];
   format(buffer.text, format_, record, std::chrono::system_clock::now());
+  ++buffer.lines;
   if (buffer.text.size() >= kHandOffBytes) hand_off(buffer);
 }
 
 void AccessLog::hand_off(WorkerBuffer& buffer) {
-  std::string batch;
-  batch.swap(buffer.text);
-  buffer.text.reserve(kHandOffBytes + 1024);
-  {
-    std::lock_guard lock(mutex_);
-    queue_.push_back(std::move(batch));
-  }
-  ready_.notify_one();
-}
-
-void AccessLog::write_loop() {
-  for (;;) {
-    std::deque<std::string> batches;
-    {
-      std::unique_lock lock(mutex_);
-      ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      batches.swap(queue_);
-      if (batches.empty() && stopping_) return;
-    }
-    for (const std::string& batch : batches) {
-      std::string_view rest = batch;
-      while (!rest.empty()) {
-        ssize_t n = ::write(fd_.get(), rest.data(), rest.size());
-        if (n < 0) {
-          if (errno == EINTR) continue;
-          log_error("access log: write failed: {}", last_errno().message());
-          break;
-        }
-        rest.remove_prefix(static_cast<std::size_t>(n));
-      }
-    }
-  }
+  // (The output copies what it keeps; past its bound it drops the batch and counts its lines.)
+  (void)output_->write(buffer.text, buffer.lines);
+  buffer.text.clear();
+  buffer.lines = 0;
+  if (buffer.text.capacity() > 4 * kHandOffBytes) buffer.text.shrink_to_fit();
 }
 
 void AccessLog::format(std::string& out, Format format, const AccessRecord& r,

@@ -79,6 +79,7 @@ SAMPLES = {
     "servers[].timeouts.handshake": "3s",
     "servers[].access_log.path": "{tmp}/access.log",
     "servers[].access_log.format": "json",
+    "servers[].access_log.buffer": "8m",
     "servers[].name": "edge",
     "servers[].trusted_proxies": "[10.0.0.0/8, '::1']",
     "routes": None,

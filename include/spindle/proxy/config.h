@@ -38,6 +38,9 @@ struct AccessLogConfig {
   std::string path = "-";
   /// "combined" (Apache/nginx combined format) or "json" (one JSON object per line).
   std::string format = "combined";
+  /// Most bytes of lines waiting to be written (an output slower than the lines come, a
+  /// reader that stopped); lines past it are dropped and counted.
+  std::size_t buffer = 4 << 20;
 };
 
 /// One `servers` entry.

@@ -1,24 +1,21 @@
 #pragma once
-/// AccessLog: one line per request, in the combined format or as JSON lines, written in
-/// batches by a helper thread so that no request waits for the disk. Each worker appends to
-/// its own buffer (no lock); a buffer is handed to the writer when it reaches 32 KiB or once a
-/// second.
+/// AccessLog: one line per request, in the combined format or as JSON lines. Each worker
+/// appends to its own buffer (no lock); a buffer is handed to the log's output (a LogOutput:
+/// written by a thread of its own, so that no request waits for the disk or a reader) when it
+/// reaches 32 KiB or once a second. What waits for the output is bounded: past its bound,
+/// lines are dropped and counted (LogOutput).
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "spindle/base/error.h"
-#include "spindle/io/unique_fd.h"
+#include "spindle/base/log_output.h"
 
 namespace spindle {
 class Runtime;
@@ -56,16 +53,24 @@ class AccessLog {
   /// The line format.
   enum class Format { kCombined, kJson };
 
-  /// Opens `path` for appending ("-" is standard output) and starts the writer thread and a
-  /// flusher fiber on each worker of `runtime`. Fails with the open error.
+  /// Writes to `output` (shared: several logs may write to one file, each line whole), and
+  /// starts a flusher fiber on each worker of `runtime`.
+  [[nodiscard]] static std::shared_ptr<AccessLog> open(Runtime& runtime,
+                                                       std::shared_ptr<LogOutput> output,
+                                                       Format format);
+  /// Opens `path` for appending ("-" is standard output, LogOutput::standard_output()),
+  /// bounded at `max_pending` bytes waiting. Fails with the open error.
   [[nodiscard]] static Result<std::shared_ptr<AccessLog>> open(Runtime& runtime,
                                                                const std::string& path,
-                                                               Format format);
-  /// Hands everything over and waits for the writer.
+                                                               Format format,
+                                                               std::size_t max_pending = 4 << 20);
+  /// Hands what the workers' buffers hold to the output (which writes it within its bound).
   ~AccessLog();
 
   /// Formats `record` into the calling worker's buffer. Worker threads only.
   void record(const AccessRecord& record);
+  /// The output it writes to.
+  const std::shared_ptr<LogOutput>& output() const { return output_; }
 
   /// Formats one line (for tests and other sinks), with `now` as the time of the request.
   static void format(std::string& out, Format format, const AccessRecord& record,
@@ -74,23 +79,17 @@ class AccessLog {
  private:
   struct alignas(64) WorkerBuffer {
     std::string text;
-    std::chrono::steady_clock::time_point last_handoff{};
+    /// Lines in text.
+    std::size_t lines = 0;
   };
 
-  AccessLog(UniqueFd fd, Format format, std::size_t workers);
-  /// Passes a worker's buffer to the writer thread.
+  AccessLog(std::shared_ptr<LogOutput> output, Format format, std::size_t workers);
+  /// Passes a worker's buffer to the output.
   void hand_off(WorkerBuffer& buffer);
-  /// The writer thread's body.
-  void write_loop();
 
-  UniqueFd fd_;
+  std::shared_ptr<LogOutput> output_;
   Format format_;
   std::vector<WorkerBuffer> buffers_;
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::deque<std::string> queue_;
-  bool stopping_ = false;
-  std::thread writer_;
 };
 
 }  // namespace spindle::http
