@@ -234,3 +234,34 @@ def test_http2_only_never_answers_http1_to_a_client_without_alpn(build_dir, tmp_
             RawTls(server, ["http/1.1"])
     finally:
         assert server.stop() == 0
+
+
+def test_a_record_cut_short_while_a_stream_runs_is_held_no_longer_once_it_ends(build_dir,
+                                                                             tmp_path, certs):
+    # The stream's handler waits on a slow upstream; meanwhile a record comes without its last
+    # byte. Once the answer is out, the connection is idle with part of a record in OpenSSL:
+    # the keep-alive timeout (1 s) applies, as to any idle connection.
+    from proxy_support import upstream
+    slow = upstream(build_dir, "slow")
+    server = serve(build_dir, tmp_path, certs, extra=f"""
+routes:
+  - {{name: slow, match: {{path_prefix: /delay/}}, service: slow}}
+services:
+  slow: {{url: "http://127.0.0.1:{slow.port}"}}
+""")
+    try:
+        c = RawTls(server, ["h2"])
+        conn, first = h2_preface_and_get("/delay/1500")
+        c.sock.sendall(c.record(first))
+        time.sleep(0.3)  # the stream is open, its handler waiting
+        conn.ping(b"87654321")
+        record = c.record(conn.data_to_send())
+        c.sock.sendall(record[:-1])
+        c.read_until(b"late")  # the answer (/delay/MS says "late") comes
+        answered = time.monotonic()
+        assert closed_within(c.sock, 6), "held after its last stream ended"
+        assert time.monotonic() - answered < 6
+        c.close()
+    finally:
+        assert server.stop() == 0
+        slow.stop()
