@@ -1,6 +1,7 @@
 #include "spindle/base/log.h"
 
 #include <fmt/chrono.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -8,6 +9,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "log_internal.h"
 #include "spindle/base/log_output.h"
 
 namespace spindle {
@@ -61,16 +63,28 @@ struct PlaceHash {
   }
 };
 
-// The places that logged (as many as the code has), never destroyed: a line may be logged
-// until the process ends, from any thread.
+// The places that logged (as many as the code has), made on first use and freed at exit
+// (free_log_places), after the writer that reads it stopped; a line logged after that is not
+// limited.
 struct Places {
   std::mutex lock;
   std::unordered_map<PlaceKey, Place, PlaceHash> by_place;
-  std::atomic<std::uint64_t> suppressed{0};
 };
-Places& places() {
-  static Places* const made = new Places();
-  return *made;
+std::atomic<Places*> g_places{nullptr};
+std::atomic<bool> g_places_freed{false};
+std::atomic<bool> g_closing{false};  // the exit handler began (mark_logs_closing)
+std::atomic<std::uint64_t> g_suppressed{0};
+
+// The table, or nullptr once freed.
+Places* places() {
+  if (Places* made = g_places.load(std::memory_order_acquire)) return made;
+  if (g_places_freed.load()) return nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    detail::close_logs_at_exit();
+    g_places.store(new Places(), std::memory_order_release);
+  });
+  return g_places.load(std::memory_order_acquire);
 }
 
 void write_line(LogLevel level, const std::source_location& where, std::string_view message);
@@ -91,21 +105,24 @@ void report_suppressed(Place& place, Clock::time_point now) {
 // Once a second, from the error log's writer: the counts of the intervals that are over, even
 // when their places logged nothing since.
 void report_ended_intervals() {
-  Places& all = places();
+  Places* all = places();
+  if (all == nullptr) return;
   auto now = Clock::now();
-  std::lock_guard guard(all.lock);
-  for (auto& [key, place] : all.by_place) {
+  std::lock_guard guard(all->lock);
+  for (auto& [key, place] : all->by_place) {
     if (place.suppressed != 0 && now - place.since >= kLogInterval) report_suppressed(place, now);
   }
 }
 
-LogOutput& error_output() {
-  static LogOutput& output = []() -> LogOutput& {
-    LogOutput& made = LogOutput::standard_error();
-    made.on_tick(&report_ended_intervals);
-    return made;
+// The error log's writer (nullptr once freed at exit), ticking for report_ended_intervals.
+LogOutput* error_output() {
+  if (g_closing.load(std::memory_order_relaxed)) return LogOutput::standard_error_if_open();
+  static const bool ticking = [] {
+    LogOutput::standard_error().on_tick(&report_ended_intervals);
+    return true;
   }();
-  return output;
+  (void)ticking;
+  return LogOutput::standard_error_if_open();
 }
 
 void write_line(LogLevel level, const std::source_location& where, std::string_view message) {
@@ -117,7 +134,11 @@ void write_line(LogLevel level, const std::source_location& where, std::string_v
                  level_name(level), base_name(where.file_name()), where.line(), message);
   // One write, so that lines from different threads do not interleave; at once when stderr
   // takes it, else queued (within a bound) for the error log's writer: never waited for.
-  error_output().write({line.data(), line.size()}, 1, LogOutput::kDirect);
+  if (LogOutput* output = error_output()) {
+    output->write({line.data(), line.size()}, 1, LogOutput::kDirect);
+  } else {
+    [[maybe_unused]] auto n = ::write(STDERR_FILENO, line.data(), line.size());  // at exit
+  }
 }
 
 }  // namespace
@@ -126,7 +147,7 @@ void set_log_level(LogLevel level) { g_level.store(level, std::memory_order_rela
 
 LogLevel log_level() { return g_level.load(std::memory_order_relaxed); }
 
-std::uint64_t log_lines_suppressed() { return places().suppressed.load(std::memory_order_relaxed); }
+std::uint64_t log_lines_suppressed() { return g_suppressed.load(std::memory_order_relaxed); }
 
 namespace detail {
 
@@ -134,11 +155,19 @@ void write_log_line(LogLevel level, const std::source_location& where, std::stri
   write_line(level, where, message);
 }
 
+void mark_logs_closing() { g_closing.store(true); }
+
+void free_log_places() {
+  g_places_freed.store(true);
+  delete g_places.exchange(nullptr);
+}
+
 bool log_line_allowed(LogLevel level, const std::source_location& where) {
-  Places& all = places();
+  Places* all = places();
+  if (all == nullptr) return true;
   auto now = Clock::now();
-  std::lock_guard guard(all.lock);
-  Place& place = all.by_place[PlaceKey{where.file_name(), where.line()}];
+  std::lock_guard guard(all->lock);
+  Place& place = all->by_place[PlaceKey{where.file_name(), where.line()}];
   if (place.written == 0 && place.suppressed == 0) {
     place.where = where;
     place.level = level;
@@ -149,7 +178,7 @@ bool log_line_allowed(LogLevel level, const std::source_location& where) {
     return true;
   }
   ++place.suppressed;
-  all.suppressed.fetch_add(1, std::memory_order_relaxed);
+  g_suppressed.fetch_add(1, std::memory_order_relaxed);
   return false;
 }
 

@@ -10,12 +10,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <string>
 #include <utility>
 
+#include "log_internal.h"
 #include "spindle/base/error.h"
 #include "spindle/base/log.h"
 
@@ -127,26 +129,54 @@ std::shared_ptr<LogOutput> LogOutput::adopt(int fd, std::string name, std::size_
       new LogOutput(std::make_shared<Fd>(own, kind), std::move(name), std::string(), max_pending));
 }
 
+namespace {
+// The process's standard output and error (made on first use; freed at exit).
+std::atomic<LogOutput*> g_standard_output{nullptr};
+std::atomic<LogOutput*> g_standard_error{nullptr};
+std::mutex g_standard_lock;
+
+void close_standard_outputs() {
+  detail::mark_logs_closing();
+  // Standard output first: what its writer says of its drops goes to standard error.
+  LogOutput* out = g_standard_output.load();
+  LogOutput* err = g_standard_error.load();
+  if (out != nullptr) out->close();
+  if (err != nullptr) err->close();
+  g_standard_output.store(nullptr);
+  g_standard_error.store(nullptr);
+  delete out;
+  delete err;
+  detail::free_log_places();  // (the error log's writer, which reads it, has stopped)
+}
+}  // namespace
+
+void detail::close_logs_at_exit() {
+  static std::once_flag registered;
+  std::call_once(registered, [] { std::atexit(&close_standard_outputs); });
+}
+
+LogOutput& LogOutput::standard(std::atomic<LogOutput*>& slot, int fd, const char* name,
+                               std::size_t max_pending) {
+  if (LogOutput* made = slot.load(std::memory_order_acquire)) return *made;
+  detail::close_logs_at_exit();
+  std::lock_guard guard(g_standard_lock);
+  if (LogOutput* made = slot.load()) return *made;
+  auto [own, kind] = writable_copy(fd);
+  auto* made = new LogOutput(std::make_shared<Fd>(own, kind), name, std::string(), max_pending);
+  slot.store(made, std::memory_order_release);
+  return *made;
+}
+
 LogOutput& LogOutput::standard_output() {
-  static LogOutput* const output = [] {
-    auto [fd, kind] = writable_copy(STDOUT_FILENO);
-    auto* made =
-        new LogOutput(std::make_shared<Fd>(fd, kind), "standard output", std::string(), 4 << 20);
-    std::atexit([] { standard_output().close(); });
-    return made;
-  }();
-  return *output;
+  return standard(g_standard_output, STDOUT_FILENO, "standard output", 4 << 20);
 }
 
 LogOutput& LogOutput::standard_error() {
-  static LogOutput* const output = [] {
-    auto [fd, kind] = writable_copy(STDERR_FILENO);
-    auto* made =
-        new LogOutput(std::make_shared<Fd>(fd, kind), "standard error", std::string(), 1 << 20);
-    std::atexit([] { standard_error().close(); });
-    return made;
-  }();
-  return *output;
+  return standard(g_standard_error, STDERR_FILENO, "standard error", 1 << 20);
+}
+
+LogOutput* LogOutput::standard_error_if_open() {
+  return g_standard_error.load(std::memory_order_acquire);
 }
 
 LogOutput::~LogOutput() {

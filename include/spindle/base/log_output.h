@@ -14,6 +14,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -54,10 +55,13 @@ class LogOutput {
   /// or a terminal so that nothing changes for the others writing to it), as `name`.
   static std::shared_ptr<LogOutput> adopt(int fd, std::string name, std::size_t max_pending);
   /// The process's standard output and standard error, made on first use: one writer each, as
-  /// two writers to one pipe would cut each other's lines. Closed at exit (atexit), within
-  /// finish_by's deadline (a second if none was set).
+  /// two writers to one pipe would cut each other's lines. Closed and freed at exit (atexit),
+  /// within finish_by's deadline (a second if none was set).
   static LogOutput& standard_output();
   static LogOutput& standard_error();
+  /// Standard error's, or nullptr once it was freed at exit (the error log then writes to
+  /// the descriptor itself).
+  static LogOutput* standard_error_if_open();
   /// Closes (close()).
   ~LogOutput();
   LogOutput(const LogOutput&) = delete;
@@ -103,6 +107,9 @@ class LogOutput {
   struct Fd;
 
   LogOutput(std::shared_ptr<Fd> fd, std::string name, std::string path, std::size_t max_pending);
+  /// The standard output in `slot` (made on first use, for descriptor `fd`).
+  static LogOutput& standard(std::atomic<LogOutput*>& slot, int fd, const char* name,
+                             std::size_t max_pending);
   /// The writer thread's body.
   void run();
   /// Writes the first chunk once, without waiting; false if the output takes nothing now.
