@@ -10,7 +10,7 @@
 #include <string>
 
 #include "spindle/proxy/gateway.h"
-#include "spindle/testing.h"
+#include "testing/testing.h"
 
 using namespace spindle;
 using namespace spindle::proxy;
