@@ -247,8 +247,11 @@ void UpstreamConnections::retain(std::unordered_set<std::string> kept) {
     done.add();
     runtime_.worker(i).post([this, &kept, &done] {
       Pool& p = pool();
+      // A retired state stays retired: an endpoint back in force (a late request of an older
+      // snapshot made it while it was not) starts again from a fresh one, which keeps its
+      // connections.
       std::erase_if(p.targets, [&](auto& entry) {
-        if (kept.contains(entry.first)) return false;
+        if (kept.contains(entry.first) && !entry.second->retired) return false;
         entry.second->retire();  // exchanges under way keep it until they end
         return true;
       });
