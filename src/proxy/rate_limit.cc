@@ -41,6 +41,11 @@ std::shared_ptr<RateLimiter> RateLimitRegistry::limiter(const std::string& route
                    config.fail_open);
   }
   std::lock_guard guard(lock_);
+  // A limit no configuration holds any more is forgotten (a table is 1 MiB: reloads that
+  // change a rate would otherwise keep one each). Only the registry hands them out, under this
+  // lock: one it alone holds cannot be taken meanwhile. The configuration in force holds its
+  // own while the next is built, so a limit both share keeps its counts.
+  std::erase_if(limiters_, [](const auto& entry) { return entry.second.use_count() == 1; });
   auto& limiter = limiters_[key];
   if (limiter) return limiter;
   if (config.store == RateLimitConfig::Store::kLocal) {

@@ -110,3 +110,30 @@ TEST(RateLimitTable, RandomKeysFloodingABigTableLeaveATargetLimited) {
   EXPECT_LE(target_allowed, 6);  // its burst of 5, plus one interval's worth
   EXPECT_GE(target_allowed, 5);
 }
+
+// The registry keeps a limit while a configuration holds it (a reload that keeps it keeps its
+// counts) and forgets it once none does: reloads that change a rate do not pile up tables.
+// (Seen failing without the erase: the dropped table stayed, one per reload.)
+TEST(RateLimitRegistry, KeepsALimitAConfigurationHoldsAndForgetsTheOthers) {
+  RateLimitRegistry registry;
+  auto limit = [&](unsigned burst) {
+    RateLimitConfig config;
+    config.rate = 1;
+    config.burst = burst;
+    return registry.limiter("api", 0, config, std::nullopt, std::nullopt, 1);
+  };
+  auto now = Clock::now();
+  auto in_force = limit(2);
+  EXPECT_TRUE(in_force->take("k", now).allowed);
+  auto rebuilt = limit(2);  // the next configuration, the same limit: the same counts
+  EXPECT_EQ(rebuilt, in_force);
+  EXPECT_TRUE(rebuilt->take("k", now).allowed);
+  EXPECT_FALSE(rebuilt->take("k", now).allowed);
+  std::weak_ptr<RateLimiter> dropped = in_force;
+  in_force.reset();
+  rebuilt.reset();
+  for (unsigned burst = 3; burst < 10; ++burst) {
+    auto changed = limit(burst);  // reloads, each with another burst
+    EXPECT_TRUE(dropped.expired()) << "a limit no configuration holds is kept";
+  }
+}
