@@ -3,135 +3,20 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
+
+#include "message_check.h"
+#include "reset_streams.h"
 
 namespace spindle::h2 {
-namespace token = http::token;
+using detail::HeadCheck;
+using detail::ResetStreams;
+using detail::ResponseCheck;
 
 namespace {
 
 constexpr std::string_view kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 // Our SETTINGS_HEADER_TABLE_SIZE: RFC 7541's default, for the server side and the client side.
 constexpr std::uint32_t kDecoderTableSize = 4096;
-
-// Fields that belong to one HTTP/1.1 connection, never to an HTTP/2 message (RFC 9113 §8.2.2).
-bool connection_specific(const http::Token* token) {
-  return token == &token::kConnection || token == &token::kKeepAlive ||
-         token == &token::kProxyConnection || token == &token::kTransferEncoding ||
-         token == &token::kUpgrade;
-}
-
-// A decoded field passes RFC 9113 §8.2.1 (the decoder has checked table entries already).
-bool valid_field(const hpack::Decoded& d) {
-  return d.checked || ((d.name_checked || valid_name(d.field.name)) && valid_value(d.field.value));
-}
-
-// A Content-Length value into `length` (which holds an earlier one, or -1): false if it is not
-// a number, or differs from the earlier one.
-bool take_content_length(std::string_view value, std::int64_t& length) {
-  std::int64_t n = -1;
-  auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-  if (ec != std::errc() || end != value.data() + value.size() || n < 0 ||
-      (length >= 0 && length != n)) {
-    return false;
-  }
-  length = n;
-  return true;
-}
-
-// What one request head has shown so far (RFC 9113 §8.3.1).
-struct HeadCheck {
-  bool regular_seen = false;
-  bool method = false, scheme = false, path = false, authority = false, protocol = false;
-  bool connect = false;
-  bool malformed = false;
-  std::int64_t content_length = -1;
-
-  void field(const hpack::Decoded& d, bool trailers, bool connect_protocol) {
-    if (!valid_field(d)) {
-      malformed = true;
-      return;
-    }
-    const auto& [name, value, token] = d.field;
-    if (name.front() == ':') {
-      if (trailers || regular_seen) {
-        malformed = true;
-        return;
-      }
-      bool* seen = token == &token::kMethod                         ? &method
-                   : token == &token::kScheme                       ? &scheme
-                   : token == &token::kPath                         ? &path
-                   : token == &token::kAuthority                    ? &authority
-                   : token == &token::kProtocol && connect_protocol ? &protocol
-                                                                    : nullptr;
-      if (seen == nullptr || *seen) {
-        malformed = true;  // unknown, or twice
-        return;
-      }
-      *seen = true;
-      if (token == &token::kMethod) connect = value == "CONNECT";
-      if (token == &token::kPath && value.empty()) malformed = true;
-      return;
-    }
-    regular_seen = true;
-    if (connection_specific(token) || (token == &token::kTe && value != "trailers")) {
-      malformed = true;
-    }
-    if (token == &token::kContentLength && !trailers &&
-        !take_content_length(value, content_length)) {
-      malformed = true;
-    }
-  }
-
-  bool complete() const {
-    if (malformed || !method) return false;
-    if (connect && !protocol) return authority && !scheme && !path;  // RFC 9113 §8.5
-    if (protocol && !connect) return false;                          // RFC 8441 §4
-    return scheme && path;
-  }
-};
-
-// What one response head has shown so far (RFC 9113 §8.3.2): one :status of three digits,
-// first; no request pseudo-field; no connection-specific field. 101 has no place in HTTP/2
-// (§8.6), and an interim head does not end the stream.
-struct ResponseCheck {
-  bool regular_seen = false;
-  bool status_seen = false;
-  bool malformed = false;
-  int status = 0;
-  std::int64_t content_length = -1;
-
-  void field(const hpack::Decoded& d, bool trailers) {
-    if (!valid_field(d)) {
-      malformed = true;
-      return;
-    }
-    const auto& [name, value, token] = d.field;
-    if (name.front() == ':') {
-      if (trailers || regular_seen || status_seen || token != &token::kStatus) {
-        malformed = true;
-        return;
-      }
-      status_seen = true;
-      auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), status);
-      if (value.size() != 3 || ec != std::errc() || end != value.data() + value.size() ||
-          status < 100 || status > 599) {
-        malformed = true;
-      }
-      return;
-    }
-    regular_seen = true;
-    if (connection_specific(token)) malformed = true;
-    if (token == &token::kContentLength && !trailers &&
-        !take_content_length(value, content_length)) {
-      malformed = true;
-    }
-  }
-  bool informational() const { return status >= 100 && status < 200; }
-  bool complete(bool end_stream) const {
-    return !malformed && status_seen && status != 101 && !(informational() && end_stream);
-  }
-};
 
 }  // namespace
 
@@ -172,6 +57,8 @@ Session::Session(Role role, SessionLimits limits, SessionHandler& handler)
   }
 }
 
+Session::~Session() = default;
+
 ClientSession::ClientSession(SessionLimits limits, SessionHandler& handler)
     : Session(Role::kClient, limits, handler) {}
 
@@ -191,12 +78,14 @@ bool Session::receive(std::span<const std::uint8_t> bytes) {
 }
 
 std::string Session::take_output() {
+  ping_for_resets();
   std::string taken;
   taken.swap(out_);
   return taken;
 }
 
 void Session::take_output(std::string& into) {
+  ping_for_resets();
   into.clear();
   into.swap(out_);
 }
@@ -208,13 +97,14 @@ void Session::trim() {
   decoder_.trim();
   encoder_.trim();
   streams_.trim();
+  if (reset_streams_ != nullptr && reset_streams_->idle()) reset_streams_.reset();
 }
 
 bool Session::connection_error(ErrorCode code, std::string_view reason) {
   if (!failed_) {
     write::goaway(out_, role_ == Role::kServer ? last_stream_ : 0, code, reason);
     failed_ = true;
-    closing_ = true;
+    start_closing();
   }
   return false;
 }
@@ -239,23 +129,44 @@ void Session::stream_error(std::uint32_t id, ErrorCode code) {
 }
 
 void Session::close_stream(std::uint32_t id) {
-  if (!streams_.erase(id)) return;
-  if (recently_closed_ == nullptr)
-    recently_closed_ = std::make_unique<std::array<std::uint32_t, 64>>();
-  (*recently_closed_)[recently_closed_next_] = id;
-  recently_closed_next_ = (recently_closed_next_ + 1) % recently_closed_->size();
+  const Stream* s = streams_.find(id);
+  if (s == nullptr) return;
+  // What the peer may still send: DATA within the stream's window; header blocks (a request's
+  // trailers; a response's interim heads, its head and trailers) unless it ended its side.
+  remember_reset(id, s->receive_window, s->headers_done ? 1 : 4,
+                 s->state == Stream::kHalfClosedRemote);
+  streams_.erase(id);
 }
 
-void Session::forget_closed(std::uint32_t id) {
-  if (recently_closed_ == nullptr) return;
-  for (std::uint32_t& closed : *recently_closed_) {
-    if (closed == id) closed = 0;
-  }
+void Session::remember_reset(std::uint32_t id, std::int64_t window, std::uint8_t blocks,
+                             bool ended) {
+  if (reset_streams_ == nullptr) reset_streams_ = std::make_unique<ResetStreams>();
+  // Never fewer than the streams either end allows open (the peer may have as many in flight):
+  // past them only a peer that answers no PING loses the oldest.
+  const std::size_t allowed =
+      std::max<std::size_t>(limits_.max_concurrent_streams, peer_max_concurrent_);
+  reset_streams_->add(id,
+                      static_cast<std::uint32_t>(std::clamp<std::int64_t>(window, 0, kMaxWindow)),
+                      blocks, ended, std::min<std::size_t>(2 * allowed + 64, 1 << 16));
 }
 
-bool Session::recently_closed(std::uint32_t id) const {
-  return id != 0 && recently_closed_ != nullptr &&
-         std::ranges::find(*recently_closed_, id) != recently_closed_->end();
+void Session::ping_for_resets() {
+  if (reset_streams_ == nullptr || failed_) return;
+  if (auto n = reset_streams_->ping_due()) write::ping(out_, ResetStreams::ping_payload(*n), false);
+}
+
+std::size_t Session::unacknowledged_resets() const {
+  return reset_streams_ == nullptr ? 0 : reset_streams_->size();
+}
+
+bool Session::head_pending() const {
+  return (preface_seen_ > 0 && preface_seen_ < kPreface.size()) || block_stream_ != 0 ||
+         reader_.pending_header_frame();
+}
+
+void Session::start_closing() {
+  if (!closing_ && role_ == Role::kServer) closing_last_ = last_stream_;
+  closing_ = true;
 }
 
 void Session::complete_stream(std::uint32_t id) {
@@ -280,15 +191,7 @@ bool Session::on_frame(const Frame& f) {
       if (f.stream_error) stream_error(f.stream_id, *f.stream_error);
       return true;
     case FrameType::kRstStream:
-      if (f.stream_id > last_stream_ || (f.stream_id % 2) == 0) {
-        return connection_error(ErrorCode::kProtocolError, "RST_STREAM on an idle stream");
-      }
-      if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return false;
-      forget_closed(f.stream_id);  // it knows now: what it sends on it next is an error
-      if (streams_.erase(f.stream_id)) {
-        handler_.on_reset(f.stream_id, static_cast<ErrorCode>(f.error_code));
-      }
-      return true;
+      return on_rst_stream(f);
     case FrameType::kSettings:
       return on_settings(f);
     case FrameType::kPushPromise:
@@ -296,14 +199,9 @@ bool Session::on_frame(const Frame& f) {
                                                              ? "PUSH_PROMISE from a client"
                                                              : "PUSH_PROMISE, push is off");
     case FrameType::kPing:
-      if (!f.has(flag::kAck)) {
-        write::ping(out_, std::span<const std::uint8_t, 8>(f.payload.data(), 8), true);
-        return check_output();
-      }
-      handler_.on_ping_ack(std::span<const std::uint8_t, 8>(f.payload.data(), 8));
-      return true;
+      return on_ping(f);
     case FrameType::kGoaway:
-      closing_ = true;  // no new stream; what is open finishes
+      start_closing();  // no new stream; what is open finishes
       if (role_ == Role::kClient) on_goaway(f);
       return true;
     case FrameType::kWindowUpdate:
@@ -341,26 +239,21 @@ bool Session::on_headers(const Frame& f) {
   if (id <= last_stream_) {
     const Stream* open = streams_.find(id);
     if (open == nullptr) {
-      // Trailers of a stream we reset may have been on their way: read for the table only.
-      // One per stream is expected; each counts as a reset, so that a flood of them ends.
-      if (!recently_closed(id)) {
-        return connection_error(ErrorCode::kStreamClosed, "HEADERS on a closed stream");
-      }
-      if (!spend(resets_, limits_.reset_budget, "too many frames on closed streams")) {
-        return false;
-      }
+      if (!on_headers_not_open(f)) return false;
     } else if (open->state == Stream::kHalfClosedRemote) {
       // Its block must still be read (the decoder's table), then the stream is reset.
       stream_error(id, ErrorCode::kStreamClosed);
     }
   } else {
     last_stream_ = id;
-    if (!closing_ && !f.stream_error) {
-      if (streams_.size() >= limits_.max_concurrent_streams) {
+    if (!closing_) {
+      if (streams_.size() >= limits_.max_concurrent_streams && !f.stream_error) {
         if (!spend(resets_, limits_.reset_budget, "too many streams refused")) return false;
         write::rst_stream(out_, id, ErrorCode::kRefusedStream);
+        // Its body and trailers may be on their way: not its errors.
+        remember_reset(id, limits_.stream_window, 1, f.has(flag::kEndStream));
       } else {
-        add_stream(id);
+        add_stream(id);  // (one whose frame is a stream error is reset at once, below)
       }
     }
   }
@@ -379,6 +272,24 @@ bool Session::on_headers(const Frame& f) {
   if (f.has(flag::kEndHeaders)) return end_header_block(f.payload);
   block_.assign(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
   block_frames_ = 1;
+  return true;
+}
+
+bool Session::on_headers_not_open(const Frame& f) {
+  const std::uint32_t id = f.stream_id;
+  if (id > closing_last_) return true;  // begun after we began closing: not served
+  ResetStreams::Stream* reset = reset_streams_ ? reset_streams_->find(id) : nullptr;
+  if (reset == nullptr || reset->ended) {
+    return connection_error(ErrorCode::kStreamClosed, "HEADERS on a closed stream");
+  }
+  // Sent before the peer knew of our reset: read for the table only. The blocks a message may
+  // still have are expected; more count as resets, so that a flood of them ends.
+  if (reset->blocks > 0) {
+    --reset->blocks;
+  } else if (!spend(resets_, limits_.reset_budget, "too many header blocks on reset streams")) {
+    return false;
+  }
+  if (f.has(flag::kEndStream)) reset->ended = true;
   return true;
 }
 
@@ -465,26 +376,22 @@ bool Session::on_data(const Frame& f) {
   }
   connection_receive_window_ -= f.length;
   if (limits_.connection_window_on_receipt) give_back_connection_window(f.length);
-  // Frames that carry nothing count wherever they go (an empty-frame flood, CVE-2019-9518,
-  // aimed at a closed stream is one all the same).
-  if (f.length == 0 && !f.has(flag::kEndStream) &&
+  // Frames that carry no data count wherever they go (an empty-frame flood, CVE-2019-9518,
+  // of padding alone or aimed at a closed stream is one all the same).
+  if (f.payload.empty() && !f.has(flag::kEndStream) &&
       !spend(empty_frames_, limits_.empty_frame_budget, "too many empty frames")) {
     return false;
   }
   Stream* open = streams_.find(id);
-  if (open == nullptr || open->state == Stream::kHalfClosedRemote) {
+  if (open == nullptr) return on_data_not_open(f);
+  if (open->state == Stream::kHalfClosedRemote) {
     consumed(0, f.length);  // the connection's window is given back all the same
-    if (open == nullptr && recently_closed(id)) return true;  // sent before it knew
-    if (open == nullptr) {
-      if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return false;
-      write::rst_stream(out_, id, ErrorCode::kStreamClosed);
-    } else {
-      stream_error(id, ErrorCode::kStreamClosed);
-    }
+    stream_error(id, ErrorCode::kStreamClosed);
     return check_output();
   }
   Stream& s = *open;
   if (!s.headers_done) {
+    consumed(0, f.length);
     stream_error(id, ErrorCode::kProtocolError);
     return true;
   }
@@ -515,6 +422,71 @@ bool Session::on_data(const Frame& f) {
       }
     }
   }
+  return true;
+}
+
+bool Session::on_data_not_open(const Frame& f) {
+  const std::uint32_t id = f.stream_id;
+  consumed(0, f.length);                // the connection's window is given back all the same
+  if (id > closing_last_) return true;  // begun after we began closing: not served
+  ResetStreams::Stream* reset = reset_streams_ ? reset_streams_->find(id) : nullptr;
+  if (reset != nullptr && !reset->ended) {
+    if (f.length <= reset->window) {  // sent before the peer knew of our reset: ignored
+      reset->window -= f.length;
+      if (f.has(flag::kEndStream)) reset->ended = true;
+      return true;
+    }
+    // Past the window the stream had: its error, whatever it knew.
+    reset_streams_->forget(id);
+    if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return false;
+    write::rst_stream(out_, id, ErrorCode::kFlowControlError);
+    return check_output();
+  }
+  if (!spend(resets_, limits_.reset_budget, "too many streams reset")) return false;
+  write::rst_stream(out_, id, ErrorCode::kStreamClosed);
+  return check_output();
+}
+
+bool Session::on_rst_stream(const Frame& f) {
+  const std::uint32_t id = f.stream_id;
+  if (id > last_stream_ || id % 2 == 0) {
+    return connection_error(ErrorCode::kProtocolError, "RST_STREAM on an idle stream");
+  }
+  // Its reset crossed ours: neither is the other's error, and nothing more comes on it.
+  if (reset_streams_ != nullptr && reset_streams_->forget(id)) return true;
+  const auto code = static_cast<ErrorCode>(f.error_code);
+  const Stream* open = streams_.find(id);
+  if (role_ == Role::kClient && open != nullptr && open->state == Stream::kHalfClosedRemote &&
+      code == ErrorCode::kNoError) {
+    // A server that has answered whole may stop the request's body so (RFC 9113 §8.1): the
+    // stream is complete, not reset.
+    complete_stream(id);
+    handler_.on_reset(id, code);
+    return true;
+  }
+  // A client's streams are its own: a server that resets them costs it nothing it did not ask
+  // for (an upstream's handlers that give up are no flood). A server counts every reset
+  // (Rapid Reset), and a client the resets of streams that are not open.
+  if ((role_ == Role::kServer || open == nullptr) &&
+      !spend(resets_, limits_.reset_budget, "too many streams reset")) {
+    return false;
+  }
+  if (streams_.erase(id)) handler_.on_reset(id, code);
+  return true;
+}
+
+bool Session::on_ping(const Frame& f) {
+  const std::span<const std::uint8_t, 8> payload(f.payload.data(), 8);
+  if (!f.has(flag::kAck)) {
+    write::ping(out_, payload, true);
+    return check_output();
+  }
+  if (auto n = ResetStreams::ping_number(payload)) {
+    // The peer has read every reset sent before that PING: what it sends on them now is its own.
+    if (reset_streams_ != nullptr) reset_streams_->on_ping_ack(*n);
+    return true;
+  }
+  handler_.on_ping_ack(payload);
   return true;
 }
 
@@ -686,7 +658,7 @@ void Session::goaway(ErrorCode code, std::uint32_t last_stream, std::string_view
   // A client names the last stream the server opened: none (push is off).
   write::goaway(out_, role_ == Role::kServer ? std::min(last_stream, last_stream_) : 0, code,
                 debug);
-  closing_ = true;
+  start_closing();
 }
 
 void ServerSession::shutdown_notice(std::span<const std::uint8_t, 8> ping) {
@@ -723,6 +695,8 @@ Session::Stream& Session::add_stream(std::uint32_t id) {
 void Session::on_goaway(const Frame& f) {
   goaway_last_ = std::min(goaway_last_, f.other_stream);
   handler_.on_goaway(goaway_last_, static_cast<ErrorCode>(f.error_code));
+  // Nothing comes on the streams it never processed, ours reset among them.
+  if (reset_streams_ != nullptr) reset_streams_->forget_above(goaway_last_);
   // The streams above it were never processed: they end here, refused (safe to try again).
   while (!streams_.empty() && streams_.highest() > goaway_last_) {
     const std::uint32_t id = streams_.highest();
@@ -732,7 +706,8 @@ void Session::on_goaway(const Frame& f) {
 }
 
 bool ClientSession::can_open() const {
-  return !failed_ && !closing_ && streams_.size() < peer_max_concurrent_ &&
+  return !failed_ && !closing_ &&
+         streams_.size() + unacknowledged_resets() < peer_max_concurrent_ &&
          last_stream_ + 2 <= kMaxWindow;
 }
 

@@ -123,6 +123,14 @@ class FrameReader {
   }
   /// Bytes of an incomplete frame held.
   std::size_t pending() const { return partial_.size(); }
+  /// The incomplete frame held is known to be part of a header block (HEADERS, CONTINUATION
+  /// or PUSH_PROMISE).
+  bool pending_header_frame() const {
+    if (partial_.size() < 4) return false;
+    const auto type = static_cast<FrameType>(partial_[3]);
+    return type == FrameType::kHeaders || type == FrameType::kContinuation ||
+           type == FrameType::kPushPromise;
+  }
   /// Gives its buffer's memory back if it holds nothing.
   void trim() {
     if (partial_.empty()) release(partial_);

@@ -10,6 +10,11 @@
 /// (HPACK bombs), output the peer makes us queue without reading bounded (PING, SETTINGS and
 /// reset floods), resets, empty frames and SETTINGS budgeted per connection (Rapid Reset and
 /// the 2019 floods): past any of them, GOAWAY ENHANCE_YOUR_CALM.
+///
+/// A stream we reset (or refuse) is remembered until the peer has surely read the reset (it
+/// answered a PING the session sends after it, or reset the stream too): what the peer sent on
+/// it before is ignored (RFC 9113 §5.1), never counted as its error; its DATA counts for the
+/// connection's window, and no more of it than the stream's window allowed.
 
 #include <algorithm>
 #include <array>
@@ -26,6 +31,10 @@
 #include "spindle/h2/hpack.h"
 
 namespace spindle::h2 {
+
+namespace detail {
+class ResetStreams;
+}
 
 struct SessionLimits {
   /// Streams the peer may open at once (a server's SETTINGS_MAX_CONCURRENT_STREAMS).
@@ -53,8 +62,8 @@ struct SessionLimits {
   /// (Rapid Reset, CVE-2023-44487) and the resets its errors make us send (reset flood,
   /// CVE-2019-9514). Each completed stream earns one more.
   std::size_t reset_budget = 200;
-  /// Frames that carry nothing (empty DATA without END_STREAM, empty header fragments without
-  /// END_HEADERS: CVE-2019-9518), beyond the streams the connection completes.
+  /// Frames that carry nothing (DATA without data or END_STREAM, padded or not, empty header
+  /// fragments without END_HEADERS: CVE-2019-9518), beyond the streams the connection completes.
   std::size_t empty_frame_budget = 200;
   /// SETTINGS frames per connection (settings flood, CVE-2019-9515).
   std::size_t settings_budget = 100;
@@ -144,6 +153,9 @@ class SessionHandler {
   /// One field of a message's (or its trailers') header block, already checked, with its
   /// name's token (views valid during the call only).
   virtual void on_field(std::uint32_t stream, const http::Field& field) = 0;
+  /// Called just before on_field for a field the peer sent never indexed (RFC 7541 §6.2.3): an
+  /// intermediary must send it on so.
+  virtual void on_never_indexed(std::uint32_t /*stream*/, const http::Field& /*field*/) {}
   /// The block is complete; `end_stream`: no body follows; `trailers`: it was the trailers. (A
   /// client gets each interim 1xx head this way too, before the final one.)
   virtual void on_headers(std::uint32_t stream, bool end_stream, bool trailers) = 0;
@@ -155,7 +167,7 @@ class SessionHandler {
   virtual void on_reset(std::uint32_t stream, ErrorCode code) = 0;
   /// More may be sent on `stream` (0: on the connection) than before.
   virtual void on_window(std::uint32_t stream) = 0;
-  /// The answer to a PING we sent (submit_ping, shutdown_notice).
+  /// The answer to a PING the driver sent (shutdown_notice); not to the session's own.
   virtual void on_ping_ack(std::span<const std::uint8_t, 8> /*payload*/) {}
   /// A request head decoded past SETTINGS_MAX_HEADER_LIST_SIZE (its fields stopped at the
   /// limit): true if the driver answers it itself (431, RFC 9113 §10.5.1), and the stream goes
@@ -172,12 +184,14 @@ class Session {
  public:
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
+  ~Session();
 
   /// Takes bytes from the peer (a client's preface first). False once the connection must end:
   /// a GOAWAY saying why is in the output, to be written before closing.
   bool receive(std::span<const std::uint8_t> bytes);
 
-  /// The frames to write, taken (the session starts a new buffer).
+  /// The frames to write, taken (the session starts a new buffer). A PING goes last when a
+  /// stream reset since the last one waits to learn that the peer has read its reset.
   std::string take_output();
   /// The same into `into` (cleared first), whose buffer the session keeps for its next output:
   /// two buffers take turns, and neither is allocated again.
@@ -201,6 +215,13 @@ class Session {
   /// Resets a stream (its handler gave up, say): what the peer sent on it before it knew is
   /// ignored, not an error.
   void reset(std::uint32_t stream, ErrorCode code);
+  /// Streams reset that the peer may not know of yet (it has not answered the PING sent after
+  /// their reset).
+  std::size_t unacknowledged_resets() const;
+  /// A request head has begun and is not whole: the connection preface, or a header block
+  /// (HEADERS and its CONTINUATIONs, or a frame of one) is partly here. The driver bounds how
+  /// long that may last (a slowloris holds a block's memory).
+  bool head_pending() const;
   /// GOAWAY: no stream above the last one begun will be processed.
   void goaway(ErrorCode code, std::string_view debug = {});
   /// GOAWAY naming `last_stream` (at most the last one begun): the streams above it are
@@ -239,6 +260,14 @@ class Session {
   /// A new stream of ours (client) or the peer's (server), its head sent or received.
   Stream& add_stream(std::uint32_t id);
   bool on_data(const Frame& f);
+  /// DATA on a stream that is not open: ignored if sent before the peer knew we closed it
+  /// (its window counted), else a reset; false on a connection error.
+  bool on_data_not_open(const Frame& f);
+  /// HEADERS on a stream begun and not open: true if its block is to be read for the table
+  /// alone (sent before the peer knew we closed it); false after a connection error.
+  bool on_headers_not_open(const Frame& f);
+  bool on_rst_stream(const Frame& f);
+  bool on_ping(const Frame& f);
   bool on_settings(const Frame& f);
   /// A client's: the server's GOAWAY ends the streams above its last.
   void on_goaway(const Frame& f);
@@ -248,11 +277,17 @@ class Session {
   void give_back_connection_window(std::size_t n);
   /// Applies one SETTINGS payload from the client.
   std::optional<FrameError> apply_settings(std::span<const std::uint8_t> payload);
-  /// A stream ends here before the client ended it (we reset it): what the client sent before
-  /// it knew is ignored for a while, not an error (RFC 9113 §5.1, "closed").
+  /// A stream ends here before the peer ended it (we reset it): what the peer sent before it
+  /// knew is ignored until it knows, not an error (RFC 9113 §5.1, "closed").
   void close_stream(std::uint32_t id);
-  bool recently_closed(std::uint32_t id) const;
-  void forget_closed(std::uint32_t id);
+  /// Remembers stream `id` as reset by us (reset_streams_): `window` of DATA and `blocks`
+  /// header blocks may still come on it unless `ended`.
+  void remember_reset(std::uint32_t id, std::int64_t window, std::uint8_t blocks, bool ended);
+  /// Writes the PING that tells when the peer has read the resets sent so far, if one is due.
+  void ping_for_resets();
+  /// A GOAWAY goes or came: no new stream from here on. (A server ignores what the client
+  /// sends on the streams it begins after.)
+  void start_closing();
   /// Both sides ended it: it earns the connection budget.
   void complete_stream(std::uint32_t id);
   bool check_output();
@@ -275,10 +310,12 @@ class Session {
   std::uint32_t last_stream_ = 0;
   std::uint32_t goaway_last_ = kMaxWindow;
   std::uint32_t peer_max_concurrent_ = 100;
-  /// The streams we closed before the client did, newest last (a bounded ring).
-  /// (Made by the first stream closed so; most connections never need it.)
-  std::unique_ptr<std::array<std::uint32_t, 64>> recently_closed_;
-  std::size_t recently_closed_next_ = 0;
+  /// The streams we reset that the peer may still send on. (Made by the first stream reset;
+  /// most connections never need it.)
+  std::unique_ptr<detail::ResetStreams> reset_streams_;
+  /// A server's: the last stream begun before the connection began closing (streams above it
+  /// are not served: what comes on them is ignored).
+  std::uint32_t closing_last_ = kMaxWindow;
   std::int64_t connection_send_window_ = 65535;
   std::int64_t connection_receive_window_ = 65535;
   std::size_t connection_unacked_ = 0;
@@ -320,7 +357,8 @@ class ClientSession final : public Session {
   ClientSession(SessionLimits limits, SessionHandler& handler);
 
   /// True if a new stream may be opened now: the server's SETTINGS_MAX_CONCURRENT_STREAMS is
-  /// not reached, no GOAWAY came, ids are left.
+  /// not reached, no GOAWAY came, ids are left. A stream we reset counts until the server has
+  /// read the reset (as it counts it until then).
   bool can_open() const;
   /// Opens a stream with the request head `fields` (pseudo-fields first, names lower case);
   /// `end_stream`: no body follows; `head_request`: the response has no body (HEAD). Its id,

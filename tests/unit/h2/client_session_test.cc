@@ -210,9 +210,11 @@ TEST(H2Client, MalformedResponsesResetTheirStreamAndTheConnectionGoesOn) {
     write::headers(in, id, h.block(cases[i].head), cases[i].end_stream);
     EXPECT_TRUE(h.client.receive(bytes(in))) << i;
     auto out = h.written();
-    ASSERT_EQ(out.size(), 2u) << i;  // HEADERS, then its reset
+    // HEADERS, then its reset, then the PING whose answer tells that the upstream read it.
+    ASSERT_EQ(out.size(), 3u) << i;
     EXPECT_EQ(out[1].first, FrameType::kRstStream) << i;
     EXPECT_EQ(out[1].second, static_cast<std::uint32_t>(ErrorCode::kProtocolError)) << i;
+    EXPECT_EQ(out[2].first, FrameType::kPing) << i;
     EXPECT_EQ(h.r.resets[id], ErrorCode::kProtocolError) << i;
     // The next stream is served.
     std::uint32_t next = h.client.open(request(), true);

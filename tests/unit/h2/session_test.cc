@@ -594,9 +594,10 @@ TEST(H2Session, AnH2cUpgradeAppliesTheClientsSettingsAndServesStreamOne) {
   ASSERT_TRUE(session.receive(bytes(again)));
   std::vector<std::string> keep;
   auto out = frames_of(session.take_output(), keep);
-  ASSERT_EQ(out.size(), 1u);
+  ASSERT_EQ(out.size(), 2u);  // the reset, then the PING that tells when the client read it
   EXPECT_EQ(out[0].kind(), FrameType::kRstStream);
   EXPECT_EQ(out[0].error_code, static_cast<std::uint32_t>(ErrorCode::kStreamClosed));
+  EXPECT_EQ(out[1].kind(), FrameType::kPing);
   EXPECT_TRUE(r.heads.empty());
   // Settings that are not whole entries, or out of range, refuse the upgrade, and the client
   // is told why (its 101 has gone).
@@ -736,8 +737,18 @@ TEST(H2Session, AHeadTooLargeGoesToTheDriverWhenItAnswersIt) {
 
 TEST(H2Session, FloodsAimedAtAStreamWeResetStillEndTheConnection) {
   // Frames on a stream we reset are ignored (the client sent them before it knew), but not
-  // for free: empty DATA frames count as empty frames, and header blocks as resets.
-  for (bool headers : {false, true}) {
+  // for free: empty DATA frames count as empty frames, header blocks past the trailers a
+  // request may still have as resets, and anything after the stream's end is the error it is.
+  struct Flood {
+    const char* what;
+    bool headers, end_stream;
+    ErrorCode code;
+  };
+  for (auto [what, headers, end_stream, code] :
+       {Flood{"empty DATA", false, false, ErrorCode::kEnhanceYourCalm},
+        Flood{"header blocks", true, false, ErrorCode::kEnhanceYourCalm},
+        Flood{"header blocks after the end", true, true, ErrorCode::kStreamClosed}}) {
+    SCOPED_TRACE(what);
     Recorder r;
     ServerSession session({}, r);
     std::string in = preface();
@@ -751,17 +762,17 @@ TEST(H2Session, FloodsAimedAtAStreamWeResetStillEndTheConnection) {
       if (headers) {
         std::string block;
         encoder.encode({{"x-t", "1"}}, block);
-        write::headers(flood, 1, block, true);
+        write::headers(flood, 1, block, end_stream);
       } else {
         write::data(flood, 1, "", false);
       }
     }
-    EXPECT_FALSE(session.receive(bytes(flood))) << headers;
+    EXPECT_FALSE(session.receive(bytes(flood)));
     std::vector<std::string> keep;
     auto out = frames_of(session.take_output(), keep);
     ASSERT_FALSE(out.empty());
     EXPECT_EQ(out.back().kind(), FrameType::kGoaway);
-    EXPECT_EQ(out.back().error_code, static_cast<std::uint32_t>(ErrorCode::kEnhanceYourCalm));
+    EXPECT_EQ(out.back().error_code, static_cast<std::uint32_t>(code));
   }
 }
 
