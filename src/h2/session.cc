@@ -596,6 +596,15 @@ void Session::consumed(std::uint32_t stream, std::size_t n) {
   }
 }
 
+std::optional<Session::Windows> Session::windows(std::uint32_t stream) const {
+  if (stream == 0) {
+    return Windows{connection_send_window_, connection_receive_window_, connection_unacked_};
+  }
+  const Stream* open = streams_.find(stream);
+  if (open == nullptr) return std::nullopt;
+  return Windows{open->send_window, open->receive_window, open->unacked};
+}
+
 std::size_t Session::send_window(std::uint32_t stream) const {
   const Stream* open = streams_.find(stream);
   if (open == nullptr) return 0;

@@ -229,6 +229,24 @@ class Session {
   void goaway(ErrorCode code, std::uint32_t last_stream, std::string_view debug = {});
 
   std::size_t open_streams() const { return streams_.size(); }
+  /// One window both ways, as this end counts it: what it may send, what the peer may send,
+  /// and what was consumed here but not yet given back (WINDOW_UPDATE goes in batches).
+  struct Windows {
+    std::int64_t send = 0;
+    std::int64_t receive = 0;
+    std::size_t unacked = 0;
+  };
+  /// The connection's windows (`stream` 0) or an open stream's; nullopt for a stream that is
+  /// not open. (What tests and metrics look at.)
+  std::optional<Windows> windows(std::uint32_t stream) const;
+  /// What the connection has spent of its budgets (SessionLimits: resets, empty frames), and
+  /// the streams it completed (each earns one more of each).
+  struct Spent {
+    std::size_t resets = 0;
+    std::size_t empty_frames = 0;
+    std::size_t completed = 0;
+  };
+  Spent spent() const { return {resets_, empty_frames_, completed_}; }
   /// The highest stream begun (by the client, whichever end we are).
   std::uint32_t last_stream_id() const { return last_stream_; }
   /// A GOAWAY went or came: no new stream will be served.

@@ -144,3 +144,60 @@ TEST(H2SessionEdges, AHeadIsPendingFromItsFirstByteToItsLast) {
   ASSERT_TRUE(session.receive(bytes(std::string_view(data).substr(0, 6))));
   EXPECT_FALSE(session.head_pending());
 }
+
+// Every path where a stream ends before its DATA is consumed gives that DATA's window back to
+// the connection (item 3 of issue 68): the stream errors we raise on DATA (before the response's
+// head, past the stream's window, on a stream whose peer had ended it) and DATA on streams
+// that are gone. What the peer may send plus what waits to be given back is the whole window.
+TEST(H2SessionEdges, DataOnStreamsThatEndBeforeItIsReadGivesItsWindowBack) {
+  Heard heard;
+  SessionLimits limits;  // the connection's window reopens as DATA is consumed
+  ClientSession client(limits, heard);
+  std::string settings;
+  write::settings(settings, {});
+  ASSERT_TRUE(client.receive(bytes(settings)));
+  (void)client.take_output();  // the preface and SETTINGS
+  const std::int64_t whole = limits.connection_window;
+  auto lost = [&] {
+    auto w = client.windows(0);
+    return whole - (w->receive + static_cast<std::int64_t>(w->unacked));
+  };
+  const hpack::Field get[] = {
+      {":method", "GET"}, {":scheme", "http"}, {":authority", "a"}, {":path", "/"}};
+  hpack::Encoder encoder;
+  auto head = [&](std::string& in, std::uint32_t id, std::string_view status, bool end) {
+    std::string block;
+    encoder.encode({{":status", status}}, block);
+    write::headers(in, id, block, end);
+  };
+  // DATA before the response's head, and after an interim one: a stream error each.
+  for (bool interim : {false, true}) {
+    std::uint32_t id = client.open(get, true);
+    std::string in;
+    if (interim) head(in, id, "103", false);
+    write::data(in, id, std::string(1000, 'd'), false);
+    ASSERT_TRUE(client.receive(bytes(in)));
+    auto errors = errors_in(client.take_output());
+    ASSERT_FALSE(errors.empty()) << interim;
+    EXPECT_EQ(errors.back(), (std::pair<std::uint32_t, ErrorCode>{id, ErrorCode::kProtocolError}));
+    EXPECT_EQ(lost(), 0) << interim;
+  }
+  // DATA after the peer ended the stream (it is half-closed there): STREAM_CLOSED.
+  std::uint32_t ended = client.open(get, false);
+  std::string in;
+  head(in, ended, "200", true);
+  write::data(in, ended, std::string(700, 'd'), false);
+  ASSERT_TRUE(client.receive(bytes(in)));
+  auto errors = errors_in(client.take_output());
+  ASSERT_FALSE(errors.empty());
+  EXPECT_EQ(errors.back(), (std::pair<std::uint32_t, ErrorCode>{ended, ErrorCode::kStreamClosed}));
+  EXPECT_EQ(lost(), 0);
+  // DATA on a stream that is gone, and on one we reset (ignored).
+  std::string more;
+  write::data(more, ended, std::string(300, 'd'), false);
+  std::uint32_t reset = client.open(get, true);
+  client.reset(reset, ErrorCode::kCancel);
+  write::data(more, reset, std::string(400, 'd'), false);
+  ASSERT_TRUE(client.receive(bytes(more)));
+  EXPECT_EQ(lost(), 0);
+}
