@@ -184,6 +184,15 @@ struct Http2Session::Impl final : h2::SessionHandler {
 
   // The session's events, on the reader's fiber.
   void on_field(std::uint32_t id, const Field& field) override;
+  void on_never_indexed(std::uint32_t id, const Field& field) override {
+    // Passed on never indexed (RFC 7541 §6.2.3): the head goes on so whole (a credential
+    // always does).
+    Call* call = find(id);
+    if (call != nullptr && !call->have_head &&
+        (field.token == nullptr || (field.token->flags & field_flag::kSensitive) == 0)) {
+      call->head.headers.mark_never_indexed();
+    }
+  }
   void on_headers(std::uint32_t id, bool end_stream, bool trailers) override;
   void on_data(std::uint32_t id, std::span<const std::uint8_t> data, bool end_stream) override;
   void on_reset(std::uint32_t id, ErrorCode code) override;
@@ -564,6 +573,10 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
   for (const Field& f : head.headers) {
     if (!forwardable(f, nominated, FieldsFor::kRequest)) continue;
     s.fields.push_back(HpackField::to_send(f, s.names));
+  }
+  // A field the client sent never indexed goes on so (RFC 7541 §6.2.3): the whole head does.
+  if (head.headers.never_indexed()) {
+    for (HpackField& f : s.fields) f.sensitive = true;
   }
   // TE is hop-by-hop, but "TE: trailers" must reach an HTTP/2 peer (gRPC asks for it).
   if (head.headers.has_token(token::kTe, "trailers")) {

@@ -358,6 +358,7 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
     } else {
       // 01xxxxxx with indexing, 0001xxxx never indexed, 0000xxxx without indexing.
       const bool indexing = (first & 0xc0) == 0x40;
+      d.never_indexed = (first & 0xf0) == 0x10;
       std::uint64_t index = 0;
       if (Status s = read_integer(in, at, indexing ? 6 : 4, index); s != Status::kOk) return s;
       if (index == 0) {
@@ -570,9 +571,16 @@ char* Encoder::encode_to(std::span<const Field> fields, char* p) {
       continue;
     }
     const bool unique = (flags & http::field_flag::kUniquePerMessage) != 0;
+    // A table many clients share keeps only values that name none of them (see
+    // share_between_clients): any other is never found in it, and never put in it.
+    const bool private_value = shared_ && (flags & http::field_flag::kSharedValue) == 0;
     // (A value unique to its message is not looked for, but its name is: see below.)
     std::size_t dynamic_name = 0;
     std::size_t dynamic_full = sensitive ? 0 : find(f, token, dynamic_name, !unique);
+    if (private_value && dynamic_full != 0) {
+      if (dynamic_name == 0) dynamic_name = dynamic_full;  // its name, not its value
+      dynamic_full = 0;
+    }
     if (dynamic_full != 0) {
       p = put_integer(p, dynamic_full, 7, 0x80);
       continue;
@@ -581,13 +589,14 @@ char* Encoder::encode_to(std::span<const Field> fields, char* p) {
     // Indexed for next time unless sensitive or too large to be worth a place in the table. A
     // value unique to its message is not (an entry that would only push useful ones out),
     // except while its name is nowhere in the tables: one entry then lets every later message
-    // refer to the name (x-request-id, traceparent) instead of spelling it out.
-    const bool indexing = !sensitive && (!unique || name_index == 0) &&
+    // refer to the name (x-request-id, traceparent) instead of spelling it out. (On a shared
+    // table that entry's value is never referred to: only its name is.)
+    const bool indexing = !sensitive && (unique ? name_index == 0 : !private_value) &&
                           f.name.size() + f.value.size() + kEntryOverhead <= table_.max_size() / 2;
     if (indexing) {
       p = put_integer(p, name_index, 6, 0x40);
     } else {
-      p = put_integer(p, name_index, 4, sensitive ? 0x10 : 0x00);
+      p = put_integer(p, name_index, 4, sensitive || private_value ? 0x10 : 0x00);
     }
     if (name_index == 0) p = put_string(p, f.name);
     // A value new in every message (a random id) goes as it is: Huffman would save about a

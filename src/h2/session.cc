@@ -60,7 +60,11 @@ Session::Session(Role role, SessionLimits limits, SessionHandler& handler)
 Session::~Session() = default;
 
 ClientSession::ClientSession(SessionLimits limits, SessionHandler& handler)
-    : Session(Role::kClient, limits, handler) {}
+    : Session(Role::kClient, limits, handler) {
+  // One connection carries many clients' requests to an upstream: no client's values become
+  // another's references in its table.
+  encoder_.share_between_clients();
+}
 
 bool Session::receive(std::span<const std::uint8_t> bytes) {
   if (failed_) return false;
@@ -306,11 +310,13 @@ bool Session::end_header_block(std::span<const std::uint8_t> block) {
     if (s == nullptr) return;  // refused or reset: read only for the table
     if (server) {
       check.field(d, trailers, limits_.enable_connect_protocol);
-      if (!check.malformed) handler_.on_field(id, d.field);
+      if (check.malformed) return;
     } else {
       response.field(d, trailers);
-      if (!response.malformed) handler_.on_field(id, d.field);
+      if (response.malformed) return;
     }
+    if (d.never_indexed) handler_.on_never_indexed(id, d.field);
+    handler_.on_field(id, d.field);
   });
   if (status != hpack::Status::kOk && status != hpack::Status::kHeaderListTooLarge) {
     return connection_error(ErrorCode::kCompressionError, hpack::to_string(status));

@@ -59,6 +59,7 @@ void HeaderMap::take(HeaderMap&& other) noexcept {
   };
   size_ = other.size_;
   flags_ = other.flags_;
+  never_indexed_ = other.never_indexed_;
   for (std::size_t i = 0; i < std::min(size_, kInline); ++i) {
     const Field& f = other.inline_.at[i];
     inline_.at[i] = {repoint(f.name), repoint(f.value), f.token};
@@ -74,6 +75,7 @@ void HeaderMap::take(HeaderMap&& other) noexcept {
   block_left_ = std::exchange(other.block_left_, 0);
   other.size_ = 0;
   other.flags_ = 0;
+  other.never_indexed_ = false;
   other.arena_used_ = 0;
 }
 

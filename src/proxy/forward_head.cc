@@ -242,6 +242,7 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
     if (trace_restarted && f.token == &http::token::kTracestate) continue;
     head.headers.add_view(f);
   }
+  if (in.never_indexed()) head.headers.mark_never_indexed();  // RFC 7541 §6.2.3
   head.headers.add_view("X-Forwarded-For", http::token::kXForwardedFor, out.forwarded_for);
   head.headers.add_view("X-Forwarded-Proto", http::token::kXForwardedProto, out.forwarded_proto);
   if (!out.forwarded_host.empty())

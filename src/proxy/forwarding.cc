@@ -521,6 +521,7 @@ http::Response Forwarding::pass_response(const Gateway::Target& target, Attempt&
       response.headers.add(f);
     }
   }
+  if (response_head.headers.never_indexed()) response.headers.mark_never_indexed();
   auto via = response_head.headers.get(http::token::kVia);
   std::string our_via = via ? std::string(*via) + ", " : std::string();
   our_via.append(version_text(response_head.version)).append(" spindle");

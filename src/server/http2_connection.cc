@@ -89,6 +89,14 @@ void Http2Connection::on_field(std::uint32_t id, const Field& field) {
   }
 }
 
+void Http2Connection::on_never_indexed(std::uint32_t id, const Field& field) {
+  // A credential goes on never indexed whatever the client said (the token table marks it);
+  // any other field it sent so makes the whole request go on so (RFC 7541 §6.2.3).
+  if (field.token != nullptr && (field.token->flags & field_flag::kSensitive) != 0) return;
+  H2Stream* s = find(id);
+  if (s != nullptr && !s->head_complete) s->head.headers.mark_never_indexed();
+}
+
 void Http2Connection::on_headers(std::uint32_t id, bool end_stream, bool trailers) {
   H2Stream* s = find(id);
   if (trailers) {

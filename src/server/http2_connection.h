@@ -109,6 +109,7 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   // The session's events (h2::SessionHandler), on the reader's fiber.
   void on_request_begin(std::uint32_t id) override { open_stream(id); }
   void on_field(std::uint32_t id, const Field& field) override;
+  void on_never_indexed(std::uint32_t id, const Field& field) override;
   void on_headers(std::uint32_t id, bool end_stream, bool trailers) override;
   void on_data(std::uint32_t id, std::span<const std::uint8_t> data, bool end_stream) override;
   void on_reset(std::uint32_t id, h2::ErrorCode code) override;

@@ -173,6 +173,10 @@ void Http2Connection::submit_response(H2Stream& s, Response& response, bool head
       return;  // a 101's Upgrade and Connection mean nothing here
     fields_.push_back(HpackField::to_send(f, names_));
   });
+  // An upstream's field that came never indexed (through the gateway) goes on so.
+  if (response.headers.never_indexed()) {
+    for (HpackField& f : fields_) f.sensitive = true;
+  }
   if (!seen.has_date) fields_.push_back(HpackField::known(token::kDate, worker_.date.value()));
   if (!seen.has_server && !shared_.options.server_name.empty()) {
     fields_.push_back(HpackField::known(token::kServer, shared_.options.server_name));

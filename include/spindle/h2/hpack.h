@@ -57,7 +57,7 @@ std::string_view to_string(Status status);
 
 /// One field to encode. `sensitive`: never indexed, here or by any intermediary (RFC 7541
 /// §7.1.3); so always are the names the token table marks sensitive (authorization,
-/// proxy-authorization, cookie, set-cookie: http/tokens.h).
+/// proxy-authorization, cookie, set-cookie, x-api-key and the like: http/tokens.h).
 /// `token`: the name's token (http/tokens.h), which must then be the name as given (lower
 /// case); left null, the encoder looks the name up itself.
 struct Field {
@@ -92,6 +92,8 @@ struct Decoded {
   http::Field field;
   bool checked = false;
   bool name_checked = false;
+  /// Sent as a literal never indexed (RFC 7541 §6.2.3): whoever passes it on must send it so.
+  bool never_indexed = false;
 };
 
 /// Huffman coding (RFC 7541 Appendix B), table-driven both ways.
@@ -266,6 +268,15 @@ class Encoder {
   explicit Encoder(std::size_t max_table_size = 4096)
       : table_(max_table_size), own_limit_(max_table_size) {}
 
+  /// The table carries the messages of many clients (a gateway's connection to an upstream):
+  /// only the values of names the token table marks shared (field_flag::kSharedValue: a method,
+  /// a media type, the gateway's Via) are indexed or referred to in it; any other value goes as
+  /// a literal never indexed (a static table entry aside), so that no client's value becomes
+  /// another's reference (a right guess would make a block shorter: CRIME's side channel), and
+  /// the next hop is told not to index it either. A name new in every message (x-request-id)
+  /// still takes one entry, for its name. (docs/security.md)
+  void share_between_clients() { shared_ = true; }
+
   /// Appends the header block of `fields` to `out`.
   void encode(std::span<const Field> fields, std::string& out);
   void encode(std::initializer_list<Field> fields, std::string& out) {
@@ -336,6 +347,8 @@ class Encoder {
   /// Blocks copied from the last one (see last_).
   std::uint64_t copied_blocks_ = 0;
   std::size_t own_limit_;
+  /// See share_between_clients.
+  bool shared_ = false;
   bool update_pending_ = false;
   std::size_t smallest_since_update_ = SIZE_MAX;
 };

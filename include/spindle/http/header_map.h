@@ -155,6 +155,7 @@ class HeaderMap {
   void clear() {
     size_ = 0;
     flags_ = 0;
+    never_indexed_ = false;
     arena_used_ = 0;
     if (more_ != nullptr || blocks_ != nullptr) release_overflow();
   }
@@ -187,6 +188,14 @@ class HeaderMap {
   /// any of the field_flag bits `flags`: a scan for such fields (the hop-by-hop ones, say) is
   /// then known to find none. (Erasing a field leaves its flags here: true may be stale.)
   bool may_hold(std::uint16_t flags) const { return (flags_ & flags) != 0; }
+
+  /// Notes that a field of the message came "never indexed" (HTTP/2's HPACK, RFC 7541 §6.2.3):
+  /// whoever sends the message on over HTTP/2 writes every field of it so, as an intermediary
+  /// must for that one (which one is not kept: never indexed more than asked is allowed). Kept
+  /// by a move, forgotten by clear().
+  void mark_never_indexed() { never_indexed_ = true; }
+  /// See mark_never_indexed.
+  bool never_indexed() const { return never_indexed_; }
 
   /// Number of fields.
   std::size_t size() const { return size_; }
@@ -256,6 +265,8 @@ class HeaderMap {
   std::size_t size_ = 0;
   /// The field_flag bits of every field added since the last clear() (may_hold).
   std::uint16_t flags_ = 0;
+  /// See mark_never_indexed. (In the padding after flags_: the map is no larger.)
+  bool never_indexed_ = false;
   /// How much of the first arena block is used.
   std::size_t arena_used_ = 0;
   /// Free bytes left at the end of the last block, and where they start.

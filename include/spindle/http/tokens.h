@@ -32,7 +32,8 @@ inline constexpr std::uint16_t kNotInTrailers = 8;
 /// the original URL and method; Expect, which it answers itself). A client's own never go on as
 /// sent: the gateway writes its own (folding in a trusted proxy's, where it says so) or none.
 inline constexpr std::uint16_t kSetByProxy = 16;
-/// Its values are secrets (credentials, sessions): HPACK never indexes them (RFC 7541 §7.1.3).
+/// Its values are secrets (credentials, sessions, API keys): HPACK never indexes them, and
+/// says so to the next hop (RFC 7541 §7.1.3).
 inline constexpr std::uint16_t kSensitive = 32;
 /// Its value is new in every message (the request id and trace context a gateway writes):
 /// HPACK does not index it, as it would never be named again.
@@ -41,6 +42,10 @@ inline constexpr std::uint16_t kUniquePerMessage = 64;
 /// CORS and WebSocket said to appear once): two are ambiguous (which one did the gateway judge,
 /// which one will the upstream read?) and the request is refused (canonical.h).
 inline constexpr std::uint16_t kSingleton = 128;
+/// Its values are the same for many clients and name none of them (a method, a media type, a
+/// language, the gateway's own Via): an HPACK table shared by many clients' messages (a
+/// gateway's upstream connection) indexes these values and no other (docs/security.md).
+inline constexpr std::uint16_t kSharedValue = 256;
 }  // namespace field_flag
 
 /// A known field name.
@@ -94,32 +99,32 @@ namespace f = field_flag;
 // Every known name, once.
 inline constexpr Token kTokens[] = {
     // HPACK's static table, its names in its order (RFC 7541 Appendix A).
-    {":authority", 0, 1},
-    {":method", 0, 2},
+    {":authority", f::kSharedValue, 1},
+    {":method", f::kSharedValue, 2},
     {":path", 0, 4},
-    {":scheme", 0, 6},
-    {":status", 0, 8},
-    {"accept-charset", 0, 15},
-    {"accept-encoding", 0, 16},
-    {"accept-language", 0, 17},
+    {":scheme", f::kSharedValue, 6},
+    {":status", f::kSharedValue, 8},
+    {"accept-charset", f::kSharedValue, 15},
+    {"accept-encoding", f::kSharedValue, 16},
+    {"accept-language", f::kSharedValue, 17},
     {"accept-ranges", 0, 18},
-    {"accept", 0, 19},
+    {"accept", f::kSharedValue, 19},
     {"access-control-allow-origin", 0, 20},
     {"age", 0, 21},
     {"allow", 0, 22},
     {"authorization", f::kSensitive | f::kSingleton, 23},
-    {"cache-control", 0, 24},
+    {"cache-control", f::kSharedValue, 24},
     {"content-disposition", 0, 25},
-    {"content-encoding", f::kNotInTrailers, 26},
-    {"content-language", 0, 27},
+    {"content-encoding", f::kNotInTrailers | f::kSharedValue, 26},
+    {"content-language", f::kSharedValue, 27},
     {"content-length", f::kFraming | f::kNotInTrailers, 28},
     {"content-location", f::kSingleton, 29},
     {"content-range", f::kNotInTrailers | f::kSingleton, 30},
-    {"content-type", f::kNotInTrailers | f::kSingleton, 31},
+    {"content-type", f::kNotInTrailers | f::kSingleton | f::kSharedValue, 31},
     {"cookie", f::kSensitive, 32},
     {"date", f::kSingleton, 33},
     {"etag", 0, 34},
-    {"expect", f::kSetByProxy, 35},
+    {"expect", f::kSetByProxy | f::kSharedValue, 35},
     {"expires", 0, 36},
     {"from", f::kSingleton, 37},
     {"host", f::kHost | f::kNotInTrailers | f::kSingleton, 38},
@@ -144,20 +149,20 @@ inline constexpr Token kTokens[] = {
     {"transfer-encoding", f::kHopByHop | f::kFraming | f::kNotInTrailers, 57},
     {"user-agent", f::kSingleton, 58},
     {"vary", 0, 59},
-    {"via", f::kSetByProxy, 60},
+    {"via", f::kSetByProxy | f::kSharedValue, 60},
     {"www-authenticate", 0, 61},
     // The names of spindle's rules HPACK's table does not have.
     {":protocol", 0, 0},  // RFC 8441
     {"connection", f::kHopByHop, 0},
     {"proxy-connection", f::kHopByHop, 0},
     {"keep-alive", f::kHopByHop, 0},
-    {"te", f::kHopByHop, 0},
+    {"te", f::kHopByHop | f::kSharedValue, 0},
     {"upgrade", f::kHopByHop, 0},
     {"http2-settings", f::kHopByHop, 0},
     {"trailer", f::kNotInTrailers, 0},
     {"x-forwarded-for", f::kSetByProxy, 0},
-    {"x-forwarded-proto", f::kSetByProxy, 0},
-    {"x-forwarded-host", f::kSetByProxy, 0},
+    {"x-forwarded-proto", f::kSetByProxy | f::kSharedValue, 0},
+    {"x-forwarded-host", f::kSetByProxy | f::kSharedValue, 0},
     {"x-request-id", f::kSetByProxy | f::kUniquePerMessage, 0},
     {"traceparent", f::kSetByProxy | f::kUniquePerMessage, 0},
     // What the gateway alone says of a request (kSetByProxy): who sent it, and what it was
@@ -180,27 +185,38 @@ inline constexpr Token kTokens[] = {
     {"x-method-override", f::kSetByProxy, 0},
     {"tracestate", 0, 0},
     {"origin", f::kSingleton, 0},
-    {"access-control-request-method", f::kSingleton, 0},
-    {"access-control-request-headers", 0, 0},
+    {"access-control-request-method", f::kSingleton | f::kSharedValue, 0},
+    {"access-control-request-headers", f::kSharedValue, 0},
     {"sec-websocket-key", f::kSingleton, 0},
     {"sec-websocket-accept", 0, 0},
-    {"sec-websocket-version", f::kSingleton, 0},
+    {"sec-websocket-version", f::kSingleton | f::kSharedValue, 0},
+    // Credentials under names of their own (API gateways' and frameworks' usual ones).
+    {"x-api-key", f::kSensitive, 0},
+    {"api-key", f::kSensitive, 0},
+    {"x-auth-token", f::kSensitive, 0},
+    {"x-access-token", f::kSensitive, 0},
+    {"x-goog-api-key", f::kSensitive, 0},
+    {"x-csrf-token", f::kSensitive, 0},
+    {"x-xsrf-token", f::kSensitive, 0},
+    {"x-amz-security-token", f::kSensitive, 0},
 };
 
-// Each name has a slot of its own in a table of 1024: a key from its length, its first byte and
-// its last two, any case (| 0x20 lower-cases letters and leaves the other bytes of known names
-// as they are), times a multiplier, top ten bits. The multiplier is the first of a sequence
+// Each name has a slot of its own in a table of 1024: a key from its length, its first byte, its
+// last two and its third, any case (| 0x20 lower-cases letters and leaves the other bytes of known
+// names as they are), times a multiplier, top ten bits. The multiplier is the first of a sequence
 // under which no two known names share a slot, found while compiling: a lookup is one slot and
 // at most one compare, with no probing. (With 88 names, 512 slots took 7,679 tries, past
-// clang's constexpr step limit; 1024 take 27.)
+// clang's constexpr step limit; 1024 take 12 for today's 96.)
 inline constexpr unsigned kTokenSlotBits = 10;
 constexpr std::uint32_t token_key(std::string_view name) {  // name.size() >= 2
   auto byte = [](char c) {
     return static_cast<std::uint32_t>(static_cast<unsigned char>(c) | 0x20);
   };
-  // (Not the second byte: "x-forwarded-host" and "-port" differ only near their ends.)
+  // (Not the second byte: "x-forwarded-host" and "-port" differ only near their ends; the
+  // third folded into the last: "x-csrf-token" and "x-xsrf-token" differ only there.)
   return (static_cast<std::uint32_t>(name.size()) & 0xff) | byte(name[0]) << 8 |
-         byte(name[name.size() - 2]) << 16 | byte(name.back()) << 24;
+         byte(name[name.size() - 2]) << 16 |
+         (byte(name.back()) ^ byte(name[name.size() > 2 ? 2 : 1])) << 24;
 }
 constexpr std::size_t token_slot(std::uint32_t key, std::uint32_t multiplier) {
   return (key * multiplier) >> (32 - kTokenSlotBits);

@@ -156,10 +156,14 @@ TEST(HttpRules, OneTableNamesEveryFieldWithARuleInAnyCase) {
        {"Via", "Expect", "traceparent", "X-Request-Id", "X-Forwarded-For", "x-forwarded-host",
         "X-FORWARDED-PROTO", "Forwarded", "X-Real-IP", "X-Forwarded-Port", "x-forwarded-uri",
         "X-Forwarded-Method", "X-Original-URL", "X-HTTP-Method-Override"}) {
-    EXPECT_EQ(field_flags(name) & ~kUniquePerMessage, kSetByProxy) << name;
+    EXPECT_EQ(field_flags(name) & ~(kUniquePerMessage | kSharedValue), kSetByProxy) << name;
   }
-  // What HPACK reads from the same table: never indexed, and not worth indexing.
-  for (std::string_view name : {"Authorization", "proxy-authorization", "Cookie", "set-cookie"}) {
+  // What HPACK reads from the same table: never indexed (credentials, under their usual names),
+  // not worth indexing, and (on a table many clients share) the values that name no client.
+  for (std::string_view name :
+       {"Authorization", "proxy-authorization", "Cookie", "set-cookie", "X-Api-Key", "api-key",
+        "x-auth-token", "X-Access-Token", "x-goog-api-key", "x-csrf-token", "X-XSRF-TOKEN",
+        "x-amz-security-token"}) {
     EXPECT_EQ(field_flags(name, ~kSingleton), kSensitive) << name;
   }
   // Once at most in a request.
@@ -171,12 +175,20 @@ TEST(HttpRules, OneTableNamesEveryFieldWithARuleInAnyCase) {
     EXPECT_EQ(field_flags(name, kSingleton), 0) << name;
   }
   EXPECT_EQ(field_flags("X-Request-Id", kUniquePerMessage), kUniquePerMessage);
+  for (std::string_view name : {":method", ":authority", "accept", "Accept-Encoding", "Via",
+                                "content-type", "X-Forwarded-Proto", "TE"}) {
+    EXPECT_EQ(field_flags(name, kSharedValue), kSharedValue) << name;
+  }
+  for (std::string_view name : {":path", "user-agent", "referer", "origin", "X-Forwarded-For",
+                                "X-Request-Id", "if-none-match", "cookie", "x-tenant"}) {
+    EXPECT_EQ(field_flags(name, kSharedValue), 0) << name;
+  }
   for (std::string_view name : {"HTTP2-Settings", "Keep-Alive", "Proxy-Connection"}) {
     EXPECT_EQ(field_flags(name), kHopByHop) << name;
   }
   // Names of the same length as a ruled one, and longer than any, have none.
   for (std::string_view name : {"", "tf", "vie", "hosts", "x-request-ix", "content-lengthy",
-                                "x-forwarded-protocol", "accept", "cookies"}) {
+                                "x-forwarded-protocol", "accepts", "cookies"}) {
     EXPECT_EQ(field_flags(name), 0) << name;
   }
 }
