@@ -66,6 +66,8 @@ struct Call {
   std::size_t block_bytes = 0;
   std::size_t block_fields = 0;
   bool too_large = false;
+  // A field of the head being received came never indexed (noted on the head once whole).
+  bool never_indexed = false;
   // Interim (1xx) heads received and not yet passed to the exchange's callback.
   std::vector<ClientResponseHead> interim;
   ByteQueue in;
@@ -190,7 +192,7 @@ struct Http2Session::Impl final : h2::SessionHandler {
     Call* call = find(id);
     if (call != nullptr && !call->have_head &&
         (field.token == nullptr || (field.token->flags & field_flag::kSensitive) == 0)) {
-      call->head.headers.mark_never_indexed();
+      call->never_indexed = true;
     }
   }
   void on_headers(std::uint32_t id, bool end_stream, bool trailers) override;
@@ -247,11 +249,13 @@ void Http2Session::Impl::on_headers(std::uint32_t id, bool end_stream, bool trai
     }
     call->head.status = 0;
     call->head.headers.clear();
+    call->never_indexed = false;
     call->wake.set();
     return;
   }
   if (!trailers) {
     call->have_head = true;
+    if (call->never_indexed) call->head.headers.mark_never_indexed();
     call->head.version = 20;
     if (auto length = call->head.headers.get(token::kContentLength)) {
       call->head.content_length = parse_content_length(*length);
@@ -511,8 +515,12 @@ void Http2Session::Impl::read_loop() {
   while (!broken) {
     auto n = stream.read(buffer);
     if (!n || *n == 0) break;
+    const std::size_t resets_unread = session.unacknowledged_resets();
     bool ok = session.receive(
         {reinterpret_cast<const std::uint8_t*>(buffer.data()), static_cast<std::size_t>(*n)});
+    // A stream we reset counts as open until the server has read the reset (can_open): the
+    // ones it has read now make room for those who wait.
+    if (session.unacknowledged_resets() < resets_unread) release_waiters();
     for (std::uint32_t id : refused) session.reset(id, ErrorCode::kProtocolError);
     refused.clear();
     writer_wake.set();

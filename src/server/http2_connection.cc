@@ -234,6 +234,9 @@ void Http2Connection::forget(H2Stream& s) {
     open_[i] = std::move(open_.back());
     open_[i]->open_index = i;
   }
+  // A handler that never ran never will: nobody reads what the stream received. (One that
+  // ran gives back what it left when it ends: end_handler.)
+  if (!s.handler_started) give_back_unread(s);
   open_.pop_back();  // the last reference unless the handler still runs
   if ((goaway_sent_ || session_.closing()) && open_.empty()) stop_reader();
   nudge_reader();
@@ -417,12 +420,34 @@ void Http2Connection::handle(StreamRef s) {
 
 void Http2Connection::end_handler(H2Stream& s) noexcept {
   s.handler_done = true;
-  // What the handler left unread is dropped; the client may send the rest.
+  give_back_unread(s);  // what the handler left unread: the client may send the rest
+  forget_if_done(s);
+  wake_writer();
+}
+
+void Http2Connection::give_back_unread(H2Stream& s) {
   if (std::size_t unread = s.body_in.size(); unread > 0) {
     session_.consumed(s.id, unread);
     s.body_in.clear();
+    wake_writer();
   }
-  forget_if_done(s);
+}
+
+Deadline Http2Connection::head_deadline() {
+  if (!session_.head_pending()) {
+    head_started_ = {};
+    return Deadline::never();
+  }
+  if (head_started_ == Clock::time_point{}) head_started_ = Clock::now();
+  return Deadline::at(head_started_ + shared_.options.header_timeout);
+}
+
+void Http2Connection::head_too_slow() {
+  if (!goaway_sent_) {
+    goaway_sent_ = true;
+    goaway_last_id_ = last_started_id_;
+    session_.goaway(ErrorCode::kNoError, last_started_id_, "request header too slow");
+  }
   wake_writer();
 }
 
@@ -501,8 +526,9 @@ Activation Http2Connection::run(std::string_view preread, const Http2Upgrade* up
 }
 
 bool Http2Connection::may_park() {
+  // (Not with a head half-read: its timeout runs in the reader's wait.)
   return open_.empty() && due_.empty() && !notice_sent_ && !goaway_sent_ && !session_.closing() &&
-         handlers_.count() == 0 && stream_.drained();
+         handlers_.count() == 0 && stream_.drained() && !session_.head_pending();
 }
 
 bool Http2Connection::park(JoinHandle<void>& writer) {
@@ -557,6 +583,13 @@ bool Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
     wake_writer();
     if (shared_.draining.load(std::memory_order_acquire)) shut_down();
     if ((goaway_sent_ || session_.closing()) && open_.empty()) break;
+    // A request head begun must be whole within the header timeout (a slowloris, or a client
+    // that holds a block's memory).
+    const Deadline head = head_deadline();
+    if (head.expired(coarse_now())) {
+      head_too_slow();
+      break;
+    }
     if (stream_.drained()) {
       // Nothing to read now: wait for bytes, or for the last stream to end (the connection
       // may be idle then). Idle with nothing running, it parks if nothing comes for a moment:
@@ -572,11 +605,15 @@ bool Http2Connection::read_loop(std::string_view preread, const Http2Upgrade* up
                               ? Deadline::after(shared_.options.keepalive_timeout)
                               : Deadline::never();
       stream_.on_readable(&Http2Connection::on_bytes, this);
-      auto waited = reader_wake_.wait(deadline);
+      auto waited = reader_wake_.wait(earliest(deadline, head));
       stream_.cancel_on_readable();
       if (waited == std::errc::timed_out && parkable) {
         if (may_park()) return true;
         continue;
+      }
+      if (waited == std::errc::timed_out && head.expired()) {
+        head_too_slow();
+        break;
       }
       if (waited) {
         // Idle too long: GOAWAY (which, with no stream open, also stops the reader).

@@ -207,6 +207,15 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   void finish(JoinHandle<void>& writer) noexcept;
   /// A handler is done (its fiber ends): drops what it left unread, uncounts it.
   void end_handler(H2Stream& s) noexcept;
+  /// Drops the body bytes of `s` nobody will read: their window goes back to the connection
+  /// (else each stream that ends before its body is read takes that much of it for good).
+  void give_back_unread(H2Stream& s);
+  /// The request head pending in the session (session_.head_pending) must be whole by then
+  /// (timeouts.header, as on HTTP/1.1): never while none is. Notes when one began.
+  Deadline head_deadline();
+  /// A head took longer: GOAWAY naming the last stream begun whole (the one being read was not
+  /// processed); the connection ends, and the memory the block held with it.
+  void head_too_slow();
   /// Closes gently: half-close, then drop what the client still sends, briefly.
   void linger();
 
@@ -260,6 +269,8 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   std::uint32_t goaway_last_id_ = std::numeric_limits<std::uint32_t>::max();
   /// Resets of streams whose handler runs (Http2Limits::running_reset_burst and _per_second).
   TokenBucket costly_resets_;
+  /// When the request head the session is reading began (see head_deadline); {} while none is.
+  Clock::time_point head_started_{};
   /// The reader's fiber while an activation runs.
   Fiber* reader_ = nullptr;
 };
