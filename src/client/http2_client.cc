@@ -568,7 +568,13 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
       return fail(make_error_code(ExchangeErrc::kClosedBeforeWrite));
     }
   }
-  if (!usable()) return fail(make_error_code(ExchangeErrc::kClosedBeforeWrite));
+  if (!usable()) {
+    // Turned away by the server's GOAWAY while it waited for room (as a stream above its last
+    // would be): nothing was sent, and another connection may take it.
+    const bool turned_away = s.session.goaway_last_stream() != h2::kMaxWindow;
+    return fail(make_error_code(turned_away ? ExchangeErrc::kAboveGoaway
+                                            : ExchangeErrc::kClosedBeforeWrite));
+  }
   // Names lower-cased into one buffer.
   HpackField::make_room_for_names(s.names, head.headers);
   s.fields.clear();

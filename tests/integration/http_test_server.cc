@@ -6,7 +6,8 @@
 //
 // As an upstream behind the gateway: UPSTREAM_NAME is sent back in X-Upstream on every
 // response, KEEPALIVE_MS sets the keep-alive timeout (1500 by default), TLS_CERT and TLS_KEY
-// serve HTTPS (ALPN h2 and http/1.1) instead of cleartext.
+// serve HTTPS (ALPN h2 and http/1.1) instead of cleartext, H2_RESET_LIMITS the HTTP/2 resets
+// a connection may make.
 #include <fmt/format.h>
 
 #include <csignal>
@@ -230,6 +231,13 @@ int main(int argc, char** argv) {
       return 1;
     }
     options.tls = *tls;
+  }
+  // H2_RESET_LIMITS: the HTTP/2 resets a connection may make (Rapid Reset's budget, and those
+  // of running streams at once): an upstream behind a gateway whose clients cancel by the
+  // hundred (200 and 100 by default).
+  if (const char* resets = std::getenv("H2_RESET_LIMITS")) {
+    options.http2_limits.reset_budget = std::strtoull(resets, nullptr, 10);
+    options.http2_limits.running_reset_burst = options.http2_limits.reset_budget;
   }
   options.parser.max_request_line = 1024;
   options.parser.max_head = 4096;

@@ -15,8 +15,9 @@ from conftest import Server
 from ports import free_port  # noqa: F401  (one picker for the tests and the benchmarks)
 
 
-def upstream(build_dir, name, keepalive_ms=None, tls=None, max_body=64 << 20, delay_ms=None):
-    env = {"UPSTREAM_NAME": name}
+def upstream(build_dir, name, keepalive_ms=None, tls=None, max_body=64 << 20, delay_ms=None,
+             env=None):
+    env = {"UPSTREAM_NAME": name, **(env or {})}
     if delay_ms is not None:
         env["DELAY_MS"] = str(delay_ms)
     if keepalive_ms is not None:
