@@ -11,7 +11,7 @@ build_pkgs=(build-essential cmake ninja-build pkg-config
   libssl-dev libnghttp2-dev libre2-dev libhiredis-dev libc-ares-dev nlohmann-json3-dev valgrind
   googletest libgtest-dev libgmock-dev libpq-dev libpqxx-dev libcurl4-openssl-dev)
 test_pkgs=(python3 python3-pytest python3-pytest-xdist python3-h2 python3-websockets python3-brotli python3-yaml python3-prometheus-client python3-jwt python3-cryptography curl openssl
-  nghttp2-client wrk golang-go nginx-light h2o redis-server postgresql
+  nghttp2-client nghttp2-server wrk golang-go nginx-light h2o redis-server postgresql
   clang-format clang-19 libclang-rt-19-dev lintian dpkg-dev man-db systemd
   python3-flask nodejs)
 # npm installs Express for the framework tests (scripts/install-express.sh): Debian's package,
