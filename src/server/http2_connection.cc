@@ -229,14 +229,15 @@ void Http2Connection::forget(H2Stream& s) {
     s.sending = false;
     std::erase(sending_, &s);
   }
+  // A handler that never ran never will: nobody reads what the stream received. (One that
+  // ran gives back what it left when it ends: end_handler.) Before `s` leaves open_, which may
+  // hold its last reference.
+  if (!s.handler_started) give_back_unread(s);
   s.open_index = std::numeric_limits<std::size_t>::max();
   if (i + 1 != open_.size()) {
     open_[i] = std::move(open_.back());
     open_[i]->open_index = i;
   }
-  // A handler that never ran never will: nobody reads what the stream received. (One that
-  // ran gives back what it left when it ends: end_handler.)
-  if (!s.handler_started) give_back_unread(s);
   open_.pop_back();  // the last reference unless the handler still runs
   if ((goaway_sent_ || session_.closing()) && open_.empty()) stop_reader();
   nudge_reader();
