@@ -465,8 +465,9 @@ TEST(HookReviewDeathTest, DISABLED_BadPointersSayEfault) {
   Pair p;
   ASSERT_EQ(::write(p.b, "0123456789", 10), 10);
   auto* unmapped_iovec = reinterpret_cast<iovec*>(8);
+  iovec* volatile null_iovec = nullptr;  // (volatile: the compiler does not warn of a known null)
   std::vector<std::pair<std::string, std::function<long()>>> calls = {
-      {"readv of a null array", [&] { return ::readv(p.a, nullptr, 2); }},
+      {"readv of a null array", [&] { return ::readv(p.a, null_iovec, 2); }},
       {"writev of an unmapped array", [&] { return ::writev(p.a, unmapped_iovec, 2); }},
       {"recvmsg into an unmapped array",
        [&] {
