@@ -4,8 +4,11 @@
 // is sent and a MSG_WAITALL read once all of it came (or the peer ended, the timeout passed).
 // read(2) and write(2) on a socket are recvmsg and sendmsg for the kernel, so they are made so
 // here. Anywhere else each is libc's call. The descriptor's flags are never touched.
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -97,10 +100,24 @@ void keep_for_next_call(FdState& s, int error) {
   }
 }
 
-// The error a cooperative call left for this one (0: none), taken.
-int take_pending_error(int fd) {
+// How many bytes the socket has queued for reading (0 if it cannot say).
+int queued(int fd) {
+  int n = 0;
+  return ::ioctl(fd, FIONREAD, &n) == 0 ? n : 0;
+}
+
+// True if the socket holds an error (poll's POLLERR: looking does not take it, as a call would).
+bool holds_error(int fd) {
+  pollfd p{fd, 0, 0};
+  return detail::real_poll(&p, 1, 0) > 0 && (p.revents & POLLERR) != 0;
+}
+
+// The error a cooperative call left for this one (0: none), taken. A read (`reading`) takes it
+// only once the bytes that came before it are read, as the kernel orders them.
+int take_pending_error(int fd, bool reading = false) {
   FdState* s = FdTable::instance().find(fd);
   if (s == nullptr || s->pending_error.load(std::memory_order_relaxed) == 0) return 0;
+  if (reading && queued(fd) > 0) return 0;
   return s->pending_error.exchange(0, std::memory_order_acq_rel);
 }
 
@@ -130,6 +147,38 @@ bool peer_ended(int fd) {
   return detail::real_poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
+// True if a whole read on the Unix stream socket `fd` into `message` has the kernel's rules for
+// ancillary data to keep: it never glues bytes of two writers when credentials are passed
+// (SO_PASSCRED), and ends after a piece that carries descriptors (into a control buffer).
+bool carries_ancillary(int fd, const msghdr& message) {
+  int on = 0;
+  socklen_t size = sizeof on;
+  return message.msg_controllen > 0 ||
+         (::getsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, &size) == 0 && on != 0);
+}
+
+// A whole read (MSG_WAITALL) on a Unix stream socket with ancillary data: pieces read one by
+// one cannot keep the kernel's rules (carries_ancillary), so the kernel reads it. The fiber
+// waits until something is there; if all of it is (or the peer ended), the read does not wait;
+// otherwise it is the kernel's blocking read, and the worker waits with it for the rest.
+std::optional<ssize_t> whole_local_receive(int fd, const Use& use, msghdr* message, int flags) {
+  SPINDLE_REAL(recvmsg);
+  const std::size_t total = total_of(*message);
+  Waiting waiting(fd, *use.state, use.generation, use.facts, Waiting::Timeout::kReceive);
+  for (;;) {
+    int there = queued(fd);
+    if (there > 0 || peer_ended(fd) || holds_error(fd)) {
+      bool all = static_cast<std::size_t>(there) >= total || peer_ended(fd);
+      ssize_t n = real_recvmsg(fd, message, flags | (all ? MSG_DONTWAIT : 0));
+      if (n < 0 && errno == ENOTSOCK) return not_a_socket(use);
+      return n;
+    }
+    WaitEnd end = waiting.wait(IoDirection::kRead);
+    if (end == WaitEnd::kTimedOut) return fail(EAGAIN);
+    if (end != WaitEnd::kReady) return fail(error_of(end));
+  }
+}
+
 // A receive its program expects to wait, on a fiber, into `message` (the caller's own msghdr
 // for the first try, so that what recvmsg reports lands there). Nothing if the descriptor
 // turned out not to be a socket.
@@ -140,12 +189,18 @@ std::optional<ssize_t> cooperative_receive(int fd, const Use& use, msghdr* messa
   // MSG_WAITALL: a stream's read waits for all (a peek too, except on a Unix socket).
   const bool whole = (flags & MSG_WAITALL) != 0 && (use.facts & detail::kStream) != 0 &&
                      !(peek && (use.facts & detail::kLocal) != 0);
+  if (whole && !peek && (use.facts & detail::kLocal) != 0 && carries_ancillary(fd, *message)) {
+    return whole_local_receive(fd, use, message, flags);
+  }
   Waiting waiting(fd, *use.state, use.generation, use.facts, Waiting::Timeout::kReceive);
   std::vector<iovec> parts;
   msghdr rest{};
   msghdr* m = message;
   std::size_t got = 0, peeked = 0;
   for (;;) {
+    // Once some came, the kernel's read returns the count and leaves an error on the socket
+    // for the next call once the queued bytes are read: so does this one.
+    if (got > 0 && queued(fd) == 0 && holds_error(fd)) return got;
     ssize_t n = real_recvmsg(fd, m, flags | MSG_DONTWAIT);
     int error = errno;
     if (n == 0) return whole && !peek ? got : 0;
@@ -157,7 +212,7 @@ std::optional<ssize_t> cooperative_receive(int fd, const Use& use, msghdr* messa
         peeked = static_cast<std::size_t>(n);
       } else {
         got += static_cast<std::size_t>(n);
-        // A message with ancillary data (descriptors) ends a read, as it does in the kernel.
+        // Ancillary data (a TCP socket's) comes with the first piece only: the read ends there.
         if (got == total || (m == message && message->msg_controllen > 0)) return got;
         rest = rest_of(*message, got, parts);
         m = &rest;
@@ -190,7 +245,10 @@ std::optional<ssize_t> cooperative_send(int fd, const Use& use, const msghdr* me
   const msghdr* m = message;
   std::size_t sent = 0;
   for (;;) {
-    // Once some went, an error is the next call's (no SIGPIPE now: see keep_for_next_call).
+    // Once some went, the kernel's write returns the count and leaves an error on the socket
+    // (poll's POLLERR, SO_ERROR, the next call): a send now would take it, so none is made.
+    if (sent > 0 && holds_error(fd)) return sent;
+    // (Should the error come between the look and the send: see keep_for_next_call.)
     ssize_t n = real_sendmsg(fd, m, flags | MSG_DONTWAIT | (sent > 0 ? MSG_NOSIGNAL : 0));
     int error = errno;
     if (n >= 0) {
@@ -240,7 +298,7 @@ ssize_t read(int fd, void* buffer, size_t size) {
   SPINDLE_REAL(read);
   // A read of nothing reads nothing (a receive of nothing would take a datagram, or an error).
   if (size == 0) return real_read(fd, buffer, size);
-  if (int error = take_pending_error(fd)) return fail(error);
+  if (int error = take_pending_error(fd, true)) return fail(error);
   if (auto use = cooperative(fd, 0)) {
     iovec part;
     msghdr m = message_of(buffer, size, part);
@@ -253,7 +311,7 @@ ssize_t readv(int fd, const iovec* parts, int count) {
   SPINDLE_REAL(readv);
   msghdr m = message_of(parts, count);
   if (count <= 0 || total_of(m) == 0) return real_readv(fd, parts, count);  // (as read's)
-  if (int error = take_pending_error(fd)) return fail(error);
+  if (int error = take_pending_error(fd, true)) return fail(error);
   if (auto use = cooperative(fd, 0)) {
     if (auto n = cooperative_receive(fd, *use, &m, 0)) return *n;
   }
@@ -262,7 +320,7 @@ ssize_t readv(int fd, const iovec* parts, int count) {
 
 ssize_t recv(int fd, void* buffer, size_t size, int flags) {
   SPINDLE_REAL(recv);
-  if (int error = take_pending_error(fd)) return fail(error);
+  if (int error = take_pending_error(fd, true)) return fail(error);
   if (auto use = cooperative(fd, flags)) {
     iovec part;
     msghdr m = message_of(buffer, size, part);
@@ -273,7 +331,7 @@ ssize_t recv(int fd, void* buffer, size_t size, int flags) {
 
 ssize_t recvfrom(int fd, void* buffer, size_t size, int flags, sockaddr* from, socklen_t* length) {
   SPINDLE_REAL(recvfrom);
-  if (int error = take_pending_error(fd)) return fail(error);
+  if (int error = take_pending_error(fd, true)) return fail(error);
   if (auto use = cooperative(fd, flags)) {
     iovec part;
     msghdr m = message_of(buffer, size, part);
@@ -291,7 +349,7 @@ ssize_t recvfrom(int fd, void* buffer, size_t size, int flags, sockaddr* from, s
 
 ssize_t recvmsg(int fd, msghdr* message, int flags) {
   SPINDLE_REAL(recvmsg);
-  if (int error = take_pending_error(fd)) return fail(error);
+  if (int error = take_pending_error(fd, true)) return fail(error);
   std::optional<ssize_t> n;
   if (auto use = message != nullptr ? cooperative(fd, flags) : std::nullopt) {
     n = cooperative_receive(fd, *use, message, flags);

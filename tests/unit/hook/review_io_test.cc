@@ -114,7 +114,7 @@ std::ostream& operator<<(std::ostream& out, const Received& r) {
 // defect: recvmsg(MSG_WAITALL) with SO_PASSCRED on a Unix stream: the fiber's whole read returns 3
 // bytes (stops at the first piece carrying ancillary data) where libc's returns all 6 with one
 // SCM_CREDENTIALS
-TEST(HookReview, DISABLED_AWholeReadWithCredentialsGetsEveryPieceOfOneWriter) {
+TEST(HookReview, AWholeReadWithCredentialsGetsEveryPieceOfOneWriter) {
   auto scenario = [](bool fiber) {
     Pair p;
     int on = 1;
@@ -139,7 +139,7 @@ TEST(HookReview, DISABLED_AWholeReadWithCredentialsGetsEveryPieceOfOneWriter) {
 // defect: recvmsg(MSG_WAITALL) whose second piece carries SCM_RIGHTS: the hooks read later pieces
 // without the control buffer, so the kernel drops (closes) the passed descriptor (0 received vs
 // libc's 1): data loss
-TEST(HookReview, DISABLED_AWholeReadKeepsADescriptorThatCameInALaterPiece) {
+TEST(HookReview, AWholeReadKeepsADescriptorThatCameInALaterPiece) {
   auto scenario = [](bool fiber) {
     Pair p, carried;
     EXPECT_EQ(::write(p.b, "abc", 3), 3);
@@ -161,7 +161,7 @@ TEST(HookReview, DISABLED_AWholeReadKeepsADescriptorThatCameInALaterPiece) {
 // read: it returns the first writer's 3.
 // defect: recvmsg(MSG_WAITALL) with SO_PASSCRED over bytes of two writers: the fiber glues them (6
 // 'aaabbb') where libc stops at the credentials boundary (3 'aaa')
-TEST(HookReview, DISABLED_AWholeReadNeverGluesTwoWritersBytes) {
+TEST(HookReview, AWholeReadNeverGluesTwoWritersBytes) {
   auto scenario = [](bool fiber) {
     Pair p;
     int on = 1;
@@ -185,7 +185,7 @@ TEST(HookReview, DISABLED_AWholeReadNeverGluesTwoWritersBytes) {
 // defect: a reset under a fiber's whole write: the hooks' non-waiting send consumes the socket's
 // error and keeps it privately: POLLERR is gone, SO_ERROR says 0 and a duplicate's read says 0
 // where libc leaves ECONNRESET on the socket
-TEST(HookReview, DISABLED_AResetUnderAWholeWriteStaysOnTheSocket) {
+TEST(HookReview, AResetUnderAWholeWriteStaysOnTheSocket) {
   auto ignored = ::signal(SIGPIPE, SIG_IGN);
   // After the write: poll's POLLERR, then SO_ERROR (`by_duplicate`: a read of a duplicate).
   auto scenario = [](bool fiber, bool by_duplicate) {
@@ -240,7 +240,7 @@ TEST(HookReview, DISABLED_AResetUnderAWholeWriteStaysOnTheSocket) {
 // defect: after a reset under a whole write, the hooks' kept error (take_pending_error) is reported
 // by the next read before the 5 bytes queued ahead of it: got {1, ECONNRESET, 5}, libc {1, 5,
 // ECONNRESET}
-TEST(HookReview, DISABLED_BytesThatCameBeforeAResetAreReadBeforeIt) {
+TEST(HookReview, BytesThatCameBeforeAResetAreReadBeforeIt) {
   auto ignored = ::signal(SIGPIPE, SIG_IGN);
   auto scenario = [](bool fiber) {
     Tcp s;
