@@ -33,6 +33,11 @@ std::optional<Use> cooperative(int fd, int flags) {
   std::uint32_t facts = table.facts(fd, *s);
   if ((facts & kSocket) == 0) return std::nullopt;
   if ((facts & kNonBlocking) != 0 && (facts & kShared) == 0) return std::nullopt;
+  // What the program last set is not all: a copy the hooks never see as one (sent away with
+  // SCM_RIGHTS, a posix_spawn child's) shares the flags. So the kernel is asked, once, as the
+  // call starts: that is when libc's call reads them too (a change mid-wait does not end it).
+  long flags_now = ::syscall(SYS_fcntl, fd, F_GETFL);
+  if (flags_now < 0 || (flags_now & O_NONBLOCK) != 0) return std::nullopt;
   return Use{s, generation, facts};
 }
 

@@ -85,8 +85,9 @@ Deadline Waiting::deadline() {
 }
 
 bool Waiting::user_blocks() {
-  std::uint32_t now = state_.facts.load(std::memory_order_acquire);
-  if (!renewed_ && now == facts_ && (now & kShared) == 0) return true;
+  // The flags were read as the call began (cooperative()); only a descriptor made again at the
+  // number since is asked again.
+  if (!renewed_) return true;
   long flags = ::syscall(SYS_fcntl, fd_, F_GETFL);
   return flags < 0 || (flags & O_NONBLOCK) == 0;  // (a bad descriptor: the next try says so)
 }

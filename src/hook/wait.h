@@ -48,8 +48,9 @@ class Waiting {
         timeout_(timeout),
         started_(Clock::now()) {}
 
-  /// True if the descriptor's program expects the call to wait: not non-blocking. Asked of
-  /// the kernel (one fcntl) for a shared descriptor, or once what was known of it changed.
+  /// True if the descriptor's program expects the call to wait: not non-blocking. Read as the
+  /// call began (as libc's call does); asked of the kernel again once the descriptor at the
+  /// number was made again.
   bool user_blocks();
   /// Parks until the descriptor is ready for `direction` (or a reason to try again).
   WaitEnd wait(IoDirection direction);

@@ -84,7 +84,7 @@ void expect_eagain_on_a_fiber(Pair& p) {
 // defect: a descriptor sent with SCM_RIGHTS and made O_NONBLOCK through the copy: the table's
 // cached 'blocking' is stale, a fiber's read parks (got 1 after a rescue byte) where libc says
 // EAGAIN
-TEST(HookReview, DISABLED_ADescriptorSentAwayAndMadeNonBlockingThereIsNonBlockingHere) {
+TEST(HookReview, ADescriptorSentAwayAndMadeNonBlockingThereIsNonBlockingHere) {
   Pair channel, p;
   send_descriptor(channel.b, p.a);
   int copy = receive_descriptor(channel.a);
@@ -99,7 +99,7 @@ TEST(HookReview, DISABLED_ADescriptorSentAwayAndMadeNonBlockingThereIsNonBlockin
 // non-blocking, as many runtimes do with their stdin.
 // defect: posix_spawn (system/popen) children are not seen as sharers (no fork handler): the
 // child's F_SETFL O_NONBLOCK is missed, a fiber's read parks where libc says EAGAIN
-TEST(HookReview, DISABLED_AChildSpawnedWithoutForkMakesAnInheritedSocketNonBlocking) {
+TEST(HookReview, AChildSpawnedWithoutForkMakesAnInheritedSocketNonBlocking) {
   if (::access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/python3";
   Pair p;
   posix_spawn_file_actions_t actions;
@@ -126,7 +126,7 @@ TEST(HookReview, DISABLED_AChildSpawnedWithoutForkMakesAnInheritedSocketNonBlock
 // it waits for the byte.
 // defect: a parked read re-reads the flags on wake-up: another thread's F_SETFL O_NONBLOCK mid-wait
 // ends it with EAGAIN where libc's read (already blocking in the kernel) waits and returns 1
-TEST(HookReview, DISABLED_AReadThatBeganBlockingKeepsWaitingWhenTheSocketIsMadeNonBlocking) {
+TEST(HookReview, AReadThatBeganBlockingKeepsWaitingWhenTheSocketIsMadeNonBlocking) {
   auto scenario = [](bool fiber) {
     Pair p;
     std::thread other([&] {
