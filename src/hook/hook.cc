@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <linux/close_range.h>
+#include <linux/time_types.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,6 +36,15 @@ extern "C" const int spindle_hook_linked = 1;
 bool spindle::hook::linked() { return spindle_hook_linked == 1; }
 
 namespace {
+
+// A socket timeout as the table keeps it, by Linux's rules: microseconds, 0 for none ({0, 0},
+// or so long it is none), -1 for a negative one ("do not wait").
+std::int64_t timeout_us(const timeval& t) {
+  constexpr std::int64_t kCentury = 100ll * 366 * 24 * 3600;
+  if (t.tv_sec < 0) return -1;
+  if (t.tv_sec >= kCentury) return 0;
+  return std::int64_t{t.tv_sec} * 1'000'000 + t.tv_usec;
+}
 
 // An errno for how a wait ended without the call being done (kReady is not one).
 int error_of(WaitEnd end, int timed_out) {
@@ -281,11 +291,12 @@ int ioctl(int fd, unsigned long request, ...) {
 int setsockopt(int fd, int level, int name, const void* value, socklen_t length) {
   SPINDLE_REAL(setsockopt);
   int rc = real_setsockopt(fd, level, name, value, length);
-  if (rc == 0 && level == SOL_SOCKET && (name == SO_RCVTIMEO || name == SO_SNDTIMEO) &&
-      length >= sizeof(timeval)) {
-    const auto* t = static_cast<const timeval*>(value);
-    FdTable::instance().set_timeout(fd, name == SO_RCVTIMEO,
-                                    std::int64_t{t->tv_sec} * 1'000'000 + t->tv_usec);
+  bool receive = name == SO_RCVTIMEO || name == SO_RCVTIMEO_NEW;
+  bool timeout = receive || name == SO_SNDTIMEO || name == SO_SNDTIMEO_NEW;
+  // (On 64-bit Linux a timeval and the _NEW options' __kernel_sock_timeval are one layout.)
+  static_assert(sizeof(timeval) == sizeof(__kernel_sock_timeval));
+  if (rc == 0 && level == SOL_SOCKET && timeout && length >= sizeof(timeval)) {
+    FdTable::instance().set_timeout(fd, receive, timeout_us(*static_cast<const timeval*>(value)));
   }
   return rc;
 }

@@ -17,9 +17,21 @@
 #include "wait.h"
 
 using spindle::Deadline;
+using spindle::hook::detail::deadline_after;
 using spindle::hook::detail::on_fiber;
 
 namespace {
+
+// A time libc takes: neither part negative, the nanoseconds less than a second.
+bool valid(const timespec& t) {
+  return t.tv_sec >= 0 && t.tv_nsec >= 0 && t.tv_nsec < 1'000'000'000;
+}
+
+// A call's arguments refused, as libc refuses them.
+int refused() {
+  errno = EINVAL;
+  return -1;
+}
 
 // The helper threads that resolve names for fibers (getaddrinfo blocks in glibc).
 spindle::BlockingPool& resolver_threads() {
@@ -44,16 +56,19 @@ int ppoll(pollfd* fds, nfds_t count, const timespec* timeout, const sigset_t* ma
   SPINDLE_REAL(ppoll);
   // The signal mask is a thread's: a fiber shares its worker's, so it is not changed here.
   if (!on_fiber() || mask != nullptr) return real_ppoll(fds, count, timeout, mask);
-  Deadline deadline = timeout == nullptr
-                          ? Deadline::never()
-                          : Deadline::after(std::chrono::seconds(timeout->tv_sec) +
-                                            std::chrono::nanoseconds(timeout->tv_nsec));
+  if (timeout != nullptr && !valid(*timeout)) return refused();
+  Deadline deadline =
+      timeout == nullptr ? Deadline::never() : deadline_after(timeout->tv_sec, timeout->tv_nsec);
   return spindle::hook::detail::poll_on_fiber(fds, count, deadline);
 }
 
 int select(int count, fd_set* readable, fd_set* writable, fd_set* failed, timeval* timeout) {
   SPINDLE_REAL(select);
   if (!on_fiber()) return real_select(count, readable, writable, failed, timeout);
+  // As Linux: microseconds past a second carry into the seconds; a negative part is refused.
+  if (count < 0 || (timeout != nullptr && (timeout->tv_sec < 0 || timeout->tv_usec < 0))) {
+    return refused();
+  }
   std::vector<pollfd> fds;
   for (int fd = 0; fd < count; ++fd) {
     short events = 0;
@@ -64,8 +79,8 @@ int select(int count, fd_set* readable, fd_set* writable, fd_set* failed, timeva
   }
   Deadline deadline = timeout == nullptr
                           ? Deadline::never()
-                          : Deadline::after(std::chrono::seconds(timeout->tv_sec) +
-                                            std::chrono::microseconds(timeout->tv_usec));
+                          : deadline_after(timeout->tv_sec + timeout->tv_usec / 1'000'000,
+                                           std::int64_t{timeout->tv_usec % 1'000'000} * 1000);
   int n = spindle::hook::detail::poll_on_fiber(fds.data(), fds.size(), deadline);
   if (n < 0) return n;
   for (fd_set* set : {readable, writable, failed}) {
@@ -101,15 +116,16 @@ int select(int count, fd_set* readable, fd_set* writable, fd_set* failed, timeva
 int nanosleep(const timespec* duration, timespec* left) {
   SPINDLE_REAL(nanosleep);
   if (!on_fiber() || duration == nullptr) return real_nanosleep(duration, left);
-  auto wanted =
-      std::chrono::seconds(duration->tv_sec) + std::chrono::nanoseconds(duration->tv_nsec);
-  auto started = spindle::Clock::now();
-  if (spindle::this_fiber::sleep_for(wanted)) {
-    auto gone = spindle::Clock::now() - started;
-    auto rest = std::chrono::duration_cast<std::chrono::nanoseconds>(wanted - gone);
+  if (!valid(*duration)) return refused();
+  Deadline until = deadline_after(duration->tv_sec, duration->tv_nsec);
+  if (spindle::this_fiber::sleep_until(until)) {
     if (left != nullptr) {
-      left->tv_sec = static_cast<time_t>(rest.count() / 1'000'000'000);
-      left->tv_nsec = static_cast<long>(rest.count() % 1'000'000'000);
+      // (A sleep of centuries has no deadline: what is left is what was asked.)
+      auto rest = std::chrono::duration_cast<std::chrono::nanoseconds>(until.when() -
+                                                                       spindle::Clock::now());
+      *left = !until.is_finite() ? *duration
+                                 : timespec{static_cast<time_t>(rest.count() / 1'000'000'000),
+                                            static_cast<long>(rest.count() % 1'000'000'000)};
     }
     errno = EINTR;
     return -1;
@@ -119,7 +135,14 @@ int nanosleep(const timespec* duration, timespec* left) {
 
 int clock_nanosleep(clockid_t clock, int flags, const timespec* request, timespec* left) {
   SPINDLE_REAL(clock_nanosleep);
-  if (!on_fiber() || request == nullptr) return real_clock_nanosleep(clock, flags, request, left);
+  // Only the clocks a sleep can be measured on here; libc's answers the others (EINVAL for a
+  // CPU-time clock or one that does not exist).
+  bool measured = clock == CLOCK_REALTIME || clock == CLOCK_MONOTONIC || clock == CLOCK_BOOTTIME ||
+                  clock == CLOCK_TAI;
+  if (!on_fiber() || request == nullptr || !measured) {
+    return real_clock_nanosleep(clock, flags, request, left);
+  }
+  if (!valid(*request)) return EINVAL;
   timespec relative = *request;
   if ((flags & TIMER_ABSTIME) != 0) {
     timespec now{};

@@ -24,6 +24,8 @@ using std::chrono::milliseconds;
 // pause between looks at a descriptor it cannot park on.
 constexpr milliseconds kLongestLook{8000};
 constexpr milliseconds kLongestPause{16};
+// A timeout of this many seconds or more is none (its microseconds would overflow).
+constexpr std::int64_t kNoTimeoutSeconds = 100ll * 366 * 24 * 3600;
 
 short events_of(IoDirection direction) {
   return direction == IoDirection::kRead ? POLLIN : POLLOUT;
@@ -65,6 +67,12 @@ int real_poll(pollfd* fds, nfds_t count, int timeout_ms) {
 
 bool on_fiber() { return current_fiber() != nullptr && !in_forked_child(); }
 
+Deadline deadline_after(std::int64_t seconds, std::int64_t nanoseconds, Clock::time_point from) {
+  constexpr std::int64_t kCentury = 100ll * 366 * 24 * 3600;
+  if (seconds >= kCentury) return Deadline::never();
+  return Deadline::at(from + std::chrono::seconds(seconds) + std::chrono::nanoseconds(nanoseconds));
+}
+
 Deadline deadline_in(int timeout_ms) {
   return timeout_ms < 0 ? Deadline::never() : Deadline::after(milliseconds(timeout_ms));
 }
@@ -76,11 +84,18 @@ Deadline Waiting::deadline() {
   if ((state_.facts.load(std::memory_order_relaxed) & kShared) != 0) {
     timeval t{};
     socklen_t size = sizeof t;
-    if (::getsockopt(fd_, SOL_SOCKET, receive ? SO_RCVTIMEO : SO_SNDTIMEO, &t, &size) == 0) {
-      us = std::int64_t{t.tv_sec} * 1'000'000 + t.tv_usec;
+    // (A negative timeout, "do not wait", reads back as none: the noted one is kept.)
+    if (::getsockopt(fd_, SOL_SOCKET, receive ? SO_RCVTIMEO : SO_SNDTIMEO, &t, &size) == 0 &&
+        (us >= 0 || t.tv_sec != 0 || t.tv_usec != 0)) {
+      us = t.tv_sec >= kNoTimeoutSeconds ? 0 : std::int64_t{t.tv_sec} * 1'000'000 + t.tv_usec;
     }
   }
-  deadline_ = us > 0 ? Deadline::at(started_ + std::chrono::microseconds(us)) : Deadline::never();
+  if (us < 0) {
+    deadline_ = Deadline::at(started_);  // Linux: a negative timeout is "do not wait"
+  } else {
+    deadline_ = us > 0 ? deadline_after(us / 1'000'000, us % 1'000'000 * 1000, started_)
+                       : Deadline::never();
+  }
   return *deadline_;
 }
 

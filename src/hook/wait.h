@@ -85,6 +85,11 @@ class Waiting {
 /// is asked to stop (-1, EINTR); the revents are poll's own.
 int poll_on_fiber(pollfd* fds, nfds_t count, Deadline deadline);
 
+/// `seconds` and `nanoseconds` (valid: neither negative) from `from` as a deadline: never for
+/// a time so long (a century and more) that the clock's arithmetic would overflow.
+Deadline deadline_after(std::int64_t seconds, std::int64_t nanoseconds,
+                        Clock::time_point from = Clock::now());
+
 /// A poll timeout in milliseconds (negative: none) as a deadline.
 Deadline deadline_in(int timeout_ms);
 
