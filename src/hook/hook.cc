@@ -37,6 +37,13 @@ bool spindle::hook::linked() { return spindle_hook_linked == 1; }
 
 namespace {
 
+// True if `fd` is a listening socket (or the kernel cannot say: the call then finds out).
+bool listening(int fd) {
+  int on = 1;
+  socklen_t size = sizeof on;
+  return ::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &on, &size) != 0 || on != 0;
+}
+
 // A socket timeout as the table keeps it, by Linux's rules: microseconds, 0 for none ({0, 0},
 // or so long it is none), -1 for a negative one ("do not wait").
 std::int64_t timeout_us(const timeval& t) {
@@ -149,7 +156,10 @@ int socketpair(int domain, int type, int protocol, int fds[2]) {
 
 int accept4(int fd, sockaddr* address, socklen_t* length, int flags) {
   SPINDLE_REAL(accept4);
-  auto use = detail::cooperative(fd, 0);
+  // What cannot accept (not listening: a datagram or connected socket) or flags it does not
+  // know fail at once in the kernel: libc's call says so without waiting.
+  constexpr int kFlags = SOCK_NONBLOCK | SOCK_CLOEXEC;
+  auto use = (flags & ~kFlags) == 0 && listening(fd) ? detail::cooperative(fd, 0) : std::nullopt;
   int got;
   if (!use) {
     got = real_accept4(fd, address, length, flags);
@@ -213,7 +223,10 @@ int close(int fd) {
 
 int close_range(unsigned int first, unsigned int last, int flags) {
   SPINDLE_REAL(close_range);
-  if ((flags & CLOSE_RANGE_CLOEXEC) == 0) FdTable::instance().forget_range(first, last);
+  // What the kernel refuses (flags it does not know, a range backwards) closes nothing.
+  constexpr int kKnown = CLOSE_RANGE_UNSHARE | CLOSE_RANGE_CLOEXEC;
+  bool closes = (flags & ~kKnown) == 0 && first <= last && (flags & CLOSE_RANGE_CLOEXEC) == 0;
+  if (closes) FdTable::instance().forget_range(first, last);
   return real_close_range(first, last, flags);
 }
 

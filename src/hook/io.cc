@@ -25,7 +25,8 @@
 namespace spindle::hook::detail {
 
 std::optional<Use> cooperative(int fd, int flags) {
-  if ((flags & MSG_DONTWAIT) != 0 || !on_fiber()) return std::nullopt;
+  // (The error queue is read without waiting, whatever the socket's flags.)
+  if ((flags & (MSG_DONTWAIT | MSG_ERRQUEUE)) != 0 || !on_fiber()) return std::nullopt;
   FdTable& table = FdTable::instance();
   FdState* s = table.entry(fd);
   if (s == nullptr) return std::nullopt;
