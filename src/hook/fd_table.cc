@@ -290,15 +290,17 @@ struct ForkHandlers {
         s.facts.fetch_or(kShared, std::memory_order_relaxed);
       }
     });
-    forked_child().store(true, std::memory_order_relaxed);
+    forked_thread = true;
   }
-  static std::atomic<bool>& forked_child() {
-    static std::atomic<bool> forked{false};
-    return forked;
-  }
+  // The thread that forked, in the child: the one thread the child has of its parent. Its
+  // fibers (if it was a worker) have no worker; threads the child starts (a Runtime of its
+  // own) are not it, and their calls park as in any program.
+  static thread_local bool forked_thread;
 };
 
-bool in_forked_child() { return ForkHandlers::forked_child().load(std::memory_order_relaxed); }
+thread_local bool ForkHandlers::forked_thread = false;
+
+bool in_forked_child() { return ForkHandlers::forked_thread; }
 
 namespace {
 

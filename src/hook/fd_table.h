@@ -71,7 +71,8 @@ struct Registration {
   bool renewed = false;
 };
 
-/// True in a child made by fork(): it has none of its parent's workers, so no call parks.
+/// True on the thread that called fork(), in the child: it has none of its parent's workers,
+/// so no call made there parks (threads the child starts itself are not concerned).
 bool in_forked_child();
 
 /// The process's table.
