@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <optional>
 #include <vector>
@@ -315,8 +316,10 @@ ssize_t read(int fd, void* buffer, size_t size) {
 
 ssize_t readv(int fd, const iovec* parts, int count) {
   SPINDLE_REAL(readv);
+  // (More parts than IOV_MAX: readv's EINVAL, not recvmsg's EMSGSIZE.)
+  if (count <= 0 || count > IOV_MAX) return real_readv(fd, parts, count);
   msghdr m = message_of(parts, count);
-  if (count <= 0 || total_of(m) == 0) return real_readv(fd, parts, count);  // (as read's)
+  if (total_of(m) == 0) return real_readv(fd, parts, count);  // (as read's)
   if (int error = take_pending_error(fd, true)) return fail(error);
   if (auto use = cooperative(fd, 0)) {
     if (auto n = cooperative_receive(fd, *use, &m, 0)) return *n;
@@ -379,7 +382,8 @@ ssize_t write(int fd, const void* data, size_t size) {
 ssize_t writev(int fd, const iovec* parts, int count) {
   SPINDLE_REAL(writev);
   if (int error = take_pending_error(fd)) return fail(error);
-  if (auto use = count > 0 ? cooperative(fd, 0) : std::nullopt) {
+  // (More parts than IOV_MAX: writev's EINVAL, not sendmsg's EMSGSIZE.)
+  if (auto use = count > 0 && count <= IOV_MAX ? cooperative(fd, 0) : std::nullopt) {
     msghdr m = message_of(parts, count);
     if (auto n = cooperative_send(fd, *use, &m, write_flags(*use))) return *n;
   }
