@@ -111,9 +111,9 @@ std::ostream& operator<<(std::ostream& out, const Received& r) {
 // credentials (SO_PASSCRED). libc's glues pieces of one writer into one read, with one
 // SCM_CREDENTIALS: 6 bytes. (A read that stops at the first piece with ancillary data is
 // short: 3.)
-// defect: recvmsg(MSG_WAITALL) with SO_PASSCRED on a Unix stream: the fiber's whole read returns 3
-// bytes (stops at the first piece carrying ancillary data) where libc's returns all 6 with one
-// SCM_CREDENTIALS
+// fixed (was a defect): recvmsg(MSG_WAITALL) with SO_PASSCRED on a Unix stream: the fiber's whole
+// read returns 3 bytes (stops at the first piece carrying ancillary data) where libc's returns all
+// 6 with one SCM_CREDENTIALS
 TEST(HookReview, AWholeReadWithCredentialsGetsEveryPieceOfOneWriter) {
   auto scenario = [](bool fiber) {
     Pair p;
@@ -136,9 +136,9 @@ TEST(HookReview, AWholeReadWithCredentialsGetsEveryPieceOfOneWriter) {
 // Attack: a whole read whose second piece carries a descriptor (SCM_RIGHTS). libc's read takes
 // both pieces and the descriptor; none may be lost (the kernel drops descriptors that come to
 // a read without room for them).
-// defect: recvmsg(MSG_WAITALL) whose second piece carries SCM_RIGHTS: the hooks read later pieces
-// without the control buffer, so the kernel drops (closes) the passed descriptor (0 received vs
-// libc's 1): data loss
+// fixed (was a defect): recvmsg(MSG_WAITALL) whose second piece carries SCM_RIGHTS: the hooks read
+// later pieces without the control buffer, so the kernel drops (closes) the passed descriptor (0
+// received vs libc's 1): data loss
 TEST(HookReview, AWholeReadKeepsADescriptorThatCameInALaterPiece) {
   auto scenario = [](bool fiber) {
     Pair p, carried;
@@ -159,8 +159,8 @@ TEST(HookReview, AWholeReadKeepsADescriptorThatCameInALaterPiece) {
 // Attack: a whole read on a socket that passes credentials, over bytes from two writers (a
 // child shares the peer socket). libc never glues bytes of different credentials into one
 // read: it returns the first writer's 3.
-// defect: recvmsg(MSG_WAITALL) with SO_PASSCRED over bytes of two writers: the fiber glues them (6
-// 'aaabbb') where libc stops at the credentials boundary (3 'aaa')
+// fixed (was a defect): recvmsg(MSG_WAITALL) with SO_PASSCRED over bytes of two writers: the fiber
+// glues them (6 'aaabbb') where libc stops at the credentials boundary (3 'aaa')
 TEST(HookReview, AWholeReadNeverGluesTwoWritersBytes) {
   auto scenario = [](bool fiber) {
     Pair p;
@@ -182,9 +182,9 @@ TEST(HookReview, AWholeReadNeverGluesTwoWritersBytes) {
 // Attack: the connection is reset under a whole write. libc's write returns its count and the
 // reset stays on the socket: poll shows POLLERR, and getsockopt(SO_ERROR) says ECONNRESET, or
 // a read through a duplicate does. The hooks' non-waiting sends took the error from the socket.
-// defect: a reset under a fiber's whole write: the hooks' non-waiting send consumes the socket's
-// error and keeps it privately: POLLERR is gone, SO_ERROR says 0 and a duplicate's read says 0
-// where libc leaves ECONNRESET on the socket
+// fixed (was a defect): a reset under a fiber's whole write: the hooks' non-waiting send consumes
+// the socket's error and keeps it privately: POLLERR is gone, SO_ERROR says 0 and a duplicate's
+// read says 0 where libc leaves ECONNRESET on the socket
 TEST(HookReview, AResetUnderAWholeWriteStaysOnTheSocket) {
   auto ignored = ::signal(SIGPIPE, SIG_IGN);
   // After the write: poll's POLLERR, then SO_ERROR (`by_duplicate`: a read of a duplicate).
@@ -237,9 +237,9 @@ TEST(HookReview, AResetUnderAWholeWriteStaysOnTheSocket) {
 // Attack: the peer sends a few bytes, then resets the connection under a whole write. libc's
 // next read returns those bytes first (they are in the socket's queue before the reset), and
 // only the read after them says ECONNRESET.
-// defect: after a reset under a whole write, the hooks' kept error (take_pending_error) is reported
-// by the next read before the 5 bytes queued ahead of it: got {1, ECONNRESET, 5}, libc {1, 5,
-// ECONNRESET}
+// fixed (was a defect): after a reset under a whole write, the hooks' kept error
+// (take_pending_error) is reported by the next read before the 5 bytes queued ahead of it: got {1,
+// ECONNRESET, 5}, libc {1, 5, ECONNRESET}
 TEST(HookReview, BytesThatCameBeforeAResetAreReadBeforeIt) {
   auto ignored = ::signal(SIGPIPE, SIG_IGN);
   auto scenario = [](bool fiber) {

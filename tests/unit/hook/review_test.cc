@@ -81,9 +81,9 @@ void expect_eagain_on_a_fiber(Pair& p) {
 // Attack: the open file description is shared with a descriptor the hooks never see as a copy
 // of it (sent with SCM_RIGHTS, here to the same process; a worker process is the same), and
 // the holder of that copy makes it non-blocking. libc's read of the original says EAGAIN.
-// defect: a descriptor sent with SCM_RIGHTS and made O_NONBLOCK through the copy: the table's
-// cached 'blocking' is stale, a fiber's read parks (got 1 after a rescue byte) where libc says
-// EAGAIN
+// fixed (was a defect): a descriptor sent with SCM_RIGHTS and made O_NONBLOCK through the copy: the
+// table's cached 'blocking' is stale, a fiber's read parks (got 1 after a rescue byte) where libc
+// says EAGAIN
 TEST(HookReview, ADescriptorSentAwayAndMadeNonBlockingThereIsNonBlockingHere) {
   Pair channel, p;
   send_descriptor(channel.b, p.a);
@@ -97,8 +97,8 @@ TEST(HookReview, ADescriptorSentAwayAndMadeNonBlockingThereIsNonBlockingHere) {
 // Attack: posix_spawn (and system(), popen(), which use it) makes a child without fork(), so no
 // fork handler marks the descriptors shared; the child (here Python) makes an inherited socket
 // non-blocking, as many runtimes do with their stdin.
-// defect: posix_spawn (system/popen) children are not seen as sharers (no fork handler): the
-// child's F_SETFL O_NONBLOCK is missed, a fiber's read parks where libc says EAGAIN
+// fixed (was a defect): posix_spawn (system/popen) children are not seen as sharers (no fork
+// handler): the child's F_SETFL O_NONBLOCK is missed, a fiber's read parks where libc says EAGAIN
 TEST(HookReview, AChildSpawnedWithoutForkMakesAnInheritedSocketNonBlocking) {
   if (::access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/python3";
   Pair p;
@@ -124,8 +124,9 @@ TEST(HookReview, AChildSpawnedWithoutForkMakesAnInheritedSocketNonBlocking) {
 // Attack: another thread makes the socket non-blocking while a read that began blocking waits.
 // libc's read is in the kernel already, blocking (the file's flags are read as a call starts):
 // it waits for the byte.
-// defect: a parked read re-reads the flags on wake-up: another thread's F_SETFL O_NONBLOCK mid-wait
-// ends it with EAGAIN where libc's read (already blocking in the kernel) waits and returns 1
+// fixed (was a defect): a parked read re-reads the flags on wake-up: another thread's F_SETFL
+// O_NONBLOCK mid-wait ends it with EAGAIN where libc's read (already blocking in the kernel) waits
+// and returns 1
 TEST(HookReview, AReadThatBeganBlockingKeepsWaitingWhenTheSocketIsMadeNonBlocking) {
   auto scenario = [](bool fiber) {
     Pair p;
@@ -146,8 +147,8 @@ TEST(HookReview, AReadThatBeganBlockingKeepsWaitingWhenTheSocketIsMadeNonBlockin
 
 // Attack: the timeouts set with the y2038-safe option names (SO_RCVTIMEO_NEW/SO_SNDTIMEO_NEW,
 // what a 32-bit time_t program built with _TIME_BITS=64 sends, and what any program may use).
-// defect: setsockopt(SO_RCVTIMEO_NEW/SO_SNDTIMEO_NEW) is not noted: the fiber's read/write waits
-// forever where libc's ends after 100 ms with EAGAIN
+// fixed (was a defect): setsockopt(SO_RCVTIMEO_NEW/SO_SNDTIMEO_NEW) is not noted: the fiber's
+// read/write waits forever where libc's ends after 100 ms with EAGAIN
 TEST(HookReview, TimeoutsSetWithTheNewOptionNamesEndAFibersWait) {
   __kernel_sock_timeval timeout{0, 100'000};
   {
@@ -179,8 +180,8 @@ TEST(HookReview, TimeoutsSetWithTheNewOptionNamesEndAFibersWait) {
 
 // Attack: a negative timeout. Linux takes it (with a warning in its log) as "do not wait": a
 // blocking read says EAGAIN at once.
-// defect: SO_RCVTIMEO of {-1,0} (Linux: do not wait) is taken as no timeout: the fiber parks where
-// libc says EAGAIN at once
+// fixed (was a defect): SO_RCVTIMEO of {-1,0} (Linux: do not wait) is taken as no timeout: the
+// fiber parks where libc says EAGAIN at once
 TEST(HookReview, ANegativeReceiveTimeoutMeansDoNotWait) {
   Pair p;
   timeval timeout{-1, 0};
@@ -191,8 +192,8 @@ TEST(HookReview, ANegativeReceiveTimeoutMeansDoNotWait) {
 // Attack: timeouts and sleeps of centuries (what programs write for "practically never"). libc
 // waits; a fiber's call must not return at once (an overflow in the arithmetic of the deadline
 // would put it in the past; under UBSan it is a crash).
-// defect: deadline arithmetic overflows for timeouts of ~317 years (SO_RCVTIMEO, nanosleep, select,
-// ppoll): the fiber's call returns at once (EAGAIN / 0) where libc waits
+// fixed (was a defect): deadline arithmetic overflows for timeouts of ~317 years (SO_RCVTIMEO,
+// nanosleep, select, ppoll): the fiber's call returns at once (EAGAIN / 0) where libc waits
 TEST(HookReview, TimeoutsOfCenturiesDoNotEndAtOnce) {
   constexpr time_t kCenturies = 10'000'000'000;  // 317 years
   Pair p;
@@ -258,8 +259,8 @@ TEST(HookReview, DISABLED_AReceiveLowWaterMarkIsWaitedFor) {
 
 // Attack: more iovecs than IOV_MAX. readv/writev say EINVAL (sendmsg/recvmsg would say
 // EMSGSIZE: a hooked readv made as recvmsg must still say readv's error).
-// defect: readv/writev with IOV_MAX+1 parts are made as recvmsg/sendmsg: errno EMSGSIZE where libc
-// says EINVAL
+// fixed (was a defect): readv/writev with IOV_MAX+1 parts are made as recvmsg/sendmsg: errno
+// EMSGSIZE where libc says EINVAL
 TEST(HookReview, TooManyIovecsSayEinvalAsReadvAndWritevDo) {
   Pair p;
   ASSERT_EQ(::write(p.b, "x", 1), 1);
@@ -276,8 +277,9 @@ TEST(HookReview, TooManyIovecsSayEinvalAsReadvAndWritevDo) {
 // Attack: accept on what cannot accept. libc says so at once: EOPNOTSUPP on a UDP socket,
 // EINVAL on a connected stream socket and for flags accept4 does not know. A fiber must not
 // wait for a "connection" first (a datagram, a byte or a connection frees a parked one).
-// defect: accept on a UDP socket, on a connected stream socket, and accept4 with unknown flags park
-// the fiber waiting for readability instead of failing at once (EOPNOTSUPP/EINVAL)
+// fixed (was a defect): accept on a UDP socket, on a connected stream socket, and accept4 with
+// unknown flags park the fiber waiting for readability instead of failing at once
+// (EOPNOTSUPP/EINVAL)
 TEST(HookReview, AcceptOnWhatCannotAcceptFailsAtOnce) {
   sockaddr_in address{};
   int udp = bound_socket(SOCK_DGRAM, address);
@@ -315,8 +317,8 @@ TEST(HookReview, AcceptOnWhatCannotAcceptFailsAtOnce) {
 
 // Attack: recvmsg(MSG_ERRQUEUE) reads a socket's error queue, which never waits: EAGAIN when
 // it is empty, even on a blocking socket (what zero-copy and timestamping code polls).
-// defect: recvmsg(MSG_ERRQUEUE) on an empty error queue parks the fiber (ended only by cancel,
-// EINTR) where libc says EAGAIN at once
+// fixed (was a defect): recvmsg(MSG_ERRQUEUE) on an empty error queue parks the fiber (ended only
+// by cancel, EINTR) where libc says EAGAIN at once
 TEST(HookReview, ReadingTheErrorQueueNeverWaits) {
   sockaddr_in address{};
   int udp = bound_socket(SOCK_DGRAM, address);
@@ -341,9 +343,9 @@ TEST(HookReview, ReadingTheErrorQueueNeverWaits) {
 
 // Attack: arguments libc refuses. Each call gives EINVAL at once with libc (clock_nanosleep
 // returns it); on a fiber it must too, not sleep or poll as if they were good.
-// defect: select(-1), negative/out-of-range timeouts for select/ppoll/nanosleep, clock_nanosleep on
-// a CPU-time or unknown clock: the fiber's call returns 0 (sleeps or polls) where libc returns
-// EINVAL
+// fixed (was a defect): select(-1), negative/out-of-range timeouts for select/ppoll/nanosleep,
+// clock_nanosleep on a CPU-time or unknown clock: the fiber's call returns 0 (sleeps or polls)
+// where libc returns EINVAL
 TEST(HookReview, BadTimeoutsAndClocksAreRefusedAsLibcRefusesThem) {
   Pair p;
   std::vector<std::pair<std::string, std::function<long()>>> calls = {
@@ -403,8 +405,9 @@ TEST(HookReview, BadTimeoutsAndClocksAreRefusedAsLibcRefusesThem) {
 
 // Attack: a close_range libc refuses (flags it does not know, as a program probing for a newer
 // kernel passes) closes nothing, so a fiber waiting on a descriptor in the range waits on.
-// defect: close_range(a, a, 1u<<30) is refused by the kernel (EINVAL) but the hooks forget/wake the
-// range first: a fiber parked on the still-open descriptor gets EBADF instead of its byte
+// fixed (was a defect): close_range(a, a, 1u<<30) is refused by the kernel (EINVAL) but the hooks
+// forget/wake the range first: a fiber parked on the still-open descriptor gets EBADF instead of
+// its byte
 TEST(HookReview, ARefusedCloseRangeClosesNothing) {
   Pair p;
   Outcome refused, parked;

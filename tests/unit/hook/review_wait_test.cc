@@ -330,9 +330,9 @@ TEST(HookReview, DISABLED_CallsThatWaitAndAreNotHookedDoNotHoldTheWorker) {
 // fibers that wait on each other through a socket; the hooks must park them there as in any
 // program (they take every call in a forked child for libc's: its one worker then blocks in
 // the reader's read, the writer fiber never runs, and the child's alarm ends it).
-// defect: (documented: 'in a child after fork every hooked call is libc's') a forked child that
-// starts its own Runtime gets no cooperative calls: its one worker blocks in a fiber's read and the
-// writer fiber never runs (the child hangs until its alarm)
+// fixed (was a defect): (documented: 'in a child after fork every hooked call is libc's') a forked
+// child that starts its own Runtime gets no cooperative calls: its one worker blocks in a fiber's
+// read and the writer fiber never runs (the child hangs until its alarm)
 TEST(HookReview, AForkedChildThatStartsItsOwnRuntimeHasCooperativeCalls) {
   pid_t child = ::fork();
   ASSERT_GE(child, 0);
