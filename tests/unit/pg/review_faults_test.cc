@@ -680,3 +680,34 @@ TEST(PgReviewFaults, AsynchronousMessagesAmongPipelinedStatementsNeverShiftTheAn
     EXPECT_EQ(db.stats().opened, 1u);
   });
 }
+
+// Inside a transaction (its connection reserved, so the next statement cannot go elsewhere): a
+// statement given up around its end gets a cancel that may arrive late, and the transaction's
+// next statement, sent at once, is never the one it stops.
+TEST(PgReviewFaults, ALateCancelInsideATransactionNeverStopsItsNextStatement) {
+  REQUIRE_POSTGRES(postgres);
+  Watchdog watchdog(60s);
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  pg::Database db(runtime, pg_options(*postgres, 1));
+  runtime.block_on([&] {
+    int given_up = 0;
+    for (int i = 0; i < 150; ++i) {
+      auto tx = db.begin(Deadline::after(5s));
+      ASSERT_TRUE(tx.has_value()) << tx.error().message;
+      int sleep_ms = 5 + i % 20;
+      auto slow = tx->query("SELECT pg_sleep($1::int / 1000.0)", {pg::param(sleep_ms)},
+                            Deadline::after(std::chrono::milliseconds(sleep_ms - 4 + i % 8)));
+      given_up += !slow.has_value();
+      auto next = tx->query("SELECT $1::int", {pg::param(i)}, Deadline::after(5s));
+      if (!next) {
+        // The transaction may be failed by its own statement's cancel (25P02 here), never
+        // by a cancel meant for another statement arriving on this one.
+        EXPECT_NE(next.error().sqlstate, "57014") << "call " << i << ": " << next.error().message;
+      } else {
+        EXPECT_EQ(*next->get<int>(0, 0), i);
+      }
+      (void)tx->rollback(Deadline::after(5s));
+    }
+    EXPECT_GT(given_up, 5) << "not vacuous: cancels were sent";
+  });
+}
