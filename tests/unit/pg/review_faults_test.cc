@@ -158,10 +158,11 @@ TEST(PgReviewFaults, ABackendStoppedInsideATransactionEndsEveryCallByItsDeadline
       EXPECT_FALSE(end.error().not_sent);
     }
     EXPECT_LT(ms_since(started), 200ms + 300ms + kDeadlineSlack);
-    started = Clock::now();
+    // The stopped backend never answers again: a call that waited for it would end by its
+    // deadline with no answer, so being answered at all is the proof (no latency bound, which
+    // a loaded machine stretches: 1874 ms seen at load 25).
     auto next = db.query("SELECT 'next'", {}, Deadline::after(3s));
     EXPECT_EQ(value_of(next), "next");
-    EXPECT_LT(ms_since(started), 300ms + 1s);
     EXPECT_EQ(db.stats().open, 1u);
   });
   ::kill(stopped, SIGCONT);
