@@ -162,8 +162,10 @@ ConnectParams connect_params(const std::string& conninfo) {
   }
   for (auto [key, value] : kTcpDefaults) set.try_emplace(key, value);
   // The conninfo's own options come after spindle's: where they set the same, the session
-  // reports it and the connection sets spindle's again (kSessionSettingsSql).
+  // reports it and the connection sets spindle's again (kSessionSettingsSql); what it does not
+  // report (extra_float_digits) is set again whenever the conninfo has options of its own.
   std::string& options = set["options"];
+  out.own_options = !options.empty();
   options = options.empty() ? kSessionOptions : std::string(kSessionOptions) + " " + options;
   out.params.assign(set.begin(), set.end());
   if (!set.contains("hostaddr")) {
@@ -192,6 +194,10 @@ Expected<Opened> connect(const ConnectParams& params, Resolver& resolver, Deadli
   values.push_back(nullptr);
   PGconn* conn = PQconnectStartParams(keys.data(), values.data(), /*expand_dbname=*/0);
   if (conn == nullptr) return std::unexpected(connect_error("out of memory"));
+  // libpq's default writes each NOTICE to stderr on the worker's thread: a stderr that does
+  // not drain would stop the worker. Notices are dropped (the statement's errors still come).
+  PQsetNoticeProcessor(
+      conn, [](void*, const char*) {}, nullptr);
   Opened opened{conn, nullptr};
   auto fail = [&](std::string message) -> std::unexpected<Error> {
     if (opened.slot != nullptr) Worker::current()->reactor().release(opened.slot);

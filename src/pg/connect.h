@@ -37,6 +37,9 @@ struct ConnectParams {
   std::vector<std::pair<std::string, std::string>> params;  ///< keyword, value
   std::string invalid;       ///< why the conninfo could not be read ("" if it could)
   bool names_hosts = false;  ///< a host is a name to resolve (not an address or a socket folder)
+  /// The conninfo has `options` of its own: they may set what the session does not report
+  /// (extra_float_digits, bytea_output), so kSessionSettingsSql goes first on each connection.
+  bool own_options = false;
   /// The conninfo's connect_timeout (libpq's: seconds, at least 2), which then bounds an open
   /// instead of Options::connect_timeout; 0 if it sets none.
   std::chrono::milliseconds connect_timeout{0};

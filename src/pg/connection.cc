@@ -37,13 +37,40 @@ std::string statement_name(std::uint32_t id, std::uint32_t generation) {
 enum PreparedState : std::uint8_t {
   kNotPrepared = 0,
   kPrepared,
-  kPreparedDropsPrepared,  ///< a DISCARD / DEALLOCATE statement, prepared
+  kPreparedDropsPrepared,     ///< a DISCARD / DEALLOCATE statement, prepared
+  kPreparedOpensTransaction,  ///< a BEGIN / START TRANSACTION, prepared (in a transaction)
 };
 
+// PostgreSQL takes no message over 1 GiB: neither a value nor a Bind of all the values.
 constexpr std::size_t kMaxValue = std::size_t{1} << 30;
+// A generous bound on a Bind's bytes besides the values (lengths, formats, names).
+constexpr std::size_t kMessageHead = 64;
+
+// The bytes a parameter takes in a Bind, at the most.
+std::size_t param_size(const Param& p) {
+  if (const auto* text = std::get_if<std::string_view>(&p)) return text->size();
+  if (const auto* raw = std::get_if<Bytes>(&p)) return raw->data.size();
+  return 64;  // a number or a time, as text
+}
 // Cancel requests on their way at once, per Database (each holds a thread while it connects):
 // past it, a call that gives up sends none, and its connection is closed if it stays silent.
 constexpr int kMaxCancels = 16;
+
+// format_timestamp writes years 1 to 32767 (std::chrono::year's range, and no BC): a time
+// outside would go as another year.
+bool writable_timestamp(Timestamp t) {
+  using namespace std::chrono;
+  static const sys_days first = year(1) / January / 1, last = year(32767) / December / 31;
+  return t >= first && t < last + days(1);
+}
+
+// A shared connection left in a transaction block would run other callers' statements in it
+// (and fail them all once it is aborted): transactions are opened by Database::begin alone.
+Error transaction_outside_begin() {
+  return unsent_error(Errc::kUnsupported,
+                      "BEGIN / START TRANSACTION outside Database::begin would leave a shared "
+                      "connection in a transaction block; use Database::begin()");
+}
 
 Error unsupported_copy() {
   return client_error(Errc::kUnsupported,
@@ -74,7 +101,8 @@ Expected<std::shared_ptr<Connection>> Connection::open(const Options& options,
   self->worker_ = worker;
   // A session that came up without spindle's settings (a pooler dropped `options`, or the
   // conninfo's own set others): one statement, first on the connection, sets them.
-  if (!session_settings_in_force(conn)) Query setup = self->send(nullptr, kSessionSettingsSql, {});
+  if (!session_settings_in_force(conn) || self->catalog_->connect_params().own_options)
+    Query setup = self->send(nullptr, kSessionSettingsSql, {});
   spawn([self] { self->drive(); }).detach();
   return self;
 }
@@ -103,13 +131,21 @@ std::optional<Error> Connection::refusal(std::span<const Param> params) const {
   }
   // What libpq cannot carry is refused before anything is queued on the connection.
   if (params.size() > 65535) return unsent_error(Errc::kBadValue, "more than 65535 parameters");
+  std::size_t message = kMessageHead;
   for (const Param& p : params) {
+    message += kMessageHead + param_size(p);
     const auto* text = std::get_if<std::string_view>(&p);
     const auto* raw = std::get_if<Bytes>(&p);
     // PostgreSQL takes no value over 1 GiB (and libpq's lengths are ints).
     if ((text != nullptr && text->size() >= kMaxValue) ||
         (raw != nullptr && raw->data.size() >= kMaxValue)) {
       return unsent_error(Errc::kBadValue, "a parameter over 1 GiB");
+    }
+    if (message >= kMaxValue) {
+      return unsent_error(Errc::kBadValue, "parameters over 1 GiB together (one message)");
+    }
+    if (const auto* t = std::get_if<Timestamp>(&p); t != nullptr && !writable_timestamp(*t)) {
+      return unsent_error(Errc::kBadValue, "a timestamp outside the years 1 to 32767");
     }
     if (text != nullptr && text->find('\0') != std::string_view::npos) {
       return unsent_error(Errc::kBadValue,
@@ -120,22 +156,36 @@ std::optional<Error> Connection::refusal(std::span<const Param> params) const {
 }
 
 Expected<std::string> Connection::prepared_name(std::uint32_t id) {
+  if (id < prepared_.size() && prepared_[id] != kNotPrepared) {
+    if (prepared_[id] == kPreparedOpensTransaction && !reserved) {
+      return std::unexpected(transaction_outside_begin());
+    }
+    return statement_name(id, generation_);
+  }
+  std::optional<std::string> text = catalog_->sql(id);
+  if (!text) {
+    return std::unexpected(
+        unsent_error(Errc::kBadValue, "a Statement not prepared by this Database"));
+  }
   if (prepared_.size() <= id) prepared_.resize(id + 1, kNotPrepared);
-  if (prepared_[id] != kNotPrepared) return statement_name(id, generation_);
-  std::string text = catalog_->sql(id);
-  StatementKind kind = classify_statement(text);
+  StatementKind kind = classify_statement(*text);
   if (kind == StatementKind::kCopyThroughClient) {
     Error e = unsupported_copy();
     e.not_sent = true;
     return std::unexpected(std::move(e));
   }
+  if (kind == StatementKind::kOpensTransaction && !reserved) {
+    return std::unexpected(transaction_outside_begin());
+  }
   std::string name = statement_name(id, generation_);
-  if (PQsendPrepare(conn_, name.c_str(), text.c_str(), 0, nullptr) != 1) {
+  if (PQsendPrepare(conn_, name.c_str(), text->c_str(), 0, nullptr) != 1) {
     Error e = unsent_error(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_)));
     shut(Errc::kConnectionLost, e.message);
     return std::unexpected(std::move(e));
   }
-  prepared_[id] = kind == StatementKind::kDropsPrepared ? kPreparedDropsPrepared : kPrepared;
+  prepared_[id] = kind == StatementKind::kDropsPrepared      ? kPreparedDropsPrepared
+                  : kind == StatementKind::kOpensTransaction ? kPreparedOpensTransaction
+                                                             : kPrepared;
   fifo_.push_back(Entry{Entry::kParse, nullptr, id, generation_});
   fifo_.back().sent_at = Clock::now();
   return name;
@@ -204,6 +254,9 @@ Query Connection::send(const Statement* statement, std::string_view sql,
       e.not_sent = true;
       return Query::failed(std::move(e));
     }
+    if (kind == StatementKind::kOpensTransaction && !reserved) {
+      return Query::failed(transaction_outside_begin());
+    }
     drops_prepared = kind == StatementKind::kDropsPrepared;
   }
   encode(params);
@@ -226,6 +279,7 @@ Query Connection::send(const Statement* statement, std::string_view sql,
   fifo_.back().sent_at = Clock::now();
   ++in_flight_;
   query.connection_ = shared_from_this();
+  query.sent_ = true;
   query.sequence_ = first_sequence_ + fifo_.size() - 1;
   if (drops_prepared) forget_prepared();  // the statements after it prepare again, renamed
   flush();
@@ -404,6 +458,9 @@ void Connection::wake_driver() {
 }
 
 bool Connection::take_results() {
+  // spindle::pg delivers no notifications: what a LISTEN brings is freed as it comes, or
+  // libpq would keep every one for good.
+  while (PGnotify* notification = PQnotifies(conn_)) PQfreemem(notification);
   for (;;) {
     if (copy_out_ && !drain_copy_out()) break;
     if (PQisBusy(conn_) != 0) break;
@@ -549,7 +606,12 @@ void Connection::deliver(Query* owner, Expected<Result> outcome) {
 Error Connection::server_error(const PGresult* result) const {
   const char* state = PQresultErrorField(result, PG_DIAG_SQLSTATE);
   const char* primary = PQresultErrorField(result, PG_DIAG_MESSAGE_PRIMARY);
-  return Error{make_error_code(Errc::kServerError), state ? state : "",
+  // FATAL / PANIC end the session (pg_terminate_backend's 57P01, a shutdown): the connection
+  // is lost, whatever statement the message reached.
+  const char* severity = PQresultErrorField(result, PG_DIAG_SEVERITY_NONLOCALIZED);
+  std::string_view level = severity ? severity : "";
+  Errc code = level == "FATAL" || level == "PANIC" ? Errc::kConnectionLost : Errc::kServerError;
+  return Error{make_error_code(code), state ? state : "",
                primary ? primary : trimmed(PQresultErrorMessage(result))};
 }
 

@@ -46,8 +46,9 @@ inline Error unsent_error(Errc code, std::string message) {
 /// What a connection needs of its Database: the statements' SQL, how to connect, the resolver
 /// for host names and the count of cancel requests on their way.
 struct Catalog {
-  /// The SQL of statement `id` (registered with Database::prepare).
-  virtual std::string sql(std::uint32_t id) const = 0;
+  /// The SQL of statement `id` (registered with Database::prepare); none for an id it never
+  /// gave.
+  virtual std::optional<std::string> sql(std::uint32_t id) const = 0;
   virtual const ConnectParams& connect_params() const = 0;
   /// Made when first needed (a conninfo naming hosts): helper threads of its own.
   virtual Resolver& resolver() = 0;

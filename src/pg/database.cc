@@ -16,9 +16,10 @@ struct Database::Shared : Catalog {
   explicit Shared(Options o)
       : options(std::move(o)), params(pg::connect_params(options.conninfo)) {}
 
-  std::string sql(std::uint32_t id) const override {
+  std::optional<std::string> sql(std::uint32_t id) const override {
     std::lock_guard guard(lock);
-    return statements.at(id - 1);
+    if (id == 0 || id > statements.size()) return std::nullopt;
+    return statements[id - 1];
   }
   const ConnectParams& connect_params() const override { return params; }
   Resolver& resolver() override {
@@ -53,7 +54,8 @@ Error expired_before_sending() {
 Query::Query(Query&& other) noexcept
     : connection_(std::move(other.connection_)),
       sequence_(other.sequence_),
-      outcome_(std::move(other.outcome_)) {
+      outcome_(std::move(other.outcome_)),
+      sent_(other.sent_) {
   other.outcome_.reset();
   if (connection_) connection_->rebind(sequence_, this);
 }
@@ -64,6 +66,7 @@ Query& Query::operator=(Query&& other) noexcept {
     connection_ = std::move(other.connection_);
     sequence_ = other.sequence_;
     outcome_ = std::move(other.outcome_);
+    sent_ = other.sent_;
     other.outcome_.reset();
     if (connection_) connection_->rebind(sequence_, this);
   }
@@ -102,6 +105,11 @@ Expected<Result> Query::result(Deadline deadline) {
                              "the calling fiber was canceled after the statement was sent: it "
                              "may have run (its outcome is unknown)"));
     }
+  }
+  if (!outcome_ && sent_) {
+    // Asked again after its result was taken or given up: what it did is not known here.
+    return std::unexpected(client_error(
+        Errc::kClosed, "the statement's result was already taken or given up: it may have run"));
   }
   if (!outcome_) return std::unexpected(unsent_error(Errc::kClosed, "no statement was sent"));
   Expected<Result> out = std::move(*outcome_);

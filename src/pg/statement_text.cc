@@ -18,13 +18,14 @@ bool word_char(char c) {
          c == '$' || static_cast<unsigned char>(c) >= 0x80;
 }
 
-// The offset past the blanks and comments (-- to the line's end; /* */, nested) at `at`.
+// The offset past the blanks and comments (-- to the line's end, which the server's scanner
+// puts at \r as well as \n; /* */, nested) at `at`.
 std::size_t skip_blank(std::string_view s, std::size_t at) {
   while (at < s.size()) {
     if (blank(s[at])) {
       ++at;
     } else if (s.compare(at, 2, "--") == 0) {
-      at = s.find('\n', at);
+      at = s.find_first_of("\r\n", at);
       if (at == kEnd) return s.size();
     } else if (s.compare(at, 2, "/*") == 0) {
       int depth = 0;
@@ -128,6 +129,11 @@ StatementKind classify_statement(std::string_view sql) {
   }
   if (same_word(first, "discard") || same_word(first, "deallocate")) {
     return StatementKind::kDropsPrepared;
+  }
+  // START is START TRANSACTION (the only statement it begins); the extended protocol takes one
+  // statement, so no other spelling opens a transaction block from outside one.
+  if (same_word(first, "begin") || same_word(first, "start")) {
+    return StatementKind::kOpensTransaction;
   }
   return StatementKind::kPlain;
 }

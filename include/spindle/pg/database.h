@@ -100,6 +100,7 @@ class Query {
   std::uint64_t sequence_ = 0;
   std::optional<Expected<Result>> outcome_;
   Waiter* waiter_ = nullptr;
+  bool sent_ = false;  ///< left the client: never reported "not sent" after
 };
 
 /// A transaction on one connection: BEGIN when made, COMMIT by commit(), ROLLBACK if it ends

@@ -3,6 +3,7 @@
 /// errors (a std::error_code, plus the server's SQLSTATE and message when it sent one).
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <expected>
 #include <limits>
@@ -153,6 +154,12 @@ Expected<T> Result::get(int row, int column) const {
     } else if constexpr (std::is_floating_point_v<T>) {
       auto v = parse_double(t);
       if (!v) return std::unexpected(v.error());
+      // A finite value past T's range converts with undefined behaviour: an error, as for
+      // integers (infinities and NaN stay what they are).
+      if (std::isfinite(*v) &&
+          (*v > std::numeric_limits<T>::max() || *v < std::numeric_limits<T>::lowest())) {
+        return std::unexpected(Error{make_error_code(Errc::kBadValue), {}, "out of range"});
+      }
       return static_cast<T>(*v);
     } else if constexpr (std::is_same_v<T, std::string>) {
       return std::string(t);

@@ -101,7 +101,7 @@ using namespace review_faults;
 // FATAL 57P01, sent before it went) instead of kConnectionLost (docs: a connection that breaks,
 // pg_terminate_backend included, fails every call on it with kConnectionLost): a FATAL that
 // came while nothing ran is charged to the next statement as its own server error.
-TEST(PgReviewFaults, DISABLED_ABackendTerminatedInsideATransactionLosesItAllAndThePoolServesOn) {
+TEST(PgReviewFaults, ABackendTerminatedInsideATransactionLosesItAllAndThePoolServesOn) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(30s);
   auto table = pg_fresh_table(*postgres, "pg_review_terminated_tx");
@@ -387,7 +387,7 @@ TEST(PgReviewFaults, DISABLED_ASlowUploadNeverCostsTheCallBehindItWhoseCallerSti
 // defect: LISTEN through db.query, then 100000 NOTIFYs of 1 kB from another session: the process
 // grows by ~102 MiB and keeps it (libpq's PQnotifies list is never drained) (invariant: bounded
 // memory).
-TEST(PgReviewFaults, DISABLED_ListenWithoutAReaderDoesNotGrowMemoryWithoutBound) {
+TEST(PgReviewFaults, ListenWithoutAReaderDoesNotGrowMemoryWithoutBound) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(60s);
   Runtime runtime(RuntimeOptions{.workers = 1});
@@ -418,7 +418,7 @@ TEST(PgReviewFaults, DISABLED_ListenWithoutAReaderDoesNotGrowMemoryWithoutBound)
 // defect: libpq's default notice processor writes every NOTICE to stderr on the worker thread; with
 // stderr a pipe that does not drain for 4 s, a 2 s call takes 4004 ms and the worker is held 3908
 // ms (invariant: no worker freezes).
-TEST(PgReviewFaults, DISABLED_ANoticeFloodNeverStopsTheWorkerWhateverStderrDoes) {
+TEST(PgReviewFaults, ANoticeFloodNeverStopsTheWorkerWhateverStderrDoes) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(40s);
   Runtime runtime(RuntimeOptions{.workers = 1});
@@ -507,7 +507,7 @@ TEST(PgReviewFaults, AHugeParameterNeverHoldsTheWorker) {
 // server ends the session, the statement gets kConnectionLost (not kBadValue / not_sent), and the
 // statement ahead of it, already answered by the server, also fails with the connection's loss.
 TEST(PgReviewFaults,
-     DISABLED_ParametersOverAGibibyteTogetherAreRefusedBeforeSendingAndHurtNoNeighbour) {
+     ParametersOverAGibibyteTogetherAreRefusedBeforeSendingAndHurtNoNeighbour) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(90s);
   Runtime runtime(RuntimeOptions{.workers = 1});
