@@ -101,6 +101,8 @@ Expected<std::shared_ptr<Connection>> Connection::open(const Options& options,
   self->worker_ = worker;
   // A session that came up without spindle's settings (a pooler dropped `options`, or the
   // conninfo's own set others): one statement, first on the connection, sets them.
+  const char* encoding = PQparameterStatus(conn, "client_encoding");
+  self->client_encoding_ = encoding != nullptr ? encoding : "";
   if (!session_settings_in_force(conn) || self->catalog_->connect_params().own_options)
     Query setup = self->send(nullptr, kSessionSettingsSql, {});
   spawn([self] { self->drive(); }).detach();
@@ -240,6 +242,11 @@ Query Connection::send(const Statement* statement, std::string_view sql,
                                       "gave up waiting for a cancel request's answer"));
   }
   if (auto refused = refusal(params)) return Query::failed(std::move(*refused));
+  // A shared statement, or a transaction's BEGIN: spindle's settings hold for it.
+  if (!restoring_ && (!reserved || (statement == nullptr &&
+                                    classify_statement(sql) == StatementKind::kOpensTransaction))) {
+    restore_settings();
+  }
   std::string name;
   bool drops_prepared = false;
   if (statement != nullptr) {
@@ -258,6 +265,7 @@ Query Connection::send(const Statement* statement, std::string_view sql,
       return Query::failed(transaction_outside_begin());
     }
     drops_prepared = kind == StatementKind::kDropsPrepared;
+    if (drops_prepared || kind == StatementKind::kChangesSettings) settings_changed_ = true;
   }
   encode(params);
   int count = static_cast<int>(params.size());
@@ -284,6 +292,25 @@ Query Connection::send(const Statement* statement, std::string_view sql,
   if (drops_prepared) forget_prepared();  // the statements after it prepare again, renamed
   flush();
   return query;  // elided, or moved: a Query's move points the entry at its new place
+}
+
+void Connection::restore_settings() {
+  const char* encoding = PQparameterStatus(conn_, "client_encoding");
+  bool drifted =
+      !session_settings_in_force(conn_) || (encoding != nullptr && client_encoding_ != encoding);
+  // The server reports the values a restore sets only once it ran: no second one meanwhile.
+  if (restore_sequence_ >= first_sequence_ && restore_sequence_ != kNone) drifted = false;
+  if (!settings_changed_ && !drifted) return;
+  settings_changed_ = false;
+  std::string sql = kSessionSettingsSql;
+  if (!client_encoding_.empty()) {
+    sql += ", set_config('client_encoding', '" + client_encoding_ + "', false)";
+  }
+  // Pipelined ahead of the statement, nobody waits for it (as at connect).
+  restoring_ = true;
+  Query restore = send(nullptr, sql, {});
+  restoring_ = false;
+  restore_sequence_ = first_sequence_ + fifo_.size() - 1;
 }
 
 void Connection::forget_prepared() {

@@ -130,6 +130,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   /// The statement names in use are gone from the session (DISCARD ALL, DEALLOCATE, a
   /// pooler's other session): later statements are prepared again under new names.
   void forget_prepared();
+  /// Sends spindle's session settings (and the client_encoding of the connect) first if a
+  /// statement may have changed them or the server reports another value now.
+  void restore_settings();
   bool wait_for_cancel();
   void send_cancel();
   void await_cancel(const std::shared_ptr<Event>& done);
@@ -189,7 +192,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool broken_ = false;
   bool retiring_ = false;
   bool shutting_ = false;
-  bool evicted_ = false;  ///< closed for not answering after a call gave up
+  /// A SET / RESET / DISCARD went out: spindle's session settings are set again before the
+  /// next statement of a shared connection.
+  bool settings_changed_ = false;
+  std::string client_encoding_;  ///< the session's at connect, kept for every caller
+  bool restoring_ = false;       ///< restore_settings() is sending
+  static constexpr std::uint64_t kNone = ~std::uint64_t{0};
+  std::uint64_t restore_sequence_ = kNone;  ///< the last restore sent (restore_settings)
+  bool evicted_ = false;                    ///< closed for not answering after a call gave up
   Errc shut_reason_ = Errc::kClosed;
   std::string shut_message_;
   std::string param_text_;                 ///< scratch for the text of parameters

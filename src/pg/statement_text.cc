@@ -130,6 +130,7 @@ StatementKind classify_statement(std::string_view sql) {
   if (same_word(first, "discard") || same_word(first, "deallocate")) {
     return StatementKind::kDropsPrepared;
   }
+  if (same_word(first, "set") || same_word(first, "reset")) return StatementKind::kChangesSettings;
   // START is START TRANSACTION (the only statement it begins); the extended protocol takes one
   // statement, so no other spelling opens a transaction block from outside one.
   if (same_word(first, "begin") || same_word(first, "start")) {

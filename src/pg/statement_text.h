@@ -13,6 +13,7 @@ enum class StatementKind : std::uint8_t {
   kCopyThroughClient,  ///< COPY ... FROM STDIN / TO STDOUT: data through the connection
   kDropsPrepared,      ///< DISCARD / DEALLOCATE: may drop the connection's prepared statements
   kOpensTransaction,   ///< BEGIN / START TRANSACTION: the session stays in a transaction block
+  kChangesSettings,    ///< SET / RESET: may change a session setting the decoders rely on
 };
 
 /// The kind of `sql`. A COPY counts as through the client when STDIN or STDOUT is one of its

@@ -174,7 +174,7 @@ TEST(PgReview, AfterDiscardAllOrResetAllTimestampsReadRightOrAsBadValueNeverWron
 // defect (session state shared between callers): one fiber's SET extra_float_digits = 0 makes
 // another fiber's double on the same pooled connection read 0.3 for 0.30000000000000004, silently
 // (DateStyle is guarded by kBadValue, extra_float_digits is not).
-TEST(PgReview, DISABLED_OneCallersSetOfExtraFloatDigitsNeverSilentlyChangesAnothersDoubles) {
+TEST(PgReview, OneCallersSetOfExtraFloatDigitsNeverSilentlyChangesAnothersDoubles) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(20s);
   Runtime runtime(RuntimeOptions{.workers = 1});
@@ -539,7 +539,7 @@ TEST(PgReview, DISABLED_AStatementFailingToPrepareUnderLoadNeverMultipliesTheOth
 // defect (session state shared between callers): after one fiber's SET client_encoding = 'LATIN1'
 // on the shared connection, another fiber's UTF-8 parameter 'h\xc3\xa9' is stored as
 // 'h\xc3\x83\xc2\xa9' and the INSERT reports success.
-TEST(PgReview, DISABLED_AnotherCallersClientEncodingNeverSilentlyChangesStoredText) {
+TEST(PgReview, AnotherCallersClientEncodingNeverSilentlyChangesStoredText) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(20s);
   auto table = pg_fresh_table(*postgres, "pg_review_encoding");
