@@ -520,6 +520,12 @@ bool Connection::take_results() {
         if (e.statement < prepared_.size() && e.generation == generation_) {
           prepared_[e.statement] = kNotPrepared;
         }
+        for (Entry& later : fifo_) {
+          if (later.kind == Entry::kExecute && later.statement == e.statement &&
+              later.generation == e.generation) {
+            later.parse_error = last_parse_error_;
+          }
+        }
       }
       PQclear(r);
       continue;
@@ -549,6 +555,11 @@ bool Connection::on_result(Entry& e, ExecStatusType status, PGresult* r) {
     case PGRES_FATAL_ERROR: {
       Error error = server_error(r);
       PQclear(r);
+      // Its statement's Parse failed: that is its error, and no name was lost.
+      if (error.sqlstate == "26000" && e.parse_error) {
+        e.outcome.emplace(std::unexpected(std::move(*e.parse_error)));
+        return true;
+      }
       // The statement's name is gone from the session (DEALLOCATE, DISCARD ALL, a pooler's
       // other session): it did not run; the next call prepares it again.
       if (error.sqlstate == "26000" && e.statement != 0 && e.generation == generation_) {

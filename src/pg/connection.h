@@ -115,6 +115,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
     bool sync_pending = false;     ///< the results are in, the Sync's not yet
     bool gave_up = false;          ///< its caller gave up unanswered (abandon)
     Clock::time_point sent_at;     ///< when it was written to libpq
+    /// Sent relying on a Parse that failed: its "no such statement" (26000) is that error.
+    std::optional<Error> parse_error;
     std::optional<Expected<Result>> outcome;
   };
 

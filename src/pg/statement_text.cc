@@ -118,6 +118,38 @@ bool names_client_stream(std::string_view s, std::size_t at) {
   return false;
 }
 
+// DISCARD ALL drops the prepared statements (and resets the settings); DISCARD PLANS, TEMP,
+// SEQUENCES neither.
+StatementKind discard_kind(std::string_view s, std::size_t at) {
+  at = skip_blank(s, at);
+  return same_word(word_at(s, at), "all") ? StatementKind::kDropsPrepared : StatementKind::kPlain;
+}
+
+bool spindle_name(std::string_view name) {
+  constexpr std::string_view kPrefix = "spindle_";
+  return name.size() >= kPrefix.size() && same_word(name.substr(0, kPrefix.size()), kPrefix);
+}
+
+// DEALLOCATE [PREPARE] ALL, or one of the client's names (spindle_...), drops the client's
+// statements; DEALLOCATE of the application's own name leaves them be.
+StatementKind deallocate_kind(std::string_view s, std::size_t at) {
+  at = skip_blank(s, at);
+  std::string_view word = word_at(s, at);
+  if (same_word(word, "prepare")) {
+    at = skip_blank(s, at + word.size());
+    word = word_at(s, at);
+  }
+  if (word.empty() && at < s.size() && s[at] == '"') {
+    word = s.substr(at + 1, skip_quoted(s, at, '"', false) - at - 1);
+    if (word.starts_with("spindle_")) return StatementKind::kDropsPrepared;
+    return StatementKind::kPlain;
+  }
+  if (word.empty() || same_word(word, "all") || spindle_name(word)) {
+    return StatementKind::kDropsPrepared;  // (what the client cannot read counts as dropping)
+  }
+  return StatementKind::kPlain;
+}
+
 }  // namespace
 
 StatementKind classify_statement(std::string_view sql) {
@@ -127,9 +159,8 @@ StatementKind classify_statement(std::string_view sql) {
     return names_client_stream(sql, at + first.size()) ? StatementKind::kCopyThroughClient
                                                        : StatementKind::kPlain;
   }
-  if (same_word(first, "discard") || same_word(first, "deallocate")) {
-    return StatementKind::kDropsPrepared;
-  }
+  if (same_word(first, "discard")) return discard_kind(sql, at + first.size());
+  if (same_word(first, "deallocate")) return deallocate_kind(sql, at + first.size());
   if (same_word(first, "set") || same_word(first, "reset")) return StatementKind::kChangesSettings;
   // START is START TRANSACTION (the only statement it begins); the extended protocol takes one
   // statement, so no other spelling opens a transaction block from outside one.

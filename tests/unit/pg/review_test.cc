@@ -471,7 +471,7 @@ TEST(PgReview, DISABLED_APreparedStatementIsServedAgainAfterItsTableChangedShape
 // defect: DISCARD TEMP / PLANS / SEQUENCES and DEALLOCATE <one name> make the client rename and
 // re-prepare every statement while the old ones stay prepared: 100 entries in
 // pg_prepared_statements after 20 rounds of 5 statements (invariant: bounded memory, server side).
-TEST(PgReview, DISABLED_PreparedStatementsOnAConnectionStayBoundedWhateverIsDiscarded) {
+TEST(PgReview, PreparedStatementsOnAConnectionStayBoundedWhateverIsDiscarded) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(30s);
   Runtime runtime(RuntimeOptions{.workers = 1});
@@ -502,7 +502,7 @@ TEST(PgReview, DISABLED_PreparedStatementsOnAConnectionStayBoundedWhateverIsDisc
 // defect: a statement whose Parse fails (42P01), started twice at once: the second call gets 26000
 // "prepared statement ... does not exist" instead of 42P01, and every other statement is renamed
 // and prepared again, old ones left: 100 prepared after 20 rounds (honest errors; bounded memory).
-TEST(PgReview, DISABLED_AStatementFailingToPrepareUnderLoadNeverMultipliesTheOthers) {
+TEST(PgReview, AStatementFailingToPrepareUnderLoadNeverMultipliesTheOthers) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(30s);
   Runtime runtime(RuntimeOptions{.workers = 1});
