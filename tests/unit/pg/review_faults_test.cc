@@ -3,7 +3,8 @@
 // request that is slow to be taken, an upload slower than the cancel grace, a pool whose
 // connections all die, LISTEN without a reader, NOTICE floods, huge parameters. Every test is
 // bounded by a Watchdog. Tests that found a defect are DISABLED_, the defect said in a
-// `// defect:` line above each; the others guard what held.
+// `// defect:` line above each (`// fixed (was a defect):` once a fix closed it); the others
+// guard what held.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -384,7 +385,7 @@ TEST(PgReviewFaults, DISABLED_ASlowUploadNeverCostsTheCallBehindItWhoseCallerSti
 
 // LISTEN through the client: the notifications libpq keeps for PQnotifies are never taken, so
 // every NOTIFY on the channel, from any session, stays in the process's memory for good.
-// defect: LISTEN through db.query, then 100000 NOTIFYs of 1 kB from another session: the process
+// fixed (was a defect): LISTEN through db.query, then 100000 NOTIFYs of 1 kB from another session: the process
 // grows by ~102 MiB and keeps it (libpq's PQnotifies list is never drained) (invariant: bounded
 // memory).
 TEST(PgReviewFaults, ListenWithoutAReaderDoesNotGrowMemoryWithoutBound) {
@@ -417,7 +418,7 @@ TEST(PgReviewFaults, ListenWithoutAReaderDoesNotGrowMemoryWithoutBound) {
 // A NOTICE flood: libpq's default notice processor writes each notice to the process's stderr
 // on the worker's thread, so a stderr that does not drain (a full pipe to a log collector)
 // stops the worker and every call on it.
-// defect: libpq's default notice processor writes every NOTICE to stderr on the worker thread; with
+// fixed (was a defect): libpq's default notice processor writes every NOTICE to stderr on the worker thread; with
 // stderr a pipe that does not drain for 4 s, a 2 s call takes 4004 ms and the worker is held 3908
 // ms (invariant: no worker freezes).
 TEST(PgReviewFaults, ANoticeFloodNeverStopsTheWorkerWhateverStderrDoes) {
@@ -505,7 +506,7 @@ TEST(PgReviewFaults, AHugeParameterNeverHoldsTheWorker) {
 // Parameters each under 1 GiB but together over it: PostgreSQL takes no message over 1 GiB
 // (its Bind is refused, the session ended), so the statement goes out and the connection is
 // lost for the innocent call pipelined behind it, instead of a kBadValue before sending.
-// defect: three 360 MiB bytea parameters (Bind > 1 GiB, which PostgreSQL never takes) are sent: the
+// fixed (was a defect): three 360 MiB bytea parameters (Bind > 1 GiB, which PostgreSQL never takes) are sent: the
 // server ends the session, the statement gets kConnectionLost (not kBadValue / not_sent), and the
 // statement ahead of it, already answered by the server, also fails with the connection's loss.
 TEST(PgReviewFaults,
