@@ -931,3 +931,43 @@ services:
     finally:
         assert gw.stop() == 0
         up.stop()
+
+
+@pytest.mark.parametrize("strict_first", [False, True], ids=["lax-first", "strict-first"])
+def test_http2_services_sharing_an_impostor_upstream_each_use_their_own_tls(build_dir, tmp_path,
+                                                                           certs, strict_first):
+    """As test_upstream_tls's case, over HTTP/2 pools (protocol: h2), and across a reload
+    that swaps the services' order."""
+    impostor = upstream(build_dir, "impostor", tls=self_signed(tmp_path))
+    port, admin = free_port(), free_port()
+
+    def text(strict_first, generation):
+        lax = "  lax: {upstream: pool, protocol: h2, retries: {attempts: 1}, tls: {verify: false}}\n"
+        strict = (f"  strict: {{upstream: pool, protocol: h2, retries: {{attempts: 1}}, "
+                  f"tls: {{ca: {certs}/ca.pem, server_name: localhost}}}}\n")
+        return f"""
+admin: {{listen: 127.0.0.1:{admin}}}
+servers:
+  - {{listen: 127.0.0.1:{port}, access_log: off}}
+routes:
+  - {{name: g{generation}, match: {{path_prefix: /lax/}}, middlewares: [{{strip_prefix: /lax}}], service: lax}}
+  - {{name: strict, match: {{path_prefix: /strict/}}, middlewares: [{{strip_prefix: /strict}}], service: strict}}
+services:
+{strict + lax if strict_first else lax + strict}upstreams:
+  pool: {{targets: [{{address: 127.0.0.1:{impostor.port}}}]}}
+"""
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text(strict_first, 0))
+    gw = serve_file(build_dir, path)
+    try:
+        for generation in range(3):
+            if generation:
+                reload_and_wait(gw, path, text(strict_first ^ (generation % 2 == 1), generation),
+                                admin, f"name: g{generation},")
+            for _ in range(2):
+                assert request(gw, "GET", "/lax/plaintext")[0] == 200, generation
+                status, _, body = request(gw, "GET", "/strict/plaintext")
+                assert status == 502 and b"Hello" not in body, (generation, status, body)
+    finally:
+        assert gw.stop() == 0
+        impostor.stop()
