@@ -114,6 +114,7 @@ REFUSED_H1 = {
     "an absolute-form target, trailing dot against none": "GET http://admin.internal./x "
                                                           "HTTP/1.1\r\nHost: admin.internal\r\n\r\n",
     "a fragment": "GET /public#/../admin HTTP/1.1\r\nHost: a\r\n\r\n",
+    "a fragment after a query": "GET /public?a#/../admin HTTP/1.1\r\nHost: a\r\n\r\n",
     "%2f": "GET /public/..%2fadmin HTTP/1.1\r\nHost: a\r\n\r\n",
     "%2F upper": "GET /public%2F..%2Fadmin HTTP/1.1\r\nHost: a\r\n\r\n",
     "%5c": "GET /public/..%5cadmin HTTP/1.1\r\nHost: a\r\n\r\n",
@@ -361,6 +362,14 @@ def h2_cases():
             "/x", authority="admin.internal") + [("host", "admin.internal.")],
         ":authority with userinfo": request_headers("/x", authority="u@admin.internal"),
         "a lower-case unknown method": request_headers("/x", method="purge"),
+        "a fragment in :path": request_headers("/public#/../admin"),
+        "a fragment after a query": request_headers("/public?a#/../admin"),
+        "%2f in :path": request_headers("/public/..%2fadmin"),
+        "a backslash in :path": request_headers("/public\\..\\admin"),
+        "a space in :path": request_headers("/public /../admin"),
+        "CONNECT to another :authority than host": [
+            (":method", "CONNECT"), (":authority", "admin.internal:443"),
+            ("host", "public.com:443")],
         "two authorization": base + [("authorization", ALICE), ("authorization", ALICE)],
         "authorization twice, once upper-case": base + [("authorization", ALICE),
                                                        ("Authorization", "Basic Zm9vOmJhcg==")],
@@ -491,6 +500,8 @@ def test_http2_cookie_crumbs_cannot_smuggle_a_second_jwt_cookie(build_dir, tmp_p
                      ("cookie", f"token={good}")], None, None),
             (base + [("cookie", f"a=1;\ttoken={forged}"), ("cookie", f"token={good}")], None,
              None),
+            (base + [("Cookie", f"token={forged}"), ("cookie", f"token={good}")], None, None),
+            (base + [("cookie", f"token={good}"), ("COOKIE", f"token={forged}")], None, None),
         ])
         assert got[0] == 200 and all(g == 400 for g in got[1:]), got
         assert len(recorder.requests) == 1
@@ -816,3 +827,88 @@ def test_the_jwt_cookie_a_framework_reads_first_is_the_one_verified(build_dir, t
     finally:
         server.stop()
         app.stop()
+
+
+def h2_websocket_status(server, path, extra):
+    """An RFC 8441 extended CONNECT for `path` with the fields `extra`: its status."""
+    s, conn = h2_connect(server)
+    events = h2_events_until(s, conn, lambda ev: any(
+        isinstance(e, h2.events.RemoteSettingsChanged) for e in ev))
+    assert events is not None
+    stream = conn.get_next_available_stream_id()
+    conn.send_headers(stream, [(":method", "CONNECT"), (":protocol", "websocket"),
+                               (":scheme", "http"), (":path", path), (":authority", "localhost"),
+                               ("sec-websocket-version", "13")] + extra)
+    s.sendall(conn.data_to_send())
+    events = h2_events_until(s, conn, lambda ev: any(
+        isinstance(e, (h2.events.ResponseReceived, h2.events.StreamReset)) for e in ev))
+    s.close()
+    for e in events:
+        if isinstance(e, h2.events.ResponseReceived):
+            return int(dict(e.headers)[b":status"])
+    return "reset"
+
+
+def test_websockets_carry_the_claims_judged_and_no_spelling_of_them(build_dir, tmp_path):
+    from test_protocol_upgrades import SwitchingUpstream
+    upstream = SwitchingUpstream()
+    server = gateway(build_dir, tmp_path, config(upstream, jwt_routes(tmp_path)))
+    token = hs256({"sub": "bob", "role": "user"})
+    auth = f"Authorization: Bearer {token}\r\n"
+    upgrade = ("GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+               "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n")
+    try:
+        for forged in ("X_Role: admin\r\n", "X-Role: admin\r\nx-role: root\r\n",
+                       "X_Forwarded_For: 10.0.0.1\r\n", "Authorization: Bearer x\r\n",
+                       "Sec-WebSocket-Key: AAAAAAAAAAAAAAAAAAAAAA==\r\n"):
+            got = raw(server, (upgrade + auth + forged + "\r\n").encode(), wait=1)
+            assert status_of(got) == 400, (forged, got[:100])
+        assert upstream.heads == []
+        got = raw(server, (upgrade + auth + "X-Role: admin\r\n\r\n").encode(), wait=2)
+        assert status_of(got) == 101, got[:100]
+        assert fields_named(upstream.heads[-1].decode("latin-1"), "x-role") == ["user"]
+        bearer = [("authorization", f"Bearer {token}")]
+        for forged in ([("x_role", "admin")], [("x-role", "admin"), ("x-role", "root")],
+                       [("x_forwarded_for", "10.0.0.1")], [("authorization", "Bearer x")]):
+            assert h2_websocket_status(server, "/ws", bearer + forged) == 400, forged
+        assert len(upstream.heads) == 1
+        assert h2_websocket_status(server, "/ws", bearer + [("x-role", "admin")]) == 200
+        assert fields_named(upstream.heads[-1].decode("latin-1"), "x-role") == ["user"]
+    finally:
+        server.stop()
+        upstream.stop()
+
+
+def test_a_claim_the_token_lacks_leaves_no_field_of_the_clients(build_dir, tmp_path, recorder):
+    server = gateway(build_dir, tmp_path, config(recorder, jwt_routes(tmp_path)))
+    token = hs256({"sub": "bob"})
+    try:
+        assert send(server, f"GET /x HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {token}\r\n"
+                            f"X-Role: admin\r\n\r\n") == 200
+        assert fields_named(upstream_heads(recorder)[-1], "x-role") == []
+        assert h2_exchange(server, [(request_headers("/x") + [
+            ("authorization", f"Bearer {token}"), ("x-role", "admin")], None, None)]) == [200]
+        assert fields_named(upstream_heads(recorder)[-1], "x-role") == []
+    finally:
+        server.stop()
+
+
+def test_connect_is_judged_on_the_authority_it_opens(build_dir, tmp_path, recorder):
+    auth = f"[{{basic_auth: {{users_file: {users(tmp_path)}}}}}]"
+    routes = (f"  - {{name: tunnel, match: {{methods: [CONNECT], hosts: [public.com]}}, "
+              f"service: s}}\n  - {{name: inner, match: {{methods: [CONNECT], hosts: "
+              f"[admin.internal]}}, middlewares: {auth}, service: s}}\n")
+    server = gateway(build_dir, tmp_path, config(recorder, routes + guarded_routes(tmp_path)))
+    try:
+        for head in ("CONNECT admin.internal:443 HTTP/1.1\r\nHost: public.com\r\n\r\n",
+                     "CONNECT admin.internal:443 HTTP/1.1\r\nHost: public.com:443\r\n\r\n",
+                     "CONNECT public.com:443 HTTP/1.1\r\nHost: admin.internal:443\r\n\r\n",
+                     "CONNECT http://public.com:443 HTTP/1.1\r\nHost: public.com:443\r\n\r\n",
+                     "CONNECT /public.com:443 HTTP/1.1\r\nHost: public.com:443\r\n\r\n"):
+            assert status_of(raw(server, head.encode(), wait=1)) == 400, head
+        got = raw(server, b"CONNECT ADMIN.internal:443 HTTP/1.1\r\nHost: admin.internal:443\r\n"
+                          b"\r\n", wait=1)
+        assert status_of(got) == 401, got[:80]
+        assert recorder.requests == []
+    finally:
+        server.stop()
