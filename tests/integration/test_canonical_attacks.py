@@ -912,3 +912,23 @@ def test_connect_is_judged_on_the_authority_it_opens(build_dir, tmp_path, record
         assert recorder.requests == []
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_a_refused_requests_body_is_never_read_as_a_request(guarded, recorder, framing):
+    # Refused with 400 while its framing is sound, the connection goes on: the body must be
+    # skipped, never parsed as the next request (a request hidden in it would be answered as
+    # the next client's on a connection a front proxy shares).
+    hidden = "GET /public/hidden HTTP/1.1\r\nHost: a\r\n\r\n"
+    if framing == "length":
+        body = f"Content-Length: {len(hidden)}\r\n\r\n{hidden}"
+    else:
+        body = f"Transfer-Encoding: chunked\r\n\r\n{len(hidden):x}\r\n{hidden}\r\n0\r\n\r\n"
+    for ambiguity in ("X_Forwarded_For: 1.2.3.4", f"Authorization: {ALICE}\r\nauthorization: x",
+                      "Host: b", "X-A: 1\r\nContent_Type: text/plain"):
+        data = (f"POST /public/x HTTP/1.1\r\nHost: a\r\n{ambiguity}\r\n{body}"
+                f"GET /public/next HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").encode()
+        got = raw(guarded, data, wait=5)
+        statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", got)
+        assert statuses in ([b"400", b"200"], [b"400"]), (ambiguity, got)
+    assert all("/hidden" not in t for t in recorder.targets()), recorder.targets()
