@@ -28,13 +28,13 @@
 
 using namespace std::chrono_literals;
 using namespace spindle;
+using spindle::testing::heap_in_use;
 using spindle::testing::inside_a_transaction;
 using spindle::testing::kDeadlineSlack;
 using spindle::testing::ms_since;
 using spindle::testing::pg_fresh_table;
 using spindle::testing::pg_options;
 using spindle::testing::pg_run;
-using spindle::testing::heap_in_use;
 using spindle::testing::rows_of_table;
 using spindle::testing::TestPostgres;
 using spindle::testing::TestToxiproxy;
@@ -385,9 +385,9 @@ TEST(PgReviewFaults, DISABLED_ASlowUploadNeverCostsTheCallBehindItWhoseCallerSti
 
 // LISTEN through the client: the notifications libpq keeps for PQnotifies are never taken, so
 // every NOTIFY on the channel, from any session, stays in the process's memory for good.
-// fixed (was a defect): LISTEN through db.query, then 100000 NOTIFYs of 1 kB from another session: the process
-// grows by ~102 MiB and keeps it (libpq's PQnotifies list is never drained) (invariant: bounded
-// memory).
+// fixed (was a defect): LISTEN through db.query, then 100000 NOTIFYs of 1 kB from another session:
+// the process grows by ~102 MiB and keeps it (libpq's PQnotifies list is never drained) (invariant:
+// bounded memory).
 TEST(PgReviewFaults, ListenWithoutAReaderDoesNotGrowMemoryWithoutBound) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(60s);
@@ -418,9 +418,9 @@ TEST(PgReviewFaults, ListenWithoutAReaderDoesNotGrowMemoryWithoutBound) {
 // A NOTICE flood: libpq's default notice processor writes each notice to the process's stderr
 // on the worker's thread, so a stderr that does not drain (a full pipe to a log collector)
 // stops the worker and every call on it.
-// fixed (was a defect): libpq's default notice processor writes every NOTICE to stderr on the worker thread; with
-// stderr a pipe that does not drain for 4 s, a 2 s call takes 4004 ms and the worker is held 3908
-// ms (invariant: no worker freezes).
+// fixed (was a defect): libpq's default notice processor writes every NOTICE to stderr on the
+// worker thread; with stderr a pipe that does not drain for 4 s, a 2 s call takes 4004 ms and the
+// worker is held 3908 ms (invariant: no worker freezes).
 TEST(PgReviewFaults, ANoticeFloodNeverStopsTheWorkerWhateverStderrDoes) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(40s);
@@ -506,11 +506,11 @@ TEST(PgReviewFaults, AHugeParameterNeverHoldsTheWorker) {
 // Parameters each under 1 GiB but together over it: PostgreSQL takes no message over 1 GiB
 // (its Bind is refused, the session ended), so the statement goes out and the connection is
 // lost for the innocent call pipelined behind it, instead of a kBadValue before sending.
-// fixed (was a defect): three 360 MiB bytea parameters (Bind > 1 GiB, which PostgreSQL never takes) are sent: the
-// server ends the session, the statement gets kConnectionLost (not kBadValue / not_sent), and the
-// statement ahead of it, already answered by the server, also fails with the connection's loss.
-TEST(PgReviewFaults,
-     ParametersOverAGibibyteTogetherAreRefusedBeforeSendingAndHurtNoNeighbour) {
+// fixed (was a defect): three 360 MiB bytea parameters (Bind > 1 GiB, which PostgreSQL never takes)
+// are sent: the server ends the session, the statement gets kConnectionLost (not kBadValue /
+// not_sent), and the statement ahead of it, already answered by the server, also fails with the
+// connection's loss.
+TEST(PgReviewFaults, ParametersOverAGibibyteTogetherAreRefusedBeforeSendingAndHurtNoNeighbour) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(90s);
   Runtime runtime(RuntimeOptions{.workers = 1});

@@ -47,9 +47,9 @@ using namespace review;
 // before it is sent" (docs/database.md): the server starts a COPY FROM STDIN, reads the
 // statements pipelined behind it as its data, and closes the connection: the innocent calls
 // beside it fail with kConnectionLost.
-// fixed (was a defect): "COPY t FROM --\rSTDIN" is sent (not_sent false; docs: refused in any spelling before it
-// is sent); the server starts COPY IN and the two SELECTs pipelined beside it get kConnectionLost
-// instead of 'b'/'c' (a failure hurts only its own statement).
+// fixed (was a defect): "COPY t FROM --\rSTDIN" is sent (not_sent false; docs: refused in any
+// spelling before it is sent); the server starts COPY IN and the two SELECTs pipelined beside it
+// get kConnectionLost instead of 'b'/'c' (a failure hurts only its own statement).
 TEST(PgReview, ACopyFromStdinSpelledWithACarriageReturnIsRefusedAndItsNeighboursAnswered) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(30s);
@@ -76,8 +76,9 @@ TEST(PgReview, ACopyFromStdinSpelledWithACarriageReturnIsRefusedAndItsNeighbours
 
 // The same with COPY TO STDOUT: the COPY (here one that inserts) runs and is reported
 // kUnsupported, its rows drained; it should have been refused before sending.
-// fixed (was a defect): "COPY (INSERT ... RETURNING id) TO --\rSTDOUT" is sent and runs (50000 rows inserted)
-// while reported kUnsupported; docs: refused in any spelling before it is sent (the classifier ends
+// fixed (was a defect): "COPY (INSERT ... RETURNING id) TO --\rSTDOUT" is sent and runs (50000 rows
+// inserted) while reported kUnsupported; docs: refused in any spelling before it is sent (the
+// classifier ends
 // -- comments only at \n, the server's scanner at \r too).
 TEST(PgReview, ACopyToStdoutSpelledWithACarriageReturnIsRefusedAndItsNeighboursAnswered) {
   REQUIRE_POSTGRES(postgres);
@@ -124,10 +125,10 @@ TEST(PgReview, ACopyToStdoutHiddenInABackslashLiteralIsDrainedAndItsNeighboursAn
 
 // session_settings_in_force() looks at DateStyle and TimeZone only (the settings the server
 // reports); extra_float_digits set by the conninfo's own options is never put back.
-// fixed (was a defect): conninfo options='-c extra_float_digits=0' wins over spindle's startup options and is
-// never put back (only DateStyle/TimeZone are checked, extra_float_digits is not reported by the
-// server): 0.1+0.2 reads "0.3", not "0.30000000000000004" (docs: the conninfo's own options setting
-// them get one statement setting them).
+// fixed (was a defect): conninfo options='-c extra_float_digits=0' wins over spindle's startup
+// options and is never put back (only DateStyle/TimeZone are checked, extra_float_digits is not
+// reported by the server): 0.1+0.2 reads "0.3", not "0.30000000000000004" (docs: the conninfo's own
+// options setting them get one statement setting them).
 TEST(PgReview, AConninfosExtraFloatDigitsDoesNotTruncateDoubles) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(20s);
@@ -200,9 +201,9 @@ TEST(PgReview, OneCallersSetOfExtraFloatDigitsNeverSilentlyChangesAnothersDouble
 
 // A BEGIN through db.query (not db.begin) leaves the shared connection in a transaction block:
 // the next caller's INSERT, reported done, is rolled back by the first caller's ROLLBACK.
-// fixed (was a defect): db.query("BEGIN") leaves the shared connection in a transaction block; another fiber's
-// INSERT runs inside it, is reported done, and is rolled back by the first fiber's ROLLBACK
-// (invariant: a connection shared again has no open transaction).
+// fixed (was a defect): db.query("BEGIN") leaves the shared connection in a transaction block;
+// another fiber's INSERT runs inside it, is reported done, and is rolled back by the first fiber's
+// ROLLBACK (invariant: a connection shared again has no open transaction).
 TEST(PgReview, ABeginThroughQueryNeverPutsAnotherCallersStatementInsideItsTransaction) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(20s);
@@ -228,9 +229,9 @@ TEST(PgReview, ABeginThroughQueryNeverPutsAnotherCallersStatementInsideItsTransa
 
 // The same BEGIN, then an error: every other caller of the connection gets the neighbour's
 // "current transaction is aborted" (25P02).
-// fixed (was a defect): after db.query("BEGIN") and a failing statement, another fiber's "SELECT 'mine'" on the
-// shared connection fails with 25P02 (current transaction is aborted) (invariant: a connection
-// shared again has no open transaction).
+// fixed (was a defect): after db.query("BEGIN") and a failing statement, another fiber's "SELECT
+// 'mine'" on the shared connection fails with 25P02 (current transaction is aborted) (invariant: a
+// connection shared again has no open transaction).
 TEST(PgReview, AnAbortedTransactionOpenedThroughQueryNeverFailsAnotherCaller) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(20s);
@@ -329,8 +330,9 @@ TEST(PgReview, DiscardAllInsideATransactionFailsItAloneAndPreparedStatementsServ
 
 // A second result() on a Query whose first gave up says "not sent" (kClosed, not_sent) for a
 // statement that was sent and runs.
-// fixed (was a defect): a second result() on a Query whose first result() timed out reports not_sent = true, yet
-// the INSERT ran (1 row) (invariant: not_sent only for statements that never left the client).
+// fixed (was a defect): a second result() on a Query whose first result() timed out reports
+// not_sent = true, yet the INSERT ran (1 row) (invariant: not_sent only for statements that never
+// left the client).
 TEST(PgReview, AQueryAskedAgainAfterItsDeadlineNeverSaysNotSentForAStatementThatRan) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(20s);
@@ -420,8 +422,8 @@ TEST(PgReview, DISABLED_StartReturnsAtOnceSoThatTheResultsDeadlineBoundsTheCall)
 
 // --- Misused or foreign statements: errors, not exceptions -----------------------------------
 
-// fixed (was a defect): db.query(pg::Statement{}) throws std::out_of_range (statements.at(id - 1) with id 0 ->
-// index 4294967295) instead of returning a pg::Error; pg::Statement{12345} likewise.
+// fixed (was a defect): db.query(pg::Statement{}) throws std::out_of_range (statements.at(id - 1)
+// with id 0 -> index 4294967295) instead of returning a pg::Error; pg::Statement{12345} likewise.
 TEST(PgReview, AStatementNotRegisteredWithThisDatabaseIsAnErrorNotAnException) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(20s);
@@ -469,8 +471,8 @@ TEST(PgReview, DISABLED_APreparedStatementIsServedAgainAfterItsTableChangedShape
 // DISCARD TEMP / PLANS / SEQUENCES and DEALLOCATE of one name are taken for "every prepared
 // statement is gone": the client renames all of its statements and prepares them again, while
 // the old ones stay prepared in the session, so each such statement leaves a full set behind.
-// fixed (was a defect): DISCARD TEMP / PLANS / SEQUENCES and DEALLOCATE <one name> make the client rename and
-// re-prepare every statement while the old ones stay prepared: 100 entries in
+// fixed (was a defect): DISCARD TEMP / PLANS / SEQUENCES and DEALLOCATE <one name> make the client
+// rename and re-prepare every statement while the old ones stay prepared: 100 entries in
 // pg_prepared_statements after 20 rounds of 5 statements (invariant: bounded memory, server side).
 TEST(PgReview, PreparedStatementsOnAConnectionStayBoundedWhateverIsDiscarded) {
   REQUIRE_POSTGRES(postgres);
@@ -500,9 +502,10 @@ TEST(PgReview, PreparedStatementsOnAConnectionStayBoundedWhateverIsDiscarded) {
 // A statement that fails to prepare (its table does not exist yet), called twice at once:
 // the second call finds no such statement (26000), which the client takes for "the session
 // lost every statement": all of them are renamed and prepared again, the old ones left behind.
-// fixed (was a defect): a statement whose Parse fails (42P01), started twice at once: the second call gets 26000
-// "prepared statement ... does not exist" instead of 42P01, and every other statement is renamed
-// and prepared again, old ones left: 100 prepared after 20 rounds (honest errors; bounded memory).
+// fixed (was a defect): a statement whose Parse fails (42P01), started twice at once: the second
+// call gets 26000 "prepared statement ... does not exist" instead of 42P01, and every other
+// statement is renamed and prepared again, old ones left: 100 prepared after 20 rounds (honest
+// errors; bounded memory).
 TEST(PgReview, AStatementFailingToPrepareUnderLoadNeverMultipliesTheOthers) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(30s);
@@ -677,8 +680,8 @@ TEST(PgReview, EdgeValuesDecodeRightOrFailAsErrors) {
 
 // A float read of a double out of float's range is a conversion with undefined behaviour
 // (static_cast<float>(1e300)); integers out of range are kBadValue, floats must be too.
-// fixed (was a defect): Result::get<float> of 1e300 is static_cast<float>(double) out of range (undefined
-// behaviour; gives inf here) instead of kBadValue, as integers out of range are.
+// fixed (was a defect): Result::get<float> of 1e300 is static_cast<float>(double) out of range
+// (undefined behaviour; gives inf here) instead of kBadValue, as integers out of range are.
 TEST(PgReview, ADoubleOutOfFloatsRangeReadAsFloatIsAnErrorNotUndefinedBehaviour) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(20s);
@@ -711,8 +714,8 @@ std::int64_t days_from_civil(std::int64_t y, unsigned m, unsigned d) {
 
 // A Timestamp past year 32767 (PostgreSQL takes them up to 294276) is written with its year
 // cut to 16 bits: year 70000 goes as 4464, a wrong value stored without an error.
-// fixed (was a defect): a pg::Timestamp parameter of year 70000 is sent as year 4464 (the year cut to 16 bits)
-// and stored without an error (expected: the right year, or kBadValue before sending).
+// fixed (was a defect): a pg::Timestamp parameter of year 70000 is sent as year 4464 (the year cut
+// to 16 bits) and stored without an error (expected: the right year, or kBadValue before sending).
 TEST(PgReview, ATimestampParameterOfAFarYearIsSentRightOrRefused) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(20s);
