@@ -42,11 +42,13 @@ class Activated:
 
     def __init__(self, build_dir, sockets, *args):
         fds = [s.fileno() for s in sockets]
-        # Each socket to a high descriptor first (its own closed: spindle gets no copy it does
-        # not know of), then down to 3, 4, ...: a socket already at 3 or 4 is not overwritten
-        # before it is moved.
-        moves = " ".join(f"{20 + i}<&{fd} {fd}<&-" for i, fd in enumerate(fds))
-        downs = " ".join(f"{3 + i}<&{20 + i} {20 + i}<&-" for i in range(len(fds)))
+        # Each socket to a high descriptor first, above every socket's own (its own closed:
+        # spindle gets no copy it does not know of), then down to 3, 4, ...: a socket already at
+        # 3 or 4 is not overwritten before it is moved. (A fixed 20 was one of the sockets' own
+        # in a pytest worker that had run many tests: that socket was closed before its move.)
+        high = max(fds) + 1
+        moves = " ".join(f"{high + i}<&{fd} {fd}<&-" for i, fd in enumerate(fds))
+        downs = " ".join(f"{3 + i}<&{high + i} {high + i}<&-" for i in range(len(fds)))
         script = f'exec {moves}; exec {downs}; LISTEN_PID=$$ exec "$@"'
         env = {**os.environ, "LISTEN_FDS": str(len(fds))}
         self.proc = subprocess.Popen(["/bin/bash", "-c", script, "bash", spindle_bin(build_dir),
