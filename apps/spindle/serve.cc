@@ -340,16 +340,19 @@ class MainLoop {
     ConfigWatch::Change change = settle(*watch_, watch_->consume());
     if (change != ConfigWatch::Change::kComplete) return;  // a writer has it: its close comes
     watch_->follow();
+    const char* why = sighup_waits_ ? "SIGHUP" : "file changed";
     std::string text;
     try {
       text = proxy::read_config_file(flags_.config);
     } catch (const ConfigError& e) {
+      sighup_waits_ = false;
       systemd::notify(systemd::reloading());
-      return rejected("file changed", e.what());
+      return rejected(why, e.what());
     }
-    if (text == loaded_) return;
+    if (text == loaded_ && !sighup_waits_) return;
+    sighup_waits_ = false;
     loaded_ = text;
-    reload("file changed", &text);
+    reload(why, &text);
   }
 
   // Reads the configuration again (`text`: the file's contents as read; the built-in one
@@ -448,9 +451,21 @@ class MainLoop {
     }
   }
 
-  // SIGHUP reloads whatever the file holds now.
+  // SIGHUP reloads whatever the file holds now, once it is whole: while the watch sees a writer
+  // holding it (modified in place, not closed since), the reload waits for that close, as a
+  // change seen by the watch does (a half-written file can drop a route's auth).
   void on_sighup() {
     if (flags_.config.empty()) return reload("SIGHUP", nullptr);
+    if (watch_ && settle(*watch_, watch_->consume()) == ConfigWatch::Change::kWriting) {
+      sighup_waits_ = true;
+      log_warn(
+          "SIGHUP: {} is being written (its writer has it open): reloading once it is "
+          "closed",
+          flags_.config);
+      return;
+    }
+    sighup_waits_ = false;
+    if (watch_) watch_->follow();
     std::string text;
     try {
       text = proxy::read_config_file(flags_.config);
@@ -485,6 +500,7 @@ class MainLoop {
   UniqueFd handing_over_;                 // its handover connection, once it asked
   int signo_ = 0;                         // the stop signal received
   bool handed_over_ = false;              // the replacement serves: this process drains
+  bool sighup_waits_ = false;             // a SIGHUP came while a writer had the file open
 };
 
 // Drains and stops: after a stop signal (`signo`), or after a new process took over (0).
