@@ -38,12 +38,12 @@ bool is_hex_digit(char c) {
   return is_digit(c) || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
 }
 
-// 1 to 5 digits, at most 65535.
+// 1 to 5 digits, 1 to 65535 (port 0 names no service: nothing listens there).
 bool is_port(std::string_view port) {
   if (port.empty() || port.size() > 5 || !std::ranges::all_of(port, is_digit)) return false;
   unsigned value = 0;
   for (char c : port) value = value * 10 + static_cast<unsigned>(c - '0');
-  return value <= 65535;
+  return value >= 1 && value <= 65535;
 }
 
 // "[" IPv6 "]": hex digits, ':' and '.' (an embedded IPv4), with a ':' among them.

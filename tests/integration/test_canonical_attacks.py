@@ -155,8 +155,6 @@ def test_an_ambiguous_http1_request_is_refused_and_reaches_no_upstream(guarded, 
     assert recorder.requests == [], upstream_heads(recorder)
 
 
-@pytest.mark.xfail(strict=True, reason="defect: is_port accepts 0 (and 00000): docs/security.md "
-                   "says a port that is not 1-65535 is refused with 400")
 def test_a_host_on_port_zero_is_refused(guarded, recorder):
     for host in ("public.com:0", "public.com:00000", "[::1]:0"):
         assert send(guarded, f"GET /x HTTP/1.1\r\nHost: {host}\r\n\r\n") == 400, host

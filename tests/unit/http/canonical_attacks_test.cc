@@ -22,9 +22,9 @@ TEST(CanonicalAttacks, AuthoritiesTwoReadersReadTwoWaysAreRefused) {
   }
 }
 
-// defect: docs/security.md says a port that is not 1-65535 is refused (400); is_authority
-// takes port 0 in any number of zeros.
-TEST(CanonicalAttacks, DISABLED_APortOfZeroIsRefused) {
+// fixed (was a defect): docs/security.md says a port that is not 1-65535 is refused (400);
+// is_authority took port 0 in any number of zeros.
+TEST(CanonicalAttacks, APortOfZeroIsRefused) {
   for (const char* bad : {"a.example:0", "a.example:00000", "[::1]:0"}) {
     EXPECT_FALSE(is_authority(bad)) << bad;
   }
