@@ -459,9 +459,10 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   // away unprocessed: http::resend_turned_away.)
   std::shared_ptr<http::ClientExchange> exchange;
   Result<const http::ClientResponseHead*> got = std::unexpected(std::error_code());
+  bool fresh = false;
   for (unsigned turned_away = 0;;) {
-    auto opened =
-        connections_.open(target.endpoint, head, authority, service->timeouts, upstream.limits);
+    auto opened = connections_.open(target.endpoint, head, authority, service->timeouts,
+                                    upstream.limits, fresh);
     if (!opened) {
       if (counts_against_target(opened.error())) {
         note_target_failure(upstream, *pick, metrics_, service->series);
@@ -471,6 +472,15 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
     exchange = std::move(*opened);
     auto finished = exchange->finish();
     got = finished ? exchange->read_head() : std::unexpected(finished.error());
+    // A pooled connection the service had closed (the keep-alive race): the GET, which has no
+    // body, goes once more on a new one, as a forwarded request would; no fault of the target.
+    bool stale = !got && exchange->reused() && !fresh &&
+                 (http::nothing_reached_upstream(got.error()) ||
+                  got.error() == http::ExchangeErrc::kClosedBeforeResponse);
+    if (stale) {
+      fresh = true;
+      continue;
+    }
     if (got || !http::resend_turned_away(got.error(), turned_away)) break;
     if (metrics_) metrics_->record_resend(service->series);
   }
@@ -481,6 +491,13 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
     return unavailable(got.error().message());
   }
   const http::ClientResponseHead& answer = **got;
+  if (answer.status == 101) {
+    // The GET offered no upgrade: a switch is no answer, and never the client's to see.
+    exchange->cancel();
+    log_warn("forward_auth: service {}: a 101 to a request that offered no upgrade: answered 502",
+             auth.service);
+    return http::Response::error(502, "the authentication service switched protocols");
+  }
   // Its body: what a refusal says (a login page, say), at most 64 KiB.
   constexpr std::size_t kMaxBody = 64 * 1024;
   std::string body;
