@@ -252,10 +252,7 @@ void RedisRateLimit::refill(KeyState& state, std::uint64_t key, Deadline deadlin
     }
     state.failed = false;
   } else {
-    if (reply && reply->type == RedisReply::Type::kError) {
-      log_warn("rate_limit: redis {}: {}", redis_->config().address(), reply->text);
-    }
-    state.failed = true;
+    state.failed = true;  // (an error reply is logged by the client, once per back-off)
   }
   state.refilling = false;
   refilled->set();

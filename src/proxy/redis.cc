@@ -22,6 +22,44 @@ namespace {
 // Calls waiting on one connection beyond which a new call fails at once (Redis is not
 // answering; more would only queue).
 constexpr std::size_t kMaxPending = 4096;
+// What one reply may announce: elements over all its arrays, and bytes held unparsed. Every
+// reply spindle asks for is a few elements and bytes; hiredis allocates an array's slots when
+// its header arrives (`*2147483647\r\n`: 16 GiB, walked again to free it).
+constexpr std::size_t kMaxReplyElements = 1024;
+constexpr std::size_t kMaxReplyBytes = 1 << 20;
+
+// The reply being read: elements its arrays announced so far (the reader's privdata).
+struct ReplyBudget {
+  std::size_t elements = 0;
+  bool exceeded = false;
+};
+
+void* (*default_create_array)(const redisReadTask*, int) = nullptr;
+
+// hiredis's own array, unless the reply would announce more than kMaxReplyElements in all;
+// then no object, which fails the reader ("Out of memory") before anything is allocated.
+void* bounded_create_array(const redisReadTask* task, int elements) {
+  auto* budget = static_cast<ReplyBudget*>(task->privdata);
+  if (static_cast<std::size_t>(elements) > kMaxReplyElements - budget->elements) {
+    budget->exceeded = true;
+    return nullptr;
+  }
+  budget->elements += static_cast<std::size_t>(elements);
+  return default_create_array(task, elements);
+}
+
+// hiredis's reply functions with arrays bounded.
+redisReplyObjectFunctions* bounded_functions() {
+  static redisReplyObjectFunctions functions = [] {
+    redisReader* probe = redisReaderCreate();
+    redisReplyObjectFunctions f = *probe->fn;
+    redisReaderFree(probe);
+    default_create_array = f.createArray;
+    f.createArray = bounded_create_array;
+    return f;
+  }();
+  return &functions;
+}
 
 RedisReply convert(const redisReply& r) {
   RedisReply out;
@@ -74,7 +112,9 @@ struct RedisClient::Connection {
     bool handshake = false;
   };
 
-  Connection(TcpStream s, Worker* w) : stream(std::move(s)), worker(w) {}
+  Connection(TcpStream s, Worker* w) : stream(std::move(s)), worker(w) {
+    reader->privdata = &budget;  // (hiredis 0.14's redisReaderSetPrivdata casts it to int)
+  }
   ~Connection() { redisReaderFree(reader); }
 
   /// Marks the connection broken (once) and fails every call still waiting with `ec`.
@@ -121,11 +161,24 @@ struct RedisClient::Connection {
       for (;;) {
         void* raw = nullptr;
         if (redisReaderGetReply(reader, &raw) != REDIS_OK) {
-          log_warn("redis {}: unreadable reply: {}", peer, reader->errstr);
+          if (budget.exceeded) {
+            log_warn("redis {}: a reply announcing more than {} elements: connection dropped", peer,
+                     kMaxReplyElements);
+          } else {
+            log_warn("redis {}: unreadable reply: {}", peer, reader->errstr);
+          }
           break_with(make_error(std::errc::protocol_error));
           break;
         }
-        if (raw == nullptr) break;
+        if (raw == nullptr) {
+          if (reader->len - reader->pos > kMaxReplyBytes) {
+            log_warn("redis {}: a reply larger than {} bytes: connection dropped", peer,
+                     kMaxReplyBytes);
+            break_with(make_error(std::errc::protocol_error));
+          }
+          break;
+        }
+        budget = ReplyBudget();
         auto* reply = static_cast<redisReply*>(raw);
         RedisReply converted = convert(*reply);
         freeReplyObject(reply);
@@ -153,7 +206,9 @@ struct RedisClient::Connection {
   /// The worker whose reactor the socket is registered with: it must be closed there.
   Worker* worker;
   std::string peer;
-  redisReader* reader = redisReaderCreate();
+  redisReader* reader = redisReaderCreateWithFunctions(bounded_functions());
+  /// What the reply being read has announced.
+  ReplyBudget budget;
   std::deque<std::shared_ptr<Pending>> pending;
   /// Encoded commands not written yet.
   std::string out;
@@ -203,6 +258,8 @@ void RedisClient::drop(const std::shared_ptr<Connection>& connection) {
 
 Result<RedisReply> RedisClient::call(std::span<const std::string_view> args, Deadline deadline) {
   deadline = earliest(deadline, Deadline::after(config_.timeout));
+  // After an error reply, the connection is kept but left alone for the back-off.
+  if (connection_ && Clock::now() < retry_at_) return fail(std::errc::connection_refused);
   if (connection_ && connection_->broken) {
     retry_at_ = connection_->broken_at + config_.backoff;
     connection_.reset();
@@ -244,7 +301,18 @@ Result<RedisReply> RedisClient::call(std::span<const std::string_view> args, Dea
     drop(connection);
     return std::unexpected(ec);
   }
+  if (call->result && call->result->type == RedisReply::Type::kError) refused(call->result->text);
   return std::move(call->result);
+}
+
+void RedisClient::refused(std::string_view error) {
+  ++error_replies_;
+  auto now = Clock::now();
+  // Replies pipelined before the back-off began may all be errors: one line per back-off.
+  if (now >= retry_at_) {
+    log_warn("redis {}: {}; next try in {} ms", config_.address(), error, config_.backoff.count());
+  }
+  retry_at_ = now + config_.backoff;
 }
 
 RedisClients::RedisClients(RedisConfig config, Address address, std::size_t workers)

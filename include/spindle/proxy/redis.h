@@ -46,14 +46,19 @@ class RedisClient {
   RedisClient& operator=(const RedisClient&) = delete;
 
   /// Sends `args` as one command (pipelined behind others in flight) and waits for its reply
-  /// until `deadline` (at most the configured timeout). A Redis error is a kError reply, not a
-  /// failure. Fails with std::errc::timed_out, std::errc::connection_refused (also at once
-  /// during a back-off), std::errc::connection_reset (the connection broke), or
-  /// std::errc::protocol_error (a reply that is not RESP, or a refused AUTH / SELECT).
+  /// until `deadline` (at most the configured timeout). A Redis error (READONLY, OOM, BUSY) is
+  /// a kError reply, not a failure, but it starts a back-off as a failed connection does (the
+  /// connection is kept; one log line per back-off). A reply announcing more than 1024
+  /// elements or holding more than 1 MiB breaks the connection (protocol_error). Fails with
+  /// std::errc::timed_out, std::errc::connection_refused (also at once during a back-off),
+  /// std::errc::connection_reset (the connection broke), or std::errc::protocol_error (a reply that
+  /// is not RESP, or a refused AUTH / SELECT).
   [[nodiscard]] Result<RedisReply> call(std::span<const std::string_view> args, Deadline deadline);
 
   /// Connections made so far (for tests: a reconnect storm shows here).
   std::uint64_t connects() const { return connects_; }
+  /// Error replies so far (each starts a back-off).
+  std::uint64_t error_replies() const { return error_replies_; }
 
  private:
   struct Connection;
@@ -61,6 +66,8 @@ class RedisClient {
   Result<std::shared_ptr<Connection>> open(Deadline deadline);
   /// Drops the connection (its calls fail) and starts a back-off.
   void drop(const std::shared_ptr<Connection>& connection);
+  /// Redis answered `error`: counted, logged once per back-off, and a back-off starts.
+  void refused(std::string_view error);
 
   RedisConfig config_;
   Address address_;
@@ -70,6 +77,7 @@ class RedisClient {
   /// No connection is tried before this.
   Clock::time_point retry_at_{};
   std::uint64_t connects_ = 0;
+  std::uint64_t error_replies_ = 0;
 };
 
 /// A process's clients for one Redis: one per worker, made on first use there.

@@ -179,3 +179,84 @@ TEST(RedisClient, NothingListeningIsRefusedAndTriedAgainOnlyAfterTheBackOff) {
     EXPECT_EQ(client.connects(), 2u);
   });
 }
+
+// A reply may announce no more than it takes to read: hiredis allocates an array's slots when
+// its header arrives, so `*2147483647` would cost 16 GiB and seconds of the worker.
+TEST(RedisClient, AReplyAnnouncingTooManyElementsBreaksTheConnection) {
+  std::string nested = "*1000\r\n";
+  for (int i = 0; i < 1000; ++i) nested += "*1\r\n:1\r\n";  // 1000 + 1000 announced
+  for (const std::string& reply : {std::string("*2147483647\r\n"), std::string("*1025\r\n"),
+                                   std::string("*2\r\n*1023\r\n"), nested}) {
+    std::string get = command({"GET", "k"});
+    ScriptedRedis server(get.size(), reply);
+    Runtime runtime(RuntimeOptions{.workers = 1});
+    runtime.block_on([&] {
+      RedisClient client(config(2000ms), server.address());
+      std::vector<std::string_view> args{"GET", "k"};
+      auto r = client.call(args, Deadline::never());
+      ASSERT_FALSE(r) << reply.substr(0, 20);
+      // Refused as it was read, not left waiting for elements that never come.
+      EXPECT_EQ(r.error(), std::errc::protocol_error) << reply.substr(0, 20);
+    });
+  }
+}
+
+TEST(RedisClient, AReplyOfTheMostElementsAllowedIsRead) {
+  std::string reply = "*2\r\n*1\r\n:5\r\n*1021\r\n";
+  for (int i = 0; i < 1021; ++i) reply += ":1\r\n";
+  std::string get = command({"GET", "k"});
+  ScriptedRedis server(get.size(), reply);
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  runtime.block_on([&] {
+    RedisClient client(config(), server.address());
+    std::vector<std::string_view> args{"GET", "k"};
+    auto r = client.call(args, Deadline::never());
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->elements.size(), 2u);
+    EXPECT_EQ(r->elements[1].elements.size(), 1021u);
+  });
+}
+
+TEST(RedisClient, AReplyLargerThanAMebibyteBreaksTheConnection) {
+  std::string get = command({"GET", "k"});
+  ScriptedRedis server(get.size(), "$2000000\r\n" + std::string(1100000, 'x'));
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  runtime.block_on([&] {
+    RedisClient client(config(2000ms), server.address());
+    std::vector<std::string_view> args{"GET", "k"};
+    auto r = client.call(args, Deadline::never());
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error(), std::errc::protocol_error);
+  });
+}
+
+// READONLY after a failover, OOM, BUSY: Redis answers, but cannot do what was asked. Asking
+// again at once would cost every request a round trip (and a log line): it backs off as a
+// failed connection does, keeping the connection.
+TEST(RedisClient, AnErrorReplyStartsTheBackOff) {
+  std::string get = command({"GET", "k"});
+  for (std::string error : {"READONLY You can't write against a read only replica.",
+                            "OOM command not allowed", "BUSY Redis is busy running a script"}) {
+    ScriptedRedis server(get.size() * 2, "-" + error + "\r\n-" + error + "\r\n");
+    Runtime runtime(RuntimeOptions{.workers = 1});
+    runtime.block_on([&] {
+      RedisClient client(config(), server.address());
+      std::vector<std::string_view> args{"GET", "k"};
+      // Two calls pipelined: both get their error; one back-off.
+      auto first = spawn([&] { return client.call(args, Deadline::never()); });
+      auto second = spawn([&] { return client.call(args, Deadline::never()); });
+      auto r1 = first.join();
+      auto r2 = second.join();
+      ASSERT_TRUE(r1 && r2);
+      EXPECT_EQ(r1->type, RedisReply::Type::kError);
+      EXPECT_EQ(r1->text, error);
+      EXPECT_EQ(client.error_replies(), 2u);
+      // Within the back-off: refused at once, nothing sent.
+      auto r3 = client.call(args, Deadline::never());
+      ASSERT_FALSE(r3);
+      EXPECT_EQ(r3.error(), std::errc::connection_refused);
+      EXPECT_EQ(client.connects(), 1u);
+    });
+    EXPECT_EQ(server.received(), get + get);
+  }
+}
