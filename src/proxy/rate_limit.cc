@@ -41,25 +41,33 @@ std::shared_ptr<RateLimiter> RateLimitRegistry::limiter(const std::string& route
                    config.fail_open);
   }
   std::lock_guard guard(lock_);
-  // A limit no configuration holds any more is forgotten (a table is 1 MiB: reloads that
-  // change a rate would otherwise keep one each). Only the registry hands them out, under this
-  // lock: one it alone holds cannot be taken meanwhile. The configuration in force holds its
-  // own while the next is built, so a limit both share keeps its counts.
-  std::erase_if(limiters_, [](const auto& entry) { return entry.second.use_count() == 1; });
-  auto& limiter = limiters_[key];
-  if (limiter) return limiter;
+  // The configurations own their limits; the registry only finds them again. A limit no
+  // configuration holds any more is gone (a table is 1 MiB: reloads that change a rate would
+  // otherwise keep one each), and so is a Redis no limit uses (a changed `redis` section: its
+  // clients close their connections), as soon as the last request of the old configuration
+  // ends. The configuration in force holds its own while the next is built, so a limit both
+  // share keeps its counts.
+  std::erase_if(limiters_, [](const auto& entry) { return entry.second.expired(); });
+  std::erase_if(redis_, [](const auto& entry) { return entry.second.expired(); });
+  if (auto kept = limiters_[key].lock()) return kept;
+  std::shared_ptr<RateLimiter> limiter;
   if (config.store == RateLimitConfig::Store::kLocal) {
     limiter = std::make_shared<RateLimitTable>(config.rate, config.burst);
+    limiters_[key] = limiter;
     return limiter;
   }
-  auto& clients = redis_[clients_key];
-  if (!clients) clients = std::make_shared<RedisClients>(*redis, *redis_address, workers);
+  auto clients = redis_[clients_key].lock();
+  if (!clients) {
+    clients = std::make_shared<RedisClients>(*redis, *redis_address, workers);
+    redis_[clients_key] = clients;
+  }
   // Instances with the same route and settings share counts; other settings are other keys.
   std::string prefix =
       fmt::format("spindle:rl:{}:{}:{}:{}:", route, index, config.rate, config.burst);
   unsigned batch = config.batch != 0 ? config.batch : std::max(1u, config.burst / 10);
   limiter = std::make_shared<RedisRateLimit>(clients, std::move(prefix), config.rate, config.burst,
                                              batch, config.fail_open, workers);
+  limiters_[key] = limiter;
   return limiter;
 }
 

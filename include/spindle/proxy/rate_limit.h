@@ -132,8 +132,9 @@ class RateLimitRegistry {
 
  private:
   std::mutex lock_;
-  std::map<std::string, std::shared_ptr<RateLimiter>> limiters_;
-  std::map<std::string, std::shared_ptr<RedisClients>> redis_;
+  /// Held by the configurations that use them.
+  std::map<std::string, std::weak_ptr<RateLimiter>> limiters_;
+  std::map<std::string, std::weak_ptr<RedisClients>> redis_;
 };
 
 /// A 64-bit hash of a rate-limit key (never 0), the same in every process: what names a
