@@ -363,17 +363,50 @@ bool secret_key(std::string_view key) {
   return false;
 }
 
+// Keys whose value is a map of field names to field values: a route's `match.headers` (a
+// value a client must send: often a shared secret) and the `set` and `add` edits of the
+// `headers` middleware (a value sent upstream: often a credential). Every value there is
+// hidden, whatever the field's name.
+bool fields_map_key(std::string_view key) {
+  return key == "headers" || key == "set" || key == "add";
+}
+
+// A URL's credentials (scheme://user:password@host): hidden, the rest kept.
+void redact_userinfo(YAML::Node node) {
+  const std::string& text = node.Scalar();
+  std::size_t scheme = text.find("://");
+  if (scheme == std::string::npos) return;
+  std::size_t authority = scheme + 3;
+  std::size_t end = text.find_first_of("/?#", authority);
+  std::size_t at = text.rfind('@', end == std::string::npos ? text.size() : end);
+  if (at == std::string::npos || at < authority) return;
+  node = text.substr(0, authority) + "<redacted>" + text.substr(at);
+}
+
 void redact(YAML::Node node) {
   if (node.IsMap()) {
     for (auto entry : node) {
-      if (entry.first.IsScalar() && secret_key(entry.first.Scalar()) && !entry.second.IsNull()) {
+      std::string key = entry.first.IsScalar() ? entry.first.Scalar() : "";
+      bool secret = secret_key(key) ||
+                    (fields_map_key(key) && !entry.second.IsMap() && !entry.second.IsSequence());
+      if (secret && !entry.second.IsNull()) {
         entry.second = "<redacted>";
+      } else if (fields_map_key(key) && entry.second.IsMap()) {
+        for (auto field : entry.second) {
+          if (field.second.IsMap()) {
+            redact(field.second);  // headers: {request: {set: ...}}
+          } else if (!field.second.IsNull()) {
+            field.second = "<redacted>";
+          }
+        }
       } else {
         redact(entry.second);
       }
     }
   } else if (node.IsSequence()) {
     for (auto item : node) redact(item);
+  } else if (node.IsScalar()) {
+    redact_userinfo(node);
   }
 }
 

@@ -81,3 +81,25 @@ auth:
   EXPECT_NE(shown.find("keyword: kept"), std::string::npos) << shown;
   EXPECT_NE(shown.find("password: <redacted>"), std::string::npos) << shown;
 }
+
+TEST(RedactedSource, ValuesAreHiddenByWhereTheyAreUsed) {
+  Config config;
+  config.source = R"(routes:
+  - match: {path_prefix: /a, headers: {X-Plain: m4tch}}
+    middlewares:
+      - headers: {request: {set: {Accept: s3t}, add: {X-B: 4dd}, remove: [X-Gone]},
+                  response: {set: {X-C: r3s}}}
+      - cors: {origins: ["https://a.example"], headers: [X-Shown]}
+services:
+  s: {url: "http://us3r:p4ss@10.0.0.1:80/x@y"}
+  t: {url: "http://10.0.0.2:80"}
+)";
+  std::string shown = redacted_source(config);
+  for (const char* secret : {"m4tch", "s3t", "4dd", "r3s", "us3r", "p4ss"}) {
+    EXPECT_EQ(shown.find(secret), std::string::npos) << secret << " in:\n" << shown;
+  }
+  for (const char* kept : {"X-Plain", "X-Gone", "X-Shown", "http://<redacted>@10.0.0.1:80/x@y",
+                           "http://10.0.0.2:80", "path_prefix: /a"}) {
+    EXPECT_NE(shown.find(kept), std::string::npos) << kept << " not in:\n" << shown;
+  }
+}
