@@ -28,18 +28,23 @@ constexpr std::size_t kMaxPending = 4096;
 constexpr std::size_t kMaxReplyElements = 1024;
 constexpr std::size_t kMaxReplyBytes = 1 << 20;
 
-// The reply being read: elements its arrays announced so far (the reader's privdata).
-struct ReplyBudget {
+}  // namespace
+
+// The reply being read: elements its arrays announced so far (the reader's privdata). (Not in
+// the anonymous namespace: a member of RedisClient::Connection.)
+struct RedisReplyBudget {
   std::size_t elements = 0;
   bool exceeded = false;
 };
+
+namespace {
 
 void* (*default_create_array)(const redisReadTask*, int) = nullptr;
 
 // hiredis's own array, unless the reply would announce more than kMaxReplyElements in all;
 // then no object, which fails the reader ("Out of memory") before anything is allocated.
 void* bounded_create_array(const redisReadTask* task, int elements) {
-  auto* budget = static_cast<ReplyBudget*>(task->privdata);
+  auto* budget = static_cast<RedisReplyBudget*>(task->privdata);
   if (static_cast<std::size_t>(elements) > kMaxReplyElements - budget->elements) {
     budget->exceeded = true;
     return nullptr;
@@ -178,7 +183,7 @@ struct RedisClient::Connection {
           }
           break;
         }
-        budget = ReplyBudget();
+        budget = RedisReplyBudget();
         auto* reply = static_cast<redisReply*>(raw);
         RedisReply converted = convert(*reply);
         freeReplyObject(reply);
@@ -208,7 +213,7 @@ struct RedisClient::Connection {
   std::string peer;
   redisReader* reader = redisReaderCreateWithFunctions(bounded_functions());
   /// What the reply being read has announced.
-  ReplyBudget budget;
+  RedisReplyBudget budget;
   std::deque<std::shared_ptr<Pending>> pending;
   /// Encoded commands not written yet.
   std::string out;
