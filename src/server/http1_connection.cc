@@ -152,6 +152,24 @@ class Connection final : public BodySource, public ContextSource, public Interim
   bool finish_body();
   /// Takes up to `n` buffered bytes (spill first, then the buffer).
   std::string_view take_buffered(std::size_t n);
+  /// Answers every complete request already buffered (the responses queue up in out_): how
+  /// the activation ends, or nullopt once what is left is not a whole request.
+  std::optional<Outcome> answer_buffered();
+  /// Answers the request whose head was just parsed: how the activation ends, or nullopt if
+  /// the connection carries on.
+  std::optional<Outcome> answer_request();
+  /// Answers a head the parser rejected (`status`) and closes: its framing cannot be trusted.
+  Outcome reject(int status, std::string_view reason);
+  /// Runs the handler (or answers 400 for `bad_request`) while watching for the client to go.
+  Response run_handler(Request& request, const std::optional<BadRequest>& bad_request);
+  /// True if the connection may carry another request after the current one.
+  bool may_continue() const;
+  /// Sends the head that opens a tunnel, then hands the socket to the response's takeover.
+  Outcome hand_over(Response& response);
+  /// With nothing buffered: goes idle, or reads what arrived meanwhile (nullopt: read more).
+  std::optional<Outcome> read_when_idle();
+  /// With a partial head buffered: reads on within the header timeout (nullopt: read more).
+  std::optional<Outcome> read_rest_of_head();
   /// Runs the router, turning exceptions into responses.
   Response respond(Request& request);
   /// Serializes `response` for the current head into the output queue.
@@ -228,6 +246,9 @@ class Connection final : public BodySource, public ContextSource, public Interim
   std::string_view body_reason_;
   /// The h2c upgrade request, once accepted.
   std::optional<detail::Http2Upgrade> upgrade_;
+  /// When the current head began, taken only once a head turns out partial (then the header
+  /// timeout runs from it): a complete head never pays for the clock.
+  Clock::time_point head_started_{};
   /// See should_linger().
   bool linger_ = false;
   /// Served in a runner's batch: see leave_unsent().
@@ -665,132 +686,156 @@ bool Connection::flush() {
 }
 
 Connection::Outcome Connection::serve() {
-  // When the current head began, taken only once a head turns out partial (then the header
-  // timeout runs from it): a complete head never pays for the clock.
-  Clock::time_point head_started{};
   for (;;) {
-    // Answer every complete request already buffered; the responses queue up in out_.
-    for (;;) {
-      // Past the budget of queued output, the client must read before another pipelined
-      // request is parsed: what a connection holds is bounded, whatever it sends.
-      if (out_.size() >= kOutputBudget && !flush()) return Outcome::kClose;
-      if (begin_ == end_ && spill_begin_ == spill_.size()) {
-        begin_ = end_ = 0;
-        break;
-      }
-      if (int preface = http2_preface(); preface >= 0) {
-        if (preface == 0) break;  // a prefix of the preface so far: read on
-        return Outcome::kHttp2;
-      } else if (options_.http2_only && state_.requests == 0 && stream_.tls() == nullptr) {
-        return Outcome::kClose;  // not HTTP/2 on an HTTP/2-only port
-      }
-      auto parsed = parser_.parse({buffer_.data() + begin_, end_ - begin_}, head_);
-      if (parsed.state == ParseResult::State::kIncomplete) break;
-      parser_.reset();
-      if (parsed.state == ParseResult::State::kError) {
-        queue_error(parsed.status, parsed.reason);
-        if (options_.access_log) log_rejected(parsed.status);
-        (void)flush();
-        return Outcome::kClose;
-      }
-      begin_ += parsed.consumed;
-      // A request that cannot be made canonical is answered 400 without routing; its framing
-      // is sound, so the connection goes on.
-      std::optional<BadRequest> bad_request = canonicalize();
-      if (!bad_request && accept_h2c_upgrade()) return Outcome::kHttp2;
-      if (!start_body()) {
-        (void)flush();
-        return Outcome::kClose;
-      }
-      auto handled_at = options_.access_log ? Clock::now() : Clock::time_point{};
-      Request request(head_, *this);
-      request.set_context_source(this);
-      request.set_interim_sink(this);
-      request.set_client_gone_slot(&client_gone_);
-      stream_.on_readable(&Connection::watch_client, this);
-      Response response =
-          bad_request ? Response::error(400, bad_request->reason) : respond(request);
-      stream_.cancel_on_readable();
-      client_gone_ = nullptr;
-      ++state_.requests;
-      if (options_.access_log) log_access(request, response, handled_at);
-      bool body_left = !finish_body();
-      linger_ = linger_ || body_left;
-      bool close = body_left || !head_.keep_alive ||
-                   shared_.draining.load(std::memory_order_acquire) ||
-                   (options_.max_requests_per_connection != 0 &&
-                    state_.requests >= options_.max_requests_per_connection);
-      bool tunnel = opens_tunnel(response.status, head_.method == "CONNECT");
-      if (tunnel && response.takeover) {
-        // The connection becomes the handler's: the 101 (or CONNECT's 2xx) head goes out,
-        // then the takeover gets the socket and whatever the client sent past its request.
-        queue(response, false, false);
-        if (!flush()) return Outcome::kClose;
-        std::string early(spill_.data() + spill_begin_, spill_.size() - spill_begin_);
-        early.append(buffer_.data() + begin_, end_ - begin_);
-        try {
-          StreamTunnelEnd client(stream_);
-          response.takeover(client, early);
-        } catch (const std::exception& e) {
-          log_error("connection takeover after {} {} threw: {}", head_.method, head_.target,
-                    e.what());
-        } catch (...) {
-          log_error("connection takeover after {} {} threw", head_.method, head_.target);
-        }
-        return Outcome::kClose;
-      }
-      queue(response, head_.method == "HEAD", close);
-      if (broken_) return Outcome::kClose;
-      if (close) {
-        (void)flush();  // the request was read whole, so closing sends a FIN, not a reset
-        return Outcome::kClose;
-      }
-      unspill();
-      head_started = {};
-    }
+    if (std::optional<Outcome> ended = answer_buffered()) return *ended;
     // Nothing complete left: write the batch, then look for more.
-    if (begin_ == end_) {
-      // Idle: the fiber ends and the connection waits in the reactor, holding no stack and no
-      // buffer. Edge-triggered readiness needs the socket drained first: the stream knows when
-      // its last read proved it (as nginx's `ready` flag); otherwise one read attempt, without
-      // waiting. A server shutting down closes instead of waiting, but still answers (with
-      // Connection: close) a request that has arrived: its client may have sent it before
-      // it could know. (A reconfigured one does not close: the last response may not have
-      // said Connection: close, and the client may be sending its next request right now.)
-      const Outcome idle =
-          shared_.closing_idle.load(std::memory_order_acquire) ? Outcome::kClose : Outcome::kIdle;
-      if (batched_ && idle == Outcome::kIdle && stream_.drained() && big_body_.empty()) {
-        // The response goes with the batch's others, after them (run_ready_connections).
-        leave_unsent();
-        return idle;
-      }
-      if (!flush()) return Outcome::kClose;
-      if (stream_.drained()) return idle;
-      switch (read_more(Deadline::no_wait())) {
-        case Read::kData:
-          head_started = {};
-          continue;
-        case Read::kTimedOut:
-          return idle;
-        case Read::kClosed:
-        case Read::kFailed:
-          return Outcome::kClose;
-      }
-    }
-    // A partial head: it must be complete within the header timeout (slowloris).
-    if (head_started == Clock::time_point{}) head_started = Clock::now();
-    switch (read_more(Deadline::at(head_started + options_.header_timeout))) {
-      case Read::kData:
-        continue;
-      case Read::kTimedOut:
-        queue_error(408, "request header too slow");
-        (void)flush();
-        return Outcome::kClose;
-      case Read::kClosed:
-      case Read::kFailed:
-        return Outcome::kClose;
-    }
+    std::optional<Outcome> ended = begin_ == end_ ? read_when_idle() : read_rest_of_head();
+    if (ended) return *ended;
   }
+}
+
+std::optional<Connection::Outcome> Connection::answer_buffered() {
+  for (;;) {
+    // Past the budget of queued output, the client must read before another pipelined
+    // request is parsed: what a connection holds is bounded, whatever it sends.
+    if (out_.size() >= kOutputBudget && !flush()) return Outcome::kClose;
+    if (begin_ == end_ && spill_begin_ == spill_.size()) {
+      begin_ = end_ = 0;
+      return std::nullopt;
+    }
+    if (int preface = http2_preface(); preface >= 0) {
+      if (preface == 0) return std::nullopt;  // a prefix of the preface so far: read on
+      return Outcome::kHttp2;
+    } else if (options_.http2_only && state_.requests == 0 && stream_.tls() == nullptr) {
+      return Outcome::kClose;  // not HTTP/2 on an HTTP/2-only port
+    }
+    auto parsed = parser_.parse({buffer_.data() + begin_, end_ - begin_}, head_);
+    if (parsed.state == ParseResult::State::kIncomplete) return std::nullopt;
+    parser_.reset();
+    if (parsed.state == ParseResult::State::kError) return reject(parsed.status, parsed.reason);
+    begin_ += parsed.consumed;
+    if (std::optional<Outcome> ended = answer_request()) return *ended;
+  }
+}
+
+Connection::Outcome Connection::reject(int status, std::string_view reason) {
+  queue_error(status, reason);
+  if (options_.access_log) log_rejected(status);
+  (void)flush();
+  return Outcome::kClose;
+}
+
+std::optional<Connection::Outcome> Connection::answer_request() {
+  // A request that cannot be made canonical is answered 400 without routing; its framing
+  // is sound, so the connection goes on.
+  std::optional<BadRequest> bad_request = canonicalize();
+  if (!bad_request && accept_h2c_upgrade()) return Outcome::kHttp2;
+  if (!start_body()) {
+    (void)flush();
+    return Outcome::kClose;
+  }
+  auto handled_at = options_.access_log ? Clock::now() : Clock::time_point{};
+  Request request(head_, *this);
+  Response response = run_handler(request, bad_request);
+  ++state_.requests;
+  if (options_.access_log) log_access(request, response, handled_at);
+  bool body_left = !finish_body();
+  linger_ = linger_ || body_left;
+  if (opens_tunnel(response.status, head_.method == "CONNECT") && response.takeover) {
+    return hand_over(response);  // the connection becomes the handler's
+  }
+  bool close = body_left || !may_continue();
+  queue(response, head_.method == "HEAD", close);
+  if (broken_) return Outcome::kClose;
+  if (close) {
+    (void)flush();  // the request was read whole, so closing sends a FIN, not a reset
+    return Outcome::kClose;
+  }
+  unspill();
+  head_started_ = {};
+  return std::nullopt;
+}
+
+Response Connection::run_handler(Request& request, const std::optional<BadRequest>& bad_request) {
+  request.set_context_source(this);
+  request.set_interim_sink(this);
+  request.set_client_gone_slot(&client_gone_);
+  stream_.on_readable(&Connection::watch_client, this);
+  Response response = bad_request ? Response::error(400, bad_request->reason) : respond(request);
+  stream_.cancel_on_readable();
+  client_gone_ = nullptr;
+  return response;
+}
+
+bool Connection::may_continue() const {
+  return head_.keep_alive && !shared_.draining.load(std::memory_order_acquire) &&
+         (options_.max_requests_per_connection == 0 ||
+          state_.requests < options_.max_requests_per_connection);
+}
+
+Connection::Outcome Connection::hand_over(Response& response) {
+  // The 101 (or CONNECT's 2xx) head goes out, then the takeover gets the socket and whatever
+  // the client sent past its request.
+  queue(response, false, false);
+  if (!flush()) return Outcome::kClose;
+  std::string early(spill_.data() + spill_begin_, spill_.size() - spill_begin_);
+  early.append(buffer_.data() + begin_, end_ - begin_);
+  try {
+    StreamTunnelEnd client(stream_);
+    response.takeover(client, early);
+  } catch (const std::exception& e) {
+    log_error("connection takeover after {} {} threw: {}", head_.method, head_.target, e.what());
+  } catch (...) {
+    log_error("connection takeover after {} {} threw", head_.method, head_.target);
+  }
+  return Outcome::kClose;
+}
+
+std::optional<Connection::Outcome> Connection::read_when_idle() {
+  // Idle: the fiber ends and the connection waits in the reactor, holding no stack and no
+  // buffer. Edge-triggered readiness needs the socket drained first: the stream knows when
+  // its last read proved it (as nginx's `ready` flag); otherwise one read attempt, without
+  // waiting. A server shutting down closes instead of waiting, but still answers (with
+  // Connection: close) a request that has arrived: its client may have sent it before
+  // it could know. (A reconfigured one does not close: the last response may not have
+  // said Connection: close, and the client may be sending its next request right now.)
+  const Outcome idle =
+      shared_.closing_idle.load(std::memory_order_acquire) ? Outcome::kClose : Outcome::kIdle;
+  if (batched_ && idle == Outcome::kIdle && stream_.drained() && big_body_.empty()) {
+    // The response goes with the batch's others, after them (run_ready_connections).
+    leave_unsent();
+    return idle;
+  }
+  if (!flush()) return Outcome::kClose;
+  if (stream_.drained()) return idle;
+  switch (read_more(Deadline::no_wait())) {
+    case Read::kData:
+      head_started_ = {};
+      return std::nullopt;
+    case Read::kTimedOut:
+      return idle;
+    case Read::kClosed:
+    case Read::kFailed:
+      break;
+  }
+  return Outcome::kClose;
+}
+
+std::optional<Connection::Outcome> Connection::read_rest_of_head() {
+  // A partial head: it must be complete within the header timeout (slowloris).
+  if (head_started_ == Clock::time_point{}) head_started_ = Clock::now();
+  switch (read_more(Deadline::at(head_started_ + options_.header_timeout))) {
+    case Read::kData:
+      return std::nullopt;
+    case Read::kTimedOut:
+      queue_error(408, "request header too slow");
+      (void)flush();
+      break;
+    case Read::kClosed:
+    case Read::kFailed:
+      break;
+  }
+  return Outcome::kClose;
 }
 
 }  // namespace
