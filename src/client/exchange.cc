@@ -294,49 +294,55 @@ std::size_t UpstreamConnections::waiting(const Endpoint& endpoint) const {
   return t == nullptr ? 0 : t->pending;
 }
 
-Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
-    const Endpoint& endpoint, const ClientRequestHead& head, std::string_view authority,
-    const ExchangeTimeouts& timeouts, const PoolLimits& limits, bool fresh) {
-  if (Worker::current() == nullptr) return fail(std::errc::operation_not_permitted);
-  if (!is_method(head.method) || !is_request_target(head.target)) {
-    return fail(std::errc::invalid_argument);
-  }
+namespace {
+
+using ExchangeResult = Result<std::unique_ptr<ClientExchange>>;
+
+/// True if `head` may go on the wire: a method, a target, and fields that are all valid.
+bool is_sendable(const ClientRequestHead& head) {
+  if (!is_method(head.method) || !is_request_target(head.target)) return false;
   for (const Field& f : head.headers) {
     // (A name with a token is one of the token table's, in some case: a valid name.)
-    if ((f.token == nullptr && !is_field_name(f.name)) || !is_field_value(f.value)) {
-      return fail(std::errc::invalid_argument);
-    }
+    if ((f.token == nullptr && !is_field_name(f.name)) || !is_field_value(f.value)) return false;
   }
-  std::shared_ptr<TargetState> target = pool().target(endpoint.key());
-  target->limits = limits;
+  return true;
+}
 
-  // HTTP/2: on a connection with room for one more stream. When each is full, the request
-  // waits for a connection being made that is expected to have room for it, or else makes
-  // one more, up to max_connections (so a burst makes as many at once as it needs, and each
-  // wakes only the requests it can take); beyond them it waits for a stream of the newest
-  // connection to end (its queue wakes one waiter per stream that ends).
-  const bool speaks_http2 = endpoint.protocol != WireProtocol::kHttp1 || !target->http2.empty();
-  std::shared_ptr<TargetState::Http2Connect> connect;
-  while (speaks_http2) {
-    if (detail::Http2Session* session = http2_with_room(*target)) {
+/// True if `target` may not have another HTTP/2 connection: it has max_connections, or its
+/// server allows no stream now (SETTINGS_MAX_CONCURRENT_STREAMS 0), which it would allow on
+/// no other connection either (the request waits on the newest).
+bool at_http2_limit(const TargetState& target, const PoolLimits& limits) {
+  return (limits.max_connections != 0 &&
+          target.http2.size() + target.http2_connects.size() >= limits.max_connections) ||
+         (!target.http2.empty() && target.http2.back()->max_concurrent() == 0);
+}
+
+/// HTTP/2: a stream on a connection with room for one more. When each is full, the request
+/// waits for a connection being made that is expected to have room for it, or else makes
+/// one more, up to max_connections (so a burst makes as many at once as it needs, and each
+/// wakes only the requests it can take); beyond them it waits for a stream of the newest
+/// connection to end (its queue wakes one waiter per stream that ends). Returns the stream
+/// (or the error that ends the request), or nullopt with `connect` set: this request makes
+/// the next connection.
+std::optional<ExchangeResult> open_http2_stream(
+    TargetState& target, const PoolLimits& limits, const ClientRequestHead& head,
+    std::string_view authority, const ExchangeTimeouts& timeouts,
+    std::shared_ptr<TargetState::Http2Connect>& connect) {
+  for (;;) {
+    if (detail::Http2Session* session = http2_with_room(target)) {
       return session->open(head, authority, timeouts);
     }
-    auto& connects = target->http2_connects;
+    auto& connects = target.http2_connects;
     auto with_room =
         std::ranges::find_if(connects, [](const auto& c) { return c->waiting < c->capacity; });
-    // (A server that allows no stream now, SETTINGS_MAX_CONCURRENT_STREAMS 0, would allow
-    // none on another connection either: the request waits on the newest.)
-    const bool at_most = (limits.max_connections != 0 &&
-                          target->http2.size() + connects.size() >= limits.max_connections) ||
-                         (!target->http2.empty() && target->http2.back()->max_concurrent() == 0);
-    if (with_room == connects.end() && !at_most) {
+    if (with_room == connects.end() && !at_http2_limit(target, limits)) {
       connect = std::make_shared<TargetState::Http2Connect>();
-      connect->capacity = target->http2.empty() ? 100 : target->http2.back()->max_concurrent();
+      connect->capacity = target.http2.empty() ? 100 : target.http2.back()->max_concurrent();
       connects.push_back(connect);
-      break;
+      return std::nullopt;
     }
-    if (with_room == connects.end() && !target->http2.empty()) {
-      return target->http2.back()->open(head, authority, timeouts);
+    if (with_room == connects.end() && !target.http2.empty()) {
+      return target.http2.back()->open(head, authority, timeouts);
     }
     std::shared_ptr<TargetState::Http2Connect> awaited =
         with_room != connects.end() ? *with_room : connects.front();
@@ -345,44 +351,68 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
     --awaited->waiting;
     if (waited) return fail(make_error_code(ExchangeErrc::kNoCapacity));
   }
-  struct ConnectDone {  // says when the connection is made (or not)
-    TargetState& target;
-    const std::shared_ptr<TargetState::Http2Connect>& connect;
-    ~ConnectDone() {
-      if (!connect) return;
-      std::erase(target.http2_connects, connect);
-      connect->made.set();
-    }
-  } connect_done{*target, connect};
+}
 
-  // An HTTP/1.1 exchange holds one of the target's max_connections permits from here to its
-  // end: beyond them a request waits its turn (first come, first served), within the connect
-  // timeout and as one of at most max_pending.
-  Permit permit;
-  if (limits.max_connections != 0) {
-    if (!target->slots) target->slots = std::make_unique<Semaphore>(limits.max_connections);
-    if (!target->slots->try_acquire()) {
-      if (limits.max_pending != 0 && target->pending >= limits.max_pending) {
-        return fail(make_error_code(ExchangeErrc::kNoCapacity));
-      }
-      ++target->pending;
-      std::error_code waited =
-          wait_for_permit(*target, limits, Deadline::after_coarse(timeouts.connect));
-      --target->pending;
-      if (waited) return fail(make_error_code(ExchangeErrc::kNoCapacity));
-      if (detail::Http2Session* session = http2_with_room(*target)) {
-        target->slots->release();  // the endpoint turned out to speak HTTP/2 meanwhile
-        return session->open(head, authority, timeouts);
-      }
-    }
-    permit = Permit(target);
+/// Says when the connection a request set out to make (open_http2_stream) is made, or not.
+struct ConnectDone {
+  TargetState& target;
+  const std::shared_ptr<TargetState::Http2Connect>& connect;
+  ~ConnectDone() {
+    if (!connect) return;
+    std::erase(target.http2_connects, connect);
+    connect->made.set();
   }
-  if (endpoint.protocol == WireProtocol::kHttp1 && !fresh) {
-    if (auto stream = target->take_idle()) {
-      return detail::start_http1_exchange(target, std::move(*stream), true, head, authority,
-                                          timeouts, std::move(permit));
+};
+
+/// An HTTP/1.1 exchange holds one of the target's max_connections permits from here to its
+/// end: beyond them a request waits its turn (first come, first served), within the connect
+/// timeout and as one of at most max_pending. Takes one into `permit` and returns nullopt;
+/// else the error that ends the request, or a stream if the endpoint turned out to speak
+/// HTTP/2 while the request waited.
+std::optional<ExchangeResult> take_permit(const std::shared_ptr<TargetState>& target,
+                                          const PoolLimits& limits, const ClientRequestHead& head,
+                                          std::string_view authority,
+                                          const ExchangeTimeouts& timeouts, Permit& permit) {
+  if (!target->slots) target->slots = std::make_unique<Semaphore>(limits.max_connections);
+  if (!target->slots->try_acquire()) {
+    if (limits.max_pending != 0 && target->pending >= limits.max_pending) {
+      return fail(make_error_code(ExchangeErrc::kNoCapacity));
+    }
+    ++target->pending;
+    std::error_code waited =
+        wait_for_permit(*target, limits, Deadline::after_coarse(timeouts.connect));
+    --target->pending;
+    if (waited) return fail(make_error_code(ExchangeErrc::kNoCapacity));
+    if (detail::Http2Session* session = http2_with_room(*target)) {
+      target->slots->release();  // the endpoint turned out to speak HTTP/2 meanwhile
+      return session->open(head, authority, timeouts);
     }
   }
+  permit = Permit(target);
+  return std::nullopt;
+}
+
+/// Starts an HTTP/2 session on the new connection `stream` and opens the request's stream.
+ExchangeResult open_on_new_session(TargetState& target, Stream stream,
+                                   const ClientRequestHead& head, std::string_view authority,
+                                   const ExchangeTimeouts& timeouts,
+                                   std::chrono::microseconds took) {
+  auto session = detail::Http2Session::start(std::move(stream));
+  if (target.retired) session->retire();
+  // Until its SETTINGS come, the server is taken to allow what it told the others.
+  if (!target.http2.empty()) session->assume_max_concurrent(target.http2.back()->max_concurrent());
+  target.http2.push_back(session);
+  auto exchange = session->open(head, authority, timeouts);
+  if (exchange) (*exchange)->set_connect_time(took);
+  return exchange;
+}
+
+/// Connects to `endpoint` and starts the exchange on the new connection: HTTP/2 if the
+/// endpoint speaks it (by configuration or ALPN), else HTTP/1.1 under `permit`.
+ExchangeResult connect_and_open(const Endpoint& endpoint,
+                                const std::shared_ptr<TargetState>& target, bool speaks_http2,
+                                const ClientRequestHead& head, std::string_view authority,
+                                const ExchangeTimeouts& timeouts, Permit permit) {
   auto started = Clock::now();
   std::string_view alpn;
   auto stream = detail::connect_endpoint(endpoint, Deadline::after(timeouts.connect), &alpn);
@@ -392,29 +422,52 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
   if (endpoint.protocol == WireProtocol::kHttp2 && !http2) {
     return fail(make_error_code(ExchangeErrc::kTlsFailed));  // the upstream would not speak h2
   }
-  if (http2) {
-    // (Learning by ALPN that the endpoint speaks HTTP/2, several fibers may have connected at
-    // once: the first connection with room is used, and this one kept only if none has.)
-    if (!speaks_http2) {
-      if (detail::Http2Session* session = http2_with_room(*target)) {
-        return session->open(head, authority, timeouts);
-      }
-    }
-    permit = {};  // streams on one connection: no HTTP/1.1 permit needed
-    auto session = detail::Http2Session::start(std::move(*stream));
-    if (target->retired) session->retire();
-    // Until its SETTINGS come, the server is taken to allow what it told the others.
-    if (!target->http2.empty())
-      session->assume_max_concurrent(target->http2.back()->max_concurrent());
-    target->http2.push_back(session);
-    auto exchange = session->open(head, authority, timeouts);
-    if (exchange) (*exchange)->set_connect_time(took);
+  if (!http2) {
+    auto exchange = detail::start_http1_exchange(target, std::move(*stream), false, head, authority,
+                                                 timeouts, std::move(permit));
+    exchange->set_connect_time(took);
     return exchange;
   }
-  auto exchange = detail::start_http1_exchange(target, std::move(*stream), false, head, authority,
-                                               timeouts, std::move(permit));
-  exchange->set_connect_time(took);
-  return exchange;
+  // (Learning by ALPN that the endpoint speaks HTTP/2, several fibers may have connected at
+  // once: the first connection with room is used, and this one kept only if none has.)
+  if (!speaks_http2) {
+    if (detail::Http2Session* session = http2_with_room(*target)) {
+      return session->open(head, authority, timeouts);
+    }
+  }
+  permit = {};  // streams on one connection: no HTTP/1.1 permit needed
+  return open_on_new_session(*target, std::move(*stream), head, authority, timeouts, took);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
+    const Endpoint& endpoint, const ClientRequestHead& head, std::string_view authority,
+    const ExchangeTimeouts& timeouts, const PoolLimits& limits, bool fresh) {
+  if (Worker::current() == nullptr) return fail(std::errc::operation_not_permitted);
+  if (!is_sendable(head)) return fail(std::errc::invalid_argument);
+  std::shared_ptr<TargetState> target = pool().target(endpoint.key());
+  target->limits = limits;
+  const bool speaks_http2 = endpoint.protocol != WireProtocol::kHttp1 || !target->http2.empty();
+  std::shared_ptr<TargetState::Http2Connect> connect;
+  if (speaks_http2) {
+    auto answered = open_http2_stream(*target, limits, head, authority, timeouts, connect);
+    if (answered) return std::move(*answered);
+  }
+  ConnectDone connect_done{*target, connect};
+  Permit permit;
+  if (limits.max_connections != 0) {
+    auto answered = take_permit(target, limits, head, authority, timeouts, permit);
+    if (answered) return std::move(*answered);
+  }
+  if (endpoint.protocol == WireProtocol::kHttp1 && !fresh) {
+    if (auto stream = target->take_idle()) {
+      return detail::start_http1_exchange(target, std::move(*stream), true, head, authority,
+                                          timeouts, std::move(permit));
+    }
+  }
+  return connect_and_open(endpoint, target, speaks_http2, head, authority, timeouts,
+                          std::move(permit));
 }
 
 }  // namespace spindle::http
