@@ -398,11 +398,15 @@ ExchangeResult open_on_new_session(TargetState& target, Stream stream,
                                    const ExchangeTimeouts& timeouts,
                                    std::chrono::microseconds took) {
   auto session = detail::Http2Session::start(std::move(stream));
-  if (target.retired) session->retire();
   // Until its SETTINGS come, the server is taken to allow what it told the others.
   if (!target.http2.empty()) session->assume_max_concurrent(target.http2.back()->max_concurrent());
   target.http2.push_back(session);
   auto exchange = session->open(head, authority, timeouts);
+  // An endpoint no configuration names (a request of the one before, or a reload that dropped
+  // it while this connected): the connection ends after the streams on it. Retired only once
+  // the request that made it has its stream: with none open it would end at once, before the
+  // request went out (and so would every retry's).
+  if (target.retired) session->retire();
   if (exchange) (*exchange)->set_connect_time(took);
   return exchange;
 }
