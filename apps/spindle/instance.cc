@@ -272,6 +272,7 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   // 2. The switch. Nothing below fails. What /config shows changes first, then the routes;
   // a listener that is new starts accepting after both (connections that came meanwhile, or
   // waited in a socket systemd or our predecessor handed over, are served with them).
+  admit_endpoints(gateway->get());
   {
     std::string text = proxy::redacted_source(config);
     std::lock_guard guard(shown_lock_);
@@ -302,6 +303,12 @@ std::expected<void, std::string> Instance::apply(proxy::Config config) {
   return {};
 }
 
+void Instance::admit_endpoints(const proxy::Gateway* gateway) {
+  std::unordered_set<std::string> both = endpoint_keys(gateway_.get());
+  both.merge(endpoint_keys(gateway));
+  connections_.retain(std::move(both));
+}
+
 bool Instance::names_ready(const proxy::Config& config) {
   std::set<std::string> hosts, srv;
   proxy::dns_names(config, hosts, srv);
@@ -326,6 +333,7 @@ void Instance::rediscover() {
     log_warn("dns: the new answers cannot be used ({}); the targets in force stay", e.what());
     return;
   }
+  admit_endpoints(gateway.get());
   gateways_.publish(gateway);
   connections_.retain(endpoint_keys(gateway.get()));
   std::set<const proxy::UpstreamConfig*> said;  // (an upstream's variants have one answer)

@@ -77,6 +77,10 @@ class Instance {
   /// builds the gateway again with them and publishes it: new targets join, gone ones drain.
   /// The main thread calls it every second, and when dns_fd() is readable.
   void rediscover();
+  /// Puts the pools of `gateway`'s endpoints in force besides those in force, before it is
+  /// published: a pool its first requests made before that would be taken for one of a
+  /// configuration before, and its connections closed after them.
+  void admit_endpoints(const proxy::Gateway* gateway);
   /// Has DNS discovery look the names of `config` up (besides those of the configuration in
   /// force), in the background; true once each has had its first lookup end, so that apply()
   /// finds their answers. Never waits.

@@ -898,10 +898,6 @@ servers:
         assert server.stop() == 0
 
 
-@pytest.mark.xfail(strict=True, reason="defect: after a reload that changes an HTTP/2 service's "
-                   "TLS settings, the next request often gets 502 'connection closed before the "
-                   "request was written' (about 1 in 2 reloads; HTTP/1.1 and unchanged settings: "
-                   "none)")
 def test_reloads_alternating_h2_tls_settings_leave_one_connection_at_the_upstream(build_dir,
                                                                                 tmp_path, certs):
     up = upstream(build_dir, "h2", keepalive_ms=60_000,
