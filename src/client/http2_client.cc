@@ -105,6 +105,8 @@ struct Http2Session::Impl final : h2::SessionHandler {
   /// cost as much as the queue is long).
   SpinLock room_lock;
   WaitList room;
+  /// open() calls waiting in `room` now: a retiring connection waits for them too.
+  std::size_t room_waiters = 0;
   /// Streams whose response was refused in the read being processed: reset after it.
   std::vector<std::uint32_t> refused;
   bool broken = false;
@@ -135,12 +137,17 @@ struct Http2Session::Impl final : h2::SessionHandler {
       std::erase(sending, &call);
     }
     calls.erase(call.id);  // the exchange, if any, keeps its own reference
-    if (calls.empty()) {
-      last_end = coarse_now();
-      if (retiring) close_now();
+    if (calls.empty()) last_end = coarse_now();
+    {
+      std::lock_guard guard(room_lock);
+      room.notify_one();
     }
-    std::lock_guard guard(room_lock);
-    room.notify_one();
+    end_if_retired();
+  }
+  /// A retiring connection ends once no stream is open and no open() waits for room on it
+  /// (the one woken opens its stream first).
+  void end_if_retired() {
+    if (retiring && !broken && calls.empty() && room_waiters == 0) close_now();
   }
   /// Ends the connection: nothing more goes on it, its fibers end.
   void close_now() {
@@ -500,7 +507,7 @@ void Http2Session::close() { impl_->close_now(); }
 
 void Http2Session::retire() {
   impl_->retiring = true;
-  if (impl_->calls.empty()) impl_->close_now();
+  impl_->end_if_retired();
 }
 
 std::shared_ptr<Http2Session> Http2Session::start(Stream stream) {
@@ -564,7 +571,12 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
   Deadline deadline = Deadline::after_coarse(timeouts.write);
   while (usable() && !s.session.can_open()) {
     std::unique_lock guard(s.room_lock);
-    if (s.room.wait(s.room_lock, deadline) == std::errc::timed_out) {
+    ++s.room_waiters;
+    const bool timed_out = s.room.wait(s.room_lock, deadline) == std::errc::timed_out;
+    --s.room_waiters;
+    if (timed_out) {
+      guard.unlock();
+      s.end_if_retired();
       return fail(make_error_code(ExchangeErrc::kClosedBeforeWrite));
     }
   }

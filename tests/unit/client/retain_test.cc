@@ -2,10 +2,14 @@
 // names (again) keep their connections.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
+#include <thread>
 
 #include "spindle/client/exchange.h"
 #include "spindle/fiber/runtime.h"
+#include "spindle/fiber/spawn.h"
+#include "spindle/fiber/this_fiber.h"
 #include "spindle/net/tls.h"
 #include "spindle/server/server.h"
 #include "testing/testing.h"
@@ -126,3 +130,74 @@ TEST_P(RetainHttp2, ARequestToAnEndpointNotInForceIsAnsweredThenItsConnectionClo
 
 INSTANTIATE_TEST_SUITE_P(TlsAndPlain, RetainHttp2, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Tls" : "H2c"; });
+
+// The same promise for a request waiting for room on a connection at the upstream's stream
+// limit (max_connections reached) when a reload drops the endpoint: the connection ends after
+// that request, not when the stream before it ends. (Seen failing: it ended with the stream
+// before, and the waiting request failed "connection closed before the request was written".)
+TEST(RetainHttp2Busy, ARequestWaitingForRoomWhenTheEndpointIsDroppedIsAnswered) {
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  std::atomic<bool> slow_started{false}, queued{false}, released{false};
+  auto until = [](const std::atomic<bool>& flag) {
+    while (!flag.load()) (void)this_fiber::sleep_for(1ms);
+  };
+  Router router;
+  router.get("/hello", [](Request&) { return Response::text("hello"); });
+  router.get("/slow", [&](Request&) {
+    slow_started = true;
+    until(released);  // until the endpoint was dropped
+    return Response::text("slow");
+  });
+  ServerOptions options;
+  options.http2 = true;
+  options.http2_limits.max_concurrent_streams = 1;
+  auto upstream = HttpServer::start(runtime, Address::loopback_v4(0), std::move(router), options);
+  ASSERT_TRUE(upstream.has_value());
+  Endpoint endpoint;
+  endpoint.address = (*upstream)->address();
+  endpoint.protocol = WireProtocol::kH2c;
+  UpstreamConnections pools(runtime);
+  const PoolLimits limits{.max_connections = 1};
+  pools.retain({endpoint.key()});
+  auto get = [&](const char* path) {
+    RequestHead head;
+    head.method = "GET";
+    head.target = path;
+    auto ex = pools.open(endpoint, head, "u", {}, limits);
+    if (!ex) return ex.error().message();
+    auto response = (*ex)->read_head();
+    if (!response) return response.error().message();
+    std::string body, buffer(64, '\0');
+    while (auto n = (*ex)->read(buffer)) {
+      if (*n == 0) break;
+      body.append(buffer.data(), *n);
+    }
+    return body;
+  };
+  std::string warm, slow, waiting;
+  std::thread traffic([&] {
+    runtime.block_on([&] {
+      warm = get("/hello");  // the upstream's SETTINGS: one stream at a time
+      auto first = spawn([&] { slow = get("/slow"); });
+      until(slow_started);
+      auto second = spawn([&] { waiting = get("/hello"); });
+      (void)this_fiber::sleep_for(5ms);  // (it waits for room at once: no I/O before)
+      queued = true;
+      first.join();
+      second.join();
+    });
+  });
+  while (!queued.load()) std::this_thread::sleep_for(1ms);
+  pools.retain({});  // a reload drops the endpoint
+  released = true;
+  traffic.join();
+  EXPECT_EQ(warm, "hello");
+  EXPECT_EQ(slow, "slow");
+  EXPECT_EQ(waiting, "hello");
+  // And the connection ends after it.
+  for (int i = 0; i < 2000 && (*upstream)->connections() != 0; ++i) {
+    std::this_thread::sleep_for(1ms);
+  }
+  EXPECT_EQ((*upstream)->connections(), 0u) << "kept for an endpoint not in force";
+  (*upstream)->drain(Deadline::after(5s));
+}
