@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-from conftest import Server, memory_kib
+from conftest import Server, memory_kib, sanitizer_build
 from dns_server import AAAA, A, DnsServer
 from proxy_support import SERVER, addr, free_port, held_dead_port, logged, request, upstream, wait_until
 from test_dns_faults import Named, answers, one_upstream
@@ -612,7 +612,8 @@ services:
         assert wait_until(lambda: fds(gw.proc.pid) <= fd_before + 2, 5), \
             (fd_before, fds(gw.proc.pid))
         grown = memory_kib(gw.proc.pid) - rss_before
-        assert grown < 8 * 1024, f"grew {grown} KiB over 100 reloads"
+        # (A sanitizer build holds freed memory back in its quarantine: the bound is release's.)
+        assert grown < 8 * 1024 or sanitizer_build(build_dir), f"grew {grown} KiB over 100 reloads"
         assert established_to(up.port) <= 2, established_to(up.port)
     finally:
         assert gw.stop() == 0
