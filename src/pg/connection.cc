@@ -27,10 +27,16 @@ std::string trimmed(const char* message) {
   return text;
 }
 
-// Names of generation 0 keep the form they always had.
-std::string statement_name(std::uint32_t id, std::uint32_t generation) {
+// Names of generation and version 0 keep the form they always had.
+std::string statement_name(std::uint32_t id, std::uint32_t generation, std::uint32_t version) {
+  if (version != 0) return fmt::format("spindle_{}_{}_v{}", id, generation, version);
   return generation == 0 ? fmt::format("spindle_{}", id)
                          : fmt::format("spindle_{}_{}", id, generation);
+}
+
+// The version of statement `id`'s name (Connection::versions_; 0 until renamed).
+std::uint32_t version_of(const std::vector<std::uint32_t>& versions, std::uint32_t id) {
+  return id < versions.size() ? versions[id] : 0;
 }
 
 // What a connection knows of a prepared statement (Connection::prepared_).
@@ -162,7 +168,7 @@ Expected<std::string> Connection::prepared_name(std::uint32_t id) {
     if (prepared_[id] == kPreparedOpensTransaction && !reserved) {
       return std::unexpected(transaction_outside_begin());
     }
-    return statement_name(id, generation_);
+    return name_of(id);
   }
   std::optional<std::string> text = catalog_->sql(id);
   if (!text) {
@@ -179,7 +185,7 @@ Expected<std::string> Connection::prepared_name(std::uint32_t id) {
   if (kind == StatementKind::kOpensTransaction && !reserved) {
     return std::unexpected(transaction_outside_begin());
   }
-  std::string name = statement_name(id, generation_);
+  std::string name = name_of(id);
   if (PQsendPrepare(conn_, name.c_str(), text->c_str(), 0, nullptr) != 1) {
     Error e = unsent_error(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_)));
     shut(Errc::kConnectionLost, e.message);
@@ -188,7 +194,7 @@ Expected<std::string> Connection::prepared_name(std::uint32_t id) {
   prepared_[id] = kind == StatementKind::kDropsPrepared      ? kPreparedDropsPrepared
                   : kind == StatementKind::kOpensTransaction ? kPreparedOpensTransaction
                                                              : kPrepared;
-  fifo_.push_back(Entry{Entry::kParse, nullptr, id, generation_});
+  fifo_.push_back(Entry{Entry::kParse, nullptr, id, generation_, version_of(versions_, id)});
   fifo_.back().sent_at = Clock::now();
   return name;
 }
@@ -246,6 +252,7 @@ Query Connection::send(const Statement* statement, std::string_view sql,
   if (!restoring_ && (!reserved || (statement == nullptr &&
                                     classify_statement(sql) == StatementKind::kOpensTransaction))) {
     restore_settings();
+    drop_stale();
   }
   std::string name;
   bool drops_prepared = false;
@@ -255,7 +262,7 @@ Query Connection::send(const Statement* statement, std::string_view sql,
     name = std::move(*prepared);
     drops_prepared = prepared_[statement->id] == kPreparedDropsPrepared;
   } else {
-    StatementKind kind = classify_statement(sql);
+    StatementKind kind = housekeeping_ ? StatementKind::kPlain : classify_statement(sql);
     if (kind == StatementKind::kCopyThroughClient) {
       Error e = unsupported_copy();
       e.not_sent = true;
@@ -282,8 +289,8 @@ Query Connection::send(const Statement* statement, std::string_view sql,
     return Query::failed(std::move(e));
   }
   Query query;
-  fifo_.push_back(
-      Entry{Entry::kExecute, &query, statement != nullptr ? statement->id : 0, generation_});
+  std::uint32_t id = statement != nullptr ? statement->id : 0;
+  fifo_.push_back(Entry{Entry::kExecute, &query, id, generation_, version_of(versions_, id)});
   fifo_.back().sent_at = Clock::now();
   ++in_flight_;
   query.connection_ = shared_from_this();
@@ -316,6 +323,26 @@ void Connection::restore_settings() {
 void Connection::forget_prepared() {
   ++generation_;
   std::fill(prepared_.begin(), prepared_.end(), kNotPrepared);
+}
+
+std::string Connection::name_of(std::uint32_t id) const {
+  return statement_name(id, generation_, version_of(versions_, id));
+}
+
+void Connection::reprepare(std::uint32_t id) {
+  if (id < prepared_.size() && prepared_[id] != kNotPrepared) stale_.push_back(name_of(id));
+  if (versions_.size() <= id) versions_.resize(id + 1, 0);
+  ++versions_[id];
+  if (id < prepared_.size()) prepared_[id] = kNotPrepared;
+}
+
+void Connection::drop_stale() {
+  // Pipelined ahead of the statement, nobody waits for it (as restore_settings).
+  for (std::string& name : std::exchange(stale_, {})) {
+    housekeeping_ = restoring_ = true;
+    Query drop = send(nullptr, "DEALLOCATE " + name, {});
+    housekeeping_ = restoring_ = false;
+  }
 }
 
 void Connection::flush() {
@@ -564,6 +591,15 @@ bool Connection::on_result(Entry& e, ExecStatusType status, PGresult* r) {
       // other session): it did not run; the next call prepares it again.
       if (error.sqlstate == "26000" && e.statement != 0 && e.generation == generation_) {
         forget_prepared();
+        error.message += " (it is prepared again for the next call)";
+      }
+      // "cached plan must not change result type": its table changed shape, and the server
+      // refuses that name on this session for good. The statement did not run; the next call
+      // prepares it again under a new name (once per name: the calls already sent on the old
+      // one fail the same way).
+      if (error.sqlstate == "0A000" && e.statement != 0 && e.generation == generation_ &&
+          e.version == version_of(versions_, e.statement)) {
+        reprepare(e.statement);
         error.message += " (it is prepared again for the next call)";
       }
       e.outcome.emplace(std::unexpected(std::move(error)));

@@ -112,6 +112,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
     Query* owner = nullptr;
     std::uint32_t statement = 0;   ///< the prepared statement's id (0: unnamed)
     std::uint32_t generation = 0;  ///< of the statement names it used
+    std::uint32_t version = 0;     ///< of its statement's name (renamed after a 0A000)
     bool sync_pending = false;     ///< the results are in, the Sync's not yet
     bool gave_up = false;          ///< its caller gave up unanswered (abandon)
     Clock::time_point sent_at;     ///< when it was written to libpq
@@ -132,6 +133,14 @@ class Connection : public std::enable_shared_from_this<Connection> {
   /// The statement names in use are gone from the session (DISCARD ALL, DEALLOCATE, a
   /// pooler's other session): later statements are prepared again under new names.
   void forget_prepared();
+  /// The name statement `id` has on this connection now.
+  std::string name_of(std::uint32_t id) const;
+  /// Statement `id` failed 0A000 (its table changed shape: its plan cannot be used again):
+  /// it is prepared under a new name for the next call, the old name dropped (drop_stale).
+  void reprepare(std::uint32_t id);
+  /// Sends the DEALLOCATE of the names reprepare() left (on a shared connection only: in a
+  /// transaction it could fail with the transaction).
+  void drop_stale();
   /// Sends spindle's session settings (and the client_encoding of the connect) first if a
   /// statement may have changed them or the server reports another value now.
   void restore_settings();
@@ -184,8 +193,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   /// The last sign of life while troubled: a byte from the server, a statement completed, a
   /// call given up (the grace of stalled() counts from it).
   std::chrono::steady_clock::time_point quiet_since_;
-  std::vector<std::uint8_t> prepared_;  ///< by statement id: a PreparedState
-  std::uint32_t generation_ = 0;        ///< of the statement names (forget_prepared)
+  std::vector<std::uint8_t> prepared_;   ///< by statement id: a PreparedState
+  std::uint32_t generation_ = 0;         ///< of the statement names (forget_prepared)
+  std::vector<std::uint32_t> versions_;  ///< by statement id: renames by reprepare()
+  std::vector<std::string> stale_;       ///< names reprepare() left, to DEALLOCATE
+  bool housekeeping_ = false;            ///< drop_stale() is sending (not a caller's statement)
   Error last_parse_error_;
   std::vector<Waiter*> cancel_waiters_;  ///< sends waiting for the cancel request's answer
   bool canceling_ = false;               ///< a cancel request is on its way
