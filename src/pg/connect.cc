@@ -140,6 +140,70 @@ bool ready_now(PGconn* conn, short events) {
   return ::poll(&p, 1, 0) > 0 || (events == POLLIN && input_pending(conn));
 }
 
+// `params` once per host of its list (host, hostaddr and port each taken at that host's place),
+// in order; `params` alone for one host, or lists libpq would refuse (it says what's wrong).
+std::vector<Params> per_host(const Params& params) {
+  std::vector<std::string> hosts = split(hosts_of(params));
+  std::string addr_list = value_of(params, "hostaddr");
+  std::vector<std::string> addrs = split(addr_list);
+  std::vector<std::string> ports = split(value_of(params, "port"));
+  std::size_t n = std::max(hosts.size(), addr_list.empty() ? 0 : addrs.size());
+  if (n <= 1 || (hosts.size() != n && hosts.size() > 1) ||
+      (!addr_list.empty() && addrs.size() != n) || (ports.size() > 1 && ports.size() != n)) {
+    return {params};
+  }
+  std::vector<Params> each;
+  for (std::size_t i = 0; i < n; ++i) {
+    Params one = params;
+    if (hosts.size() == n) set_value(one, "host", hosts[i]);
+    if (!addr_list.empty()) set_value(one, "hostaddr", addrs[i]);
+    if (ports.size() == n) set_value(one, "port", ports[i]);
+    each.push_back(std::move(one));
+  }
+  return each;
+}
+
+// One libpq connect of `params` (one host, or libpq's own list) until `deadline`.
+Expected<Opened> connect_once(const Params& resolved, const std::string& names, Deadline deadline) {
+  std::vector<const char*> keys, values;
+  for (const auto& [k, v] : resolved) {
+    keys.push_back(k.c_str());
+    values.push_back(v.c_str());
+  }
+  keys.push_back(nullptr);
+  values.push_back(nullptr);
+  PGconn* conn = PQconnectStartParams(keys.data(), values.data(), /*expand_dbname=*/0);
+  if (conn == nullptr) return std::unexpected(connect_error("out of memory"));
+  // libpq's default writes each NOTICE to stderr on the worker's thread: a stderr that does
+  // not drain would stop the worker. Notices are dropped (the statement's errors still come).
+  PQsetNoticeProcessor(
+      conn, [](void*, const char*) {}, nullptr);
+  Opened opened{conn, nullptr};
+  auto fail = [&](std::string message) -> std::unexpected<Error> {
+    if (opened.slot != nullptr) Worker::current()->reactor().release(opened.slot);
+    PQfinish(conn);
+    Error e = connect_error(std::move(message));
+    if (!names.empty()) e.message += " (" + names + ")";
+    return std::unexpected(std::move(e));
+  };
+  // libpq's loop (PQconnectPoll's documentation): start as if it had asked to write.
+  PostgresPollingStatusType status = PGRES_POLLING_WRITING;
+  while (PQstatus(conn) != CONNECTION_BAD) {
+    if (std::error_code ec = follow_socket(conn, opened.slot)) return fail(ec.message());
+    bool reading = status == PGRES_POLLING_READING;
+    if (!ready_now(conn, reading ? POLLIN : POLLOUT)) {
+      std::error_code ec =
+          wait_ready(*opened.slot, reading ? IoDirection::kRead : IoDirection::kWrite, deadline);
+      if (ec == std::errc::timed_out) return fail("the connection was not ready by its deadline");
+      if (ec) return fail("canceled while connecting");
+    }
+    status = PQconnectPoll(conn);
+    if (status == PGRES_POLLING_OK) return opened;
+    if (status == PGRES_POLLING_FAILED) break;
+  }
+  return fail(PQerrorMessage(conn));
+}
+
 }  // namespace
 
 ConnectParams connect_params(const std::string& conninfo) {
@@ -185,43 +249,22 @@ Expected<Opened> connect(const ConnectParams& params, Resolver& resolver, Deadli
     if (!found) return std::unexpected(found.error());
     resolved = std::move(*found);
   }
-  std::vector<const char*> keys, values;
-  for (const auto& [k, v] : resolved) {
-    keys.push_back(k.c_str());
-    values.push_back(v.c_str());
-  }
-  keys.push_back(nullptr);
-  values.push_back(nullptr);
-  PGconn* conn = PQconnectStartParams(keys.data(), values.data(), /*expand_dbname=*/0);
-  if (conn == nullptr) return std::unexpected(connect_error("out of memory"));
-  // libpq's default writes each NOTICE to stderr on the worker's thread: a stderr that does
-  // not drain would stop the worker. Notices are dropped (the statement's errors still come).
-  PQsetNoticeProcessor(
-      conn, [](void*, const char*) {}, nullptr);
-  Opened opened{conn, nullptr};
-  auto fail = [&](std::string message) -> std::unexpected<Error> {
-    if (opened.slot != nullptr) Worker::current()->reactor().release(opened.slot);
-    PQfinish(conn);
-    Error e = connect_error(std::move(message));
-    if (!names.empty()) e.message += " (" + names + ")";
-    return std::unexpected(std::move(e));
-  };
-  // libpq's loop (PQconnectPoll's documentation): start as if it had asked to write.
-  PostgresPollingStatusType status = PGRES_POLLING_WRITING;
-  while (PQstatus(conn) != CONNECTION_BAD) {
-    if (std::error_code ec = follow_socket(conn, opened.slot)) return fail(ec.message());
-    bool reading = status == PGRES_POLLING_READING;
-    if (!ready_now(conn, reading ? POLLIN : POLLOUT)) {
-      std::error_code ec =
-          wait_ready(*opened.slot, reading ? IoDirection::kRead : IoDirection::kWrite, deadline);
-      if (ec == std::errc::timed_out) return fail("the connection was not ready by its deadline");
-      if (ec) return fail("canceled while connecting");
+  // Each host in turn, with an equal share of the time left (as libpq 16's connect_timeout is
+  // per host): a host that accepts and never answers does not hide the ones after it.
+  std::vector<Params> hosts = per_host(resolved);
+  std::string failures;
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    Deadline share = deadline;
+    if (deadline.is_finite() && i + 1 < hosts.size()) {
+      auto left = deadline.when() - Clock::now();
+      share = Deadline::at(Clock::now() + left / static_cast<int>(hosts.size() - i));
     }
-    status = PQconnectPoll(conn);
-    if (status == PGRES_POLLING_OK) return opened;
-    if (status == PGRES_POLLING_FAILED) break;
+    auto opened = connect_once(hosts[i], names, share);
+    if (opened || hosts.size() == 1) return opened;
+    failures += (failures.empty() ? "" : "; ") + opened.error().message;
+    if (deadline.expired()) break;
   }
-  return fail(PQerrorMessage(conn));
+  return std::unexpected(connect_error(failures));
 }
 
 bool session_settings_in_force(const PGconn* conn) {
