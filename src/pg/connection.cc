@@ -242,8 +242,13 @@ void Connection::encode(std::span<const Param> params) {
 }
 
 Query Connection::send(const Statement* statement, std::string_view sql,
-                       std::span<const Param> params) {
-  if (canceling_ && !wait_for_cancel()) {
+                       std::span<const Param> params, Deadline deadline) {
+  if (std::error_code ec = canceling_ ? wait_for_cancel(deadline) : std::error_code{}) {
+    if (ec == std::errc::timed_out) {
+      return Query::failed(unsent_error(Errc::kTimedOut,
+                                        "the deadline passed while the server had not taken a "
+                                        "cancel request yet: the statement was not sent"));
+    }
     return Query::failed(unsent_error(usable() ? Errc::kCanceled : Errc::kConnectionLost,
                                       "gave up waiting for a cancel request's answer"));
   }
@@ -429,15 +434,15 @@ void Connection::await_cancel(const std::shared_ptr<Event>& done) {
   wake_driver();
 }
 
-bool Connection::wait_for_cancel() {
+std::error_code Connection::wait_for_cancel(Deadline deadline) {
   while (canceling_ && usable()) {
     Waiter waiter;
     cancel_waiters_.push_back(&waiter);
-    std::error_code ec = park(waiter, Deadline::never());
+    std::error_code ec = park(waiter, deadline);
     std::erase(cancel_waiters_, &waiter);
-    if (ec) return false;
+    if (ec) return ec;
   }
-  return usable();
+  return usable() ? std::error_code{} : std::make_error_code(std::errc::not_connected);
 }
 
 // --- The driver ----------------------------------------------------------------------------

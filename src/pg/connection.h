@@ -70,8 +70,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   /// Sends a prepared statement (its Parse first, the first time on this connection) or an
   /// unnamed one, each with its own Sync. The Query holds an error if it could not be sent
   /// (then Error::not_sent). Waits while a cancel request is on its way (a transaction's
-  /// connection: what is sent then could be hit by it).
-  Query send(const Statement* statement, std::string_view sql, std::span<const Param> params);
+  /// connection: what is sent then could be hit by it), until `deadline` (then kTimedOut).
+  Query send(const Statement* statement, std::string_view sql, std::span<const Param> params,
+             Deadline deadline = Deadline::never());
 
   /// Statements sent whose results have not all come.
   std::size_t in_flight() const { return in_flight_; }
@@ -144,7 +145,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   /// Sends spindle's session settings (and the client_encoding of the connect) first if a
   /// statement may have changed them or the server reports another value now.
   void restore_settings();
-  bool wait_for_cancel();
+  /// Until no cancel request is on its way: timed_out at `deadline`, or why it cannot send.
+  std::error_code wait_for_cancel(Deadline deadline);
   void send_cancel();
   void await_cancel(const std::shared_ptr<Event>& done);
   void flush();

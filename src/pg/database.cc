@@ -132,8 +132,8 @@ Transaction::~Transaction() {
   release();
 }
 
-Query Transaction::send_end(std::string_view sql) {
-  Query end = connection_->send(nullptr, sql, {});
+Query Transaction::send_end(std::string_view sql, Deadline deadline) {
+  Query end = connection_->send(nullptr, sql, {}, deadline);
   // Not sent, the transaction stays open on the server: the connection must never be shared
   // so. Closed instead, the server rolls it back.
   if (end.outcome_ && !end.outcome_->has_value() && end.outcome_->error().not_sent) {
@@ -161,19 +161,23 @@ Query Transaction::start(std::string_view sql, std::span<const Param> params) {
 Expected<Result> Transaction::query(const Statement& statement, std::span<const Param> params,
                                     Deadline deadline) {
   if (deadline.expired()) return std::unexpected(expired_before_sending());
-  return start(statement, params).result(deadline);
+  if (!connection_)
+    return std::unexpected(unsent_error(Errc::kClosed, "the transaction has ended"));
+  return connection_->send(&statement, {}, params, deadline).result(deadline);
 }
 
 Expected<Result> Transaction::query(std::string_view sql, std::span<const Param> params,
                                     Deadline deadline) {
   if (deadline.expired()) return std::unexpected(expired_before_sending());
-  return start(sql, params).result(deadline);
+  if (!connection_)
+    return std::unexpected(unsent_error(Errc::kClosed, "the transaction has ended"));
+  return connection_->send(nullptr, sql, params, deadline).result(deadline);
 }
 
 Expected<void> Transaction::commit(Deadline deadline) {
   if (!connection_)
     return std::unexpected(unsent_error(Errc::kClosed, "the transaction has ended"));
-  auto done = send_end("COMMIT").result(deadline);
+  auto done = send_end("COMMIT", deadline).result(deadline);
   release();
   if (!done) return std::unexpected(done.error());
   // The server answers COMMIT in a failed transaction with ROLLBACK, and no error.
@@ -187,7 +191,7 @@ Expected<void> Transaction::commit(Deadline deadline) {
 Expected<void> Transaction::rollback(Deadline deadline) {
   if (!connection_)
     return std::unexpected(unsent_error(Errc::kClosed, "the transaction has ended"));
-  auto done = send_end("ROLLBACK").result(deadline);
+  auto done = send_end("ROLLBACK", deadline).result(deadline);
   release();
   if (!done) return std::unexpected(done.error());
   return {};
@@ -247,7 +251,7 @@ Expected<Result> Database::query(const Statement& statement, std::span<const Par
   auto connection = pick(false, deadline);
   if (!connection) return std::unexpected(connection.error());
   if (deadline.expired()) return std::unexpected(expired_before_sending());
-  return (*connection)->send(&statement, {}, params).result(deadline);
+  return (*connection)->send(&statement, {}, params, deadline).result(deadline);
 }
 
 Expected<Result> Database::query(std::string_view sql, std::span<const Param> params,
@@ -255,7 +259,7 @@ Expected<Result> Database::query(std::string_view sql, std::span<const Param> pa
   auto connection = pick(false, deadline);
   if (!connection) return std::unexpected(connection.error());
   if (deadline.expired()) return std::unexpected(expired_before_sending());
-  return (*connection)->send(nullptr, sql, params).result(deadline);
+  return (*connection)->send(nullptr, sql, params, deadline).result(deadline);
 }
 
 Expected<Transaction> Database::begin(Deadline deadline) {

@@ -135,7 +135,7 @@ class Transaction {
   Transaction(std::shared_ptr<Pool> pool, std::shared_ptr<Connection> connection);
   /// Sends COMMIT or ROLLBACK; if it cannot be sent, closes the connection (never shared with
   /// the transaction open).
-  Query send_end(std::string_view sql);
+  Query send_end(std::string_view sql, Deadline deadline = Deadline::never());
   void release();
   std::shared_ptr<Pool> pool_;
   std::shared_ptr<Connection> connection_;

@@ -292,10 +292,10 @@ TEST(PgReviewFaults, APoolWhoseConnectionsAllDieComesBackToItsSizeAndLeaksNoDesc
 
 // libpq's connect_timeout is per host; the client's bound is for the whole open: a first host
 // that never answers takes all of it, and the healthy second host is never tried.
-// defect: conninfo host=A,B with A accepting but never answering: connect_timeout bounds the whole
+// fixed (was a defect): conninfo host=A,B with A accepting but never answering: connect_timeout bounds the whole
 // open, so A takes all of it and B is never tried; every open fails for 12 s ("not ready by its
 // deadline") though B is healthy (multi-host failover lost).
-TEST(PgReviewFaults, DISABLED_AHostThatNeverAnswersDoesNotHideTheHealthyHostAfterIt) {
+TEST(PgReviewFaults, AHostThatNeverAnswersDoesNotHideTheHealthyHostAfterIt) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(40s);
   NeverAnswering silent;
@@ -322,11 +322,11 @@ TEST(PgReviewFaults, DISABLED_AHostThatNeverAnswersDoesNotHideTheHealthyHostAfte
 // A transaction's next statement waits for the cancel request of its last one to be taken,
 // without its own deadline: with a slow path to the server, the call takes the whole
 // cancel_grace, far past its deadline.
-// defect: in a transaction, after a statement timed out and its cancel is slow to reach the server
+// fixed (was a defect): in a transaction, after a statement timed out and its cancel is slow to reach the server
 // (2.5 s upstream latency), the next tx->query with a 300 ms deadline returns after 2507 ms (docs:
 // every call returns by its deadline).
 TEST(PgReviewFaults,
-     DISABLED_ATransactionsCallEndsByItsDeadlineWhileACancelRequestIsSlowToBeTaken) {
+     ATransactionsCallEndsByItsDeadlineWhileACancelRequestIsSlowToBeTaken) {
   REQUIRE_POSTGRES(postgres);
   REQUIRE_TOXIPROXY(toxiproxy);
   Watchdog watchdog(40s);
