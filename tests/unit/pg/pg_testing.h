@@ -78,6 +78,15 @@ inline std::int64_t cpu_wait_ns() {
 /// worker held by anything (a blocking call, a loop that never parks) shows as lateness. The
 /// time the kernel kept the worker's thread waiting for a CPU (a loaded machine, not the
 /// worker) is not counted.
+/// Longer than this between two wake-ups of a probe fiber is "the worker was held": 100 ms, or
+/// 400 in a sanitizer build, whose copies of a large result (libpq's own, in one piece, where no
+/// fiber can yield) take several times as long.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr long kWorkerHeldMs = 400;
+#else
+inline constexpr long kWorkerHeldMs = 100;
+#endif
+
 class WorkerProbe {
  public:
   WorkerProbe() : state_(std::make_shared<State>()) {
