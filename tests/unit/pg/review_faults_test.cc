@@ -98,7 +98,7 @@ using namespace review_faults;
 
 // --- A backend killed, stopped or restarted inside a transaction ------------------------------
 
-// defect (seen under ASan timing; passes in release): after pg_terminate_backend of a
+// fixed (was a defect, seen under ASan timing): after pg_terminate_backend of a
 // transaction's backend, the transaction's next statement gets kServerError (the backend's
 // FATAL 57P01, sent before it went) instead of kConnectionLost (docs: a connection that breaks,
 // pg_terminate_backend included, fails every call on it with kConnectionLost): a FATAL that
