@@ -9,6 +9,7 @@
 
 #include <charconv>
 #include <ctime>
+#include <filesystem>
 #include <optional>
 #include <unordered_map>
 
@@ -194,14 +195,17 @@ struct StaticFiles::Cache {
   /// Files compressed on the fly, by path, coding and ETag; their total size.
   std::unordered_map<std::string, std::shared_ptr<const std::string>> compressed;
   std::size_t compressed_bytes = 0;
+  /// The root folder as its path named it when opened, and when that was.
+  UniqueFd root;
+  Clock::time_point root_opened;
 };
 
 namespace {
 constexpr std::size_t kMaxWorkers = 1024;
 }  // namespace
 
-StaticFiles::StaticFiles(UniqueFd root, StaticOptions options)
-    : root_(std::make_shared<UniqueFd>(std::move(root))),
+StaticFiles::StaticFiles(std::string root, StaticOptions options)
+    : root_(std::move(root)),
       options_(std::move(options)),
       caches_(std::shared_ptr<std::vector<std::atomic<Cache*>>>(
           new std::vector<std::atomic<Cache*>>(kMaxWorkers), [](auto* caches) {
@@ -275,9 +279,16 @@ std::shared_ptr<const StaticFiles::Entry> StaticFiles::lookup(const std::string&
   }
   auto entry = std::make_shared<Entry>();
   entry->checked = now;
-  UniqueFd fd(open_beneath(root_->get(), key, O_RDONLY));
-  if (!fd || ::fstat(fd.get(), &entry->st) != 0) {
+  UniqueFd opened_root;
+  int root = root_now(cache, now, opened_root, entry->error);
+  // Non-blocking: opening a FIFO without a writer (or a device) would wait; reads of a regular
+  // file ignore the flag.
+  UniqueFd fd(root < 0 ? -1 : open_beneath(root, key, O_RDONLY | O_NONBLOCK));
+  if (root < 0) {
+  } else if (!fd || ::fstat(fd.get(), &entry->st) != 0) {
     entry->error = errno ? errno : EIO;
+  } else if (!S_ISREG(entry->st.st_mode) && !S_ISDIR(entry->st.st_mode)) {
+    entry->error = ENOENT;  // a FIFO, socket or device is not a file to serve
   } else {
     std::string_view variant = suffix == ".br" ? "-br" : suffix == ".gz" ? "-gzip" : "";
     entry->etag = etag_of(entry->st, variant);
@@ -299,10 +310,28 @@ std::shared_ptr<const StaticFiles::Entry> StaticFiles::lookup(const std::string&
   return entry->error ? nullptr : entry;
 }
 
+int StaticFiles::root_now(Cache* cache, Clock::time_point now, UniqueFd& opened, int& error) const {
+  if (cache && cache->root && now - cache->root_opened < options_.cache_validity) {
+    return cache->root.get();
+  }
+  opened = UniqueFd(::open(root_.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (!opened) {
+    error = errno ? errno : EIO;
+    return -1;
+  }
+  if (!cache) return opened.get();
+  cache->root = std::move(opened);
+  cache->root_opened = now;
+  return cache->root.get();
+}
+
 Result<StaticFiles> StaticFiles::open(const std::string& root, StaticOptions options) {
   UniqueFd fd(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   if (!fd) return fail_errno();
-  return StaticFiles(std::move(fd), std::move(options));
+  // Absolute, so that it names the same folder whatever the working directory becomes.
+  std::error_code ignored;
+  auto absolute = std::filesystem::absolute(root, ignored);
+  return StaticFiles(absolute.empty() ? root : absolute.string(), std::move(options));
 }
 
 std::string_view StaticFiles::mime_type(std::string_view name) {

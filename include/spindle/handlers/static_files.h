@@ -3,7 +3,9 @@
 /// requests (304), single byte ranges (206/416), MIME types by extension, index files,
 /// precompressed .br/.gz siblings or compression on the fly (cached) — and never anything outside
 /// its root: no "..", no encoded slashes, no symlink that leads out (the kernel checks, via openat2
-/// RESOLVE_BENEATH).
+/// RESOLVE_BENEATH). The root is a path, resolved again as nginx's root is (each worker at most
+/// once per cache_validity), so a symlink swapped to a new release is followed; only regular
+/// files are served, and a FIFO or a device is never waited on.
 
 #include <atomic>
 #include <chrono>
@@ -46,7 +48,7 @@ struct StaticOptions {
 /// A handler for GET/HEAD requests of files under one root directory.
 class StaticFiles {
  public:
-  /// Opens `root` (which must be a directory). Fails with the open error.
+  /// A handler for the folder `root` (which must be a directory now). Fails with the open error.
   [[nodiscard]] static Result<StaticFiles> open(const std::string& root,
                                                 StaticOptions options = {});
 
@@ -64,7 +66,10 @@ class StaticFiles {
   struct Entry;
   struct Cache;
 
-  StaticFiles(UniqueFd root, StaticOptions options);
+  StaticFiles(std::string root, StaticOptions options);
+  /// The root folder as its path names it now (O_PATH): the calling worker's, opened at most
+  /// once per cache_validity, or opened now; -1 with `error` set if it cannot be opened.
+  int root_now(Cache* cache, Clock::time_point now, UniqueFd& opened, int& error) const;
   /// The file at `relative` (with `suffix`, e.g. ".br"), from the calling worker's cache or
   /// looked up now; errno-style failure in `error`.
   std::shared_ptr<const Entry> lookup(const std::string& relative, std::string_view suffix,
@@ -94,8 +99,8 @@ class StaticFiles {
   /// True if the request's conditions (If-None-Match, else If-Modified-Since) make it a 304.
   static bool not_modified(const Request& request, const Found& found);
 
-  /// The root directory, opened O_PATH (shared by copies of the handler).
-  std::shared_ptr<UniqueFd> root_;
+  /// The root directory's path, as configured.
+  std::string root_;
   /// Options.
   StaticOptions options_;
   /// One cache per worker, created by that worker on first use (shared by copies).

@@ -1,7 +1,9 @@
 #include "spindle/handlers/static_files.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -63,6 +65,12 @@ class StaticFilesTest : public ::testing::Test {
         ::pread(r.file->fd->get(), out.data(), out.size(), static_cast<off_t>(r.file->offset)),
         static_cast<ssize_t>(out.size()));
     return out;
+  }
+
+  std::string body_of_request(std::string_view path) {
+    auto r = request(path);
+    EXPECT_EQ(r.status, 200) << path;
+    return body_of(r);
   }
 
   fs::path base_, root_;
@@ -277,4 +285,84 @@ TEST_F(StaticFilesTest, OnTheFlyCompressionSeesTheFileChange) {
         EXPECT_NE(after.headers.get("etag"), before.headers.get("etag"));
       },
       1);
+}
+
+// A FIFO (or a socket, or a device) under the root is not a file to serve: 404 at once, never a
+// wait for a writer that would hold the worker for good (issue 67 item 11). Without a cache (no
+// worker) and with one, by name and as a folder's index.
+TEST_F(StaticFilesTest, AFifoOrASocketUnderTheRootIsNotFoundAtOnce) {
+  ASSERT_EQ(::mkfifo((root_ / "pipe").c_str(), 0644), 0);
+  ASSERT_EQ(::mkfifo((root_ / "pipe.txt").c_str(), 0644), 0);
+  fs::create_directories(root_ / "piped");
+  ASSERT_EQ(::mkfifo((root_ / "piped" / "index.html").c_str(), 0644), 0);
+  fs::create_symlink("pipe", root_ / "to_pipe");
+  int sock = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un address{.sun_family = AF_UNIX};
+  std::string sock_path = (root_ / "sock").string();
+  ASSERT_LT(sock_path.size(), sizeof address.sun_path);
+  std::copy(sock_path.begin(), sock_path.end(), address.sun_path);
+  ASSERT_EQ(::bind(sock, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  auto check = [&] {
+    for (auto path : {"/pipe", "/pipe.txt", "/to_pipe", "/sock", "/piped/"}) {
+      auto r = request(path, "Accept-Encoding: gzip, br\r\n");
+      // A folder whose index is no file is a folder without one: 403, as no listing is made.
+      EXPECT_EQ(r.status, std::string_view(path) == "/piped/" ? 403 : 404) << path;
+      EXPECT_FALSE(r.file.has_value()) << path;
+    }
+    EXPECT_EQ(request("/hello.txt").status, 200);
+  };
+  check();  // no worker: no cache
+  spindle::testing::run_in_fiber([&] { check(), check(); }, 1);
+  ::close(sock);
+}
+
+// The root is the folder its path names now, as nginx's root: a deploy that swaps the symlink
+// `current -> releases/N` is served from the new release once the validity has passed, and a
+// deleted old release never leaves every file 404 (issue 70 item 7). Without a cache, at once.
+TEST_F(StaticFilesTest, ASymlinkSwapOfTheRootIsFollowed) {
+  fs::create_directories(base_ / "releases" / "1");
+  fs::create_directories(base_ / "releases" / "2");
+  write(base_ / "releases" / "1" / "app.txt", "release one");
+  write(base_ / "releases" / "2" / "app.txt", "release two");
+  write(base_ / "releases" / "2" / "new.txt", "only in two");
+  fs::create_symlink("releases/1", base_ / "current");
+  auto swap_to = [&](const char* release) {
+    fs::create_symlink(release, base_ / "current.next");
+    fs::rename(base_ / "current.next", base_ / "current");  // atomic, as deploy tools do
+  };
+  for (int validity : {0, 100}) {
+    fs::remove(base_ / "current");
+    fs::create_symlink("releases/1", base_ / "current");
+    auto files =
+        StaticFiles::open((base_ / "current").string(),
+                          StaticOptions{.cache_validity = std::chrono::milliseconds(validity)});
+    ASSERT_TRUE(files.has_value());
+    files_.emplace(std::move(*files));
+    spindle::testing::run_in_fiber(
+        [&] {
+          EXPECT_EQ(body_of_request("/app.txt"), "release one") << validity;
+          EXPECT_EQ(request("/new.txt").status, 404) << validity;
+          swap_to("releases/2");
+          (void)spindle::this_fiber::sleep_for(std::chrono::milliseconds(validity + 50));
+          EXPECT_EQ(body_of_request("/app.txt"), "release two") << validity;
+          EXPECT_EQ(body_of_request("/new.txt"), "only in two") << validity;
+          // The old release deleted, then a third deployed: still served, never 404 for good.
+          fs::remove_all(base_ / "releases" / "1");
+          fs::create_directories(base_ / "releases" / "3");
+          write(base_ / "releases" / "3" / "app.txt", "release three");
+          swap_to("releases/3");
+          (void)spindle::this_fiber::sleep_for(std::chrono::milliseconds(validity + 50));
+          EXPECT_EQ(body_of_request("/app.txt"), "release three") << validity;
+          // The root gone: 404, and back once it is there again.
+          fs::remove(base_ / "current");
+          (void)spindle::this_fiber::sleep_for(std::chrono::milliseconds(validity + 50));
+          EXPECT_EQ(request("/app.txt").status, 404) << validity;
+          fs::create_symlink("releases/3", base_ / "current");
+          (void)spindle::this_fiber::sleep_for(std::chrono::milliseconds(validity + 50));
+          EXPECT_EQ(body_of_request("/app.txt"), "release three") << validity;
+        },
+        1);
+    fs::create_directories(base_ / "releases" / "1");
+    write(base_ / "releases" / "1" / "app.txt", "release one");
+  }
 }
