@@ -67,6 +67,7 @@ def test_resets_of_running_streams_are_budgeted_then_goaway_enhance_your_calm(bu
         h2_events_until(s, conn, lambda ev: any(
             isinstance(e, h2.events.RemoteSettingsChanged) for e in ev), seconds=2)
         sent = 0
+        started = time.monotonic()
         for i in range(300):
             sid = conn.get_next_available_stream_id()
             conn.send_headers(sid, request_headers(f"/r/{sid}"), end_stream=True)
@@ -90,7 +91,11 @@ def test_resets_of_running_streams_are_budgeted_then_goaway_enhance_your_calm(bu
         print(f"{sent} resets of running streams sent; {len(forwarded_ids(upstream))} forwarded")
         assert terminated is not None, "no GOAWAY after 300 resets of running streams"
         assert terminated.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
-        assert len(forwarded_ids(upstream)) <= 120, len(forwarded_ids(upstream))
+        # The budget is 100 resets of running streams at once, then 5 a second
+        # (docs/configuration.md, running_reset_burst and running_resets_per_second): what a slow
+        # run earns over its time is allowed too.
+        earned = 5 * (time.monotonic() - started)
+        assert len(forwarded_ids(upstream)) <= 120 + earned, (len(forwarded_ids(upstream)), earned)
     finally:
         server.stop()
         upstream.stop()
