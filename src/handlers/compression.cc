@@ -16,6 +16,17 @@ bool compressible_type(std::string_view type) {
 
 namespace {
 
+// Whether the middleware may change `response`, the answer to `request`, at all: not an
+// answer its sender forbade transforming (Cache-Control: no-transform, RFC 9110 §7.7, in any
+// of its fields, any case, among other directives), not one already encoded, not a 206 (its
+// Content-Range counts the bytes as sent), 204 or 304 (status 200 only), not a file sent as it
+// is, and not the answer to HEAD (no body to compress; its fields must say what GET's say).
+bool may_transform(const Request& request, const Response& response) {
+  return response.status == 200 && !response.file && request.method() != "HEAD" &&
+         !response.headers.contains(token::kContentEncoding) &&
+         !response.headers.has_token(token::kCacheControl, "no-transform");
+}
+
 // The coding to use: brotli if accepted, else gzip if accepted, else none.
 std::string_view choose_coding(std::string_view accept) {
   if (accepts_encoding(accept, "br")) return "br";
@@ -181,8 +192,7 @@ Middleware compression(CompressionOptions options) {
   return [options](Request& request, const Next& next) {
     Response response = next(request);
     bool streamed = static_cast<bool>(response.stream);
-    if (response.status != 200 || response.file ||
-        response.headers.contains(token::kContentEncoding) ||
+    if (!may_transform(request, response) ||
         !compressible_type(response.headers.get(token::kContentType).value_or(""))) {
       return response;
     }

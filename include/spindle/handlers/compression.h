@@ -30,8 +30,9 @@ struct CompressionOptions {
   int brotli_quality = 5;
 };
 
-/// A middleware that compresses eligible responses: status 200, a text-like Content-Type
-/// (text/*, JSON, JavaScript, XML, SVG), no Content-Encoding yet, and either a string body of
+/// A middleware that compresses eligible responses: status 200 to a request other than HEAD,
+/// a text-like Content-Type (text/*, JSON, JavaScript, XML, SVG), no Content-Encoding yet, no
+/// Cache-Control no-transform (RFC 9110 §7.7), and either a string body of
 /// min_size..max_size bytes (compressed at once) or a streamed body (compressed piece by
 /// piece as the producer writes, each piece flushed so it reaches the client then). Adds
 /// Content-Encoding and Vary: Accept-Encoding.

@@ -73,9 +73,10 @@ TEST(Compression, GzipAndBrotliRoundTrip) {
 
 namespace {
 
-// Runs the compression middleware over a handler's response for a request with `accept`.
-Response compressed(std::string accept, Response response) {
-  std::string text = "GET / HTTP/1.1\r\nHost: x\r\n" +
+// Runs the compression middleware over a handler's response for a `method` request with
+// `accept`.
+Response compressed(std::string accept, Response response, std::string method = "GET") {
+  std::string text = method + " / HTTP/1.1\r\nHost: x\r\n" +
                      (accept.empty() ? "" : "Accept-Encoding: " + accept + "\r\n") + "\r\n";
   RequestHead head;
   RequestParser parser;
@@ -193,4 +194,72 @@ TEST(Compression, AStreamedBodyKnownToBeSmallIsLeftAlone) {
   Response big = streamed_text({std::string(2000, 'x')});
   big.stream_length = 2000;
   EXPECT_EQ(compressed("gzip", std::move(big)).headers.get("content-encoding"), "gzip");
+}
+
+namespace {
+
+// Every Cache-Control field list of an answer that says no-transform: the directive in four
+// spellings of case, alone or first, among or last of other directives, with and without
+// spaces and tabs, in a field of its own before or after another Cache-Control field.
+std::vector<std::vector<std::string>> no_transform_fields() {
+  std::vector<std::vector<std::string>> out;
+  for (std::string spelling : {"no-transform", "No-Transform", "NO-TRANSFORM", "nO-tRaNsFoRm"}) {
+    for (std::string sep : {", ", ",", " ,\t", ",,"}) {
+      for (std::string value :
+           {spelling, spelling + sep + "max-age=60", "public" + sep + spelling + sep + "max-age=60",
+            "private=\"x\"" + sep + spelling}) {
+        out.push_back({value});
+        out.push_back({"max-age=60", value});
+        out.push_back({value, "public"});
+      }
+    }
+  }
+  return out;
+}
+
+Response text_with(const std::vector<std::string>& cache_control, bool streamed) {
+  Response r =
+      streamed ? streamed_text({std::string(4000, 'x')}) : Response::text(std::string(4000, 'x'));
+  for (const std::string& value : cache_control) r.headers.add("Cache-Control", value);
+  return r;
+}
+
+}  // namespace
+
+TEST(Compression, AnAnswerMarkedNoTransformIsLeftAsItIsInEverySpellingAndPosition) {
+  for (const auto& fields : no_transform_fields()) {
+    for (bool streamed : {false, true}) {
+      Response r = compressed("gzip, br", text_with(fields, streamed));
+      std::string where = fields.front() + " | " + fields.back();
+      EXPECT_FALSE(r.headers.contains("content-encoding")) << where << " streamed " << streamed;
+      if (!streamed) EXPECT_EQ(r.body, std::string(4000, 'x')) << where;
+    }
+  }
+  // Directives that only look like it, or none: compressed (the middleware does transform).
+  for (std::string value : {"no-transformx", "x-no-transform", "no-store", "max-age=0",
+                            "private=\"no-transform-list\"", ""}) {
+    Response r = compressed("gzip", text_with({value}, false));
+    EXPECT_EQ(r.headers.get("content-encoding"), "gzip") << value;
+  }
+}
+
+TEST(Compression, EncodedPartialEmptyNotModifiedAndHeadAnswersAreLeftAlone) {
+  std::string body(4000, 'x');
+  Response encoded = Response::text(body);
+  encoded.headers.add("Content-Encoding", "identity");
+  EXPECT_EQ(compressed("gzip", std::move(encoded)).headers.count("content-encoding"), 1u);
+  for (int status : {204, 206, 304}) {
+    Response r = Response::text(body);
+    r.status = status;
+    Response out = compressed("gzip", std::move(r));
+    EXPECT_FALSE(out.headers.contains("content-encoding")) << status;
+    EXPECT_EQ(out.body, body) << status;
+  }
+  for (bool streamed : {false, true}) {
+    Response head = compressed("gzip", text_with({}, streamed), "HEAD");
+    EXPECT_FALSE(head.headers.contains("content-encoding")) << streamed;
+    // The same answer to GET is compressed.
+    EXPECT_EQ(compressed("gzip", text_with({}, streamed), "GET").headers.get("content-encoding"),
+              "gzip");
+  }
 }
