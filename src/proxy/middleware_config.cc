@@ -13,6 +13,7 @@
 #include "spindle/base/ascii.h"
 #include "spindle/handlers/compression.h"
 #include "spindle/http/rules.h"
+#include "spindle/proxy/cors.h"
 #include "spindle/proxy/jwt.h"
 
 namespace spindle::proxy::detail {
@@ -249,6 +250,20 @@ void read_redirect(const ConfigReader& entry, const std::string& kind, Middlewar
   }
 }
 
+// The Fetch standard takes "*" literally in an answer to a request with credentials: a browser
+// would refuse every answer of such a `cors` (origins) or expose no field (expose).
+void refuse_what_fetch_forbids(const ConfigReader& r, const CorsConfig& cors) {
+  if (!cors.credentials) return;
+  if (cors.any_origin) {
+    r.fail_key("credentials", "true cannot go with origins: * (browsers refuse it): list them");
+  }
+  if (std::ranges::find(cors.expose, "*") != cors.expose.end()) {
+    r.fail_key("expose",
+               "'*' exposes nothing with credentials: true (browsers read it as a "
+               "name): list the fields");
+  }
+}
+
 void read_cors(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {
   ConfigReader r = entry.nested(kind);
   r.only({"origins", "methods", "headers", "expose", "credentials", "max_age"});
@@ -257,12 +272,10 @@ void read_cors(const ConfigReader& entry, const std::string& kind, MiddlewareCon
   for (const std::string& origin : r.strings("origins")) {
     if (origin == "*") {
       cors.any_origin = true;
-    } else if ((origin.starts_with("http://") || origin.starts_with("https://")) &&
-               http::is_field_value(origin) && !origin.ends_with('/')) {
+    } else if (std::string why = origin_pattern_error(origin); why.empty()) {
       cors.origins.push_back(origin);
     } else {
-      r.fail_key("origins",
-                 fmt::format("'{}' is not an origin (scheme://host[:port], or *)", origin));
+      r.fail_key("origins", fmt::format("'{}' is not an origin: {}", origin, why));
     }
   }
   if (!cors.any_origin && cors.origins.empty())
@@ -270,7 +283,8 @@ void read_cors(const ConfigReader& entry, const std::string& kind, MiddlewareCon
   if (r.has("methods")) {
     cors.methods.clear();
     for (const std::string& method : r.strings("methods")) {
-      if (!http::is_method(method))
+      // ("*" is a token, but a preflight asks for a method, never for "*".)
+      if (!http::is_method(method) || method == "*")
         r.fail_key("methods", fmt::format("'{}' is not a method", method));
       cors.methods.push_back(method);
     }
@@ -290,6 +304,7 @@ void read_cors(const ConfigReader& entry, const std::string& kind, MiddlewareCon
     cors.expose.push_back(name);
   }
   cors.credentials = r.boolean("credentials", false);
+  refuse_what_fetch_forbids(r, cors);
   cors.max_age = std::chrono::duration_cast<std::chrono::seconds>(
       r.duration("max_age", std::chrono::seconds(600)));
 }

@@ -12,6 +12,7 @@
 #include <random>
 
 #include "spindle/http/rules.h"
+#include "spindle/proxy/cors.h"
 #include "spindle/proxy/jwt.h"
 
 namespace spindle::proxy {
@@ -77,7 +78,18 @@ std::string joined(const std::vector<std::string>& items) {
 
 // Whether `cors` lets pages from `origin` in.
 bool cors_allows(const CorsConfig& cors, std::string_view origin) {
-  return cors.any_origin || std::ranges::find(cors.origins, origin) != cors.origins.end();
+  return cors.any_origin || std::ranges::any_of(cors.origins, [&](const std::string& pattern) {
+           return origin_matches(pattern, origin);
+         });
+}
+
+// Marks an answer of a route with `cors` as one that depends on the request's Origin, whatever
+// the Origin was (allowed, refused or none) and whoever answered: a cache keeps one copy per
+// Origin, and never serves the copy without CORS fields to an origin that is allowed.
+void vary_on_origin(http::HeaderMap& headers) {
+  if (headers.has_token(http::token::kVary, "origin") || headers.has_token(http::token::kVary, "*"))
+    return;
+  headers.add_view("Vary", http::token::kVary, "Origin");
 }
 
 // The origin a CORS answer names: "*" when any will do and no credentials go along.
@@ -238,22 +250,23 @@ http::Response answer_preflight(const http::Request& request, const CorsConfig& 
   }
   response.headers.set("Access-Control-Max-Age", std::to_string(cors.max_age.count()));
   if (cors.credentials) response.headers.set("Access-Control-Allow-Credentials", "true");
-  response.headers.add("Vary", "Origin");
   return response;
 }
 
 void add_cors_fields(const http::Request& request, const RouteConfig& route,
                      http::Response& response) {
+  auto is_cors = [](const MiddlewareConfig& m) { return m.kind == MiddlewareConfig::Kind::kCors; };
+  if (std::ranges::none_of(route.middlewares, is_cors)) return;
+  vary_on_origin(response.headers);
   std::string_view origin = request.header(http::token::kOrigin);
   if (origin.empty() || is_preflight(request)) return;
   for (const MiddlewareConfig& m : route.middlewares) {
-    if (m.kind != MiddlewareConfig::Kind::kCors || !cors_allows(m.cors, origin)) continue;
+    if (!is_cors(m) || !cors_allows(m.cors, origin)) continue;
     response.headers.set("Access-Control-Allow-Origin", cors_origin(m.cors, origin));
     if (m.cors.credentials) response.headers.set("Access-Control-Allow-Credentials", "true");
     if (!m.cors.expose.empty()) {
       response.headers.set("Access-Control-Expose-Headers", joined(m.cors.expose));
     }
-    response.headers.add("Vary", "Origin");
     return;
   }
 }

@@ -71,10 +71,13 @@ std::string_view split_pick(const http::Request& request, const TrafficSplitConf
 /// A CORS preflight: OPTIONS with Origin and Access-Control-Request-Method.
 bool is_preflight(const http::Request& request);
 
-/// The answer to a CORS preflight: 204 with what the page may do, or 403.
+/// The answer to a CORS preflight: 204 with what the page may do, or 403 (its Vary: Origin
+/// comes from add_cors_fields, as every answer's of the route).
 http::Response answer_preflight(const http::Request& request, const CorsConfig& cors);
 
-/// The CORS fields of an answer to an actual (not preflight) cross-origin request.
+/// On a route with `cors`: Vary: Origin on every answer (allowed, refused or no Origin,
+/// preflight or not, whoever answered), and the CORS fields of an answer to an actual (not
+/// preflight) request from an allowed origin.
 void add_cors_fields(const http::Request& request, const RouteConfig& route,
                      http::Response& response);
 
