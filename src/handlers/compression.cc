@@ -20,9 +20,12 @@ namespace {
 // answer its sender forbade transforming (Cache-Control: no-transform, RFC 9110 §7.7, in any
 // of its fields, any case, among other directives), not one already encoded, not a 206 (its
 // Content-Range counts the bytes as sent), 204 or 304 (status 200 only), not a file sent as it
-// is, and not the answer to HEAD (no body to compress; its fields must say what GET's say).
+// is. An answer to HEAD whose body a handler made is treated as GET's (its fields say what GET's
+// would, RFC 9110 §9.3.2; the connection leaves the body out); one streamed (a proxied HEAD: no
+// body to tell what GET's would be) is left as its sender made it.
 bool may_transform(const Request& request, const Response& response) {
-  return response.status == 200 && !response.file && request.method() != "HEAD" &&
+  return response.status == 200 && !response.file &&
+         !(request.method() == "HEAD" && response.stream) &&
          !response.headers.contains(token::kContentEncoding) &&
          !response.headers.has_token(token::kCacheControl, "no-transform");
 }
