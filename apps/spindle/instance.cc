@@ -13,6 +13,7 @@
 #include "spindle/base/log.h"
 #include "spindle/net/tls.h"
 #include "spindle/proxy/admin.h"
+#include "spindle/proxy/redis.h"
 
 namespace spindle::app {
 namespace {
@@ -424,6 +425,14 @@ std::string Instance::process_metrics() {
          "Names' address families (or SRV names) served from their last answer while their "
          "lookups fail (until its TTL and dns.stale_grace have passed).");
   sample(out, "spindle_dns_stale_answers", "", static_cast<double>(discovery_.stale()));
+  family(out, "spindle_redis_error_replies_total", "counter",
+         "Error replies from Redis (the shared rate limits' store), by the reply's error code "
+         "(READONLY after a failover, OOM, BUSY, LOADING, other): each starts a back-off.");
+  for (std::size_t i = 0; i < proxy::kRedisErrorLabels.size(); ++i) {
+    sample(out, "spindle_redis_error_replies_total",
+           fmt::format("error=\"{}\"", proxy::kRedisErrorLabels[i]),
+           static_cast<double>(proxy::redis_error_replies(static_cast<proxy::RedisErrorKind>(i))));
+  }
   family(out, "spindle_ready", "gauge", "1 while serving, 0 once draining.");
   sample(out, "spindle_ready", "", ready() ? 1 : 0);
   log_metrics(out);

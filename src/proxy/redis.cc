@@ -8,6 +8,7 @@
 #include <hiredis/hiredis.h>
 #include <hiredis/read.h>
 
+#include <atomic>
 #include <deque>
 
 #include "spindle/base/log.h"
@@ -28,7 +29,22 @@ constexpr std::size_t kMaxPending = 4096;
 constexpr std::size_t kMaxReplyElements = 1024;
 constexpr std::size_t kMaxReplyBytes = 1 << 20;
 
+// The process's error replies by kind: few (each starts a back-off), from any worker.
+std::array<std::atomic<std::uint64_t>, kRedisErrorLabels.size()> error_replies_by_kind{};
+
 }  // namespace
+
+RedisErrorKind redis_error_kind(std::string_view text) {
+  std::string_view code = text.substr(0, text.find(' '));
+  for (std::size_t i = 0; i + 1 < kRedisErrorLabels.size(); ++i) {
+    if (code == kRedisErrorLabels[i]) return static_cast<RedisErrorKind>(i);
+  }
+  return RedisErrorKind::kOther;
+}
+
+std::uint64_t redis_error_replies(RedisErrorKind kind) {
+  return error_replies_by_kind[static_cast<std::size_t>(kind)].load(std::memory_order_relaxed);
+}
 
 // The reply being read: elements its arrays announced so far (the reader's privdata). (Not in
 // the anonymous namespace: a member of RedisClient::Connection.)
@@ -312,6 +328,8 @@ Result<RedisReply> RedisClient::call(std::span<const std::string_view> args, Dea
 
 void RedisClient::refused(std::string_view error) {
   ++error_replies_;
+  error_replies_by_kind[static_cast<std::size_t>(redis_error_kind(error))].fetch_add(
+      1, std::memory_order_relaxed);
   auto now = Clock::now();
   // Replies pipelined before the back-off began may all be errors: one line per back-off.
   if (now >= retry_at_) {

@@ -6,8 +6,9 @@ import re
 import signal
 import socket
 
-from proxy_support import (SERVER, ScriptedUpstream, gateway, logged, request, upstream,
-                           wait_until)
+from proxy_support import (SERVER, ScriptedUpstream, free_port, gateway, logged, request,
+                           upstream, wait_until)
+from test_dns_faults import admin_metrics, metric
 from test_reload import Gateway
 from test_rate_limit_redis import Redis, limited, redis, statuses  # noqa: F401 (fixture)
 
@@ -43,13 +44,23 @@ def test_a_reply_announcing_two_billion_elements_is_refused_as_it_is_read(build_
         a.stop()
 
 
+def error_replies(admin):
+    """spindle_redis_error_replies_total by error label, from the admin listener at `admin`."""
+    text = admin_metrics(admin)
+    return {label: metric(text, f'spindle_redis_error_replies_total{{error="{label}"}}')
+            for label in ("READONLY", "OOM", "BUSY", "LOADING", "other")}
+
+
 def test_an_error_reply_backs_off_and_is_logged_once_per_back_off(build_dir, tmp_path, redis):
     a = upstream(build_dir, "a")
+    admin = free_port()
     # batch: 1, so that each request asks Redis.
-    gw = gateway(build_dir, tmp_path, limited(redis.port, CLOSED.replace("}", ", batch: 1}"),
-                                              f"{a.host}:{a.port}", extra_redis=", backoff: 5s"))
+    gw = gateway(build_dir, tmp_path, f"admin: {{listen: 127.0.0.1:{admin}}}\n" +
+                 limited(redis.port, CLOSED.replace("}", ", batch: 1}"), f"{a.host}:{a.port}",
+                         extra_redis=", backoff: 5s"))
     try:
         assert [s for s, _ in statuses(gw, 2)] == [200, 200]
+        assert set(error_replies(admin).values()) == {0}
         # A failover made this Redis a replica: the script's writes are refused (READONLY).
         holder = socket.socket()
         holder.bind(("127.0.0.1", 0))
@@ -63,6 +74,11 @@ def test_an_error_reply_backs_off_and_is_logged_once_per_back_off(build_dir, tmp
             # One line per worker per back-off (2 workers), never one per request.
             assert 1 <= len(lines) <= 2, lines
             assert not any("rate_limit: redis" in line for line in gw.errors)
+            # Counted in /metrics, under READONLY: the replies that came (one per worker that
+            # asked before its back-off), not the requests refused during the back-off.
+            counted = error_replies(admin)
+            assert 1 <= counted.pop("READONLY") <= 2, counted
+            assert set(counted.values()) == {0}, counted
         finally:
             redis.command("REPLICAOF", "NO", "ONE")
             holder.close()

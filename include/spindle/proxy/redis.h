@@ -5,6 +5,7 @@
 /// not tried again for a short back-off, so that while Redis is away a call fails at once
 /// instead of each waiting out the timeout.
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -34,6 +35,19 @@ struct RedisReply {
 
 /// The RESP encoding of a command: an array of bulk strings.
 std::string redis_command(std::span<const std::string_view> args);
+
+/// The error replies /metrics counts apart, by the reply's first word (Redis's error code).
+enum class RedisErrorKind { kReadOnly, kOom, kBusy, kLoading, kOther };
+
+/// Each RedisErrorKind's label in /metrics, in the enum's order.
+inline constexpr std::array<std::string_view, 5> kRedisErrorLabels = {"READONLY", "OOM", "BUSY",
+                                                                      "LOADING", "other"};
+
+/// The kind of the error reply `text` ("READONLY You can't write...": kReadOnly).
+RedisErrorKind redis_error_kind(std::string_view text);
+
+/// Error replies of `kind` every client of the process got so far (all workers, all reloads).
+std::uint64_t redis_error_replies(RedisErrorKind kind);
 
 /// One worker's connection to Redis. Use from fibers of one worker only.
 class RedisClient {

@@ -230,6 +230,24 @@ TEST(RedisClient, AReplyLargerThanAMebibyteBreaksTheConnection) {
   });
 }
 
+// /metrics counts error replies by Redis's error code, the reply's first word exactly; any other
+// code (or spelling) is "other", so that the series stay few whatever a server answers.
+TEST(RedisErrorKind, IsTheRepliesFirstWord) {
+  EXPECT_EQ(redis_error_kind("READONLY You can't write against a read only replica."),
+            RedisErrorKind::kReadOnly);
+  EXPECT_EQ(redis_error_kind("OOM command not allowed when used memory > 'maxmemory'."),
+            RedisErrorKind::kOom);
+  EXPECT_EQ(redis_error_kind("BUSY Redis is busy running a script."), RedisErrorKind::kBusy);
+  EXPECT_EQ(redis_error_kind("LOADING Redis is loading the dataset in memory"),
+            RedisErrorKind::kLoading);
+  EXPECT_EQ(redis_error_kind("READONLY"), RedisErrorKind::kReadOnly);
+  for (std::string_view other : {"", " READONLY", "readonly x", "READONLYX y", "BUSYKEY Target key",
+                                 "ERR unknown command", "NOSCRIPT No matching script", "OOMx"}) {
+    EXPECT_EQ(redis_error_kind(other), RedisErrorKind::kOther) << other;
+  }
+  EXPECT_EQ(kRedisErrorLabels[static_cast<std::size_t>(RedisErrorKind::kOther)], "other");
+}
+
 // READONLY after a failover, OOM, BUSY: Redis answers, but cannot do what was asked. Asking
 // again at once would cost every request a round trip (and a log line): it backs off as a
 // failed connection does, keeping the connection.
@@ -237,6 +255,8 @@ TEST(RedisClient, AnErrorReplyStartsTheBackOff) {
   std::string get = command({"GET", "k"});
   for (std::string error : {"READONLY You can't write against a read only replica.",
                             "OOM command not allowed", "BUSY Redis is busy running a script"}) {
+    RedisErrorKind kind = redis_error_kind(error);
+    std::uint64_t counted = redis_error_replies(kind);
     ScriptedRedis server(get.size() * 2, "-" + error + "\r\n-" + error + "\r\n");
     Runtime runtime(RuntimeOptions{.workers = 1});
     runtime.block_on([&] {
@@ -251,6 +271,8 @@ TEST(RedisClient, AnErrorReplyStartsTheBackOff) {
       EXPECT_EQ(r1->type, RedisReply::Type::kError);
       EXPECT_EQ(r1->text, error);
       EXPECT_EQ(client.error_replies(), 2u);
+      // Both counted for /metrics, under their kind.
+      EXPECT_EQ(redis_error_replies(kind), counted + 2);
       // Within the back-off: refused at once, nothing sent.
       auto r3 = client.call(args, Deadline::never());
       ASSERT_FALSE(r3);
