@@ -2,13 +2,14 @@
 //
 //   tfb --listen 127.0.0.1:8080 --db "host=/run/postgresql dbname=hello_world"
 //       [--threads N] [--connections N] [--road native|hooked] [--startup-timeout SECONDS]
+//       [--query-timeout SECONDS]
 //
 // --road native (the default) uses spindle's client (pg/: pipelined, no hooks); --road hooked
 // makes the same calls through plain blocking libpq, made cooperative by hook/. The schema is
 // examples/tfb/schema.sql. At start it reads the World table (for /cached-queries): a database
 // that does not answer within --startup-timeout (30 s) ends it with status 1, and SIGTERM or
 // SIGINT meanwhile ends it at once (status 0). Prints {"event":"listening","address":...} once
-// it listens.
+// it listens. On the native road a query unanswered after --query-timeout (10 s) is a 500.
 #include <fmt/format.h>
 #include <libpq-fe.h>
 #include <poll.h>
@@ -180,8 +181,9 @@ class Backend {
 
 class NativeBackend : public Backend {
  public:
-  NativeBackend(Runtime& runtime, pg::Options options)
+  NativeBackend(Runtime& runtime, pg::Options options, std::chrono::seconds query_timeout)
       : db_(runtime, std::move(options)),
+        query_timeout_(query_timeout),
         world_(db_.prepare("SELECT id, randomnumber FROM world WHERE id = $1")),
         fortune_(db_.prepare("SELECT id, message FROM fortune")) {
     for (int n = 1; n <= 500; ++n) update_.push_back(db_.prepare(update_sql(n)));
@@ -199,7 +201,7 @@ class NativeBackend : public Backend {
     std::vector<World> out;
     out.reserve(count);
     for (auto& q : queries) {
-      auto r = q.result(Deadline::after(std::chrono::seconds(10)));
+      auto r = q.result(Deadline::after(query_timeout_));
       if (!r || r->rows() != 1) fail("world", r ? "no such row" : r.error().message);
       out.push_back({*r->get<int>(0, 0), *r->get<int>(0, 1)});
     }
@@ -207,7 +209,7 @@ class NativeBackend : public Backend {
   }
 
   std::vector<Fortune> fortunes() override {
-    auto r = db_.query(fortune_, {}, Deadline::after(std::chrono::seconds(10)));
+    auto r = db_.query(fortune_, {}, Deadline::after(query_timeout_));
     if (!r) fail("fortune", r.error().message);
     std::vector<Fortune> out;
     out.reserve(r->rows() + 1);
@@ -224,12 +226,14 @@ class NativeBackend : public Backend {
       params.push_back(pg::param(w.id));
       params.push_back(pg::param(w.number));
     }
-    auto r = db_.query(update_[rows.size() - 1], params, Deadline::after(std::chrono::seconds(10)));
+    auto r = db_.query(update_[rows.size() - 1], params, Deadline::after(query_timeout_));
     if (!r) fail("update", r.error().message);
   }
 
  private:
   pg::Database db_;
+  /// How long a query may wait for its result (--query-timeout).
+  std::chrono::seconds query_timeout_;
   pg::Statement world_, fortune_;
   std::vector<pg::Statement> update_;
 };
@@ -469,6 +473,7 @@ struct Args {
   std::size_t connections = 2;
   std::string road = "native";
   std::size_t startup_timeout = 30;  ///< seconds
+  std::size_t query_timeout = 10;    ///< seconds (native road)
 };
 
 // World, read within --startup-timeout; SIGINT or SIGTERM meanwhile stops the start.
@@ -485,7 +490,8 @@ Started read_world(const Args& args, const SignalSet& signals, std::vector<World
 [[noreturn]] void usage(std::string_view why) {
   fmt::print(stderr,
              "tfb: {}\nusage: tfb --listen ADDR:PORT --db CONNINFO [--threads N] "
-             "[--connections N per worker] [--road native|hooked] [--startup-timeout SECONDS]\n",
+             "[--connections N per worker] [--road native|hooked] [--startup-timeout SECONDS] "
+             "[--query-timeout SECONDS]\n",
              why);
   std::exit(2);
 }
@@ -514,6 +520,8 @@ Args parse_args(int argc, char** argv) {
       args.connections = number();
     } else if (flag == "--startup-timeout") {
       args.startup_timeout = number();
+    } else if (flag == "--query-timeout") {
+      args.query_timeout = number();
     } else if (flag == "--road") {
       args.road = value;
       if (value != "native" && value != "hooked") usage("--road is native or hooked");
@@ -554,7 +562,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<Backend> backend;
   if (args.road == "native") {
     backend = std::make_unique<NativeBackend>(
-        runtime, pg::Options{.conninfo = args.db, .connections = args.connections});
+        runtime, pg::Options{.conninfo = args.db, .connections = args.connections},
+        std::chrono::seconds(args.query_timeout));
   } else {
     backend = std::make_unique<HookedBackend>(runtime, args.db, args.connections);
   }
