@@ -90,6 +90,10 @@ class Proxy:
         """Listens again, on the same port."""
         self.api.call("PATCH", f"/proxies/{self.name}", {"enabled": True})
 
+    def delete(self):
+        """Closes the listener and every connection through it, for good."""
+        self.api.call("DELETE", f"/proxies/{self.name}")
+
 
 class Toxiproxy:
     """A Toxiproxy server of the caller's own (started now, stopped by stop())."""
