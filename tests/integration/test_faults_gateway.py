@@ -17,11 +17,13 @@ import time
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import pytest
 
 from conftest import sanitizer_build
-from proxy_support import RecordingUpstream, gateway, wait_until
+from proxy_support import (RecordingUpstream, gateway, h2_connect, h2_events_until,
+                           request_headers, wait_until)
 from test_rate_limit_redis import Redis
 from toxiproxy import Toxiproxy, Unavailable
 
@@ -113,6 +115,7 @@ class CountingH2c(RecordingUpstream):
 PING = """
 servers:
   - listen: 127.0.0.1:0
+    http2: true
     access_log: off
 routes:
   - name: ping
@@ -342,3 +345,45 @@ def test_a_fault_on_the_path_to_a_part(build_dir, tmp_path, toxi, redis, part, t
         upstream.stop()
         if peer not in (upstream, redis):
             peer.stop()
+
+
+@pytest.mark.parametrize("part", LONG_ANSWERS)
+@pytest.mark.parametrize("toxic", ["reset", "cut"])
+def test_an_answer_cut_upstream_reaches_an_http2_client_as_a_reset_stream(
+        build_dir, tmp_path, toxi, part, toxic):
+    """An HTTP/2 client of an answer the upstream's path cut (reset or closed in its body): the
+    head and the bytes that came, then RST_STREAM, never END_STREAM (which would make the
+    bytes that came look whole); the connection serves its next stream."""
+    upstream = CountingH2c() if part == "h2c" else Counting()
+    proxy = toxi.proxy(f"h2-{part}-{toxic}-{time.monotonic_ns()}", f"127.0.0.1:{upstream.port}")
+    gw = gateway(build_dir, tmp_path, part_config(part, [proxy.address], ""), threads=1)
+    s, conn = h2_connect(gw)
+    try:
+        if toxic == "cut":
+            proxy.add("limit_data", bytes=BIG // 2)
+        else:
+            threading.Timer(MIDWAY, proxy.add, ["reset_peer"], {"timeout": 0}).start()
+        conn.send_headers(1, request_headers("/big?pause", method="POST"), end_stream=True)
+        s.sendall(conn.data_to_send())
+        events = h2_events_until(s, conn, lambda ev: any(
+            isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset)) for e in ev), seconds=5)
+        kinds = [type(e) for e in events]
+        got = sum(len(e.data) for e in events if isinstance(e, h2.events.DataReceived))
+        assert h2.events.ResponseReceived in kinds
+        assert h2.events.StreamReset in kinds and h2.events.StreamEnded not in kinds, kinds
+        assert got < BIG
+        reset = next(e for e in events if isinstance(e, h2.events.StreamReset))
+        assert reset.error_code == h2.errors.ErrorCodes.INTERNAL_ERROR
+        assert upstream.posts() == 1
+        # The client's connection still serves (the stream was reset, not the connection).
+        conn.send_headers(3, request_headers("/ping"), end_stream=True)
+        s.sendall(conn.data_to_send())
+        events = h2_events_until(s, conn, lambda ev: any(
+            isinstance(e, h2.events.StreamEnded) for e in ev), seconds=5)
+        assert b"pong" in b"".join(e.data for e in events
+                                   if isinstance(e, h2.events.DataReceived))
+    finally:
+        s.close()
+        proxy.delete()
+        assert gw.stop() == 0, "".join(gw.errors)
+        upstream.stop()
