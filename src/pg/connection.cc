@@ -124,7 +124,9 @@ Connection::Connection(PGconn* conn, IoSlot* slot, std::shared_ptr<Catalog> cata
       pool_(std::move(pool)),
       idle_timeout_(options.idle_timeout),
       grace_(options.cancel_grace),
-      born_(std::chrono::steady_clock::now()) {}
+      born_(std::chrono::steady_clock::now()) {
+  PQsetNoticeReceiver(conn_, &Connection::on_notice, this);
+}
 
 Connection::~Connection() {
   if (conn_ != nullptr) PQfinish(conn_);
@@ -134,8 +136,9 @@ Connection::~Connection() {
 
 std::optional<Error> Connection::refusal(std::span<const Param> params) const {
   if (!usable()) {
-    return unsent_error(broken_ ? Errc::kConnectionLost : Errc::kClosed,
-                        "the connection is closing");
+    bool lost = broken_ || session_ended_ || slot_->hung_up;
+    return unsent_error(lost ? Errc::kConnectionLost : Errc::kClosed,
+                        lost ? "the server ended the session" : "the connection is closing");
   }
   // What libpq cannot carry is refused before anything is queued on the connection.
   if (params.size() > 65535) return unsent_error(Errc::kBadValue, "more than 65535 parameters");
@@ -587,6 +590,7 @@ bool Connection::on_result(Entry& e, ExecStatusType status, PGresult* r) {
     case PGRES_FATAL_ERROR: {
       Error error = server_error(r);
       PQclear(r);
+      if (error.code == make_error_code(Errc::kConnectionLost)) session_ended();
       // Its statement's Parse failed: that is its error, and no name was lost.
       if (error.sqlstate == "26000" && e.parse_error) {
         e.outcome.emplace(std::unexpected(std::move(*e.parse_error)));
@@ -692,6 +696,19 @@ Error Connection::server_error(const PGresult* result) const {
   Errc code = level == "FATAL" || level == "PANIC" ? Errc::kConnectionLost : Errc::kServerError;
   return Error{make_error_code(code), state ? state : "",
                primary ? primary : trimmed(PQresultErrorMessage(result))};
+}
+
+void Connection::on_notice(void* self, const PGresult* notice) {
+  const char* severity = PQresultErrorField(notice, PG_DIAG_SEVERITY_NONLOCALIZED);
+  std::string_view level = severity ? severity : "";
+  if (level == "FATAL" || level == "PANIC") static_cast<Connection*>(self)->session_ended();
+}
+
+void Connection::session_ended() {
+  // Its driver is the reader of the FATAL: it closes the connection once the calls in flight
+  // have their ends (their results, or the hang-up that fails them).
+  session_ended_ = true;
+  retiring_ = true;
 }
 
 void Connection::fail_all(Errc why, const std::string& message) {

@@ -82,7 +82,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
   /// The server's recent time per statement answered here (zero until one was answered).
   std::chrono::nanoseconds per_statement() const { return per_statement_; }
-  bool usable() const { return !broken_ && !retiring_; }
+  /// New calls may be sent on it: not broken or closing, and its server has not ended the
+  /// session (a FATAL came, or the reactor saw it hang up, before its driver read the end).
+  bool usable() const { return !broken_ && !retiring_ && !(slot_ != nullptr && slot_->hung_up); }
   /// Usable, no call on it gave up unanswered and no cancel request is on its way: new calls
   /// may join it.
   bool healthy() const { return usable() && given_up_ == 0 && !canceling_; }
@@ -175,6 +177,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void fail_all(Errc why, const std::string& message);
   void finish();
   Error server_error(const PGresult* result) const;
+  /// libpq's notice receiver: a FATAL or PANIC that came while no statement was running (the
+  /// server ends the session: pg_terminate_backend, a shutdown) retires the connection.
+  static void on_notice(void* self, const PGresult* notice);
+  /// The server said it ends the session: no new call is sent on it; the driver reads its end.
+  void session_ended();
 
   PGconn* conn_;
   IoSlot* slot_;
@@ -207,6 +214,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool flushing_ = false;
   bool broken_ = false;
   bool retiring_ = false;
+  bool session_ended_ = false;  ///< the server sent a FATAL or PANIC
   bool shutting_ = false;
   /// A SET / RESET / DISCARD went out: spindle's session settings are set again before the
   /// next statement of a shared connection.

@@ -247,7 +247,11 @@ TEST(PgReviewFaults, DISABLED_ACallGrantedAConnectionThatIsRetiredBeforeItSendsI
 }
 
 // Every connection of the pool killed, again and again, under load: the calls end in time,
-// the pool comes back to its size, and no descriptor or thread is left behind.
+// every call made once the sessions are over is served (none is sent on a session the server
+// ended: its FATAL or its hang-up came first), the pool comes back to its size, and no
+// descriptor or thread is left behind. A backend leaves pg_stat_activity once its FATAL is
+// written; the test waits for that: without the wait, the load would race the kill, and a
+// call sent before the server's FATAL can only be told kConnectionLost.
 TEST(PgReviewFaults, APoolWhoseConnectionsAllDieComesBackToItsSizeAndLeaksNoDescriptor) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(90s);
@@ -266,6 +270,8 @@ TEST(PgReviewFaults, APoolWhoseConnectionsAllDieComesBackToItsSizeAndLeaksNoDesc
           EXPECT_LT(ms_since(started), 3s + kDeadlineSlack);
           if (r) {
             EXPECT_EQ(*r->get<int>(0, 0), i);
+          } else {
+            ADD_FAILURE() << "call " << i << ": " << r.error().message;
           }
           return r.has_value();
         }));
@@ -278,15 +284,25 @@ TEST(PgReviewFaults, APoolWhoseConnectionsAllDieComesBackToItsSizeAndLeaksNoDesc
     EXPECT_EQ(db.stats().open, 4u);
     baseline = open_descriptors();
     for (int round = 0; round < 10; ++round) {
+      std::string killed, left;
       off_the_worker([&] {
-        pg_run(postgres->conninfo(),
-               "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-               "WHERE application_name = 'spindle_review_pool'");
+        const std::string ours =
+            " FROM pg_stat_activity WHERE application_name = "
+            "'spindle_review_pool'";
+        killed = pg_run(postgres->conninfo(),
+                        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))" + ours);
+        // Until every backend is gone (all signalled at once: pg_terminate_backend's own wait
+        // takes them one after another).
+        for (int i = 0; i < 1000 && left != "0"; ++i) {
+          left = pg_run(postgres->conninfo(), "SELECT count(*)" + ours);
+          std::this_thread::sleep_for(5ms);
+        }
       });
-      (void)load();
+      EXPECT_EQ(killed, "4") << "round " << round;
+      ASSERT_EQ(left, "0") << "round " << round;
+      EXPECT_EQ(load(), 40) << "round " << round;
+      EXPECT_EQ(db.stats().open, 4u) << "round " << round;
     }
-    EXPECT_EQ(load(), 40);
-    EXPECT_EQ(db.stats().open, 4u);
     EXPECT_LE(open_descriptors(), baseline);
   });
 }
