@@ -9,6 +9,16 @@
 namespace spindle::pg {
 
 Expected<std::shared_ptr<Connection>> Pool::pick(bool exclusive, Deadline deadline) {
+  for (;;) {
+    auto picked = pick_once(exclusive, deadline);
+    // Granted while it waited, the connection broke or closed before the call could send:
+    // nothing was sent, so the call waits in line again (choose() hands out usable ones).
+    if (!picked || (*picked)->usable() || closed_) return picked;
+    if (exclusive) (*picked)->reserved = false;
+  }
+}
+
+Expected<std::shared_ptr<Connection>> Pool::pick_once(bool exclusive, Deadline deadline) {
   if (closed_) return std::unexpected(unsent_error(Errc::kClosed, "the database is closed"));
   if (queue_.empty()) {
     if (Connection* c = choose(exclusive)) {
@@ -47,18 +57,23 @@ Expected<std::shared_ptr<Connection>> Pool::pick(bool exclusive, Deadline deadli
 Connection* Pool::choose(bool exclusive) {
   retire_old();
   if (exclusive) {
+    Clock::time_point now = Clock::now();
     for (const auto& c : live_) {
-      if (!c->reserved && c->healthy() && c->in_flight() + c->pending_picks == 0) return c.get();
+      if (!c->reserved && c->healthy() && c->in_flight() + c->pending_picks == 0 &&
+          !past_lifetime(*c, now)) {
+        return c.get();
+      }
     }
     return nullptr;
   }
   lanes_.clear();
   Clock::time_point now = Clock::now();
   for (const auto& c : live_) {
-    lanes_.push_back(Lane{.open_to_calls = !c->reserved && c->healthy() && !c->promised,
-                          .depth = c->in_flight() + c->pending_picks,
-                          .oldest = c->oldest_wait(now),
-                          .per_statement = c->per_statement()});
+    lanes_.push_back(Lane{
+        .open_to_calls = !c->reserved && c->healthy() && !c->promised && !past_lifetime(*c, now),
+        .depth = c->in_flight() + c->pending_picks,
+        .oldest = c->oldest_wait(now),
+        .per_statement = c->per_statement()});
   }
   // One open at a time to spread: the calls go on what is open meanwhile.
   Placement placed = place(lanes_, opening_ == 0 && can_open(), options_.spread_after);
@@ -173,10 +188,16 @@ void Pool::retire_old() {
   if (options_.max_lifetime.count() <= 0) return;
   auto now = std::chrono::steady_clock::now();
   std::erase_if(live_, [&](const std::shared_ptr<Connection>& c) {
-    if (c->reserved || now - c->born() < options_.max_lifetime) return false;
+    // One handed to a call that has not sent yet is retired once that call sent: the call
+    // was promised it (past its lifetime, choose() gives it no other).
+    if (c->reserved || c->pending_picks > 0 || !past_lifetime(*c, now)) return false;
     c->retire();
     return true;
   });
+}
+
+bool Pool::past_lifetime(const Connection& c, Clock::time_point now) const {
+  return options_.max_lifetime.count() > 0 && now - c.born() >= options_.max_lifetime;
 }
 
 bool Pool::any_usable() const {

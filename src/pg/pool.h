@@ -56,6 +56,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
     std::optional<Error> failed;
   };
 
+  /// pick() once: what it was granted may have become unusable meanwhile.
+  Expected<std::shared_ptr<Connection>> pick_once(bool exclusive, Deadline deadline);
   /// A connection for a call now, or nullptr (then it waits).
   Connection* choose(bool exclusive);
   /// Room for one more connection, and no pause after a failed open in force.
@@ -72,6 +74,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
   void opened(Expected<std::shared_ptr<Connection>> outcome);
   void retire_old();
   bool any_usable() const;
+  /// Past Options::max_lifetime: it takes no new call.
+  bool past_lifetime(const Connection& c, Clock::time_point now) const;
 
   static constexpr std::chrono::milliseconds kFirstPause{100};
   static constexpr std::chrono::milliseconds kLongestPause{2000};

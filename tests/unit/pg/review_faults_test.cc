@@ -219,11 +219,11 @@ TEST(PgReviewFaults, AServerRestartBetweenBeginAndCommitLosesTheTransactionAndTh
 // A connection granted to a waiting call and retired (max_lifetime) by another call before the
 // first one sends: that call fails with kClosed, "the database was closed", though the
 // Database is open and its deadline far.
-// defect: a call waiting for the only connection is granted it, the connection passes max_lifetime
+// fixed (was a defect): a call waiting for the only connection is granted it, the connection passes max_lifetime
 // before the call runs and another call retires it: the waiting call fails kClosed "the connection
 // is closing" though the Database is open and its deadline 10 s away (expected: served on a new
 // connection).
-TEST(PgReviewFaults, DISABLED_ACallGrantedAConnectionThatIsRetiredBeforeItSendsIsStillServed) {
+TEST(PgReviewFaults, ACallGrantedAConnectionThatIsRetiredBeforeItSendsIsStillServed) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(30s);
   Runtime runtime(RuntimeOptions{.workers = 1});
