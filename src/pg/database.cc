@@ -1,12 +1,14 @@
 // Database, Query and Transaction: the calls, routed to the calling worker's pool.
 #include "spindle/pg/database.h"
 
+#include <deque>
 #include <mutex>
 
 #include "connect.h"
 #include "connection.h"
 #include "pool.h"
 #include "spindle/fiber/runtime.h"
+#include "spindle/fiber/spawn.h"
 #include "spindle/fiber/waiter.h"
 #include "spindle/fiber/worker.h"
 #include "spindle/net/resolver.h"
@@ -51,8 +53,39 @@ Error expired_before_sending() {
 
 // --- Query -------------------------------------------------------------------------------
 
+struct Query::Pending {
+  std::shared_ptr<Pool> pool;
+  std::optional<Statement> statement;
+  std::string sql;
+  std::deque<std::string> copies;  ///< the parameters' text and bytes (params points here)
+  std::vector<Param> params;
+
+  Pending(std::shared_ptr<Pool> p, const Statement* s, std::string_view text,
+          std::span<const Param> given)
+      : pool(std::move(p)), sql(text) {
+    if (s != nullptr) statement = *s;
+    for (const Param& param : given) {
+      if (const auto* t = std::get_if<std::string_view>(&param)) {
+        params.emplace_back(std::string_view(copies.emplace_back(*t)));
+      } else if (const auto* b = std::get_if<Bytes>(&param)) {
+        params.emplace_back(Bytes{copies.emplace_back(b->data)});
+      } else {
+        params.push_back(param);
+      }
+    }
+  }
+  /// Waits for a connection until `deadline` and sends on it.
+  Query send(Deadline deadline) {
+    auto connection = pool->pick(false, deadline);
+    if (!connection) return Query::failed(std::move(connection.error()));
+    if (deadline.expired()) return Query::failed(expired_before_sending());
+    return (*connection)->send(statement ? &*statement : nullptr, sql, params, deadline);
+  }
+};
+
 Query::Query(Query&& other) noexcept
-    : connection_(std::move(other.connection_)),
+    : pending_(std::move(other.pending_)),
+      connection_(std::move(other.connection_)),
       sequence_(other.sequence_),
       outcome_(std::move(other.outcome_)),
       sent_(other.sent_) {
@@ -63,6 +96,7 @@ Query::Query(Query&& other) noexcept
 Query& Query::operator=(Query&& other) noexcept {
   if (this != &other) {
     detach();
+    pending_ = std::move(other.pending_);
     connection_ = std::move(other.connection_);
     sequence_ = other.sequence_;
     outcome_ = std::move(other.outcome_);
@@ -76,6 +110,14 @@ Query& Query::operator=(Query&& other) noexcept {
 Query::~Query() { detach(); }
 
 void Query::detach() {
+  if (pending_ && Worker::current() != nullptr) {
+    // Started, never asked for: sent once a connection frees, its result thrown away (as for
+    // a Query sent at once and dropped).
+    spawn([pending = std::move(pending_)] {
+      Query sent = pending->send(Deadline::never());
+    }).detach();
+  }
+  pending_.reset();
   if (connection_) connection_->abandon(sequence_, /*cancel=*/false);
   connection_.reset();
 }
@@ -87,6 +129,10 @@ Query Query::failed(Error why) {
 }
 
 Expected<Result> Query::result(Deadline deadline) {
+  if (pending_) {
+    auto pending = std::move(pending_);
+    *this = pending->send(deadline);
+  }
   if (!outcome_ && connection_) {
     Waiter waiter;
     waiter_ = &waiter;
@@ -235,15 +281,26 @@ Expected<std::shared_ptr<Connection>> Database::pick(bool exclusive, Deadline de
 }
 
 Query Database::start(const Statement& statement, std::span<const Param> params) {
-  auto connection = pick(false, Deadline::never());
-  if (!connection) return Query::failed(connection.error());
-  return (*connection)->send(&statement, {}, params);
+  return start_now_or_later(&statement, {}, params);
 }
 
 Query Database::start(std::string_view sql, std::span<const Param> params) {
-  auto connection = pick(false, Deadline::never());
-  if (!connection) return Query::failed(connection.error());
-  return (*connection)->send(nullptr, sql, params);
+  return start_now_or_later(nullptr, sql, params);
+}
+
+Query Database::start_now_or_later(const Statement* statement, std::string_view sql,
+                                   std::span<const Param> params) {
+  // Returns at once: with no connection free now, result() sends it (its deadline bounds the
+  // wait for a connection).
+  auto connection = pick(false, Deadline::no_wait());
+  if (connection) return (*connection)->send(statement, sql, params);
+  if (connection.error().code != make_error_code(Errc::kTimedOut)) {
+    return Query::failed(connection.error());
+  }
+  Query later;
+  later.pending_ = std::make_shared<Query::Pending>(shared_->pools[Worker::current()->index()],
+                                                    statement, sql, params);
+  return later;
 }
 
 Expected<Result> Database::query(const Statement& statement, std::span<const Param> params,

@@ -78,7 +78,10 @@ class Connection;
 class Pool;
 
 /// One statement sent, its result still to come. Get it with result(); destroying a Query
-/// without asking leaves its result to be thrown away when it comes.
+/// without asking leaves its result to be thrown away when it comes. A Query from
+/// Database::start() made while no connection was free holds its statement (and a copy of its
+/// parameters) until result() sends it, waiting for a connection until its deadline; destroyed
+/// first, it is sent once a connection frees.
 class Query {
  public:
   Query() = default;
@@ -96,6 +99,9 @@ class Query {
   /// A Query whose result() is `why`.
   static Query failed(Error why);
   void detach();
+  /// A statement not sent yet: no connection was free when it was started.
+  struct Pending;
+  std::shared_ptr<Pending> pending_;  ///< (shared: Pending is incomplete here)
   std::shared_ptr<Connection> connection_;
   std::uint64_t sequence_ = 0;
   std::optional<Expected<Result>> outcome_;
@@ -153,8 +159,9 @@ class Database {
   /// Registers a statement (any thread, any time).
   Statement prepare(std::string sql);
 
-  /// Sends a statement and returns at once (pipelined behind those in flight). On a fiber of
-  /// the runtime; an error is reported by the Query's result().
+  /// Sends a statement and returns at once (pipelined behind those in flight; with no
+  /// connection free, result() sends it). On a fiber of the runtime; an error is reported by
+  /// the Query's result().
   Query start(const Statement& statement, std::span<const Param> params);
   Query start(std::string_view sql, std::span<const Param> params = {});
 
@@ -196,6 +203,9 @@ class Database {
   struct Shared;
   Pool* pool_here() const;
   Expected<std::shared_ptr<Connection>> pick(bool exclusive, Deadline deadline) const;
+  /// start(): sent now if a connection is free, else a Query that result() sends.
+  Query start_now_or_later(const Statement* statement, std::string_view sql,
+                           std::span<const Param> params);
   std::shared_ptr<Shared> shared_;
   Runtime* runtime_;
 };

@@ -395,10 +395,10 @@ TEST(PgReview, DeadlinesNowAndPastSendNothing) {
 
 // db.start() "returns a pg::Query at once": with the only connection held by a transaction it
 // waits for the transaction's end instead, so result()'s deadline cannot bound the call.
-// defect: with the only connection reserved by a transaction, db.start() blocks until the
+// fixed (was a defect): with the only connection reserved by a transaction, db.start() blocks until the
 // transaction ends (2001 ms) instead of returning at once; result(200 ms) cannot bound the call
 // (docs: start() returns a Query at once; every call returns by its deadline).
-TEST(PgReview, DISABLED_StartReturnsAtOnceSoThatTheResultsDeadlineBoundsTheCall) {
+TEST(PgReview, StartReturnsAtOnceSoThatTheResultsDeadlineBoundsTheCall) {
   REQUIRE_POSTGRES(postgres);
   Watchdog watchdog(20s);
   Runtime runtime(RuntimeOptions{.workers = 1});
@@ -418,6 +418,43 @@ TEST(PgReview, DISABLED_StartReturnsAtOnceSoThatTheResultsDeadlineBoundsTheCall)
     auto elapsed = caller.join();
     EXPECT_LT(elapsed, 200ms + kDeadlineSlack)
         << "start() + result(200 ms) took " << elapsed.count() << " ms";
+  });
+}
+
+// The other side of the same fix: a statement started while no connection was free is sent by
+// result() (its parameters copied: the caller's buffers may be gone by then), and one whose
+// Query is dropped unasked is still sent once a connection frees, as a Query sent at once is.
+TEST(PgReview, AStatementStartedWhileNoConnectionWasFreeIsSentLater) {
+  REQUIRE_POSTGRES(postgres);
+  Watchdog watchdog(20s);
+  pg_run(postgres->conninfo(),
+         "DROP TABLE IF EXISTS pg_review_later; CREATE TABLE pg_review_later (v text)");
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  pg::Database db(runtime, pg_options(*postgres, 1));
+  runtime.block_on([&] {
+    auto tx = db.begin(Deadline::after(5s));
+    ASSERT_TRUE(tx.has_value());
+    pg::Query echoed, counted;
+    {
+      std::string text(100, 'p'), bytes(3, '\x01');  // gone before the statements are sent
+      std::vector<pg::Param> params{pg::param(std::string_view(text)), pg::Bytes{bytes}};
+      echoed = db.start("SELECT $1::text || length($2::bytea)", params);
+      (void)db.start("INSERT INTO pg_review_later VALUES ('dropped unasked')");
+      std::fill(text.begin(), text.end(), 'x');
+    }
+    counted = db.start("SELECT count(*) FROM pg_review_later");
+    ASSERT_TRUE(tx->commit(Deadline::after(5s)));
+    EXPECT_EQ(value_of(echoed.result(Deadline::after(5s))), std::string(100, 'p') + "3");
+    // Sent in the order the connection freed for them: the dropped INSERT went before.
+    auto n = counted.result(Deadline::after(5s));
+    pg::Expected<pg::Result> rows = std::unexpected(pg::Error{});
+    for (int i = 0; i < 50; ++i) {
+      rows = db.query("SELECT count(*) FROM pg_review_later", {}, Deadline::after(5s));
+      if (value_of(rows) == "1") break;
+      (void)this_fiber::sleep_for(50ms);
+    }
+    EXPECT_EQ(value_of(rows), "1") << "the INSERT whose Query was dropped was never sent";
+    EXPECT_TRUE(n.has_value());
   });
 }
 
