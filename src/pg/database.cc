@@ -290,9 +290,13 @@ Query Database::start(std::string_view sql, std::span<const Param> params) {
 
 Query Database::start_now_or_later(const Statement* statement, std::string_view sql,
                                    std::span<const Param> params) {
-  // Returns at once: with no connection free now, result() sends it (its deadline bounds the
-  // wait for a connection).
-  auto connection = pick(false, Deadline::no_wait());
+  // With no connection free and none opening (transactions hold them, or the pool is full and
+  // behind), it returns at once and result() sends it: its deadline bounds the wait. While one
+  // opens, it waits for it (bounded by the connect timeout) so that the statements started in
+  // turn go out pipelined, in order.
+  Pool* pool = pool_here();
+  bool wait = pool != nullptr && pool->opening();
+  auto connection = pick(false, wait ? Deadline::never() : Deadline::no_wait());
   if (connection) return (*connection)->send(statement, sql, params);
   if (connection.error().code != make_error_code(Errc::kTimedOut)) {
     return Query::failed(connection.error());

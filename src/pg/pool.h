@@ -36,6 +36,9 @@ class Pool : public std::enable_shared_from_this<Pool> {
   /// by `deadline` Errc::kTimedOut; or the last open's error when none can be had now. Every
   /// error is Error::not_sent.
   Expected<std::shared_ptr<Connection>> pick(bool exclusive, Deadline deadline);
+  /// A connection is opening, or may open now: a call waiting would wait for an open (bounded
+  /// by the connect timeout), not for other calls or transactions to end.
+  bool opening() const { return opening_ > 0 || can_open(); }
   /// A transaction is over: the connection is shared again.
   void release(Connection* connection);
   /// A connection closed (its driver ended); `evicted` if for not answering.
