@@ -382,7 +382,10 @@ void Connection::abandon(std::uint64_t sequence, bool gave_up) {
   std::size_t index = sequence - first_sequence_;
   Entry& e = fifo_[index];
   e.owner = nullptr;
-  if (!gave_up || e.gave_up || broken_) return;
+  if (!gave_up || e.gave_up || broken_) {
+    if (troubled()) wake_driver();  // the last caller waiting may have left: stalled() now
+    return;
+  }
   quiet_since_ = std::chrono::steady_clock::now();  // the grace counts from here at the least
   e.gave_up = true;
   ++given_up_;
@@ -505,10 +508,16 @@ Deadline Connection::wait_deadline() const {
 
 bool Connection::stalled() const {
   if (!troubled()) return false;
+  // Any caller still waiting (for the statement the server is on, or one behind it) keeps the
+  // connection: its own deadline bounds its wait, and a server silent only because it has not
+  // got all the statements yet (a slow uplink) is not a dead one.
+  bool sent = false;
   for (const Entry& e : fifo_) {
-    if (e.kind == Entry::kExecute) return e.owner == nullptr;
+    if (e.kind != Entry::kExecute) continue;
+    if (e.owner != nullptr) return false;
+    sent = true;
   }
-  return canceling_;
+  return sent || canceling_;
 }
 
 void Connection::wake_driver() {

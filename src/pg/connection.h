@@ -157,9 +157,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   /// When the driver stops waiting: the idle timeout, or the end of the cancel's grace.
   Deadline wait_deadline() const;
   bool troubled() const { return given_up_ > 0 || canceling_; }
-  /// Troubled, and nobody waits for the statement the server is on (its caller gave up, or
-  /// left): then the server's silence for the grace closes the connection. A statement whose
-  /// caller still waits is never cut short for those behind it.
+  /// Troubled, and nobody waits for any statement on it (their callers gave up, or left): then
+  /// the server's silence for the grace closes the connection. A call whose caller still waits
+  /// is never failed for another's silence: its own deadline bounds it.
   bool stalled() const;
   /// Wakes the driver to wait again with what wait_deadline() says now.
   void wake_driver();

@@ -59,8 +59,9 @@ struct Options {
   /// conninfo takes its place.
   std::chrono::milliseconds connect_timeout{5000};
   /// Once a call on a connection gave up unanswered (its deadline passed; a cancel went to the
-  /// server if it could), how long the connection may go without a byte from the server before
-  /// it is closed: a stopped backend, a dead network path.
+  /// server if it could), how long the connection may go without a byte from the server, once
+  /// no caller waits for any statement on it, before it is closed: a stopped backend, a dead
+  /// network path. A caller still waiting is bounded by its own deadline.
   std::chrono::milliseconds cancel_grace{1000};
   /// A connection unused this long is closed (0: never).
   std::chrono::milliseconds idle_timeout{60'000};

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -146,16 +147,55 @@ TEST(PgFaults, AResultThatStopsHalfwayEndsItsCallByTheDeadlineAndItsConnectionAf
     auto r = big.result(Deadline::after(300ms));
     EXPECT_EQ(r.error().code, pg::Errc::kTimedOut);
     EXPECT_LT(took(started), 300ms + kDeadlineSlack);
-    auto rb = behind.result(Deadline::after(3s));
+    // The call behind it still waits: it ends by its own deadline (the connection is not
+    // judged dead while a caller waits on it), and the connection is closed once nobody waits
+    // and the path stays silent for the grace.
+    auto rb = behind.result(Deadline::after(1s));
     ASSERT_FALSE(rb.has_value());
-    EXPECT_EQ(rb.error().code, pg::Errc::kConnectionLost) << rb.error().message;
-    EXPECT_LT(took(started), 300ms + 300ms + 1s);
+    EXPECT_EQ(rb.error().code, pg::Errc::kTimedOut) << rb.error().message;
+    EXPECT_LT(took(started), 300ms + 1s + kDeadlineSlack);
+    Clock::time_point gave_up = Clock::now();
+    while (db.stats().evicted == 0 && took(gave_up) < 300ms + 2 * kDeadlineSlack) {
+      (void)this_fiber::sleep_for(10ms);
+    }
     EXPECT_EQ(db.stats().evicted, 1u);
+    EXPECT_GE(took(gave_up), 250ms) << "closed before the grace counted from the last caller";
     toxiproxy->remove(proxy, stall);
     toxiproxy->remove(proxy, slow);
     auto back = db.query("SELECT 'back'", {}, Deadline::after(5s));
     ASSERT_TRUE(back.has_value()) << back.error().message;
     EXPECT_LT(probe.worst_ms(), 100);
+  });
+}
+
+// The same stalled path, the call behind dropped unasked instead of timing out: once nobody
+// waits on the connection its silence counts, and it is closed after the grace.
+TEST(PgFaults, AStalledConnectionWhoseLastWaitingCallIsDroppedIsClosedAfterTheGrace) {
+  REQUIRE_POSTGRES(postgres);
+  REQUIRE_TOXIPROXY(toxiproxy);
+  auto proxy = toxiproxy->proxy("pg", "127.0.0.1:" + std::to_string(postgres->port()));
+  Runtime runtime(RuntimeOptions{.workers = 1});
+  pg::Database db(runtime,
+                  pg::Options{.conninfo = through(proxy), .connections = 1, .cancel_grace = 300ms});
+  runtime.block_on([&] {
+    ASSERT_TRUE(db.query("SELECT 1", {}, Deadline::after(5s)).has_value());
+    auto slow = toxiproxy->add(proxy, "bandwidth", R"({"rate": 100})");
+    auto big = db.start("SELECT repeat('z', 400000)");
+    std::optional<pg::Query> behind(db.start("SELECT 'behind'"));
+    (void)this_fiber::sleep_for(1s);
+    auto stall = toxiproxy->add(proxy, "timeout", R"({"timeout": 0})");
+    EXPECT_EQ(big.result(Deadline::after(300ms)).error().code, pg::Errc::kTimedOut);
+    (void)this_fiber::sleep_for(500ms);
+    EXPECT_EQ(db.stats().evicted, 0u) << "closed while a caller still waited on it";
+    behind.reset();  // its caller leaves without asking
+    Clock::time_point left = Clock::now();
+    while (db.stats().evicted == 0 && took(left) < 3s) (void)this_fiber::sleep_for(10ms);
+    EXPECT_EQ(db.stats().evicted, 1u);
+    EXPECT_LT(took(left), 300ms + kDeadlineSlack);
+    toxiproxy->remove(proxy, stall);
+    toxiproxy->remove(proxy, slow);
+    auto back = db.query("SELECT 'back'", {}, Deadline::after(5s));
+    ASSERT_TRUE(back.has_value()) << back.error().message;
   });
 }
 
