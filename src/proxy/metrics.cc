@@ -95,6 +95,12 @@ void Metrics::record_panic(std::uint32_t series) {
   ++s.upstreams[series].panics;
 }
 
+void Metrics::record_mirror_skipped(std::uint32_t series) {
+  Shard& s = shard();
+  if (series >= s.upstreams.size()) s.upstreams.resize(series + 1);
+  ++s.upstreams[series].mirrors_skipped;
+}
+
 const Metrics::UpstreamCounter Metrics::kUpstreamCounters[] = {
     {"spindle_upstream_retries_total",
      "Attempts sent again to another target (each spends the retry budget), by service.",
@@ -116,6 +122,10 @@ const Metrics::UpstreamCounter Metrics::kUpstreamCounters[] = {
      "Requests sent with fewer healthy targets than the panic threshold (spread over all "
      "targets), by service.",
      &UpstreamStats::panics},
+    {"spindle_mirror_skipped_total",
+     "Mirror copies not sent because the request's body could not go along (streamed to the "
+     "primary, chunked, over 64 KiB, or awaiting 100-continue), by the mirror's service.",
+     &UpstreamStats::mirrors_skipped},
 };
 
 Metrics::Shard Metrics::gather() {

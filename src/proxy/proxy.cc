@@ -46,8 +46,8 @@ using http::ExchangeErrc;
 
 namespace {
 
-// Request bodies up to this size are read whole before they are sent, and kept for a retry.
-constexpr std::uint64_t kReplayLimit = 64 * 1024;
+// The largest body a mirror copy carries (and holds in memory until its target took it).
+constexpr std::uint64_t kMirrorBodyLimit = 64 * 1024;
 
 // What a rate limit counts `request` by.
 std::string rate_limit_key(const http::Request& request, const RateLimitConfig& limit) {
@@ -246,19 +246,24 @@ struct MirrorCopy {
 }  // namespace
 
 void Proxy::mirror(http::Request& request, const std::shared_ptr<Gateway>& gateway,
-                   const ServerConfig& server, const RouteConfig& route,
-                   const MirrorConfig& config) {
+                   const ServerConfig& server, const RouteConfig& route, const MirrorConfig& config,
+                   std::uint64_t primary_buffering) {
   std::size_t& in_flight = mirrors_in_flight_[Worker::current()->index()];
   if (config.percent < 100) {
     thread_local std::minstd_rand random(std::random_device{}());
     if (std::uniform_real_distribution<double>(0, 100)(random) >= config.percent) return;
   }
-  // A body goes along only when it is small and already due (no 100-continue to wait for):
-  // the copy must never make the request wait.
+  // A body goes along only when the primary reads it whole before sending it anyway (within
+  // its service's request_buffering), when it is small and already due (no 100-continue to
+  // wait for): the copy must never change what the primary gets nor make it wait. Reading a
+  // body the primary streams would take it off the connection under the primary's feet.
   const http::RequestHead& in = request.head();
   bool has_body = in.chunked || in.content_length.value_or(0) > 0;
-  if (has_body && (in.chunked || *in.content_length > kReplayLimit || in.expect_continue)) {
+  if (has_body && (in.chunked || in.expect_continue ||
+                   *in.content_length > std::min(kMirrorBodyLimit, primary_buffering))) {
     request.set_attribute("mirror", "skipped");
+    const Gateway::Service* target = gateway->service(config.service);
+    if (metrics_ && target != nullptr) metrics_->record_mirror_skipped(target->series);
     return;
   }
   if (in_flight >= config.max_in_flight) {
@@ -392,17 +397,20 @@ http::Response Proxy::on_route(http::Request& request, const std::shared_ptr<Gat
 
 http::Response Proxy::pass_on(http::Request& request, const std::shared_ptr<Gateway>& gateway,
                               const Gateway::Server& server, const RouteConfig& route) {
-  for (const MiddlewareConfig& m : route.middlewares) {
-    if (m.kind == MiddlewareConfig::Kind::kMirror) {
-      mirror(request, gateway, *server.config, route, m.mirror);
-    }
-  }
   // A traffic_split picks the service; otherwise the route names it.
   std::string_view service = route.service;
   std::string set_cookie;
   for (const MiddlewareConfig& m : route.middlewares) {
     if (m.kind == MiddlewareConfig::Kind::kTrafficSplit) {
       service = split_pick(request, m.traffic_split, set_cookie);
+    }
+  }
+  // The copies take a body only as far as the service picked reads it whole anyway.
+  const Gateway::Service* primary = gateway->service(service);
+  const std::uint64_t buffering = primary ? primary->config->request_buffering : 0;
+  for (const MiddlewareConfig& m : route.middlewares) {
+    if (m.kind == MiddlewareConfig::Kind::kMirror) {
+      mirror(request, gateway, *server.config, route, m.mirror, buffering);
     }
   }
   http::Response response = forward(request, gateway, server, route, service);

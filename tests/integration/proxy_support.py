@@ -10,6 +10,7 @@ import time
 
 import h2.config
 import h2.connection
+import h2.events
 
 from conftest import Server
 from ports import free_port  # noqa: F401  (one picker for the tests and the benchmarks)
@@ -446,3 +447,41 @@ def request_headers(path, method="GET", authority="a"):
     """The pseudo-header fields of an http request for `path`."""
     return [(":method", method), (":path", path), (":scheme", "http"),
             (":authority", authority)]
+
+
+def h2_post(server, path, body, length=True, timeout=15):
+    """POSTs `body` on a new HTTP/2 connection, as the gateway's windows allow, with a
+    content-length (or none: `length` False), until its answer ends or its stream is reset:
+    (status, body); (None, None) if the stream was reset before its answer ended. Fails if the
+    gateway ends the connection."""
+    s, conn = h2_connect(server)
+    s.settimeout(timeout)
+    framing = [("content-length", str(len(body)))] if length else []
+    conn.send_headers(1, request_headers(path, "POST") + framing, end_stream=not body)
+    status, got, sent, over = None, b"", 0, False
+    try:
+        while not over:
+            room = min(conn.local_flow_control_window(1), len(body) - sent)
+            while room > 0:
+                n = min(room, conn.max_outbound_frame_size)
+                conn.send_data(1, body[sent:sent + n], end_stream=sent + n == len(body))
+                sent, room = sent + n, room - n
+            s.sendall(conn.data_to_send())
+            data = s.recv(65536)
+            assert data, "the gateway closed the connection"
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    status = int(dict(event.headers)[b":status"])
+                elif isinstance(event, h2.events.DataReceived):
+                    got += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, 1)
+                elif isinstance(event, h2.events.StreamEnded):
+                    over = True
+                elif isinstance(event, h2.events.StreamReset) and not over:
+                    return None, None
+                elif isinstance(event, h2.events.ConnectionTerminated):
+                    raise AssertionError(f"the gateway ended the connection: {event}")
+            s.sendall(conn.data_to_send())
+    finally:
+        s.close()
+    return status, got

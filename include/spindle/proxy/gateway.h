@@ -256,9 +256,12 @@ class Proxy {
                                           const ForwardAuthConfig& auth);
 
   /// mirror: sends a copy of `request` to `config`'s service in a fiber of its own (or drops
-  /// it, beyond max_in_flight), noting which in the request's "mirror" attribute.
+  /// it, beyond max_in_flight), noting which in the request's "mirror" attribute. A body goes
+  /// along only if the primary reads it whole (up to `primary_buffering`, its service's
+  /// request_buffering) and it is small; otherwise the copy is skipped (and counted).
   void mirror(http::Request& request, const std::shared_ptr<Gateway>& gateway,
-              const ServerConfig& server, const RouteConfig& route, const MirrorConfig& config);
+              const ServerConfig& server, const RouteConfig& route, const MirrorConfig& config,
+              std::uint64_t primary_buffering);
 
   Gateways& gateways_;
   http::UpstreamConnections& connections_;

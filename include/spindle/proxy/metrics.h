@@ -66,6 +66,10 @@ class Metrics {
   /// A target was picked among all, healthy or not: fewer than the panic threshold were
   /// healthy. Worker threads only.
   void record_panic(std::uint32_t series);
+  /// A mirror copy to this service was not sent because the request's body could not go
+  /// along (streamed to the primary, chunked, too large, or awaiting 100-continue). Worker
+  /// threads only.
+  void record_mirror_skipped(std::uint32_t series);
 
   /// The counted series in the Prometheus text format. From a fiber of the runtime (it waits
   /// for each worker's shard).
@@ -84,6 +88,7 @@ class Metrics {
     std::uint64_t ejections = 0;
     std::uint64_t ejections_withheld = 0;
     std::uint64_t panics = 0;
+    std::uint64_t mirrors_skipped = 0;
   };
   /// An upstream counter /metrics shows, with its member of UpstreamStats.
   struct UpstreamCounter {
