@@ -56,6 +56,8 @@ class ExchangeCategory final : public std::error_category {
         return "connection limit reached";
       case ExchangeErrc::kPreempted:
         return "gave its connection to a waiting request (the client took nothing meanwhile)";
+      case ExchangeErrc::kAnsweredEarly:
+        return "answered before taking the whole request body, which it wants no more of";
     }
     return "unknown exchange error";
   }

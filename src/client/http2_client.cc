@@ -296,15 +296,18 @@ void Http2Session::Impl::on_reset(std::uint32_t id, ErrorCode code) {
   std::error_code why;
   if (call->too_large) {
     why = make_error_code(ExchangeErrc::kProtocolError);  // past the session's limit too
+  } else if (call->have_head) {
+    // After a complete answer a reset (of any code; NO_ERROR per RFC 9113 8.1) only says the
+    // rest of the request body is not wanted: the answer stands, and it is not sent again. An
+    // answer it cuts short is a stream error.
+    if (!call->in_end) why = make_error_code(ExchangeErrc::kResponseCut);
   } else if (code == ErrorCode::kRefusedStream) {
     // Nothing of it was processed: REFUSED_STREAM, or above the last stream of a GOAWAY.
     why = make_error_code(id > session.goaway_last_stream() ? ExchangeErrc::kAboveGoaway
                                                             : ExchangeErrc::kRefusedStream);
-  } else if (!call->have_head) {
+  } else {
     why = make_error_code(headers_sent(*call) ? ExchangeErrc::kClosedBeforeResponse
                                               : ExchangeErrc::kClosedBeforeWrite);
-  } else if (!call->in_end) {
-    why = make_error_code(ExchangeErrc::kResponseCut);
   }
   end_call(*call, why);
 }
@@ -356,7 +359,7 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
   }
 
   Result<void> write(std::string_view data) override {
-    if (auto failed = check()) return fail(failed);
+    if (auto failed = check_sending()) return fail(failed);
     if (data.empty()) return {};
     if (call_->out_end) return fail(std::errc::invalid_argument);
     call_->out.append(data);
@@ -364,7 +367,7 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
     Deadline deadline = Deadline::after_coarse(timeouts_.write);
     while (call_->out.size() > kMaxUnsent) {
       call_->wake.reset();
-      if (auto failed = check()) return fail(failed);
+      if (auto failed = check_sending()) return fail(failed);
       if (call_->wake.wait(deadline) == std::errc::timed_out) {
         return fail(make_error_code(ExchangeErrc::kWriteTimeout));
       }
@@ -465,6 +468,11 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
       return make_error_code(ExchangeErrc::kResponseCut);
     }
     return {};
+  }
+  // check() for the request body: a stream over after its complete answer takes no more.
+  std::error_code check_sending() const {
+    if (auto failed = check()) return failed;
+    return call_->closed ? make_error_code(ExchangeErrc::kAnsweredEarly) : std::error_code();
   }
   void abandon() {
     s_.session.reset(call_->id, ErrorCode::kCancel);

@@ -74,6 +74,10 @@ enum class ExchangeErrc {
   /// for longer than PoolLimits::preempt_stalled (a client that took nothing of the answer,
   /// or sent nothing of its body, meanwhile).
   kPreempted,
+  /// HTTP/2: the upstream answered in full, then ended the stream (RST_STREAM after the
+  /// answer's END_STREAM, RFC 9113 8.1) before taking the whole request body: the rest is
+  /// not wanted. Its answer stands (read_head has it).
+  kAnsweredEarly,
 };
 
 /// The category of ExchangeErrc codes.

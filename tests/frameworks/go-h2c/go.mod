@@ -1,0 +1,3 @@
+module spindle.test/frameworks/h2c
+
+go 1.24
