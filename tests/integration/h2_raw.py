@@ -258,8 +258,12 @@ class Peer:
         s.body += body
         if end:
             s.ended = True
-        if self.auto_window and flow:
+        if self.auto_window and flow and self.gives_back(sid):
             self.send(window_update(0, flow), *([] if end else [window_update(sid, flow)]))
+
+    def gives_back(self, sid):
+        """Whether the windows of DATA on `sid` are given back as it arrives."""
+        return True
 
     def on_head(self, sid, fields, end):
         s = self.stream(sid)
@@ -318,7 +322,12 @@ class UpstreamConnection(Peer):
         self.preface_seen = False
         self.held = b""
         self.send(settings(*upstream.settings_pairs))
+        if upstream.connection_window > 65535:
+            self.send(window_update(0, upstream.connection_window - 65535))
         self.start()
+
+    def gives_back(self, sid):
+        return self.upstream.gives_back(self, sid)
 
     def _preface(self, buffer):
         if self.preface_seen:
@@ -352,8 +361,11 @@ class ScriptedUpstream:
     its own, once the request's head came)."""
 
     def __init__(self, script, settings_pairs=((MAX_CONCURRENT_STREAMS, 1000),),
-                 auto_window=True):
+                 auto_window=True, connection_window=65535,
+                 gives_back=lambda conn, sid: True):
         self.script = script
+        self.connection_window = connection_window
+        self.gives_back = gives_back
         self.settings_pairs = settings_pairs
         self.auto_window = auto_window
         self.listener = socket.socket()
