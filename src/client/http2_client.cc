@@ -194,10 +194,10 @@ struct Http2Session::Impl final : h2::SessionHandler {
   // The session's events, on the reader's fiber.
   void on_field(std::uint32_t id, const Field& field) override;
   void on_never_indexed(std::uint32_t id, const Field& field) override {
-    // Passed on never indexed (RFC 7541 §6.2.3): the head goes on so whole (a credential
-    // always does).
+    // Passed on never indexed (RFC 7541 §6.2.3): the head (an interim head, the trailers)
+    // goes on so whole (a credential always does).
     Call* call = find(id);
-    if (call != nullptr && !call->have_head &&
+    if (call != nullptr &&
         (field.token == nullptr || (field.token->flags & field_flag::kSensitive) == 0)) {
       call->never_indexed = true;
     }
@@ -253,6 +253,7 @@ void Http2Session::Impl::on_headers(std::uint32_t id, bool end_stream, bool trai
       interim.version = 20;
       interim.no_body = true;
       interim.headers = std::move(call->head.headers);
+      if (call->never_indexed) interim.headers.mark_never_indexed();
     }
     call->head.status = 0;
     call->head.headers.clear();
@@ -260,7 +261,9 @@ void Http2Session::Impl::on_headers(std::uint32_t id, bool end_stream, bool trai
     call->wake.set();
     return;
   }
-  if (!trailers) {
+  if (trailers) {
+    if (call->never_indexed && call->trailers != nullptr) call->trailers->mark_never_indexed();
+  } else {
     call->have_head = true;
     if (call->never_indexed) call->head.headers.mark_never_indexed();
     call->head.version = 20;

@@ -80,6 +80,8 @@ class Http2Connection final : public ContextSource, private h2::SessionHandler {
   /// stream begun was processed), written by the caller itself, within the write timeout
   /// (outside a fiber: without waiting).
   void refuse();
+  /// Marks fields_ sensitive when `fields` came never indexed (RFC 7541 §6.2.3).
+  void mark_sensitive_if_never_indexed(const HeaderMap& fields);
 
   // Used by the streams.
   h2::ServerSession& session() { return session_; }

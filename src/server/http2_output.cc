@@ -38,6 +38,7 @@ bool H2Stream::send_interim(int status, const HeaderMap& fields) {
   for (const Field& f : fields) {
     if (detail::interim_field_sendable(f)) sendable.add(f);
   }
+  if (fields.never_indexed()) sendable.mark_never_indexed();  // RFC 7541 §6.2.3
   conn.submit_head(*this, status, sendable, false);
   return true;
 }
@@ -82,6 +83,7 @@ class H2BodyWriter final : public BodyWriter {
         s_.out_trailers->add(ascii_lower(f.name), f.value);
       }
     }
+    if (trailers.never_indexed()) s_.out_trailers->mark_never_indexed();
   }
 
  private:
@@ -143,6 +145,14 @@ void Http2Connection::submit_fields(H2Stream& s, bool end_stream) {
   if (names_.capacity() > kKeptNames) release(names_);
 }
 
+void Http2Connection::mark_sensitive_if_never_indexed(const HeaderMap& fields) {
+  // An upstream's field that came never indexed (through the gateway) makes the block it goes
+  // on in (a head, an interim head, trailers) go never indexed whole (RFC 7541 §6.2.3).
+  if (fields.never_indexed()) {
+    for (HpackField& f : fields_) f.sensitive = true;
+  }
+}
+
 void Http2Connection::submit_head(H2Stream& s, int status, const HeaderMap& fields,
                                   bool end_stream) {
   // Names go lower case (HTTP/2 requires it) into one buffer; the session encodes the list
@@ -154,6 +164,7 @@ void Http2Connection::submit_head(H2Stream& s, int status, const HeaderMap& fiel
   fields_.push_back(
       HpackField::known(token::kStatus, {code, static_cast<std::size_t>(code_end - code)}));
   for (const Field& f : fields) fields_.push_back(HpackField::to_send(f, names_));
+  mark_sensitive_if_never_indexed(fields);
   submit_fields(s, end_stream);
   if (end_stream) s.output_done = true;
   wake_writer();
@@ -173,10 +184,7 @@ void Http2Connection::submit_response(H2Stream& s, Response& response, bool head
       return;  // a 101's Upgrade and Connection mean nothing here
     fields_.push_back(HpackField::to_send(f, names_));
   });
-  // An upstream's field that came never indexed (through the gateway) goes on so.
-  if (response.headers.never_indexed()) {
-    for (HpackField& f : fields_) f.sensitive = true;
-  }
+  mark_sensitive_if_never_indexed(response.headers);
   if (!seen.has_date) fields_.push_back(HpackField::known(token::kDate, worker_.date.value()));
   if (!seen.has_server && !shared_.options.server_name.empty()) {
     fields_.push_back(HpackField::known(token::kServer, shared_.options.server_name));
@@ -308,6 +316,7 @@ bool Http2Connection::frame_body(H2Stream& s, std::size_t budget) {
     HpackField::make_room_for_names(names_, *s.out_trailers);
     fields_.clear();
     for (const Field& f : *s.out_trailers) fields_.push_back(HpackField::to_send(f, names_));
+    mark_sensitive_if_never_indexed(*s.out_trailers);
     submit_fields(s, true);
   }
   s.output_done = true;

@@ -1100,3 +1100,36 @@ def test_an_early_413_while_the_client_uploads_loses_no_window(build_dir, tmp_pa
     finally:
         gw.stop()
         up.stop()
+
+
+@pytest.mark.parametrize("where", ["head", "interim", "trailers"])
+def test_an_upstream_field_sent_never_indexed_reaches_the_client_never_indexed(build_dir,
+                                                                            tmp_path, where):
+    """RFC 7541 §6.2.3: an intermediary passes a never-indexed field on as one; the docs say
+    a message with one goes on never indexed whole. In a final head, a 103's, or trailers."""
+    def script(conn, sid):
+        secret = [("x-secret", "s3cret")]
+        if where == "interim":
+            conn.send(frame(HEADERS, END_HEADERS, sid, conn.encode(
+                [(":status", "103"), ("link", "</a.css>"), *secret], sensitive=("x-secret",))))
+            conn.answer(sid, 200, b"ok")
+        elif where == "trailers":
+            conn.send(frame(HEADERS, END_HEADERS, sid, conn.encode([(":status", "200")])),
+                      data(sid, b"ok"),
+                      frame(HEADERS, END_HEADERS | END_STREAM, sid,
+                            conn.encode([("grpc-status", "0"), *secret],
+                                        sensitive=("x-secret",))))
+        else:
+            conn.answer(sid, 200, b"ok", fields=secret, sensitive=("x-secret",))
+
+    up = ScriptedUpstream(script)
+    gw = gateway_to(build_dir, tmp_path, up.port)
+    try:
+        c = Client(gw.port)
+        s = c.get(1, "/x", extra=[("te", "trailers")])
+        assert s.status() == 200 and s.ended
+        assert s.field("x-secret") == "s3cret", s.heads
+        assert s.never_indexed("x-secret"), s.heads
+    finally:
+        gw.stop()
+        up.stop()
