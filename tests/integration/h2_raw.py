@@ -128,21 +128,27 @@ class Peer:
     def send_window(self, sid):
         return self.send_windows.setdefault(sid, self.peer_initial_window)
 
-    def upload(self, sid, body, end=True, seconds=30):
-        """Sends `body` on `sid` within the peer's windows; False if they stayed shut."""
+    def upload(self, sid, body, end=True, seconds=30, pad=None):
+        """Sends `body` on `sid` within the peer's windows (each frame padded with `pad` bytes
+        if given); False if they stayed shut."""
         at = 0
+        extra = 0 if pad is None else pad + 1
         while True:
             with self.cond:
-                room = lambda: min(self.send_window(sid), self.send_windows[0])  # noqa: E731
-                if not self.wait(lambda: room() > 0 or self.stream(sid).done(), seconds):
+                room = lambda: min(self.send_window(sid), self.send_windows[0]) - extra  # noqa
+                # (Our side goes on after the peer's ended; not after a reset, nor the peer's
+                # whole answer to a request of ours.)
+                over = lambda: self.stream(sid).reset is not None or (  # noqa: E731
+                    isinstance(self, Client) and self.stream(sid).ended)
+                if not self.wait(lambda: room() > 0 or over(), seconds):
                     return False
-                if self.stream(sid).done():
+                if over():
                     return False
-                n = min(room(), 16384, len(body) - at)
-                self.send_windows[sid] -= n
-                self.send_windows[0] -= n
+                n = min(room(), 16384 - extra, len(body) - at)
+                self.send_windows[sid] -= n + extra
+                self.send_windows[0] -= n + extra
             last = at + n >= len(body)
-            self.send(data(sid, body[at:at + n], end=end and last))
+            self.send(data(sid, body[at:at + n], end=end and last, pad=pad))
             at += n
             if last:
                 return True

@@ -219,8 +219,20 @@ def test_data_after_end_stream_is_stream_closed(shared):
      COMPRESSION_ERROR),  # an index past the tables
     (lambda c: [frame(HEADERS, END_HEADERS | END_STREAM, 3, b"\x3f\xe1\x7f")],
      COMPRESSION_ERROR),  # a table size update past SETTINGS_HEADER_TABLE_SIZE
+    (lambda c: [window_update(0, 0)], PROTOCOL_ERROR),  # an increment of 0, connection
+    (lambda c: [settings((2, 2))], PROTOCOL_ERROR),  # ENABLE_PUSH 2
+    (lambda c: [settings((INITIAL_WINDOW_SIZE, 1 << 31))], FLOW_CONTROL_ERROR),
+    (lambda c: [frame(4, 1, 0, b"\0" * 6)], 6),  # SETTINGS ACK with a payload: FRAME_SIZE
+    (lambda c: [frame(6, 0, 0, b"1234567")], 6),  # PING of 7 bytes
+    (lambda c: [frame(3, 0, 1, b"\0\0\0")], 6),  # RST_STREAM of 3 bytes
+    (lambda c: [frame(8, 0, 0, b"\0\0\0")], 6),  # WINDOW_UPDATE of 3 bytes
+    (lambda c: [frame(6, 0, 1, b"12345678")], PROTOCOL_ERROR),  # PING on a stream
+    (lambda c: [frame(4, 0, 1, b"")], PROTOCOL_ERROR),  # SETTINGS on a stream
+    (lambda c: [frame(HEADERS, END_HEADERS | 0x8, 3, b"\x05ab")], PROTOCOL_ERROR),  # pad > len
 ], ids=["rst-idle", "window-idle", "data-idle", "even", "reused", "continuation-alone",
-        "data-0", "frame-size", "hpack-index", "hpack-size-update"])
+        "data-0", "frame-size", "hpack-index", "hpack-size-update", "window-0", "push-2",
+        "window-2-31", "settings-ack-payload", "ping-7", "rst-3", "window-update-3",
+        "ping-stream", "settings-stream", "padding-too-long"])
 def test_connection_errors_end_that_connection_only(shared, frames, code):
     shared.start_victim()
     c = Client(shared.port)
@@ -1133,3 +1145,49 @@ def test_an_upstream_field_sent_never_indexed_reaches_the_client_never_indexed(b
     finally:
         gw.stop()
         up.stop()
+
+
+
+def test_padded_frames_both_ways_lose_no_window(build_dir, tmp_path):
+    """Padding is flow-controlled and nobody reads it: both ends must give it back. A 3 MB
+    upload from the client and a 3 MB answer from the upstream, every DATA frame padded with
+    255 bytes (and the request's HEADERS padded and with a priority), go through whole."""
+    def script(conn, sid):
+        s = conn.stream(sid)
+        conn.wait(lambda: s.done(), 30)
+        conn.send(frame(HEADERS, END_HEADERS, sid, conn.encode(
+            [(":status", "200"), ("x-got", str(len(s.body)))])))
+        conn.upload(sid, b"d" * 3_000_000, pad=255)
+
+    up = ScriptedUpstream(script)
+    gw = gateway_to(build_dir, tmp_path, up.port, ", limits: {max_body: 64m}")
+    try:
+        c = Client(gw.port)
+        block = c.encode([(":method", "POST"), (":scheme", "http"), (":authority", "a"),
+                          (":path", "/padded")])
+        c.send(frame(HEADERS, END_HEADERS | 0x8 | 0x20, 1,
+                     bytes([10]) + struct.pack(">IB", 0, 200) + block + b"\0" * 10))
+        assert c.upload(1, b"u" * 3_000_000, pad=255), "the padded upload's windows stayed shut"
+        s = c.wait_done(1, 30)
+        assert (s.status(), s.field("x-got"), len(s.body), s.ended) == \
+            (200, "3000000", 3_000_000, True), (s.status(), s.reset, len(s.body))
+    finally:
+        gw.stop()
+        up.stop()
+
+
+@pytest.mark.parametrize("piece", [7, 100])
+def test_a_head_in_many_continuations_is_one_head(shared, piece):
+    """A head cut into CONTINUATIONs (within max_header_frames, 32) is one head."""
+    c = Client(shared.port)
+    block = c.encode([(":method", "GET"), (":scheme", "http"), (":authority", "gateway.test"),
+                      (":path", "/bytes/10"), *[(f"x-f{i}", "v" * 5) for i in range(15)]])
+    pieces = [block[at:at + piece] for at in range(0, len(block), piece)]
+    assert len(pieces) <= 32
+    frames = [frame(HEADERS, END_STREAM, 1, pieces[0])]
+    frames += [frame(CONTINUATION, 0, 1, p) for p in pieces[1:-1]]
+    frames.append(frame(CONTINUATION, END_HEADERS, 1, pieces[-1]))
+    c.send(*frames)
+    s = c.wait_done(1)
+    assert (s.status(), len(s.body)) == (200, 10), (s.status(), s.reset, c.goaway)
+    shared.check_victim()
