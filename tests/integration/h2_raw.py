@@ -299,7 +299,13 @@ class Client(Peer):
         fields = [(":method", method), (":scheme", "http"), (":authority", authority),
                   (":path", path), *extra]
         block = self.encode(fields, sensitive)
-        return frame(HEADERS, (END_STREAM if end else 0) | END_HEADERS | flags, sid, block)
+        if len(block) <= 16384:
+            return frame(HEADERS, (END_STREAM if end else 0) | END_HEADERS | flags, sid, block)
+        # (Past the default SETTINGS_MAX_FRAME_SIZE: CONTINUATIONs.)
+        pieces = [block[at:at + 16384] for at in range(0, len(block), 16384)]
+        return frame(HEADERS, (END_STREAM if end else 0) | flags, sid, pieces[0]) + b"".join(
+            frame(CONTINUATION, END_HEADERS if n == len(pieces) - 1 else 0, sid, p)
+            for n, p in enumerate(pieces) if n > 0)
 
     def get(self, sid, path, **kw):
         self.send(self.head(sid, path, **kw))
