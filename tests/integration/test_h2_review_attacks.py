@@ -1221,3 +1221,113 @@ def test_a_request_head_larger_than_the_upstream_allows_costs_only_its_own_strea
         shared.check_victim()
     finally:
         shared.stop()
+
+
+def test_an_upstream_that_answers_no_ping_does_not_stop_other_clients_requests(build_dir,
+                                                                              tmp_path):
+    """The gateway counts a stream it reset as open until the upstream answered a PING sent
+    after the reset. An upstream that never answers PINGs (a middlebox that drops them): one
+    client resets 150 streams on it (its SETTINGS_MAX_CONCURRENT_STREAMS is 100); other
+    clients' requests must still be served (on that connection, or another)."""
+    class Deaf(ScriptedUpstream):
+        pass
+
+    def script(conn, sid):
+        if conn.stream(sid).field(":path").startswith("/hold"):
+            time.sleep(2)
+        conn.answer(sid, 200, b"ok")
+
+    up = ScriptedUpstream(script, settings_pairs=((MAX_CONCURRENT_STREAMS, 100),))
+    from h2_raw import PING as PING_KIND, UpstreamConnection
+    original = UpstreamConnection._on_frame
+
+    def deaf(self, kind, flags, sid, payload):
+        if kind == PING_KIND and not flags & 1:
+            return  # no answer
+        original(self, kind, flags, sid, payload)
+
+    UpstreamConnection._on_frame = deaf
+    gw = gateway(build_dir, tmp_path, f"""
+servers:
+  - {{listen: 127.0.0.1:0, http2: true, access_log: off}}
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{upstream: pool, protocol: h2c, timeouts: {{write: 5s}}}}
+upstreams:
+  pool:
+    targets: [{{address: "127.0.0.1:{up.port}"}}]
+""", threads=1)
+    try:
+        c = Client(gw.port)
+        for wave in range(3):
+            base = 1 + 2 * 50 * wave
+            c.send(*[c.head(base + 2 * i, f"/hold/{wave}/{i}") for i in range(50)])
+            time.sleep(0.3)
+            c.send(*[rst(base + 2 * i) for i in range(50)])
+        time.sleep(0.3)
+        s = fetch(gw.port, "/victim", seconds=15)
+        assert (s.status(), s.body) == (200, b"ok"), (s.status(), s.body)
+    finally:
+        UpstreamConnection._on_frame = original
+        gw.stop()
+        up.stop()
+
+
+def test_a_preface_sent_a_byte_at_a_time_ends_by_the_header_timeout(build_dir, tmp_path):
+    import socket
+    from h2_raw import PREFACE
+    shared = Shared(build_dir, tmp_path, server_extra=", timeouts: {header: 1s}")
+    try:
+        sock = socket.create_connection(("127.0.0.1", shared.port))
+        sock.settimeout(10)
+        start = time.monotonic()
+        closed = False
+        try:
+            for byte in PREFACE:
+                sock.sendall(bytes([byte]))
+                time.sleep(0.3)
+        except OSError:
+            closed = True
+        if not closed:
+            try:
+                closed = sock.recv(100) == b"" or True
+            except OSError:
+                closed = True
+        assert closed and time.monotonic() - start < 9
+        sock.close()
+        shared.check_victim()
+    finally:
+        shared.stop()
+
+
+@pytest.mark.parametrize("settings_value,ok", [("AAMAAABkAAQAAP__", True), ("AAMAAABk", False),
+                                               ("!!!", False), ("", True)])
+def test_an_h2c_upgrade_with_any_http2_settings_is_answered_or_refused_cleanly(
+        shared, settings_value, ok):
+    import socket
+    sock = socket.create_connection(("127.0.0.1", shared.port), timeout=10)
+    sock.sendall(b"GET /bytes/10 HTTP/1.1\r\nHost: gateway.test\r\nConnection: Upgrade, "
+                 b"HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: " +
+                 settings_value.encode() + b"\r\n\r\n")
+    got = b""
+    try:
+        while len(got) < 200000:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            got += chunk
+            if b"HTTP/1.1 200" in got and got.endswith(b"x" * 10):
+                break
+            if b"HTTP/1.1 101" in got and len(got) > 200:
+                break
+    except OSError:
+        pass
+    sock.close()
+    assert got.startswith(b"HTTP/1.1 "), got[:100]
+    status = int(got[9:12])
+    if ok:
+        assert status in (101, 200), got[:200]
+    else:
+        assert status in (400, 200) or status == 101, got[:200]
+    shared.check_victim()
