@@ -58,6 +58,8 @@ class ExchangeCategory final : public std::error_category {
         return "gave its connection to a waiting request (the client took nothing meanwhile)";
       case ExchangeErrc::kAnsweredEarly:
         return "answered before taking the whole request body, which it wants no more of";
+      case ExchangeErrc::kHeadTooLarge:
+        return "request head larger than the upstream takes (SETTINGS_MAX_HEADER_LIST_SIZE)";
     }
     return "unknown exchange error";
   }

@@ -625,6 +625,13 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
     s.fields.push_back(
         HpackField::known(token::kContentLength, {length, static_cast<std::size_t>(end - length)}));
   }
+  // A head larger than the server takes goes nowhere: it would cost the connection, which
+  // other clients' streams share.
+  std::size_t list_size = 0;
+  for (const HpackField& f : s.fields) list_size += f.name.size() + f.value.size() + 32;
+  if (list_size > s.session.max_header_list()) {
+    return fail(make_error_code(ExchangeErrc::kHeadTooLarge));
+  }
   bool has_body = head.chunked || head.content_length.value_or(0) > 0;
   std::uint32_t id = s.session.open(s.fields, !has_body, head.method == "HEAD");
   if (id == 0) return fail(make_error_code(ExchangeErrc::kClosedBeforeWrite));  // ids spent

@@ -537,6 +537,9 @@ std::optional<FrameError> Session::apply_settings(std::span<const std::uint8_t> 
       case SettingId::kMaxConcurrentStreams:
         peer_max_concurrent_ = value;
         break;
+      case SettingId::kMaxHeaderListSize:
+        peer_max_header_list_ = value;
+        break;
       case SettingId::kEnableConnectProtocol:
         peer_connect_protocol_ = value == 1;
         break;

@@ -52,6 +52,7 @@ int status_for(std::error_code ec) {
   }
   if (ec == ExchangeErrc::kNoCapacity || ec == ExchangeErrc::kPreempted) return 503;
   if (ec == ExchangeErrc::kCancelled) return 499;  // the client went away (nginx's code)
+  if (ec == ExchangeErrc::kHeadTooLarge) return 431;
   return 502;
 }
 

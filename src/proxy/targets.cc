@@ -9,7 +9,8 @@ using http::ExchangeErrc;
 
 bool counts_against_target(std::error_code ec) {
   return ec != ExchangeErrc::kNoCapacity && ec != ExchangeErrc::kCancelled &&
-         ec != ExchangeErrc::kPreempted && ec != std::errc::invalid_argument;
+         ec != ExchangeErrc::kPreempted && ec != ExchangeErrc::kHeadTooLarge &&
+         ec != std::errc::invalid_argument;
 }
 
 std::optional<std::size_t> pick_target(Gateway::WorkerState& worker,

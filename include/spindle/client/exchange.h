@@ -78,6 +78,10 @@ enum class ExchangeErrc {
   /// answer's END_STREAM, RFC 9113 8.1) before taking the whole request body: the rest is
   /// not wanted. Its answer stands (read_head has it).
   kAnsweredEarly,
+  /// HTTP/2: the request's head is larger than the upstream takes (its
+  /// SETTINGS_MAX_HEADER_LIST_SIZE): it was not sent. The client's request, not the target's
+  /// failure.
+  kHeadTooLarge,
 };
 
 /// The category of ExchangeErrc codes.

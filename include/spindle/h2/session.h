@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -328,6 +329,8 @@ class Session {
   std::uint32_t last_stream_ = 0;
   std::uint32_t goaway_last_ = kMaxWindow;
   std::uint32_t peer_max_concurrent_ = 100;
+  /// The peer's SETTINGS_MAX_HEADER_LIST_SIZE (unbounded until it says one).
+  std::uint32_t peer_max_header_list_ = std::numeric_limits<std::uint32_t>::max();
   /// The streams we reset that the peer may still send on. (Made by the first stream reset;
   /// most connections never need it.)
   std::unique_ptr<detail::ResetStreams> reset_streams_;
@@ -391,6 +394,10 @@ class ClientSession final : public Session {
   void assume_max_concurrent(std::uint32_t n) {
     if (!settings_seen_) peer_max_concurrent_ = n;
   }
+  /// The largest request head the server takes, counted as RFC 9113 §6.5.2 does (each field's
+  /// name and value and 32): its SETTINGS_MAX_HEADER_LIST_SIZE. A larger one would cost more
+  /// than its stream (an upstream may end the connection for it).
+  std::uint32_t max_header_list() const { return peer_max_header_list_; }
   /// The server allows extended CONNECT (RFC 8441's SETTINGS_ENABLE_CONNECT_PROTOCOL).
   bool connect_protocol() const { return peer_connect_protocol_; }
   /// No stream will ever be opened again: a GOAWAY came or went, or the stream ids are spent.
