@@ -1486,3 +1486,59 @@ upstreams:
         gw.stop()
         a.stop()
         b.stop()
+
+
+@pytest.mark.parametrize("method,status", [("HEAD", 200), ("GET", 204), ("GET", 304)])
+def test_a_body_an_upstream_sends_where_none_may_be_never_reaches_the_client(
+        build_dir, tmp_path, method, status):
+    """An upstream that sends DATA after a HEAD's head, a 204's or a 304's: the client gets
+    the head and no body; the shared connection goes on."""
+    def bad(conn, sid):
+        conn.send(frame(HEADERS, END_HEADERS, sid, conn.encode(
+            [(":status", str(status)), ("content-length", "5")])), data(sid, b"hello", end=True))
+
+    up, relay, gw = misbehaving(build_dir, tmp_path, bad)
+    try:
+        c = Client(gw.port)
+        s = c.get(1, "/bad", method=method)
+        assert s.body == b"", s.body
+        assert s.status() in (status, 502) or s.reset is not None
+        after = fetch(gw.port, "/after")
+        assert (after.status(), len(after.body)) == (200, 4000)
+        assert (relay.accepted, relay.closed) == (1, 0)
+    finally:
+        gw.stop()
+        relay.stop()
+        up.stop()
+
+
+def test_an_upstream_reset_mid_upload_costs_the_clients_connection_no_window(build_dir,
+                                                                             tmp_path):
+    """The upstream resets an upload once 100 KB came; the client keeps sending its 3 MB
+    (it learns late): its answer is a 502 or a reset, and its next upload on the same
+    connection goes through whole."""
+    def script(conn, sid):
+        s = conn.stream(sid)
+        if s.field(":path") == "/cut":
+            conn.wait(lambda: len(s.body) >= 100_000 or s.done(), 10)
+            conn.send(rst(sid, INTERNAL_ERROR))
+        else:
+            conn.wait(lambda: s.done(), 30)
+            conn.answer(sid, 200, b"got %d" % len(s.body))
+
+    from h2_raw import INTERNAL_ERROR
+    up = ScriptedUpstream(script)
+    gw = gateway_to(build_dir, tmp_path, up.port, ", limits: {max_body: 64m}")
+    try:
+        c = Client(gw.port)
+        c.send(c.head(1, "/cut", method="POST", end=False))
+        c.upload(1, b"c" * 3_000_000, seconds=10)
+        s = c.wait_done(1, 10)
+        assert s.status() == 502 or s.reset is not None, (s.status(), s.reset)
+        c.send(c.head(3, "/whole", method="POST", end=False))
+        assert c.upload(3, b"w" * 3_000_000), "the second upload's windows stayed shut"
+        s = c.wait_done(3, 20)
+        assert (s.status(), s.body) == (200, b"got 3000000")
+    finally:
+        gw.stop()
+        up.stop()
