@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from h2_raw import (CANCEL, COMPRESSION_ERROR, CONTINUATION, DATA, END_HEADERS, END_STREAM,
+from h2_raw import (CANCEL, COMPRESSION_ERROR, CONTINUATION, END_HEADERS, END_STREAM,
                     ENHANCE_YOUR_CALM, FLOW_CONTROL_ERROR, GOAWAY, HEADER_TABLE_SIZE, HEADERS,
                     INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS, MAX_FRAME_SIZE, NO_ERROR,
-                    PROTOCOL_ERROR, REFUSED_STREAM, RST_STREAM, STREAM_CLOSED, Client,
+                    PROTOCOL_ERROR, REFUSED_STREAM, STREAM_CLOSED, Client,
                     ScriptedUpstream, data, fetch, frame, ping, priority, rst, settings,
                     window_update)
 from h2_traffic import CountingRelay
@@ -1228,9 +1228,6 @@ def test_an_upstream_that_answers_no_ping_does_not_stop_other_clients_requests(b
     after the reset. An upstream that never answers PINGs (a middlebox that drops them): one
     client resets 150 streams on it (its SETTINGS_MAX_CONCURRENT_STREAMS is 100); other
     clients' requests must still be served (on that connection, or another)."""
-    class Deaf(ScriptedUpstream):
-        pass
-
     def script(conn, sid):
         if conn.stream(sid).field(":path").startswith("/hold"):
             time.sleep(2)
