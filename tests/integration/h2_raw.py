@@ -336,6 +336,7 @@ class UpstreamConnection(Peer):
         self.send(settings(*upstream.settings_pairs))
         if upstream.connection_window > 65535:
             self.send(window_update(0, upstream.connection_window - 65535))
+        upstream.connections.append(self)  # (before a script, on the reader's thread, looks)
         self.start()
 
     def gives_back(self, sid):
@@ -401,7 +402,7 @@ class ScriptedUpstream:
             except OSError:
                 return
             sock.settimeout(None)
-            self.connections.append(UpstreamConnection(sock, self))
+            UpstreamConnection(sock, self)
 
     def stop(self):
         self.listener.close()
