@@ -41,6 +41,31 @@ std::size_t host_rank(const std::vector<std::string>& hosts, const std::string& 
   return best;
 }
 
+// True if `path` begins with `prefix`, ASCII case aside: many upstreams route without regard to
+// case (Express and ASP.NET by default), so every case spelling of a protected path must be
+// judged by the route that protects it.
+bool starts_with_any_case(std::string_view path, std::string_view prefix) {
+  return path.size() >= prefix.size() && http::iequals(path.substr(0, prefix.size()), prefix);
+}
+
+// `path` without one trailing '/' ("/" stays).
+std::string_view without_trailing_slash(std::string_view path) {
+  return path.size() > 1 && path.ends_with('/') ? path.substr(0, path.size() - 1) : path;
+}
+
+// True if `path` is the route's exact `wanted` path, ASCII case and one trailing '/' aside
+// (Express routes /a/ as /a; Flask redirects /a to the /a/ of its rule).
+bool same_path_any_case(std::string_view path, std::string_view wanted) {
+  return http::iequals(without_trailing_slash(path), without_trailing_slash(wanted));
+}
+
+// True if `method` is one of `methods`; HEAD is wherever GET is (RFC 9110 §9.3.2: a server
+// answers HEAD as it would GET, and Flask, Express and Go's mux run the GET handler for it).
+bool method_allowed(const std::vector<std::string>& methods, std::string_view method) {
+  if (methods.empty() || std::ranges::find(methods, method) != methods.end()) return true;
+  return method == "HEAD" && std::ranges::find(methods, "GET") != methods.end();
+}
+
 }  // namespace
 
 RouteTable::RouteTable(const Config& config, std::string_view server_name) {
@@ -51,7 +76,10 @@ RouteTable::RouteTable(const Config& config, std::string_view server_name) {
     }
     Entry entry{&route, nullptr};
     if (!route.match.path_regex.empty()) {
-      entry.regex = std::make_unique<re2::RE2>(route.match.path_regex, re2::RE2::Quiet);
+      // Paths are matched ASCII case aside (starts_with_any_case).
+      re2::RE2::Options options(re2::RE2::Quiet);
+      options.set_case_sensitive(false);
+      entry.regex = std::make_unique<re2::RE2>(route.match.path_regex, options);
     }
     entries_.push_back(std::move(entry));
   }
@@ -75,10 +103,10 @@ const RouteConfig* RouteTable::select(std::string_view host, std::string_view ta
     if (by_host == 0) continue;
     std::array<std::size_t, 3> rank{by_host, 0, 0};
     if (!m.path.empty()) {
-      if (path != m.path) continue;
+      if (!same_path_any_case(path, m.path)) continue;
       rank[1] = 4;
     } else if (!m.path_prefix.empty()) {
-      if (!path.starts_with(m.path_prefix)) continue;
+      if (!starts_with_any_case(path, m.path_prefix)) continue;
       rank[1] = 3;
       rank[2] = m.path_prefix.size();
     } else if (entry.regex) {
@@ -89,7 +117,7 @@ const RouteConfig* RouteTable::select(std::string_view host, std::string_view ta
     } else {
       rank[1] = 1;
     }
-    if (!m.methods.empty() && std::ranges::find(m.methods, method) == m.methods.end()) continue;
+    if (!method_allowed(m.methods, method)) continue;
     // CONNECT opens a tunnel: only a route that names the method takes it, never a catch-all.
     if (method == "CONNECT" && m.methods.empty()) continue;
     bool headers_match = std::ranges::all_of(m.headers, [&](const auto& field) {

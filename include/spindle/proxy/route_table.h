@@ -8,8 +8,12 @@
 ///   2. the path: an exact `path`, then the longest `path_prefix`, then a `path_regex`, then
 ///      no path condition;
 ///   3. the order in which the routes are declared.
-/// Methods and headers only filter; they do not make a route more specific. Built once per
-/// configuration (regular expressions compiled then), read-only afterwards: any thread.
+/// Paths are compared without regard to ASCII case (path, path_prefix, path_regex alike), and an
+/// exact `path` with or without one trailing '/': upstreams such as Express route so, and every
+/// spelling they serve as a protected path must be judged by the route that protects it.
+/// A route whose methods name GET takes HEAD too (RFC 9110 §9.3.2: the upstream runs its GET
+/// handler for it). Methods and headers only filter; they do not make a route more specific. Built
+/// once per configuration (regular expressions compiled then), read-only afterwards: any thread.
 
 #include <memory>
 #include <string>

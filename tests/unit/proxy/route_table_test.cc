@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <string>
+#include <vector>
 
 #include "testing/testing.h"
 
@@ -106,4 +108,62 @@ FIBER_TEST(RouteTable, ALongPathAgainstARegexIsSafeOnAFiberStack) {
   RouteTable table(config, "public");
   EXPECT_EQ(chosen(table, "h", "/" + std::string(15000, 'a') + "c"), "r");
   EXPECT_EQ(chosen(table, "h", "/" + std::string(15000, 'a')), "none");
+}
+
+namespace {
+
+// Every case spelling of "word" (2^n of them).
+std::vector<std::string> case_spellings(std::string_view word) {
+  std::vector<std::string> out;
+  for (unsigned bits = 0; bits < (1u << word.size()); ++bits) {
+    std::string s(word);
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      if (bits >> i & 1) s[i] = static_cast<char>(std::toupper(static_cast<unsigned char>(s[i])));
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(RouteTable, EveryCaseSpellingOfAPathIsTheRoutes) {
+  // Express and ASP.NET route paths without regard to case: /ADMIN/users runs their
+  // /admin/users view, so the route that protects /admin must judge it.
+  Config config = config_with(
+      "  - {name: any, match: {}, service: s}\n"
+      "  - {name: prefix, match: {path_prefix: /admin/}, service: s}\n"
+      "  - {name: exact, match: {path: /keys}, service: s}\n"
+      "  - {name: regex, match: {path_regex: '^/ops/[a-z]+$'}, service: s}\n");
+  RouteTable table(config, "public");
+  for (const std::string& word : case_spellings("admin")) {
+    EXPECT_EQ(chosen(table, "h", "/" + word + "/users"), "prefix") << word;
+  }
+  for (const std::string& word : case_spellings("keys")) {
+    EXPECT_EQ(chosen(table, "h", "/" + word), "exact") << word;
+    EXPECT_EQ(chosen(table, "h", "/" + word + "/?x"), "exact") << word;  // one trailing '/'
+  }
+  for (const std::string& word : case_spellings("ops")) {
+    EXPECT_EQ(chosen(table, "h", "/" + word + "/Run"), "regex") << word;
+  }
+  EXPECT_EQ(chosen(table, "h", "/keysx"), "any");
+  EXPECT_EQ(chosen(table, "h", "/keys/x"), "any");
+  EXPECT_EQ(chosen(table, "h", "/adminx"), "any");
+}
+
+TEST(RouteTable, HeadIsTakenByTheRoutesOfGet) {
+  // RFC 9110 §9.3.2: the upstream answers HEAD as it would GET (Flask, Express and Go's mux
+  // run the GET handler), so the GET route's middlewares judge it.
+  Config config = config_with(
+      "  - {name: any, match: {}, service: s}\n"
+      "  - {name: get, match: {path: /r, methods: [get]}, service: s}\n"
+      "  - {name: post, match: {path: /p, methods: [POST]}, service: s}\n"
+      "  - {name: head, match: {path: /h, methods: [HEAD]}, service: s}\n");
+  RouteTable table(config, "public");
+  EXPECT_EQ(chosen(table, "h", "/r", "HEAD"), "get");
+  EXPECT_EQ(chosen(table, "h", "/r", "GET"), "get");
+  EXPECT_EQ(chosen(table, "h", "/r", "POST"), "any");
+  EXPECT_EQ(chosen(table, "h", "/p", "HEAD"), "any");
+  EXPECT_EQ(chosen(table, "h", "/h", "GET"), "any");  // HEAD alone does not take GET
+  EXPECT_EQ(chosen(table, "h", "/h", "HEAD"), "head");
 }
