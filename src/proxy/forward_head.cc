@@ -261,33 +261,94 @@ void apply_edits(const HeaderEdits& edits, http::HeaderMap& headers) {
   for (const auto& [name, value] : edits.add) headers.add(name, value);
 }
 
+void apply_field_edits(const http::Request& request, const MiddlewareConfig& m,
+                       http::HeaderMap& headers) {
+  switch (m.kind) {
+    case MiddlewareConfig::Kind::kForwardAuth:
+      // The auth service's fields replace any the client sent under those names.
+      for (const std::string& field : m.forward_auth->response_headers) {
+        headers.erase(field);
+        std::string_view value = request.attribute(auth_attribute(field));
+        if (!value.empty()) headers.set(field, value);
+      }
+      break;
+    case MiddlewareConfig::Kind::kJwt:
+      // Claims to fields: whatever the client sent under those names goes.
+      for (const auto& [claim, field] : m.jwt->claims_to_headers) {
+        headers.erase(field);
+        std::string_view value = request.attribute(claim_attribute(claim));
+        if (!value.empty() && http::is_field_value(value)) headers.set(field, value);
+      }
+      break;
+    case MiddlewareConfig::Kind::kHeaders:
+      apply_edits(m.request, headers);
+      break;
+    default:
+      break;
+  }
+}
+
+void erase_written_fields(const MiddlewareConfig& m, http::HeaderMap& headers) {
+  switch (m.kind) {
+    case MiddlewareConfig::Kind::kForwardAuth:
+      for (const std::string& field : m.forward_auth->response_headers) headers.erase(field);
+      break;
+    case MiddlewareConfig::Kind::kJwt:
+      for (const auto& [claim, field] : m.jwt->claims_to_headers) headers.erase(field);
+      break;
+    case MiddlewareConfig::Kind::kHeaders:
+      for (const auto& [field, value] : m.request.set) headers.erase(field);
+      for (const auto& [field, value] : m.request.add) headers.erase(field);
+      break;
+    default:
+      break;
+  }
+}
+
+bool edits_responses(const RouteConfig& route) {
+  return std::ranges::any_of(route.middlewares, [](const MiddlewareConfig& m) {
+    return m.kind == MiddlewareConfig::Kind::kHeaders && !m.response.empty();
+  });
+}
+
+void edit_interim_fields(const RouteConfig& route, http::HeaderMap& fields) {
+  for (auto m = route.middlewares.rbegin(); m != route.middlewares.rend(); ++m) {
+    if (m->kind == MiddlewareConfig::Kind::kHeaders) apply_edits(m->response, fields);
+  }
+}
+
+void edit_trailer_fields(const RouteConfig& route, http::HeaderMap& fields) {
+  for (const MiddlewareConfig& m : route.middlewares) {
+    if (m.kind != MiddlewareConfig::Kind::kHeaders) continue;
+    for (const std::string& name : m.response.remove) fields.erase(name);
+    for (const auto& [name, value] : m.response.set) fields.erase(name);
+  }
+}
+
 void apply_request_middlewares(const http::Request& request, const RouteConfig& route,
                                ForwardHead& out) {
   for (const MiddlewareConfig& m : route.middlewares) {
     switch (m.kind) {
       case MiddlewareConfig::Kind::kForwardAuth:
-        // The auth service's fields replace any the client sent under those names.
-        for (const std::string& field : m.forward_auth->response_headers) {
-          out.head.headers.erase(field);
-          std::string_view value = request.attribute(auth_attribute(field));
-          if (!value.empty()) out.head.headers.set(field, value);
-        }
-        break;
       case MiddlewareConfig::Kind::kJwt:
-        // Claims to fields: whatever the client sent under those names goes.
-        for (const auto& [claim, field] : m.jwt->claims_to_headers) {
-          out.head.headers.erase(field);
-          std::string_view value = request.attribute(claim_attribute(claim));
-          if (!value.empty() && http::is_field_value(value)) out.head.headers.set(field, value);
-        }
+        apply_field_edits(request, m, out.head.headers);
         break;
       case MiddlewareConfig::Kind::kHeaders:
-        apply_edits(m.request, out.head.headers);
+        apply_field_edits(request, m, out.head.headers);
+        // A Host set is the authority the request goes up for (the client under the proxy
+        // writes Host, or :authority, from it); X-Forwarded-Host keeps the client's.
+        for (const auto& [name, value] : m.request.set) {
+          if (http::field_flags(name, http::field_flag::kHost) != 0) out.authority = value;
+        }
         break;
       case MiddlewareConfig::Kind::kStripPrefix: {
         // "/api/users?x" less "/api" is "/users?x"; "/api" alone becomes "/"; "/apix" stays.
+        // ASCII case aside, as routes match paths (route_table.h): /API/users is /users too.
         std::string_view target = out.head.target;
-        if (!target.starts_with(m.prefix)) break;
+        if (target.size() < m.prefix.size() ||
+            !http::iequals(target.substr(0, m.prefix.size()), m.prefix)) {
+          break;
+        }
         std::string_view rest = target.substr(m.prefix.size());
         if (!rest.empty() && rest.front() != '/' && rest.front() != '?') break;
         out.target =

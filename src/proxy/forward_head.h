@@ -101,11 +101,35 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
 /// A headers middleware's edits on `headers`: removes, then sets, then adds.
 void apply_edits(const HeaderEdits& edits, http::HeaderMap& headers);
 
+/// One middleware's edits of the fields that go upstream: the fields forward_auth and jwt write
+/// from what they verified (the client's of those names removed), a headers middleware's
+/// request edits; nothing for the other kinds. The forwarded head and the request forward_auth
+/// makes of its service both take them, in the route's order.
+void apply_field_edits(const http::Request& request, const MiddlewareConfig& m,
+                       http::HeaderMap& headers);
+
+/// Removes from `headers` the fields `m` writes on the way up (those forward_auth and jwt
+/// write, those a headers middleware sets or adds): what the client sent under those names is
+/// not what the upstream gets.
+void erase_written_fields(const MiddlewareConfig& m, http::HeaderMap& headers);
+
 /// The route's middlewares, in order, on the request as it will go upstream: forward_auth's
 /// and jwt's fields, header edits, and the target's rewrites (strip_prefix, add_prefix,
 /// replace_path, replace_path_regex).
 void apply_request_middlewares(const http::Request& request, const RouteConfig& route,
                                ForwardHead& out);
+
+/// True if a headers middleware of `route` edits responses.
+bool edits_responses(const RouteConfig& route);
+
+/// The route's response edits (its headers middlewares', in reverse order, as on the way back)
+/// on the fields of an interim response (103 Early Hints, ...): every head the client gets
+/// carries them.
+void edit_interim_fields(const RouteConfig& route, http::HeaderMap& fields);
+
+/// The route's response edits on trailers: a field one removes or sets is not in them (the
+/// head says what the set says; a trailer of its name would say otherwise).
+void edit_trailer_fields(const RouteConfig& route, http::HeaderMap& fields);
 
 /// The client's Upgrade tokens the route allows (RFC 9110 7.8: "name[/version]", a list over
 /// any number of field lines), into out.upgrade and an Upgrade field of the forwarded head. The

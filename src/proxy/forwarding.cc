@@ -23,6 +23,9 @@ using detail::apply_request_middlewares;
 using detail::build_head;
 using detail::cookie_value;
 using detail::counts_against_target;
+using detail::edit_interim_fields;
+using detail::edit_trailer_fields;
+using detail::edits_responses;
 using detail::extended_connect_as_upgrade;
 using detail::ForwardHead;
 using detail::note_client;
@@ -105,6 +108,20 @@ void tunnel(http::TunnelEnd& client, http::TunnelEnd& upstream, std::string_view
   auto back = spawn([&] { pump(upstream, client); });
   pump(client, upstream);
   back.join();
+}
+
+// The upstream's `trailers` to the client, with the route's response edits (the producer holds
+// the snapshot `route` is part of).
+void pass_trailers(const http::HeaderMap& trailers, const RouteConfig& route,
+                   http::BodyWriter& writer) {
+  if (!edits_responses(route)) {
+    writer.set_trailers(trailers);
+    return;
+  }
+  http::HeaderMap edited;
+  for (const http::Field& f : trailers) edited.add_view(f);
+  edit_trailer_fields(route, edited);
+  if (!edited.empty()) writer.set_trailers(edited);
 }
 
 // Writes a small body whole, or streams a large one from the client. `first` keeps the piece
@@ -346,7 +363,14 @@ Forwarding::Attempt Forwarding::exchange_with(const Gateway::Target& target) {
   });
   // Interim answers (103 Early Hints) go on to the client as they come.
   exchange.on_informational([this](const http::ClientResponseHead& interim) {
-    (void)request_.send_interim(interim.status, interim.headers);
+    if (!edits_responses(route_)) {
+      (void)request_.send_interim(interim.status, interim.headers);
+      return;
+    }
+    http::HeaderMap edited;
+    for (const http::Field& f : interim.headers) edited.add_view(f);
+    edit_interim_fields(route_, edited);
+    (void)request_.send_interim(interim.status, edited);
   });
   auto sent = send_body(request_, exchange, body_, has_body_, route_max_body_);
   // Even when the body could not all go out, the upstream may have answered (an early 413,
@@ -569,8 +593,8 @@ http::Response Forwarding::pass_response(const Gateway::Target& target, Attempt&
     if (n && *n == 0) {
       if (exchange->trailers().empty()) return response;
       // Trailers need a producer to carry them.
-      response.stream = [exchange](http::BodyWriter& writer) {
-        writer.set_trailers(exchange->trailers());
+      response.stream = [gateway = gateway_, exchange, route = &route_](http::BodyWriter& writer) {
+        pass_trailers(exchange->trailers(), *route, writer);
       };
       return response;
     }
@@ -579,14 +603,14 @@ http::Response Forwarding::pass_response(const Gateway::Target& target, Attempt&
   // The producer keeps the snapshot, the exchange and the in-flight count until the body is
   // sent.
   response.stream = [gateway = gateway_, exchange, forward_head = forward_head_,
-                     label = target.label, route = route_.name](http::BodyWriter& writer) {
+                     label = target.label, route = &route_](http::BodyWriter& writer) {
     BufferPool::Buffer buffer = take_buffer();
     for (;;) {
       auto n = exchange->read(buffer.span());
       if (!n) {
         // Cut mid-body: the client's connection or stream is aborted, never ended short.
         throw std::runtime_error(
-            fmt::format("route {}: upstream {}: {}", route, label, n.error().message()));
+            fmt::format("route {}: upstream {}: {}", route->name, label, n.error().message()));
       }
       if (*n == 0) break;
       if (!writer.write(std::string_view(buffer.span().data(), *n))) {
@@ -594,7 +618,7 @@ http::Response Forwarding::pass_response(const Gateway::Target& target, Attempt&
         return;
       }
     }
-    if (!exchange->trailers().empty()) writer.set_trailers(exchange->trailers());
+    if (!exchange->trailers().empty()) pass_trailers(exchange->trailers(), *route, writer);
   };
   return response;
 }

@@ -12,6 +12,7 @@
 #include "gateway_config.h"
 #include "spindle/base/ascii.h"
 #include "spindle/handlers/compression.h"
+#include "spindle/http/canonical.h"
 #include "spindle/http/rules.h"
 #include "spindle/proxy/cors.h"
 #include "spindle/proxy/jwt.h"
@@ -19,8 +20,31 @@
 namespace spindle::proxy::detail {
 namespace {
 
+// Which message a headers middleware's edits are for.
+enum class Edited { kRequest, kResponse };
+
+// Why an edit of field `name` (by `how`: set, add or remove) of `edited` would not do what it
+// says, if it would not: the framing and the hop-by-hop fields are written by whoever sends
+// each message (spindle's own, or none), and a request has exactly one Host, its authority (set
+// makes the upstream see that authority: `value` must be host[:port]).
+std::optional<std::string> edit_refused(std::string_view name, std::string_view how,
+                                        std::string_view value, Edited edited) {
+  if (http::field_flags(name, http::field_flag::kHopByHop | http::field_flag::kFraming) != 0) {
+    return fmt::format(
+        "'{}' is written by the sender of each message (framing, hop-by-hop): "
+        "an edit of it would be dropped",
+        name);
+  }
+  if (edited == Edited::kRequest && http::field_flags(name, http::field_flag::kHost) != 0) {
+    if (how != "set") return std::string("a request has one Host: set it, or leave it");
+    if (!http::is_authority(value)) return fmt::format("'{}' is not host[:port]", value);
+  }
+  return std::nullopt;
+}
+
 // The field names and values of a mapping ("{x-env: prod}"), checked.
-std::vector<std::pair<std::string, std::string>> read_fields(const ConfigReader& r) {
+std::vector<std::pair<std::string, std::string>> read_fields(const ConfigReader& r,
+                                                             std::string_view how, Edited edited) {
   std::vector<std::pair<std::string, std::string>> fields;
   for (const auto& entry : r.node()) {
     std::string name = entry.first.IsScalar() ? entry.first.Scalar() : "";
@@ -29,19 +53,23 @@ std::vector<std::pair<std::string, std::string>> read_fields(const ConfigReader&
     std::string value = scalar_text(r, entry.second, r.key_path(name));
     if (!http::is_field_value(value))
       r.fail(entry.second, r.key_path(name), "not a valid field value");
+    if (auto refused = edit_refused(name, how, value, edited)) {
+      r.fail(entry.first, r.key_path(name), *refused);
+    }
     fields.emplace_back(std::move(name), std::move(value));
   }
   return fields;
 }
 
-HeaderEdits read_edits(const ConfigReader& r) {
+HeaderEdits read_edits(const ConfigReader& r, Edited edited) {
   r.only({"set", "add", "remove"});
   HeaderEdits edits;
-  if (r.has("set")) edits.set = read_fields(r.nested("set"));
-  if (r.has("add")) edits.add = read_fields(r.nested("add"));
+  if (r.has("set")) edits.set = read_fields(r.nested("set"), "set", edited);
+  if (r.has("add")) edits.add = read_fields(r.nested("add"), "add", edited);
   for (const std::string& name : r.strings("remove")) {
     if (!http::is_field_name(name))
       r.fail_key("remove", fmt::format("'{}' is not a field name", name));
+    if (auto refused = edit_refused(name, "remove", "", edited)) r.fail_key("remove", *refused);
     edits.remove.push_back(name);
   }
   return edits;
@@ -162,8 +190,8 @@ void read_headers(const ConfigReader& entry, const std::string& kind, Middleware
   ConfigReader h = entry.nested(kind);
   h.only({"request", "response"});
   m.kind = MiddlewareConfig::Kind::kHeaders;
-  if (h.has("request")) m.request = read_edits(h.nested("request"));
-  if (h.has("response")) m.response = read_edits(h.nested("response"));
+  if (h.has("request")) m.request = read_edits(h.nested("request"), Edited::kRequest);
+  if (h.has("response")) m.response = read_edits(h.nested("response"), Edited::kResponse);
 }
 
 void read_prefix(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m) {

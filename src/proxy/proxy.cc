@@ -26,6 +26,7 @@ namespace spindle::proxy {
 using detail::add_cors_fields;
 using detail::answer_preflight;
 using detail::apply_edits;
+using detail::apply_field_edits;
 using detail::apply_request_middlewares;
 using detail::auth_attribute;
 using detail::authenticated_user;
@@ -34,6 +35,7 @@ using detail::check_jwt;
 using detail::claim_attribute;
 using detail::client_text;
 using detail::counts_against_target;
+using detail::erase_written_fields;
 using detail::ForwardHead;
 using detail::is_preflight;
 using detail::note_client;
@@ -115,10 +117,10 @@ std::string redirect_location(const http::Request& request, const MiddlewareConf
 // The middlewares of `route` that may answer in the gateway's place, in order: rate limits
 // (429), ip_allow / ip_deny (403), max_body (413 for a declared length), redirect, respond,
 // cors preflights, basic_auth and jwt (401), forward_auth (through `authorize`, which asks the
-// auth service). The first that answers ends the request: its response is moved into `answer`
-// and true returned; false lets the request go on to the service. (An out-parameter, not an
-// optional: g++ 12 zeroes all 2 KiB of an optional<Response> returned by name, which every
-// proxied request paid.)
+// auth service about the request as the middleware at the position it is given sees it). The first
+// that answers ends the request: its response is moved into `answer` and true returned; false lets
+// the request go on to the service. (An out-parameter, not an optional: g++ 12 zeroes all 2 KiB of
+// an optional<Response> returned by name, which every proxied request paid.)
 template <typename Authorize>
 bool answer_first(http::Request& request, const RouteConfig& route,
                   const std::vector<std::shared_ptr<RateLimiter>>& limits, PasswordCheck& passwords,
@@ -179,7 +181,7 @@ bool answer_first(http::Request& request, const RouteConfig& route,
         if (auto refused = check_jwt(request, *m.jwt)) answer_with(std::move(*refused));
         break;
       case MiddlewareConfig::Kind::kForwardAuth:
-        if (auto refused = authorize(*m.forward_auth)) answer_with(std::move(*refused));
+        if (auto refused = authorize(i)) answer_with(std::move(*refused));
         break;
       default:
         break;
@@ -202,6 +204,36 @@ void add_rate_limit_fields(const http::Request& request, http::Response& respons
   response.headers.set("RateLimit-Limit", text.substr(0, first));
   response.headers.set("RateLimit-Remaining", text.substr(first + 1, second - first - 1));
   response.headers.set("RateLimit-Reset", text.substr(second + 1));
+}
+
+// The fields forward_auth at position `at` of `route` sends its service, into `out`: the
+// request's as the middlewares before it left them (a headers edit, the fields jwt wrote from
+// its token), less those a middleware from `at` on writes (the upstream gets another value or
+// none of them, never the client's), less those about the body or the connection and those the
+// gateway owns, and only those forward_auth lists if it lists any. The auth service judges the
+// fields the upstream receives.
+void fields_for_auth(const http::Request& request, const RouteConfig& route, std::size_t at,
+                     http::HeaderMap& out) {
+  const http::HeaderMap& in = request.headers();
+  http::NominatedFields nominated(in);
+  for (const http::Field& f : in) {
+    if (http::forwardable(f, nominated, http::FieldsFor::kAuthRequest)) out.add_view(f);
+  }
+  for (std::size_t i = 0; i < route.middlewares.size(); ++i) {
+    if (i < at) {
+      apply_field_edits(request, route.middlewares[i], out);
+    } else {
+      erase_written_fields(route.middlewares[i], out);
+    }
+  }
+  const std::vector<std::string>& chosen = route.middlewares[at].forward_auth->request_headers;
+  out.erase_if([&](const http::Field& f) {
+    bool unchosen = !chosen.empty() && std::ranges::none_of(chosen, [&](const std::string& n) {
+      return http::iequals(n, f.name);
+    });
+    auto never = static_cast<std::uint16_t>(http::FieldsFor::kAuthRequest);
+    return unchosen || http::field_flags(f.name, never) != 0;
+  });
 }
 
 }  // namespace
@@ -385,8 +417,7 @@ http::Response Proxy::on_route(http::Request& request, const std::shared_ptr<Gat
   if (!answer_first(
           request, route,
           gateway->rate_limits(static_cast<std::size_t>(&route - gateway->config().routes.data())),
-          *passwords_,
-          [&](const ForwardAuthConfig& auth) { return authorize(request, gateway, auth); },
+          *passwords_, [&](std::size_t at) { return authorize(request, gateway, route, at); },
           response)) {
     response = pass_on(request, gateway, server, route);
   }
@@ -420,7 +451,8 @@ http::Response Proxy::pass_on(http::Request& request, const std::shared_ptr<Gate
 
 std::optional<http::Response> Proxy::authorize(http::Request& request,
                                                const std::shared_ptr<Gateway>& gateway,
-                                               const ForwardAuthConfig& auth) {
+                                               const RouteConfig& route, std::size_t at) {
+  const ForwardAuthConfig& auth = *route.middlewares[at].forward_auth;
   const Gateway::Service* service = gateway->service(auth.service);
   const Gateway::Upstream& upstream = *service->upstream;
   auto unavailable = [&](std::string_view why) {
@@ -431,23 +463,14 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
   if (!pick) return unavailable("no healthy target");
   const Gateway::Target& target = upstream.targets[*pick];
 
-  // GET path, with the client's fields (those chosen, never those about its body or the
-  // connection, nor those the gateway owns) and what the request was: X-Forwarded-Method,
-  // -Proto, -Host, -Uri, -For (the canonical request's), and its X-Request-Id.
+  // GET path, with the request's fields as the upstream will get them (those chosen, never
+  // those about its body or the connection, nor those the gateway owns) and what the request
+  // was: X-Forwarded-Method, -Proto, -Host, -Uri, -For (the canonical request's), and its
+  // X-Request-Id.
   http::RequestHead head;
   head.method = "GET";
   head.target = auth.path;
-  const http::HeaderMap& in = request.headers();
-  http::NominatedFields nominated(in);
-  for (const http::Field& f : in) {
-    if (!http::forwardable(f, nominated, http::FieldsFor::kAuthRequest)) continue;
-    if (!auth.request_headers.empty() &&
-        std::ranges::none_of(auth.request_headers,
-                             [&](const std::string& n) { return http::iequals(n, f.name); })) {
-      continue;
-    }
-    head.headers.add_view(f);
-  }
+  fields_for_auth(request, route, at, head.headers);
   const http::RequestContext& context = request.context();
   std::string client(client_text(request));
   head.headers.add_view("X-Forwarded-Method", http::token::kXForwardedMethod, request.method());

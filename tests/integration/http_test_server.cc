@@ -157,6 +157,22 @@ int main(int argc, char** argv) {
     (void)r.send_interim(103, hints);
     return http::Response::text("hinted");
   });
+  // A 103 and a streamed answer whose trailers repeat fields of the heads (a gateway's response
+  // edits must reach all three).
+  router.get("/hints-and-trailers", [](http::Request& r) {
+    http::HeaderMap hints{
+        {"Link", "</a.css>; rel=preload"}, {"X-Powered-By", "php"}, {"X-Frame-Options", "ALLOW"}};
+    (void)r.send_interim(103, hints);
+    http::Response response(200);
+    response.headers.add_view("X-Powered-By", "php");
+    response.stream = [](http::BodyWriter& w) {
+      (void)w.write("ok");
+      http::HeaderMap trailers{
+          {"X-Powered-By", "php"}, {"X-Frame-Options", "ALLOW"}, {"X-Checksum", "1"}};
+      w.set_trailers(trailers);
+    };
+    return response;
+  });
   router.get("/delay/{ms}", [](http::Request& r) {
     (void)this_fiber::sleep_for(std::chrono::milliseconds(std::stoi(std::string(r.param("ms")))));
     return http::Response::text("late");

@@ -2,8 +2,7 @@
 what a route, a middleware or the auth service judged is exactly what the upstream receives,
 over HTTP/1.1 and HTTP/2; what is ambiguous is refused with 400 at the edge. Each test sends
 one class of spellings, splits or orders against routes with credentials, to upstreams that
-record every byte they get. Cases that expose a defect are marked xfail(strict) with the
-invariant they break, so the suite stays green while proving them."""
+record every byte they get."""
 import base64
 import os
 import re
@@ -532,10 +531,6 @@ def test_jwt_cookie_spellings_over_http1_are_refused(build_dir, tmp_path, record
 # ---- forward_auth, mirror: every reader gets the same request ----------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="defect: with [jwt (claims_to_headers role: X-Role), "
-                   "forward_auth], the client's own X-Role: admin goes to the auth service while "
-                   "the upstream gets the token's X-Role: user; the auth service judged another "
-                   "request than the upstream received")
 def test_the_auth_service_and_the_upstream_read_one_x_role(build_dir, tmp_path, recorder):
     # jwt writes X-Role from the token's claim; forward_auth comes after it and asks its service.
     # The client's own X-Role (one field, in the configuration's spelling) must not reach the
@@ -586,10 +581,6 @@ def test_the_mirror_gets_the_request_the_upstream_got(build_dir, tmp_path, recor
         copies.stop()
 
 
-@pytest.mark.xfail(strict=True, reason="defect: with [headers (request set X-Tenant: public), "
-                   "forward_auth], the auth service is asked with the client's X-Tenant: admin "
-                   "while the upstream gets X-Tenant: public; the auth service judged another "
-                   "request than the upstream received")
 def test_the_auth_service_reads_the_fields_a_headers_middleware_set(build_dir, tmp_path,
                                                                     recorder):
     auth = RecordingUpstream()
@@ -696,10 +687,6 @@ server.serve_forever()
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="defect: a route with methods: [GET] does not take HEAD, "
-                   "so HEAD skips its auth and falls to another route, while Flask (and Go's "
-                   "mux, Express) run the GET view for a HEAD: the upstream ran what the route "
-                   "refused to judge")
 def test_head_is_judged_by_the_routes_of_get(build_dir, tmp_path):
     app = tmp_path / "get_only.py"
     app.write_text(FLASK_GET_ONLY)
@@ -746,9 +733,6 @@ def express_modules():
 
 @pytest.mark.skipif(not os.path.isdir(express_modules()),
                     reason="scripts/install-express.sh not run")
-@pytest.mark.xfail(strict=True, reason="defect: path routes compare case-sensitively, Express "
-                   "routes case-insensitively by default: GET /ADMIN/users skips /admin's "
-                   "basic_auth and Express serves its /admin/users view")
 def test_a_path_in_another_case_is_judged_as_express_routes_it(build_dir, tmp_path):
     app = tmp_path / "admin.js"
     app.write_text(EXPRESS_ADMIN)
