@@ -96,6 +96,8 @@ int check_config(const std::string& file) {
     fmt::print("{}: ok ({}, {}, {}, {})\n", file, count(config.servers.size(), "server"),
                count(config.routes.size(), "route"), count(config.services.size(), "service"),
                count(config.upstreams.size(), "upstream"));
+    // Each route's middlewares in the order written, with the phases they act in.
+    fmt::print("{}", proxy::describe_chains(config));
     return 0;
   } catch (const ConfigError& e) {
     fmt::print(stderr, "spindle: {}\n", e.what());

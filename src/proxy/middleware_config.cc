@@ -4,6 +4,7 @@
 #include <re2/re2.h>
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -457,31 +458,40 @@ void read_respond(const ConfigReader& entry, const std::string& kind, Middleware
   if (!http::is_field_value(m.content_type)) r.fail_key("content_type", "not a field value");
 }
 
-// Every middleware a route may name, with its reader: the one list of their names.
+// Every middleware a route may name, with its kind, its reader and the phases it acts in
+// (docs/gateway.md, "The middleware chain"): the one list of their names.
 struct MiddlewareKind {
   std::string_view name;
+  MiddlewareConfig::Kind kind;
   void (*read)(const ConfigReader& entry, const std::string& kind, MiddlewareConfig& m);
+  std::string_view phases;
 };
+using Kind = MiddlewareConfig::Kind;
 constexpr MiddlewareKind kMiddlewareKinds[] = {
-    {"headers", read_headers},
-    {"strip_prefix", read_prefix},
-    {"add_prefix", read_prefix},
-    {"replace_path", read_replace_path},
-    {"replace_path_regex", read_replace_path_regex},
-    {"rate_limit", read_rate_limit_middleware},
-    {"ip_allow", read_networks},
-    {"ip_deny", read_networks},
-    {"max_body", read_max_body},
-    {"redirect", read_redirect},
-    {"respond", read_respond},
-    {"cors", read_cors},
-    {"basic_auth", read_basic_auth},
-    {"jwt", read_jwt_middleware},
-    {"forward_auth", read_forward_auth},
-    {"mirror", read_mirror},
-    {"compression", read_compression},
-    {"traffic_split", read_traffic_split},
+    {"headers", Kind::kHeaders, read_headers, "request, response"},
+    {"strip_prefix", Kind::kStripPrefix, read_prefix, "request"},
+    {"add_prefix", Kind::kAddPrefix, read_prefix, "request"},
+    {"replace_path", Kind::kReplacePath, read_replace_path, "request"},
+    {"replace_path_regex", Kind::kReplacePathRegex, read_replace_path_regex, "request"},
+    {"rate_limit", Kind::kRateLimit, read_rate_limit_middleware, "answer, response"},
+    {"ip_allow", Kind::kIpAllow, read_networks, "answer"},
+    {"ip_deny", Kind::kIpDeny, read_networks, "answer"},
+    {"max_body", Kind::kMaxBody, read_max_body, "answer, forward"},
+    {"redirect", Kind::kRedirect, read_redirect, "answer"},
+    {"respond", Kind::kRespond, read_respond, "answer"},
+    {"cors", Kind::kCors, read_cors, "answer, response"},
+    {"basic_auth", Kind::kBasicAuth, read_basic_auth, "answer"},
+    {"jwt", Kind::kJwt, read_jwt_middleware, "answer, request"},
+    {"forward_auth", Kind::kForwardAuth, read_forward_auth, "answer, request"},
+    {"mirror", Kind::kMirror, read_mirror, "forward"},
+    {"compression", Kind::kCompression, read_compression, "response"},
+    {"traffic_split", Kind::kTrafficSplit, read_traffic_split, "forward"},
 };
+
+// The entry of `kind` in kMiddlewareKinds.
+const MiddlewareKind& kind_entry(Kind kind) {
+  return *std::ranges::find(kMiddlewareKinds, kind, &MiddlewareKind::kind);
+}
 
 // "headers, strip_prefix, ...": the names of kMiddlewareKinds, for error messages.
 std::string middleware_names() {
@@ -504,6 +514,7 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
   for (const MiddlewareKind& k : kMiddlewareKinds) {
     if (k.name != kind) continue;
     k.read(entry, kind, m);
+    assert(m.kind == k.kind);
     return m;
   }
   entry.fail(node.begin()->first, entry.key_path(kind),
@@ -512,3 +523,30 @@ MiddlewareConfig read_middleware(const ConfigReader& list, const YAML::Node& nod
 }
 
 }  // namespace spindle::proxy::detail
+
+namespace spindle::proxy {
+
+std::string_view middleware_name(const MiddlewareConfig& m) {
+  return detail::kind_entry(m.kind).name;
+}
+
+std::string_view middleware_phases(const MiddlewareConfig& m) {
+  return detail::kind_entry(m.kind).phases;
+}
+
+std::string describe_chains(const Config& config) {
+  std::string out;
+  for (const RouteConfig& route : config.routes) {
+    if (route.middlewares.empty()) continue;
+    out += fmt::format("route {}:", route.name);
+    for (std::size_t i = 0; i < route.middlewares.size(); ++i) {
+      const MiddlewareConfig& m = route.middlewares[i];
+      out += fmt::format("{} {} {} [{}]", i == 0 ? "" : ",", i + 1, middleware_name(m),
+                         middleware_phases(m));
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+}  // namespace spindle::proxy

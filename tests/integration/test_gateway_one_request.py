@@ -390,3 +390,39 @@ def test_response_edits_apply_to_every_head_and_the_trailers(build_dir, tmp_path
     finally:
         server.stop()
         peer.stop()
+
+
+# ---- the chain and its phases -----------------------------------------------------------------
+
+
+def test_check_config_prints_each_routes_chain_in_order_with_its_phases(build_dir, tmp_path):
+    import os
+    import subprocess
+    users = tmp_path / "users"
+    users.write_text(HTPASSWD)
+    config = tmp_path / "chain.yaml"
+    config.write_text(f"""
+servers:
+  - {{listen: 127.0.0.1:0}}
+routes:
+  - name: api
+    match: {{path_prefix: /api/}}
+    middlewares:
+      - rate_limit: {{rate: 10/s, burst: 5}}
+      - headers: {{request: {{set: {{X-Tenant: a}}}}, response: {{remove: [Server]}}}}
+      - basic_auth: {{users_file: {users}}}
+      - strip_prefix: /api
+      - mirror: {{service: s}}
+      - compression: {{}}
+    service: s
+  - {{name: plain, match: {{path_prefix: /}}, service: s}}
+services:
+  s: {{url: "http://127.0.0.1:9"}}
+""")
+    done = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config",
+                           str(config)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1:] == ["route api: 1 rate_limit [answer, response], 2 headers [request, "
+                         "response], 3 basic_auth [answer], 4 strip_prefix [request], 5 mirror "
+                         "[forward], 6 compression [response]"], done.stdout

@@ -472,6 +472,20 @@ struct Config {
 /// relative to the file's folder). Throws ConfigError for anything wrong, and only that.
 Config parse_config(const std::string& text, const std::string& file);
 
+/// The name a configuration gives middleware `m`'s kind ("forward_auth").
+std::string_view middleware_name(const MiddlewareConfig& m);
+
+/// The phases `m` acts in, in the order a request meets them ("answer, request"): answer (on
+/// the way in, in the order written, it may answer in the service's place), request (it edits
+/// the request that goes up, in the order written), forward (as the request is sent: a copy,
+/// the service, a body's limit), response (on the way back, in reverse order). docs/gateway.md,
+/// "The middleware chain".
+std::string_view middleware_phases(const MiddlewareConfig& m);
+
+/// One line per route with middlewares: "route NAME: 1 KIND [PHASES], 2 ...", in the order
+/// written (what check-config prints).
+std::string describe_chains(const Config& config);
+
 /// The text `config` was read from, comments dropped and the values of secret keys
 /// (password, secret, token, api_key, authorization, credentials, and NAME_password and the
 /// like) shown as "<redacted>".
