@@ -86,14 +86,17 @@ class RandomTwo final : public Balancer {
 
 class ConsistentHash final : public Balancer {
  public:
-  explicit ConsistentHash(const UpstreamConfig& upstream) {
-    constexpr unsigned kPointsPerWeight = 160;
-    for (std::size_t t = 0; t < upstream.targets.size(); ++t) {
-      const TargetConfig& target = upstream.targets[t];
-      // Points from the target's address, not its position: adding or removing another target
-      // leaves this one's points where they were.
-      for (unsigned p = 0; p < kPointsPerWeight * target.weight; ++p) {
-        ring_.push_back({hash_key(fmt::format("{}:{}#{}", target.host, target.port, p)), t});
+  explicit ConsistentHash(std::span<const RingTarget> targets) {
+    constexpr std::uint64_t kPointsPerWeight = 160, kMostWeight = 256;
+    std::uint64_t total = 0;
+    for (const RingTarget& t : targets) total += t.weight;
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+      // Past kMostWeight units in all, each target's share of the points stays its share of
+      // the weight, and the ring stays within 160 x 256 points (plus one per target).
+      std::uint64_t points = kPointsPerWeight * targets[t].weight;
+      if (total > kMostWeight) points = std::max<std::uint64_t>(1, points * kMostWeight / total);
+      for (std::uint64_t p = 0; p < points; ++p) {
+        ring_.push_back({hash_key(fmt::format("{}#{}", targets[t].key, p)), t});
       }
     }
     std::ranges::sort(ring_, {}, &Point::hash);
@@ -181,18 +184,26 @@ std::uint64_t hash_key(std::string_view key) {
 }
 
 std::unique_ptr<Balancer> Balancer::make(const UpstreamConfig& upstream) {
-  switch (upstream.balancer) {
+  std::vector<RingTarget> targets;
+  for (const TargetConfig& t : upstream.targets) {
+    targets.push_back({fmt::format("{}:{}", t.host, t.port), t.weight});
+  }
+  return make(upstream.balancer, targets);
+}
+
+std::unique_ptr<Balancer> Balancer::make(BalancerKind kind, std::span<const RingTarget> targets) {
+  switch (kind) {
     case BalancerKind::kRoundRobin:  // with equal weights, smooth weighted is plain rotation
     case BalancerKind::kWeighted:
-      return std::make_unique<Weighted>(upstream.targets.size());
+      return std::make_unique<Weighted>(targets.size());
     case BalancerKind::kLeastConnections:
       return std::make_unique<LeastConnections>();
     case BalancerKind::kRandomTwo:
       return std::make_unique<RandomTwo>();
     case BalancerKind::kConsistentHash:
-      return std::make_unique<ConsistentHash>(upstream);
+      return std::make_unique<ConsistentHash>(targets);
   }
-  return std::make_unique<Weighted>(upstream.targets.size());
+  return std::make_unique<Weighted>(targets.size());
 }
 
 }  // namespace spindle::proxy

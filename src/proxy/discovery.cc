@@ -6,6 +6,7 @@
 #include <ares.h>
 #include <arpa/inet.h>
 #include <arpa/nameser.h>
+#include <netdb.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -268,9 +269,13 @@ class Discovery::Channel {
       ok_ = ares_set_servers_ports_csv(channel_, csv.c_str()) == ARES_SUCCESS;
     }
     if (!ok_) log_error("dns: cannot set up a resolver channel: every lookup fails");
+    ares_options files{};
+    files.lookups = const_cast<char*>("f");  // the hosts file only: never the network
+    if (ares_init_options(&files_, &files, ARES_OPT_LOOKUPS) != ARES_SUCCESS) files_ = nullptr;
   }
   ~Channel() {
     if (channel_ != nullptr) ares_destroy(channel_);  // calls back every lookup in flight
+    if (files_ != nullptr) ares_destroy(files_);
   }
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -278,17 +283,41 @@ class Discovery::Channel {
   bool ok() const { return ok_; }
   ares_channel get() { return channel_; }
 
-  // True if `name` is in the hosts file (/etc/hosts).
-  bool in_hosts_file(const std::string& name) {
-    if (!ok_) return false;
-    for (int family : {AF_INET, AF_INET6}) {
-      hostent* host = nullptr;
-      if (ares_gethostbyname_file(channel_, name.c_str(), family, &host) == ARES_SUCCESS) {
-        ares_free_hostent(host);
-        return true;
+  // The addresses the hosts file (/etc/hosts; the file $CARES_HOSTS names, if set) gives
+  // `name`, per family (IP text, sorted); nullopt if it has no line for it. The channel asked
+  // reads only the file: the callback comes before the call returns.
+  std::optional<std::array<std::vector<std::string>, 2>> from_hosts_file(const std::string& name) {
+    if (files_ == nullptr) return std::nullopt;
+    struct Found {
+      bool listed = false;
+      std::array<std::vector<std::string>, 2> addresses;
+    } found;
+    ares_addrinfo_hints hints{};
+    hints.ai_flags = ARES_AI_ENVHOSTS | ARES_AI_NOSORT;
+    hints.ai_family = AF_UNSPEC;
+    auto done = [](void* arg, int status, int, ares_addrinfo* result) {
+      auto& out = *static_cast<Found*>(arg);
+      out.listed = status == ARES_SUCCESS;
+      for (auto* n = result != nullptr ? result->nodes : nullptr; n != nullptr; n = n->ai_next) {
+        const void* ip =
+            n->ai_family == AF_INET
+                ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(n->ai_addr)->sin_addr)
+                : &reinterpret_cast<sockaddr_in6*>(n->ai_addr)->sin6_addr;
+        char text[INET6_ADDRSTRLEN];
+        if (::inet_ntop(n->ai_family, ip, text, sizeof text) != nullptr) {
+          out.addresses[n->ai_family == AF_INET ? 0 : 1].emplace_back(text);
+        }
       }
+      if (result != nullptr) ares_freeaddrinfo(result);
+    };
+    ares_getaddrinfo(files_, name.c_str(), nullptr, &hints, done, &found);
+    ares_cancel(files_);  // (nothing is left: the file is read in the call)
+    if (!found.listed) return std::nullopt;
+    for (auto& family : found.addresses) {
+      std::ranges::sort(family);
+      family.erase(std::ranges::unique(family).begin(), family.end());
     }
-    return false;
+    return found.addresses;
   }
 
   // Waits until a socket of the channel or `wake` is readable, or `until` (or c-ares's next
@@ -324,10 +353,14 @@ class Discovery::Channel {
 
  private:
   ares_channel channel_ = nullptr;
+  ares_channel files_ = nullptr;  ///< reads the hosts file, for from_hosts_file()
   bool ok_ = false;
 };
 
 void dns_names(const Config& config, std::set<std::string>& hosts, std::set<std::string>& srv) {
+  if (config.redis && !Address::from_host_port(config.redis->host, config.redis->port)) {
+    hosts.insert(config.redis->host);
+  }
   for (const UpstreamConfig& u : config.upstreams) {
     if (!u.srv.empty()) srv.insert(u.srv);
     for (const TargetConfig& t : u.targets) {
@@ -438,7 +471,6 @@ void Discovery::publish() {
   bool settled = true;
   for (const auto& [name, h] : hosts_) {
     settled = settled && h.looked_up;
-    if (h.hosts_file) continue;
     auto& all = answers.addresses[name];
     for (const auto& family : h.addresses) all.insert(all.end(), family.begin(), family.end());
     std::ranges::sort(all);
@@ -475,6 +507,9 @@ std::vector<Discovery::Ticket*> Discovery::due(Clock::time_point now, Clock::tim
       tickets.push_back(new Ticket{this, name, type, h.serial});
       ++h.in_flight;
     }
+  }
+  if (std::ranges::any_of(hosts_, [](const auto& h) { return h.second.hosts_file; })) {
+    next = std::min(next, hosts_file_next_);
   }
   for (auto& [name, s] : services_) {
     if (s.in_flight != 0) continue;
@@ -517,27 +552,39 @@ void Discovery::run() {
 }
 
 void Discovery::check_hosts_file(Channel& channel) {
-  std::vector<std::string> unchecked;
+  std::vector<std::string> names;
+  auto now = Clock::now();
   {
     std::lock_guard guard(lock_);
+    // The hosts file's names are read again every min_ttl: an edit of the file is followed.
+    bool reread = now >= hosts_file_next_;
+    if (reread) hosts_file_next_ = now + config_.min_ttl;
     for (auto& [name, h] : hosts_) {
-      if (!h.checked) unchecked.push_back(name);
+      if (!h.checked || (reread && h.hosts_file)) names.push_back(name);
     }
   }
-  if (unchecked.empty()) return;
-  std::set<std::string> found;
-  for (const std::string& name : unchecked) {
-    if (channel.in_hosts_file(name)) found.insert(name);
+  if (names.empty()) return;
+  std::map<std::string, std::array<std::vector<std::string>, 2>> found;
+  for (const std::string& name : names) {
+    if (auto addresses = channel.from_hosts_file(name)) found[name] = std::move(*addresses);
   }
   std::lock_guard guard(lock_);
-  for (const std::string& name : unchecked) {
+  for (const std::string& name : names) {
     auto it = hosts_.find(name);
     if (it == hosts_.end()) continue;
-    it->second.checked = true;
-    // Left to the system resolver, as names were before discovery.
-    if (found.contains(name)) it->second.hosts_file = it->second.looked_up = true;
+    Host& h = it->second;
+    h.checked = true;
+    auto listed = found.find(name);
+    // A name the file no longer lists goes to DNS from now on (due at once).
+    if (listed == found.end()) {
+      if (h.hosts_file) h = Host{.checked = true, .serial = h.serial};
+      continue;
+    }
+    // Not DNS's to answer: its addresses are the file's.
+    h.hosts_file = h.looked_up = true;
+    h.addresses = std::move(listed->second);
   }
-  if (!found.empty()) publish();
+  publish();
 }
 
 void Discovery::send(Channel& channel, Ticket* ticket) {

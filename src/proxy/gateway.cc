@@ -78,8 +78,9 @@ std::shared_ptr<TargetHealth> HealthRegistry::get(const std::string& key) {
 
 namespace {
 
-// The address of a target: a numeric host as it is, a name through the system resolver (this
-// runs off the workers, when a configuration is built).
+// The address of a target: a numeric host as it is, a name through the system resolver. Only
+// for a gateway built without discovery (check-config, tests): a running one never waits on a
+// lookup (its names come from Discovery, on a thread of their own).
 Address resolve_target(const TargetConfig& target, const std::string& where) {
   if (auto numeric = Address::from_host_port(target.host, target.port)) return *numeric;
   addrinfo hints{};
@@ -126,7 +127,8 @@ std::shared_ptr<const TlsClientContext> service_tls(const ServiceConfig& s) {
 
 // Makes the targets of `u` as service `s` speaks to them (u.protocol, `tls`, its server
 // name): from SRV records or as configured; a name through discovery's answers (every address
-// a target), else through the system resolver (the first address).
+// a target, the hosts file's too), or without discovery through the system resolver (the
+// first address).
 void make_targets(Gateway::Upstream& u, const ServiceConfig& s,
                   const std::shared_ptr<const TlsClientContext>& tls, HealthRegistry& health,
                   const DnsAnswers* dns) {
@@ -161,8 +163,13 @@ void make_targets(Gateway::Upstream& u, const ServiceConfig& s,
         addresses = &found->second;
       }
     }
+    // Without discovery (check-config, tests), the system resolver; with it, a name it does
+    // not answer for has no address: never looked up here, on the thread building.
     if (addresses == nullptr) {
-      add(t, resolve_target(t, fmt::format("upstreams.{}.targets[{}]", u.config->name, i)), false);
+      if (numeric || dns == nullptr) {
+        add(t, resolve_target(t, fmt::format("upstreams.{}.targets[{}]", u.config->name, i)),
+            false);
+      }
       continue;
     }
     for (const std::string& ip : *addresses) {
@@ -171,6 +178,27 @@ void make_targets(Gateway::Upstream& u, const ServiceConfig& s,
       }
     }
   }
+}
+
+// Where the Redis of `redis` is: a numeric host as it is; a name, the first of discovery's
+// addresses for it (none while it has none); without discovery (check-config), through the
+// system resolver.
+std::optional<Address> redis_at(const RedisConfig& redis, const DnsAnswers* dns) {
+  TargetConfig target{redis.host, redis.port};
+  if (dns == nullptr || Address::from_host_port(redis.host, redis.port)) {
+    return resolve_target(target, "redis.address");
+  }
+  auto found = dns->addresses.find(redis.host);
+  if (found == dns->addresses.end() || found->second.empty()) return std::nullopt;
+  auto address = Address::from_host_port(found->second.front(), redis.port);
+  return address ? std::optional(*address) : std::nullopt;
+}
+
+// What the balancers of `u` are made over: its targets as resolved.
+std::vector<RingTarget> ring_targets(const Gateway::Upstream& u) {
+  std::vector<RingTarget> ring;
+  for (const Gateway::Target& t : u.targets) ring.push_back({t.label, t.config.weight});
+  return ring;
 }
 
 }  // namespace
@@ -186,9 +214,7 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, Heal
     limits = g->own_limits_.get();
   }
   std::optional<Address> redis_address;
-  if (c.redis) {
-    redis_address = resolve_target(TargetConfig{c.redis->host, c.redis->port}, "redis.address");
-  }
+  if (c.redis) redis_address = redis_at(*c.redis, dns);
   for (const RouteConfig& route : c.routes) {
     auto& limiters = g->rate_limits_.emplace_back();
     for (std::size_t i = 0; i < route.middlewares.size(); ++i) {
@@ -284,7 +310,7 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, Heal
   for (std::size_t w = 0; w < workers; ++w) {
     auto state = std::make_unique<WorkerState>();
     for (const Upstream& u : g->upstreams_) {
-      state->balancers.push_back(Balancer::make(*u.config));
+      state->balancers.push_back(Balancer::make(u.config->balancer, ring_targets(u)));
       state->in_flight.emplace_back(u.targets.size(), 0);
     }
     // Each worker starts with room for a few retries, so that a quiet service can retry too.

@@ -32,9 +32,9 @@ std::shared_ptr<RateLimiter> RateLimitRegistry::limiter(const std::string& route
   std::string key = fmt::format("{}#{}:{}/{}", route, index, config.rate, config.burst);
   std::string clients_key;
   if (config.store == RateLimitConfig::Store::kRedis) {
-    if (!redis || !redis_address)
-      throw std::logic_error("rate_limit with store: redis and no redis configured");
-    clients_key = fmt::format("{}={} {} {} {} {}", redis->address(), redis_address->to_string(),
+    if (!redis) throw std::logic_error("rate_limit with store: redis and no redis configured");
+    clients_key = fmt::format("{}={} {} {} {} {}", redis->address(),
+                              redis_address ? redis_address->to_string() : "unresolved",
                               redis->timeout.count(), redis->database, redis->password,
                               redis->backoff.count());
     fmt::format_to(std::back_inserter(key), " redis {} {} {}", clients_key, config.batch,

@@ -238,7 +238,7 @@ struct RedisClient::Connection {
   Clock::time_point broken_at{};
 };
 
-RedisClient::RedisClient(RedisConfig config, Address address)
+RedisClient::RedisClient(RedisConfig config, std::optional<Address> address)
     : config_(std::move(config)), address_(std::move(address)) {}
 
 RedisClient::~RedisClient() {
@@ -253,7 +253,9 @@ RedisClient::~RedisClient() {
 
 Result<std::shared_ptr<RedisClient::Connection>> RedisClient::open(Deadline deadline) {
   ++connects_;
-  auto stream = TcpStream::connect(address_, deadline);
+  // A name discovery has not answered yet: refused, as an unreachable Redis is (fail_open).
+  if (!address_) return fail(std::errc::connection_refused);
+  auto stream = TcpStream::connect(*address_, deadline);
   if (!stream) return std::unexpected(stream.error());
   (void)stream->set_nodelay(true);
   auto connection = std::make_shared<Connection>(std::move(*stream), Worker::current());
@@ -338,7 +340,7 @@ void RedisClient::refused(std::string_view error) {
   retry_at_ = now + config_.backoff;
 }
 
-RedisClients::RedisClients(RedisConfig config, Address address, std::size_t workers)
+RedisClients::RedisClients(RedisConfig config, std::optional<Address> address, std::size_t workers)
     : config_(std::move(config)), address_(std::move(address)), clients_(workers) {}
 
 RedisClient& RedisClients::current() {

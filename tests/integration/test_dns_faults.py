@@ -68,13 +68,13 @@ def dns():
     server.stop()
 
 
-def start(build_dir, tmp_path, dns, body, dns_keys="", threads=1):
+def start(build_dir, tmp_path, dns, body, dns_keys="", threads=1, env=None):
     """spindle with `body` (routes, services, upstreams) and DNS from `dns`."""
     path = tmp_path / "gateway.yaml"
     path.write_text(SERVER + f"dns: {{servers: [\"{dns.address}\"], min_ttl: 1s{dns_keys}}}\n" +
                     body)
     return Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(path),
-                   "--threads", str(threads)])
+                   "--threads", str(threads)], env=env)
 
 
 def one_upstream(name, port, balancer="round_robin", extra=""):
@@ -485,7 +485,7 @@ upstreams:
 
 # ---- SRV priorities: backups ------------------------------------------------------------------
 
-def srv_upstream(srv, extra=""):
+def srv_upstream(srv, extra="", balancer="weighted"):
     return f"""
 routes:
   - {{name: all, match: {{path_prefix: /}}, service: api}}
@@ -493,12 +493,49 @@ services:
   api: {{upstream: api{extra}}}
 upstreams:
   api:
-    balancer: weighted
+    balancer: {balancer}
     srv: {srv}
     health:
       # A down target answers 503 at once; the timeout only has to outlast a loaded machine.
       active: {{path: /, interval: 100ms, timeout: 3s, healthy: 1, unhealthy: 1}}
 """
+
+
+BALANCERS = ["round_robin", "weighted", "least_connections", "random_two",
+             "{consistent_hash: {by: header, key: x-user}}"]
+
+
+@pytest.mark.parametrize("balancer", BALANCERS)
+def test_every_balancer_uses_srv_primaries_then_backups(build_dir, tmp_path, dns, balancer):
+    """Whatever the balancer, SRV targets take the requests: the primary while it is up, the
+    backups (both: every balancer spreads keys or turns) while it is down."""
+    a, b, c = Named("127.0.0.2", "a"), Named("127.0.0.3", "b"), Named("127.0.0.4", "c")
+    srv = "_http._tcp.api.test"
+    dns.set(srv, SRV, (10, 1, a.port, "a.api.test"), (20, 1, b.port, "b.api.test"),
+            (20, 1, c.port, "c.api.test"))
+    for name, ip in (("a", "127.0.0.2"), ("b", "127.0.0.3"), ("c", "127.0.0.4")):
+        dns.set(f"{name}.api.test", A, ip)
+    gw = start(build_dir, tmp_path, dns, srv_upstream(srv, balancer=balancer), ", srv_refresh: 1s")
+
+    def keyed(count):
+        out = []
+        for i in range(count):
+            status, _, body = request(gw, "GET", "/", headers={"x-user": f"user{i}"})
+            out.append(body.decode() if status == 200 else status)
+        return out
+
+    try:
+        assert keyed(20) == ["a"] * 20
+        a.up = False
+        assert wait_until(lambda: 503 not in keyed(8) and "a" not in keyed(8), seconds=5)
+        got = keyed(40)
+        assert set(got) == {"b", "c"}, got
+        a.up = True
+        assert wait_until(lambda: keyed(8) == ["a"] * 8, seconds=5)
+    finally:
+        gw.stop()
+        for s in (a, b, c):
+            s.stop()
 
 
 def test_srv_backups_take_the_load_while_every_primary_is_down(build_dir, tmp_path, dns):
@@ -550,3 +587,103 @@ upstreams:
         gw.stop()
         dead.close()
         b.stop()
+
+
+# ---- every lookup off the main thread: the Redis's name, the hosts file ----------------------
+
+def limited_by_redis(redis_name, redis_port, upstream_port):
+    return f"""
+redis: {{address: "{redis_name}:{redis_port}", timeout: 200ms}}
+routes:
+  - name: all
+    match: {{path_prefix: /}}
+    middlewares:
+      - rate_limit: {{key: route, rate: 1/s, burst: 5, store: redis, failure_mode: closed}}
+    service: api
+services:
+  api: {{url: "http://127.0.0.2:{upstream_port}"}}
+"""
+
+
+def test_a_redis_named_in_dns_is_resolved_by_discovery_and_used(build_dir, tmp_path, dns):
+    """The Redis's host name is discovery's to look up (the DNS server the configuration names),
+    not the system resolver's on the main thread: the shared limit works through it."""
+    from test_rate_limit_redis import Redis
+    redis = Redis(tmp_path)
+    api = Named("127.0.0.2", "api")
+    dns.set("redis.test", A, "127.0.0.1")
+    dns.set("redis.test", AAAA)
+    gw = start(build_dir, tmp_path, dns, limited_by_redis("redis.test", redis.port, api.port))
+    try:
+        got = answers(gw, 8)
+        assert got == ["api"] * 5 + [429] * 3, got
+        assert redis.evals() > 0
+        assert dns.asked("redis.test")
+    finally:
+        gw.stop()
+        api.stop()
+        redis.stop()
+
+
+def test_a_silent_dns_server_and_a_redis_name_hold_neither_reload_nor_sigterm(build_dir, tmp_path,
+                                                                           dns):
+    """With the Redis named and the DNS server silent, start, a reload storm and SIGTERM all
+    end in their time: the limit fails closed (503) until the name has an address."""
+    api = Named("127.0.0.2", "api")
+    dns.silent = True
+    began = time.monotonic()
+    gw = start(build_dir, tmp_path, dns, limited_by_redis("redis.test", 6379, api.port),
+               ", timeout: 2s", threads=2)
+    try:
+        assert time.monotonic() - began < 6
+        assert wait_until(lambda: dns.asked("redis.test"), seconds=2)
+        assert request(gw, "GET", "/")[0] == 503
+        before = len(gw.errors)
+        gw.proc.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: any("reload (SIGHUP)" in line and "in force" in line
+                                      for line in gw.errors[before:]), seconds=1.5)
+        for _ in range(10):
+            gw.proc.send_signal(signal.SIGHUP)
+        stopping = time.monotonic()
+        assert gw.stop(timeout=30) == 0
+        assert time.monotonic() - stopping < 4, time.monotonic() - stopping
+    finally:
+        gw.stop()
+        api.stop()
+
+
+@pytest.mark.parametrize("name", ["alias.test", "localhost"])
+def test_names_of_the_hosts_file_are_served_with_dns_silent(build_dir, tmp_path, dns, name):
+    """A name the hosts file lists (c-ares reads $CARES_HOSTS in place of /etc/hosts; localhost
+    is in /etc/hosts) is resolved from it by discovery, never asked of DNS (silent here), and
+    neither start, a reload nor SIGTERM waits on it; an edit of the file is followed."""
+    up = Named("127.0.0.1", "up")
+    other = Named("127.0.0.2", "other")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 alias.test\n")
+    env = {"CARES_HOSTS": str(hosts)} if name == "alias.test" else None
+    dns.silent = True
+    began = time.monotonic()
+    gw = start(build_dir, tmp_path, dns, one_upstream(name, up.port), ", timeout: 3s", env=env)
+    try:
+        assert time.monotonic() - began < 3
+        assert answers(gw, 4) == ["up"] * 4
+        if name == "alias.test":
+            # The file says another address now: the target follows (within min_ttl, 1 s).
+            (tmp_path / "hosts.new").write_text(f"127.0.0.2 alias.test\n")
+            (tmp_path / "hosts.new").rename(hosts)
+            path = tmp_path / "gateway.yaml"
+            path.write_text(path.read_text().replace(f"{name}:{up.port}", f"{name}:{other.port}"))
+            gw.proc.send_signal(signal.SIGHUP)
+            assert wait_until(lambda: answers(gw, 2) == ["other"] * 2, seconds=5)
+        else:
+            gw.proc.send_signal(signal.SIGHUP)
+            assert logged(gw, "reload (SIGHUP)", "in force")
+        assert not dns.asked(name)
+        stopping = time.monotonic()
+        assert gw.stop(timeout=30) == 0
+        assert time.monotonic() - stopping < 2
+    finally:
+        gw.stop()
+        up.stop()
+        other.stop()

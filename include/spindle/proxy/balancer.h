@@ -7,7 +7,8 @@
 /// 1, 1 give a a b a c a a: no burst of one target; equal weights give plain rotation).
 /// least_connections: the fewest requests in flight relative to weight, ties in turn.
 /// random_two: of two targets drawn at random, the one with fewer requests in flight.
-/// consistent_hash: a ring of 160 points per unit of weight; a key goes to the first point at
+/// consistent_hash: a ring of 160 points per unit of weight (fewer, in proportion, when the
+/// weights add up to more than 256: SRV weights go to 1000); a key goes to the first point at
 /// or after its hash, so removing a target moves only the keys it had.
 
 #include <cstddef>
@@ -15,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -38,6 +40,14 @@ struct TargetView {
   bool available() const { return healthy && !excluded; }
 };
 
+/// What a balancer is made over, per target: where it sits on consistent_hash's ring (its
+/// label, such as "api.test:80" or "api.test:80 (10.0.0.2)": not its position, so that
+/// adding or removing another target leaves its points) and its weight.
+struct RingTarget {
+  std::string key;      ///< the target's label
+  unsigned weight = 1;  ///< 1-1000
+};
+
 class Balancer {
  public:
   virtual ~Balancer() = default;
@@ -46,8 +56,11 @@ class Balancer {
   virtual std::optional<std::size_t> pick(std::span<const TargetView> targets,
                                           std::uint64_t key_hash) = 0;
 
-  /// The balancer `upstream` asks for, over its targets (their order and weights).
+  /// The balancer `upstream` asks for, over its configured targets (their order and weights).
   static std::unique_ptr<Balancer> make(const UpstreamConfig& upstream);
+  /// A balancer of `kind` over `targets` as they were resolved (from SRV records, a name's
+  /// addresses or the configuration), in the order picks index them.
+  static std::unique_ptr<Balancer> make(BalancerKind kind, std::span<const RingTarget> targets);
 };
 
 /// Narrows `targets` to those a pick may take (the others are marked excluded) and says

@@ -50,7 +50,7 @@ struct DnsAnswers {
 };
 
 /// The names a configuration needs resolved: targets' host names that are not IP addresses,
-/// and upstreams' SRV names.
+/// the Redis's (`redis.address`) if it is a name, and upstreams' SRV names.
 void dns_names(const Config& config, std::set<std::string>& hosts, std::set<std::string>& srv);
 
 /// Keeps a set of names resolved, on a thread of its own (started when first given names).
@@ -79,8 +79,9 @@ class Discovery {
   /// Waits until settled() or `until`; returns settled().
   bool wait_settled(std::chrono::steady_clock::time_point until);
 
-  /// The answers now: every name kept (empty while it has no address), but for names of the
-  /// hosts file (/etc/hosts), which are not DNS's to answer and are left out.
+  /// The answers now: every name kept (empty while it has no address). A name the hosts file
+  /// lists (/etc/hosts, or the file $CARES_HOSTS names) has the file's addresses, read on the
+  /// thread too (again every min_ttl), and is not asked of DNS.
   DnsAnswers answers();
   /// The answers, if they changed since the last answers() or changed() that gave some.
   std::optional<DnsAnswers> changed();
@@ -104,7 +105,8 @@ class Discovery {
 
   /// The thread's body: sends the lookups due, waits for answers, wake-ups and the next due.
   void run();
-  /// Marks the names of the hosts file among those new (not DNS's: left out of the answers).
+  /// Reads the hosts file's addresses for the names new, and (every min_ttl) for those it
+  /// listed: those it lists are not DNS's to answer.
   void check_hosts_file(Channel& channel);
   /// The lookups due now (marked in flight); when the next is due after them (under lock_).
   std::vector<Ticket*> due(std::chrono::steady_clock::time_point now,
@@ -130,12 +132,13 @@ class Discovery {
   std::map<std::string, Host> hosts_;        ///< every host name kept, by name
   std::map<std::string, Service> services_;  ///< every SRV name kept, by name
   std::uint64_t serial_ = 0;                 ///< tells a name kept again from the one dropped
-  DnsAnswers answers_;                       ///< the answers as last published
-  bool changed_ = false;                     ///< answers_ changed since the reader last looked
-  bool was_settled_ = false;                 ///< settled() when last published
-  std::atomic<bool> stopping_{false};        ///< set by the destructor
-  UniqueFd wake_;                            ///< eventfd: keep() or stop for the thread
-  UniqueFd notify_;                          ///< eventfd: news for the reader
+  std::chrono::steady_clock::time_point hosts_file_next_{};  ///< when it is read again
+  DnsAnswers answers_;                                       ///< the answers as last published
+  bool changed_ = false;               ///< answers_ changed since the reader last looked
+  bool was_settled_ = false;           ///< settled() when last published
+  std::atomic<bool> stopping_{false};  ///< set by the destructor
+  UniqueFd wake_;                      ///< eventfd: keep() or stop for the thread
+  UniqueFd notify_;                    ///< eventfd: news for the reader
   std::array<std::array<std::atomic<std::uint64_t>, 3>, 3> counts_{};  ///< type x outcome
   std::thread thread_;  ///< started by the first keep() with names
 };

@@ -123,7 +123,8 @@ class RedisRateLimit final : public RateLimiter,
 class RateLimitRegistry {
  public:
   /// The limit of middleware `index` of `route`, for a runtime of `workers` workers; `redis`
-  /// (resolved to `redis_address`) is needed for store: redis.
+  /// (resolved to `redis_address`; none while its name has no address) is needed for store:
+  /// redis.
   std::shared_ptr<RateLimiter> limiter(const std::string& route, std::size_t index,
                                        const RateLimitConfig& config,
                                        const std::optional<RedisConfig>& redis,

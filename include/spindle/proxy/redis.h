@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -52,8 +53,9 @@ std::uint64_t redis_error_replies(RedisErrorKind kind);
 /// One worker's connection to Redis. Use from fibers of one worker only.
 class RedisClient {
  public:
-  /// A client of the Redis `config` describes, at `address`.
-  RedisClient(RedisConfig config, Address address);
+  /// A client of the Redis `config` describes, at `address` (none: its name has no address
+  /// yet, and every connection is refused).
+  RedisClient(RedisConfig config, std::optional<Address> address);
   /// Closes the connection; safe from any thread (its reader fiber ends on its own worker).
   ~RedisClient();
   RedisClient(const RedisClient&) = delete;
@@ -84,7 +86,7 @@ class RedisClient {
   void refused(std::string_view error);
 
   RedisConfig config_;
-  Address address_;
+  std::optional<Address> address_;
   std::shared_ptr<Connection> connection_;
   /// Set while a fiber connects; the others wait for it.
   std::shared_ptr<Event> connecting_;
@@ -97,14 +99,15 @@ class RedisClient {
 /// A process's clients for one Redis: one per worker, made on first use there.
 class RedisClients {
  public:
-  RedisClients(RedisConfig config, Address address, std::size_t workers);
+  /// Clients of the Redis `config` describes, at `address` (none: not resolved yet).
+  RedisClients(RedisConfig config, std::optional<Address> address, std::size_t workers);
   /// The calling worker's client.
   RedisClient& current();
   const RedisConfig& config() const { return config_; }
 
  private:
   RedisConfig config_;
-  Address address_;
+  std::optional<Address> address_;
   std::vector<std::unique_ptr<RedisClient>> clients_;
 };
 

@@ -168,3 +168,45 @@ TEST(Discovery, ANameKeptAgainKeepsItsAnswerAndANewOneIsAskedAtOnce) {
   discovery.keep(config_for(server, 600ms, 10s), {"two.test"}, {});
   EXPECT_FALSE(discovery.answers().addresses.contains("one.test"));
 }
+
+// A name of the hosts file is answered from the file, on discovery's thread (the gateway never
+// looks a name up), never asked of DNS (here a server that is silent), and the file is read
+// again: an edit is followed. c-ares reads $CARES_HOSTS in place of /etc/hosts.
+TEST(Discovery, NamesOfTheHostsFileAreAnsweredFromItWithoutDns) {
+  char dir[] = "/tmp/spindle-hosts-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  std::string path = std::string(dir) + "/hosts";
+  auto write = [&](const std::string& text) {
+    std::string tmp = path + ".new";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text.c_str(), f);
+    std::fclose(f);
+    ASSERT_EQ(std::rename(tmp.c_str(), path.c_str()), 0);
+  };
+  write("10.1.2.3 alias.test\n::5 alias.test other.test\n");
+  ::setenv("CARES_HOSTS", path.c_str(), 1);
+  {
+    NameServer silent([](const auto&, std::uint16_t, std::uint16_t) -> std::optional<Reply> {
+      return std::nullopt;
+    });
+    Discovery discovery(config_for(silent, 3000ms));
+    discovery.keep(config_for(silent, 3000ms), {"alias.test", "other.test"}, {});
+    // Settled long before a DNS lookup could time out.
+    ASSERT_TRUE(discovery.wait_settled(Clock::now() + 1500ms));
+    auto answers = discovery.answers();
+    EXPECT_EQ(answers.addresses.at("alias.test"), (std::vector<std::string>{"10.1.2.3", "::5"}));
+    EXPECT_EQ(answers.addresses.at("other.test"), std::vector<std::string>{"::5"});
+    write("10.9.9.9 alias.test\n::5 other.test\n");
+    auto until = Clock::now() + 5s;
+    while (discovery.answers().addresses.at("alias.test") != std::vector<std::string>{"10.9.9.9"} &&
+           Clock::now() < until) {
+      std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_EQ(discovery.answers().addresses.at("alias.test"), std::vector<std::string>{"10.9.9.9"});
+    EXPECT_TRUE(silent.asked().empty());
+  }
+  ::unsetenv("CARES_HOSTS");
+  std::remove(path.c_str());
+  ::rmdir(dir);
+}
