@@ -251,7 +251,8 @@ std::chrono::milliseconds Worker::poll_timeout(Clock::time_point now) const {
 void Worker::poll(std::chrono::milliseconds timeout) {
   ++polls_;
   auto polled = reactor_.poll(timeout, [](IoSlot& slot, std::uint32_t events) {
-    if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+    // (Urgent data wakes a reader too: a hooked poll for POLLPRI waits as one.)
+    if (events & (EPOLLIN | EPOLLPRI | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
       slot.drained = false;
       if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) slot.hung_up = true;
       if (slot.reader) {

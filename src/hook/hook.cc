@@ -92,6 +92,10 @@ int connect_on_fiber(const detail::Use& use, int fd, Connect connect) {
   int rc = connect();
   int error = errno;
   (void)real_fcntl(fd, F_SETFL, flags);
+  // A connect already under way (a blocking one ended by SO_SNDTIMEO, retried): libc's waits
+  // for it as for its own, and says EALREADY only if its timeout passes first.
+  int timed_out = error == EALREADY ? EALREADY : EINPROGRESS;
+  if (error == EALREADY) error = EINPROGRESS;
   if (rc == 0 || (error != EINPROGRESS && error != EAGAIN)) {
     errno = error;
     return rc;
@@ -116,7 +120,7 @@ int connect_on_fiber(const detail::Use& use, int fd, Connect connect) {
   for (;;) {
     WaitEnd end = waiting.wait(IoDirection::kWrite);
     if (end != WaitEnd::kReady) {
-      errno = error_of(end, EINPROGRESS);  // Linux's answer when SO_SNDTIMEO passes
+      errno = error_of(end, timed_out);  // Linux's answer when SO_SNDTIMEO passes
       return -1;
     }
     pollfd p{fd, POLLOUT, 0};
@@ -189,6 +193,9 @@ int connect(int fd, const sockaddr* address, socklen_t length) {
   auto call = [&] { return real_connect(fd, address, length); };
   auto use = detail::cooperative(fd, 0);
   if (!use || (use->facts & detail::kMade) == 0) return call();
+  // A datagram socket's connect never waits: its flags are left alone (a blocking receive on
+  // another thread would otherwise see O_NONBLOCK for that moment).
+  if ((use->facts & (detail::kStream | detail::kSeqPacket)) == 0) return call();
   return connect_on_fiber(*use, fd, call);
 }
 

@@ -240,6 +240,22 @@ std::optional<ssize_t> cooperative_receive(int fd, const Use& use, msghdr* messa
   }
 }
 
+// Waits (on a fiber) until the connection under way on `fd` is made: 0, or why not (its
+// SO_ERROR, or the wait's end).
+int wait_connected(int fd, Waiting& waiting) {
+  for (;;) {
+    pollfd p{fd, POLLOUT, 0};
+    if (detail::real_poll(&p, 1, 0) != 0) break;
+    if (WaitEnd end = waiting.wait(IoDirection::kWrite); end != WaitEnd::kReady) {
+      return error_of(end);
+    }
+  }
+  int result = 0;
+  socklen_t size = sizeof result;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &result, &size) != 0) return errno;
+  return result;
+}
+
 // A send its program expects to wait, on a fiber: a stream's is whole (unless its time runs
 // out or the connection fails after some of it went: then the count, as libc's).
 std::optional<ssize_t> cooperative_send(int fd, const Use& use, const msghdr* message, int flags) {
@@ -266,6 +282,17 @@ std::optional<ssize_t> cooperative_send(int fd, const Use& use, const msghdr* me
       continue;
     }
     if (error == ENOTSOCK && sent == 0) return not_a_socket(use);
+    if (error == EINPROGRESS && (flags & MSG_FASTOPEN) != 0 && sent == 0) {
+      // TCP Fast Open without a cookie: the SYN went without the data. libc's blocking call
+      // waits for the connection, then sends: so does this one, on the connected socket.
+      if (int failed = wait_connected(fd, waiting)) return fail(failed);
+      flags &= ~MSG_FASTOPEN;
+      rest = *message;
+      rest.msg_name = nullptr;
+      rest.msg_namelen = 0;
+      m = &rest;
+      continue;
+    }
     if (error != EAGAIN && error != EWOULDBLOCK) {
       if (sent == 0) return fail(error);
       keep_for_next_call(*use.state, error);

@@ -156,6 +156,13 @@ WaitEnd Waiting::pause() {
 
 namespace {
 
+// True if a poll for `events` waits as a reader does: what wakes a reader (data, urgent data,
+// the peer's shutdown, a hang-up or error, which poll reports whatever was asked) is what it
+// waits for. Only a poll for POLLOUT alone is the writer's.
+bool waits_as_reader(short events) {
+  return (events & (POLLIN | POLLPRI | POLLRDHUP)) != 0 || (events & POLLOUT) == 0;
+}
+
 // The registrations on this worker of the descriptors of `fds`, in `slots` (their entries in
 // `states`): true if the fiber can park on them all (each registered here, none with another
 // fiber waiting on it for the same).
@@ -175,7 +182,7 @@ bool find_slots(pollfd* fds, nfds_t count, std::vector<FdState*>& states,
     auto generation = states[i]->generation.load(std::memory_order_acquire);
     IoSlot* slot = table.slot_for(fds[i].fd, *states[i], generation, worker, look_again).slot;
     slots[i] = slot;
-    bool reads = (fds[i].events & (POLLIN | POLLPRI)) != 0;
+    bool reads = waits_as_reader(fds[i].events);
     bool writes = (fds[i].events & POLLOUT) != 0;
     if (slot == nullptr || (reads && slot->reader) || (writes && slot->writer)) parkable = false;
     if (slot != nullptr && writes && worker.reactor().watch_writable(*slot)) parkable = false;
@@ -190,7 +197,7 @@ std::error_code park_on_all(pollfd* fds, nfds_t count, const std::vector<FdState
   Waiter waiter;
   for (nfds_t i = 0; i < count; ++i) {
     if (slots[i] == nullptr) continue;
-    if ((fds[i].events & (POLLIN | POLLPRI)) != 0) slots[i]->reader = &waiter;
+    if (waits_as_reader(fds[i].events)) slots[i]->reader = &waiter;
     if ((fds[i].events & POLLOUT) != 0) slots[i]->writer = &waiter;
   }
   std::error_code ec = park(waiter, until, kCancellable);

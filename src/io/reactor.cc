@@ -51,7 +51,7 @@ Result<IoSlot*> Reactor::add(int fd) {
   slot->drained = false;
   slot->hung_up = false;
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLET;
+  ev.events = EPOLLIN | EPOLLPRI | EPOLLRDHUP | EPOLLET;
   ev.data.u64 = cookie_of(*slot);
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
     auto ec = last_errno();
@@ -64,7 +64,7 @@ Result<IoSlot*> Reactor::add(int fd) {
 std::error_code Reactor::watch_writable(IoSlot& slot) {
   if (slot.watches_writable) return {};
   epoll_event ev{};
-  ev.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+  ev.events = EPOLLIN | EPOLLPRI | EPOLLOUT | EPOLLRDHUP | EPOLLET;
   ev.data.u64 = cookie_of(slot);
   if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, slot.fd, &ev) != 0) return last_errno();
   slot.watches_writable = true;

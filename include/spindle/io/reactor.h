@@ -72,9 +72,9 @@ class Reactor {
   Reactor(const Reactor&) = delete;
   Reactor& operator=(const Reactor&) = delete;
 
-  /// Registers `fd` (non-blocking) for EPOLLIN|EPOLLRDHUP, edge-triggered. Returns the slot,
-  /// or the epoll_ctl error. Writability is not watched until watch_writable(): with it, every
-  /// ACK that frees send-buffer space would wake the loop, though most writes never wait.
+  /// Registers `fd` (non-blocking) for EPOLLIN|EPOLLPRI|EPOLLRDHUP, edge-triggered. Returns the
+  /// slot, or the epoll_ctl error. Writability is not watched until watch_writable(): with it,
+  /// every ACK that frees send-buffer space would wake the loop, though most writes never wait.
   [[nodiscard]] Result<IoSlot*> add(int fd);
 
   /// Adds EPOLLOUT to the registration, once per descriptor (later calls cost nothing). Call

@@ -303,9 +303,9 @@ Outcome fast_open_send(bool fiber, bool connect_first) {
 
 // Attack: TCP Fast Open on a blocking socket with sendto(MSG_FASTOPEN). libc's call connects,
 // waiting, then sends: it returns the count. A non-waiting one says EINPROGRESS instead.
-// defect: sendto(MSG_FASTOPEN) on a blocking socket on a fiber returns -1 EINPROGRESS (the
-// non-waiting kernel answer leaks out) where libc's connects, sends and returns 5
-TEST(HookReview, DISABLED_AFastOpenSendOnABlockingSocketConnectsAndSends) {
+// fixed (was a defect): sendto(MSG_FASTOPEN) on a blocking socket on a fiber returns -1 EINPROGRESS
+// (the non-waiting kernel answer leaks out) where libc's connects, sends and returns 5
+TEST(HookReview, AFastOpenSendOnABlockingSocketConnectsAndSends) {
   EXPECT_EQ(fast_open_send(false, false), (Outcome{5, 0}));
   EXPECT_EQ(fast_open_send(true, false), (Outcome{5, 0}));
 }
@@ -473,10 +473,10 @@ TEST(HookReview, TimeoutsOnConnectAndOnUdp) {
 // (SO_SNDTIMEO) while connecting: a listener with a full queue dropped its SYN; it makes room
 // meanwhile. libc's second connect waits for the connection under way and returns 0 when the
 // SYN is sent again (EALREADY only if its own timeout passes first).
-// defect: a blocking connect retried on a socket still connecting (first ended by SO_SNDTIMEO,
-// EINPROGRESS): the fiber's gets EALREADY from the O_NONBLOCK connect(2) and returns it where
-// libc's waits and returns 0
-TEST(HookReview, DISABLED_AConnectRetriedWhileConnectingWaitsForTheConnection) {
+// fixed (was a defect): a blocking connect retried on a socket still connecting (first ended by
+// SO_SNDTIMEO, EINPROGRESS): the fiber's gets EALREADY from the O_NONBLOCK connect(2) and returns
+// it where libc's waits and returns 0
+TEST(HookReview, AConnectRetriedWhileConnectingWaitsForTheConnection) {
   auto scenario = [](bool fiber) {
     Listener full(0);
     int first = full.connected();  // backlog 0: the queue holds one, the next SYN is dropped
@@ -557,10 +557,10 @@ TEST(HookReview, StreamCornersGiveWhatLibcGives) {
 // retries); the hooks make the socket non-blocking for each connect(2), and a blocking recv
 // that starts in that moment says EAGAIN, which libc's never says on a blocking socket
 // without a timeout.
-// defect: (documented exception made visible) a fiber's connect() of a UDP socket sets O_NONBLOCK
-// for the connect(2) call: a blocking recv on another thread at that moment says EAGAIN (thousands
-// of times in 20k connects); a UDP connect never waits, so the toggle is needless
-TEST(HookReview, DISABLED_ConnectingAUdpSocketOnAFiberLeavesItsReceiversBlocking) {
+// fixed (was a defect): (documented exception made visible) a fiber's connect() of a UDP socket
+// sets O_NONBLOCK for the connect(2) call: a blocking recv on another thread at that moment says
+// EAGAIN (thousands of times in 20k connects); a UDP connect never waits, so the toggle is needless
+TEST(HookReview, ConnectingAUdpSocketOnAFiberLeavesItsReceiversBlocking) {
   Udp u;
   std::atomic<bool> done{false};
   std::atomic<int> eagain{0}, received{0};

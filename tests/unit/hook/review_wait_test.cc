@@ -57,9 +57,9 @@ std::pair<Outcome, long long> returned_after(const std::function<long()>& call,
 // Attack: select with a descriptor only in its exception set, whose peer hung up. Hang-up is
 // no exceptional condition for select (only urgent data is): libc goes on waiting, here for
 // the other descriptor's byte. It must never return 0 without a timeout.
-// defect: select with a hung-up descriptor in exceptfds only returns 0 with no timeout (and data
-// not marked) where libc waits and returns 1 for the readable descriptor
-TEST(HookReview, DISABLED_SelectIgnoresAHangUpOfADescriptorWatchedForExceptionsOnly) {
+// fixed (was a defect): select with a hung-up descriptor in exceptfds only returns 0 with no
+// timeout (and data not marked) where libc waits and returns 1 for the readable descriptor
+TEST(HookReview, SelectIgnoresAHangUpOfADescriptorWatchedForExceptionsOnly) {
   auto scenario = [](bool fiber) {
     Pair hung, data;
     ::close(std::exchange(hung.b, -1));
@@ -87,9 +87,9 @@ TEST(HookReview, DISABLED_SelectIgnoresAHangUpOfADescriptorWatchedForExceptionsO
 
 // Attack: select on a set that holds a closed descriptor. EBADF, and (POSIX) the sets are not
 // modified on failure: a program may retry with them.
-// defect: a select that fails with EBADF on a fiber has already cleared/rewritten the caller's
-// fd_sets; libc leaves them unchanged
-TEST(HookReview, DISABLED_ASelectThatFailsLeavesItsSetsAlone) {
+// fixed (was a defect): a select that fails with EBADF on a fiber has already cleared/rewritten the
+// caller's fd_sets; libc leaves them unchanged
+TEST(HookReview, ASelectThatFailsLeavesItsSetsAlone) {
   Pair p;
   auto scenario = [&](bool fiber) {
     fd_set readable, before;
@@ -171,10 +171,11 @@ TEST(HookReview, PollTakesDuplicateAndNegativeEntries) {
 // Attack: readiness the reactor is not registered for (it watches EPOLLIN|EPOLLRDHUP and, once
 // asked, EPOLLOUT): a poll for POLLRDHUP alone, for nothing (events 0: hang-ups only), for
 // POLLPRI, and select's exception set (urgent data). libc's returns as the event happens.
-// defect: poll for POLLRDHUP alone, events 0 (hang-up), POLLPRI, and select's exceptfds (urgent
-// data) are not registered with the reactor: the fiber wakes only at the 250+500+1000 ms re-look
+// fixed (was a defect): poll for POLLRDHUP alone, events 0 (hang-up), POLLPRI, and select's
+// exceptfds (urgent data) are not registered with the reactor: the fiber wakes only at the
+// 250+500+1000 ms re-look
 // (~1750 ms late) where libc returns at once
-TEST(HookReview, DISABLED_PollsForEventsOtherThanInAndOutWakeWhenTheyHappen) {
+TEST(HookReview, PollsForEventsOtherThanInAndOutWakeWhenTheyHappen) {
   {
     SCOPED_TRACE("POLLRDHUP alone: the peer shuts down its side");
     Pair p;
@@ -271,10 +272,10 @@ TEST(HookReview, ASendtoAFullDatagramReceiverGoesWhenItReads) {
 // count that is not), pselect, epoll_wait, and ppoll with a signal mask. On a fiber each holds
 // the worker, so the other fiber of that worker that would make it ready never runs; on
 // threads, libc's returns once the other thread writes.
-// defect: __poll_chk (poll under _FORTIFY_SOURCE, as Debian builds libraries), pselect, epoll_wait
-// and ppoll with a signal mask are not cooperative: they hold the worker until their timeout
-// (return 0) while the fiber that would make them ready cannot run
-TEST(HookReview, DISABLED_CallsThatWaitAndAreNotHookedDoNotHoldTheWorker) {
+// fixed (was a defect): __poll_chk (poll under _FORTIFY_SOURCE, as Debian builds libraries),
+// pselect, epoll_wait and ppoll with a signal mask are not cooperative: they hold the worker until
+// their timeout (return 0) while the fiber that would make them ready cannot run
+TEST(HookReview, CallsThatWaitAndAreNotHookedDoNotHoldTheWorker) {
   std::vector<std::pair<std::string, std::function<long(int)>>> calls = {
       {"__poll_chk",
        [](int fd) {
