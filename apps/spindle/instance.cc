@@ -50,7 +50,10 @@ std::unordered_set<std::string> endpoint_keys(const proxy::Gateway* gateway) {
   std::unordered_set<std::string> keys;
   if (gateway == nullptr) return keys;
   for (const auto& u : gateway->upstreams()) {
-    for (const auto& t : u.targets) keys.insert(t.endpoint.key());
+    for (const auto& t : u.targets) {
+      keys.insert(t.endpoint.key());
+      if (t.upgrade_endpoint) keys.insert(t.upgrade_endpoint->key());
+    }
   }
   return keys;
 }

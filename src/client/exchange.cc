@@ -60,6 +60,8 @@ class ExchangeCategory final : public std::error_category {
         return "answered before taking the whole request body, which it wants no more of";
       case ExchangeErrc::kHeadTooLarge:
         return "request head larger than the upstream takes (SETTINGS_MAX_HEADER_LIST_SIZE)";
+      case ExchangeErrc::kNoExtendedConnect:
+        return "the upstream does not allow extended CONNECT (no SETTINGS_ENABLE_CONNECT_PROTOCOL)";
     }
     return "unknown exchange error";
   }
@@ -84,6 +86,8 @@ class ExchangeCategory final : public std::error_category {
         return std::errc::operation_canceled;
       case ExchangeErrc::kNoCapacity:
         return std::errc::resource_unavailable_try_again;
+      case ExchangeErrc::kNoExtendedConnect:
+        return std::errc::operation_not_supported;
       default:
         return {value, *this};
     }
@@ -109,6 +113,7 @@ bool nothing_reached_upstream(std::error_code ec) {
     case ExchangeErrc::kRefusedStream:
     case ExchangeErrc::kAboveGoaway:
     case ExchangeErrc::kNoCapacity:
+    case ExchangeErrc::kNoExtendedConnect:
       return true;
     default:
       return false;
@@ -454,6 +459,10 @@ Result<std::unique_ptr<ClientExchange>> UpstreamConnections::open(
     const ExchangeTimeouts& timeouts, const PoolLimits& limits, bool fresh) {
   if (Worker::current() == nullptr) return fail(std::errc::operation_not_permitted);
   if (!is_sendable(head)) return fail(std::errc::invalid_argument);
+  // An extended CONNECT is HTTP/2's alone: over HTTP/1.1 it is the caller's GET with Upgrade.
+  if (!head.protocol.empty() && endpoint.protocol == WireProtocol::kHttp1) {
+    return fail(std::errc::invalid_argument);
+  }
   std::shared_ptr<TargetState> target = pool().target(endpoint.key());
   target->limits = limits;
   const bool speaks_http2 = endpoint.protocol != WireProtocol::kHttp1 || !target->http2.empty();

@@ -76,8 +76,12 @@ struct Call {
   // Set when the stream is over (error says how, if badly).
   bool closed = false;
   std::error_code error;
-  // Set on any change an exchange may wait for.
+  // Set on any change a reader of the exchange may wait for.
   Event wake;
+  // Set when the writer took bytes of `out`, or the stream ended: what write() waits for. Apart
+  // from `wake`: a tunnel's two fibers wait at once, one to read and one to write, and one's
+  // reset() must not swallow the other's wake-up.
+  Event room;
 };
 
 h2::SessionLimits client_limits() {
@@ -100,6 +104,9 @@ struct Http2Session::Impl final : h2::SessionHandler {
   std::vector<Call*> sending;
   std::size_t next_sender = 0;
   Event writer_wake;
+  /// Set once the server's first SETTINGS came (or the connection ended): an extended CONNECT
+  /// waits for it, to know whether the server allows one (RFC 8441 §3).
+  Event settings_came;
   /// open() calls waiting for room under the server's SETTINGS_MAX_CONCURRENT_STREAMS, first
   /// come first served: each stream that ends wakes one (waking them all would make every end
   /// cost as much as the queue is long).
@@ -132,6 +139,7 @@ struct Http2Session::Impl final : h2::SessionHandler {
     call.closed = true;
     if (!call.error) call.error = why;
     call.wake.set();
+    call.room.set();
     if (call.sending) {
       call.sending = false;
       std::erase(sending, &call);
@@ -173,6 +181,7 @@ struct Http2Session::Impl final : h2::SessionHandler {
         call->error = make_error_code(ExchangeErrc::kResponseCut);
       }
       call->wake.set();
+      call->room.set();
     }
     calls.clear();
     sending.clear();
@@ -325,7 +334,7 @@ bool Http2Session::Impl::frame_body(Call& call, std::size_t budget) {
     call.out.consume(
         session.submit_data(call.id, call.out.view().substr(0, n), body_ends && !has_trailers));
   }
-  if (n > 0) call.wake.set();  // room for the next piece
+  if (n > 0) call.room.set();  // room for the next piece
   if (!body_ends || !call.out.empty()) return false;
   if (has_trailers) {
     HpackField::make_room_for_names(names, *call.out_trailers);
@@ -362,20 +371,12 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
   }
 
   Result<void> write(std::string_view data) override {
-    if (auto failed = check_sending()) return fail(failed);
-    if (data.empty()) return {};
-    if (call_->out_end) return fail(std::errc::invalid_argument);
-    call_->out.append(data);
-    s_.want_to_send(*call_);
-    Deadline deadline = Deadline::after_coarse(timeouts_.write);
-    while (call_->out.size() > kMaxUnsent) {
-      call_->wake.reset();
-      if (auto failed = check_sending()) return fail(failed);
-      if (call_->wake.wait(deadline) == std::errc::timed_out) {
-        return fail(make_error_code(ExchangeErrc::kWriteTimeout));
-      }
-    }
-    return {};
+    return write_by(data, Deadline::after_coarse(timeouts_.write),
+                    make_error_code(ExchangeErrc::kWriteTimeout));
+  }
+
+  Result<void> tunnel_write(std::string_view data, Deadline deadline) override {
+    return write_by(data, deadline, make_error_code(std::errc::timed_out));
   }
 
   Result<void> finish(const HeaderMap* trailers) override {
@@ -426,23 +427,13 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
     if (!call_->have_head) {
       if (auto head = read_head(); !head) return fail(head.error());
     }
-    Deadline deadline = Deadline::after_coarse(timeouts_.read);
-    for (;;) {
-      if (!call_->in.empty()) {
-        std::size_t n = std::min(buffer.size(), call_->in.size());
-        std::memcpy(buffer.data(), call_->in.view().data(), n);
-        call_->in.consume(n);
-        s_.session.consumed(call_->id, n);  // the window opens as we read
-        s_.writer_wake.set();
-        return n;
-      }
-      if (call_->in_end) return 0;
-      if (auto failed = check()) return fail(failed);
-      call_->wake.reset();
-      if (call_->wake.wait(deadline) == std::errc::timed_out) {
-        return fail(make_error_code(ExchangeErrc::kReadTimeout));
-      }
-    }
+    return read_by(buffer, Deadline::after_coarse(timeouts_.read),
+                   make_error_code(ExchangeErrc::kReadTimeout));
+  }
+
+  Result<std::size_t> tunnel_read(std::span<char> buffer, Deadline deadline) override {
+    if (!call_->have_head) return fail(std::errc::operation_not_supported);
+    return read_by(buffer, deadline, make_error_code(std::errc::timed_out));
   }
 
   const HeaderMap& trailers() const override {
@@ -463,6 +454,41 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
   void set_head_request() { head_request_ = true; }
 
  private:
+  // Hands `data` to the writer, then waits by `deadline` (failing with `timed_out` past it)
+  // while more than kMaxUnsent of it is unsent.
+  Result<void> write_by(std::string_view data, Deadline deadline, std::error_code timed_out) {
+    if (auto failed = check_sending()) return fail(failed);
+    if (data.empty()) return {};
+    if (call_->out_end) return fail(std::errc::invalid_argument);
+    call_->out.append(data);
+    s_.want_to_send(*call_);
+    while (call_->out.size() > kMaxUnsent) {
+      call_->room.reset();
+      if (auto failed = check_sending()) return fail(failed);
+      if (call_->room.wait(deadline) == std::errc::timed_out) return fail(timed_out);
+    }
+    return {};
+  }
+
+  // Body (or tunnel) bytes by `deadline` (failing with `timed_out` past it); 0 at the end.
+  Result<std::size_t> read_by(std::span<char> buffer, Deadline deadline,
+                              std::error_code timed_out) {
+    for (;;) {
+      if (!call_->in.empty()) {
+        std::size_t n = std::min(buffer.size(), call_->in.size());
+        std::memcpy(buffer.data(), call_->in.view().data(), n);
+        call_->in.consume(n);
+        s_.session.consumed(call_->id, n);  // the window opens as we read
+        s_.writer_wake.set();
+        return n;
+      }
+      if (call_->in_end) return 0;
+      if (auto failed = check()) return fail(failed);
+      call_->wake.reset();
+      if (call_->wake.wait(deadline) == std::errc::timed_out) return fail(timed_out);
+    }
+  }
+
   // The error the stream ended with, or {} while it may go on. A stream closed cleanly after
   // its whole response is not an error for reads.
   std::error_code check() const {
@@ -539,6 +565,7 @@ void Http2Session::Impl::read_loop() {
     // A stream we reset counts as open until the server has read the reset (can_open): the
     // ones it has read now make room for those who wait.
     if (session.unacknowledged_resets() < resets_unread) release_waiters();
+    if (!settings_came.is_set() && session.settings_received()) settings_came.set();
     for (std::uint32_t id : refused) session.reset(id, ErrorCode::kProtocolError);
     refused.clear();
     writer_wake.set();
@@ -547,6 +574,7 @@ void Http2Session::Impl::read_loop() {
   }
   broken = true;
   fail_all();
+  settings_came.set();
   writer_wake.set();
 }
 
@@ -576,6 +604,18 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
                                                            std::string_view authority,
                                                            const ExchangeTimeouts& timeouts) {
   Impl& s = *impl_;
+  const bool extended_connect = !head.protocol.empty();
+  if (extended_connect) {
+    // RFC 8441 §3: only to a server that said it takes one, in SETTINGS that came first.
+    (void)s.settings_came.wait(Deadline::after_coarse(timeouts.connect));
+    if (!s.session.settings_received()) {
+      return fail(make_error_code(usable() ? ExchangeErrc::kConnectTimeout
+                                           : ExchangeErrc::kClosedBeforeWrite));
+    }
+    if (!s.session.connect_protocol()) {
+      return fail(make_error_code(ExchangeErrc::kNoExtendedConnect));
+    }
+  }
   // At the server's SETTINGS_MAX_CONCURRENT_STREAMS, a new stream waits for one to end.
   // (The exchange's deadlines are set from the coarse clock, as Http1Exchange's: timeouts of
   // seconds, set on every request, where a clock read each shows in its cost.)
@@ -602,6 +642,7 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
   HpackField::make_room_for_names(s.names, head.headers);
   s.fields.clear();
   s.fields.push_back(HpackField::known(token::kMethod, head.method));
+  if (extended_connect) s.fields.push_back(HpackField::known(token::kProtocol, head.protocol));
   s.fields.push_back(
       HpackField::known(token::kScheme, s.stream.tls() != nullptr ? "https" : "http"));
   s.fields.push_back(HpackField::known(token::kAuthority, authority));
@@ -632,7 +673,8 @@ Result<std::unique_ptr<ClientExchange>> Http2Session::open(const ClientRequestHe
   if (list_size > s.session.max_header_list()) {
     return fail(make_error_code(ExchangeErrc::kHeadTooLarge));
   }
-  bool has_body = head.chunked || head.content_length.value_or(0) > 0;
+  // A tunnel's stream stays open our way until the caller ends it (finish()).
+  bool has_body = head.chunked || head.content_length.value_or(0) > 0 || extended_connect;
   std::uint32_t id = s.session.open(s.fields, !has_body, head.method == "HEAD");
   if (id == 0) return fail(make_error_code(ExchangeErrc::kClosedBeforeWrite));  // ids spent
   auto call = std::allocate_shared<Call>(BlockAllocator<Call>());

@@ -196,6 +196,25 @@ bool extended_connect_as_upgrade(const http::Request& request, const RouteConfig
   return true;
 }
 
+void as_extended_connect(ForwardHead& out) {
+  if (out.upgrade.empty()) return;
+  std::string_view first = out.upgrade.substr(0, out.upgrade.find(','));
+  first = http::trim_ows(first.substr(0, first.find('/')));
+  // (Upgrade tokens are case-insensitive; :protocol values are registered in lower case.)
+  out.extended_protocol = http::iequals(first, "websocket") ? "websocket" : std::string(first);
+  out.extended = std::make_unique<http::RequestHead>();
+  http::RequestHead& connect = *out.extended;
+  connect.method = "CONNECT";
+  connect.protocol = out.extended_protocol;
+  connect.target = out.head.target;
+  connect.authority = out.head.authority;
+  for (const http::Field& f : out.head.headers) {
+    if (f.token == &http::token::kUpgrade || f.token == &http::token::kSecWebsocketKey) continue;
+    connect.headers.add_view(f);
+  }
+  if (out.head.headers.never_indexed()) connect.headers.mark_never_indexed();
+}
+
 void build_head(const http::Request& request, const ServerConfig& server, ForwardHead& out) {
   const http::RequestContext& context = request.context();
   const http::HeaderMap& in = request.headers();

@@ -72,6 +72,12 @@ struct ForwardHead {
   std::string upgrade;
   /// The Sec-WebSocket-Key sent upstream, made here for an HTTP/2 client's extended CONNECT.
   std::string websocket_key;
+  /// The upgrade as an HTTP/2 upstream takes it, an extended CONNECT (RFC 8441): made for an
+  /// upgrade to an HTTP/2 service only (as_extended_connect); `head` is then the HTTP/1.1
+  /// upgrade that goes where the upstream allows none.
+  std::unique_ptr<http::RequestHead> extended;
+  /// Its :protocol: the first protocol `upgrade` offers.
+  std::string extended_protocol;
 };
 
 /// The request attribute that holds the request's id once noted (note_route): logged.
@@ -142,6 +148,12 @@ void offer_upgrade(const http::Request& request, const RouteConfig& route, Forwa
 /// would join the client to an upstream that speaks who knows what.
 std::optional<std::string_view> switch_refused(const ForwardHead& out,
                                                const http::ClientResponseHead& answer);
+
+/// The upgrade `out.head` offers (out.upgrade, its first protocol) as an HTTP/2 upstream takes
+/// it, into out.extended: an extended CONNECT (RFC 8441) to the same target and authority, with
+/// the same fields less Upgrade and Sec-WebSocket-Key (a key is proved by HTTP/1.1's 101 only,
+/// RFC 8441 §5). Nothing if no upgrade is offered.
+void as_extended_connect(ForwardHead& out);
 
 /// An HTTP/2 client's extended CONNECT (RFC 8441) as the HTTP/1.1 upgrade it stands for: GET,
 /// with Upgrade and, for WebSocket, a key made here (the 101's Accept is checked against it).

@@ -14,12 +14,14 @@
 #include "spindle/base/log.h"
 #include "spindle/fiber/buffer_pool.h"
 #include "spindle/http/rules.h"
+#include "spindle/http/websocket.h"
 #include "spindle/proxy/gateway.h"
 #include "targets.h"
 
 namespace spindle::proxy {
 
 using detail::apply_request_middlewares;
+using detail::as_extended_connect;
 using detail::build_head;
 using detail::cookie_value;
 using detail::counts_against_target;
@@ -123,6 +125,24 @@ void pass_trailers(const http::HeaderMap& trailers, const RouteConfig& route,
   edit_trailer_fields(route, edited);
   if (!edited.empty()) writer.set_trailers(edited);
 }
+
+// The upstream's side of a tunnel on an HTTP/2 stream (an extended CONNECT answered 2xx): its
+// END_STREAM is the half-close, its RST_STREAM the abort.
+class ExchangeTunnelEnd final : public http::TunnelEnd {
+ public:
+  explicit ExchangeTunnelEnd(http::ClientExchange& exchange) : exchange_(exchange) {}
+  Result<std::size_t> read(std::span<char> buffer, Deadline deadline) override {
+    return exchange_.tunnel_read(buffer, deadline);
+  }
+  Result<void> write(std::string_view data, Deadline deadline) override {
+    return exchange_.tunnel_write(data, deadline);
+  }
+  void close_write() override { (void)exchange_.finish(); }
+  void abort() override { exchange_.cancel(); }
+
+ private:
+  http::ClientExchange& exchange_;
+};
 
 // Writes a small body whole, or streams a large one from the client. `first` keeps the piece
 // read but not yet accepted by the upstream, so that an attempt that failed before it took
@@ -232,13 +252,22 @@ class Forwarding {
     std::shared_ptr<http::ClientExchange> exchange;
     const http::ClientResponseHead* head = nullptr;
     std::error_code failure;
+    // The upgrade went as an extended CONNECT (RFC 8441): a 2xx opens the stream's tunnel.
+    bool extended = false;
   };
+  // Opens the exchange of an attempt at `target`: an upgrade to an HTTP/2 target as an
+  // extended CONNECT, or over HTTP/1.1 where the target allows none.
+  Result<std::unique_ptr<http::ClientExchange>> open_at(const Gateway::Target& target,
+                                                        Attempt& attempt);
   Attempt exchange_with(const Gateway::Target& target);
   // True if an attempt that failed or was answered 502/503 is tried again: `safe` to send
   // again, attempts left, and a retry in the budget (spent here).
   bool retry_allowed(bool safe, unsigned attempt);
   // 101 (or CONNECT's 2xx): the connection becomes a tunnel between client and upstream.
   http::Response open_tunnel(const Gateway::Target& target, Attempt& attempt);
+  // An extended CONNECT's 2xx: the client's connection (after its 101) or stream (after its
+  // 200) becomes a tunnel to the upstream's stream.
+  http::Response open_stream_tunnel(const Gateway::Target& target, Attempt& attempt);
   // The upstream's response: its fields and its body, streamed to the client as it comes.
   http::Response pass_response(const Gateway::Target& target, Attempt& attempt,
                                Clock::duration first_byte_time);
@@ -262,6 +291,9 @@ class Forwarding {
   bool connect_ = false;
   // An HTTP/2 client's extended CONNECT (RFC 8441), sent upstream as an HTTP/1.1 upgrade.
   bool extended_connect_ = false;
+  // The upgrade of the last attempt went over HTTP/1.1 to a target that allows no extended
+  // CONNECT (what give_up says of a failure).
+  bool fell_back_ = false;
   // What the access log shows of the proxying: noted only for a server that writes one.
   bool logged_ = false;
   bool has_body_ = false;
@@ -298,11 +330,18 @@ std::optional<Forwarding::Refusal> Forwarding::prepare() {
       return Refusal{501,
                      fmt::format("no upgrade to '{}' on this route", request_.head().protocol)};
     }
-    if (upstream_.protocol != http::WireProtocol::kHttp1) {
-      return Refusal{501, "an extended CONNECT goes to HTTP/1.1 services only"};
-    }
   } else {
     offer_upgrade(request_, route_, *forward_head_);
+  }
+  // To an HTTP/2 service an upgrade goes as an extended CONNECT (or over HTTP/1.1 to a target
+  // that allows none: exchange_with).
+  if (upstream_.protocol != http::WireProtocol::kHttp1 && !forward_head_->upgrade.empty()) {
+    as_extended_connect(*forward_head_);
+    bool websocket = forward_head_->extended_protocol == "websocket";
+    if (!extended_connect_ && websocket &&
+        !request_.headers().contains(http::token::kSecWebsocketKey)) {
+      return Refusal{400, "a WebSocket upgrade without Sec-WebSocket-Key"};
+    }
   }
   logged_ = server_.config->access_log.enabled;
   if (logged_) {
@@ -341,11 +380,31 @@ void Forwarding::take_body() {
   }
 }
 
+Result<std::unique_ptr<http::ClientExchange>> Forwarding::open_at(const Gateway::Target& target,
+                                                                  Attempt& attempt) {
+  fell_back_ = false;
+  // After a pooled connection failed, a new one: the others idle as long may be closed too.
+  if (forward_head_->extended == nullptr || !target.upgrade_endpoint) {
+    return connections_.open(target.endpoint, forward_head_->head, forward_head_->authority,
+                             service_.timeouts, upstream_.limits, last_reused_);
+  }
+  auto opened = connections_.open(target.endpoint, *forward_head_->extended,
+                                  forward_head_->authority, service_.timeouts, upstream_.limits);
+  attempt.extended = opened.has_value();
+  if (opened || opened.error() != ExchangeErrc::kNoExtendedConnect) return opened;
+  // The target did not announce SETTINGS_ENABLE_CONNECT_PROTOCOL: the upgrade goes over
+  // HTTP/1.1 to the same address, as the route judged it (the same head, less the CONNECT).
+  fell_back_ = true;
+  log_info("route {}: {} allows no extended CONNECT: the upgrade to {} goes over HTTP/1.1",
+           route_.name, target.label, forward_head_->extended_protocol);
+  return connections_.open(*target.upgrade_endpoint, forward_head_->head,
+                           forward_head_->authority, service_.timeouts, upstream_.limits,
+                           last_reused_);
+}
+
 Forwarding::Attempt Forwarding::exchange_with(const Gateway::Target& target) {
   Attempt attempt;
-  // After a pooled connection failed, a new one: the others idle as long may be closed too.
-  auto opened = connections_.open(target.endpoint, forward_head_->head, forward_head_->authority,
-                                  service_.timeouts, upstream_.limits, last_reused_);
+  auto opened = open_at(target, attempt);
   last_reused_ = false;
   if (!opened) {
     attempt.failure = opened.error();
@@ -372,7 +431,9 @@ Forwarding::Attempt Forwarding::exchange_with(const Gateway::Target& target) {
     edit_interim_fields(route_, edited);
     (void)request_.send_interim(interim.status, edited);
   });
-  auto sent = send_body(request_, exchange, body_, has_body_, route_max_body_);
+  // (A tunnel's stream stays open our way: the tunnel ends it.)
+  auto sent = attempt.extended ? Result<void>()
+                               : send_body(request_, exchange, body_, has_body_, route_max_body_);
   // Even when the body could not all go out, the upstream may have answered (an early 413,
   // say): its answer is what the client should see.
   auto got = exchange.read_head();
@@ -462,6 +523,9 @@ http::Response Forwarding::run() {
       return give_up();
     }
     int status = attempt.head->status;
+    if (attempt.extended && status >= 200 && status < 300) {
+      return open_stream_tunnel(target, attempt);
+    }
     bool connected = connect_ && status >= 200 && status < 300;  // CONNECT's tunnel is open
     if (status == 101 || connected) return open_tunnel(target, attempt);
     if (extended_connect_ && status >= 200 && status < 300) {
@@ -511,6 +575,36 @@ http::Response Forwarding::open_tunnel(const Gateway::Target& target, Attempt& a
                                                              std::string_view from_client) {
     http::StreamTunnelEnd upstream_end(*upstream_stream);
     tunnel(client, upstream_end, from_client, *early, timeouts.idle, timeouts.tunnel);
+  };
+  return response;
+}
+
+http::Response Forwarding::open_stream_tunnel(const Gateway::Target& target, Attempt& attempt) {
+  if (logged_) request_.set_attribute("upstream", target.label);
+  target.health->record_success();
+  // An HTTP/2 client gets the 200 of its own extended CONNECT (RFC 8441 §5); an HTTP/1.1 one
+  // the 101 its Upgrade asked for, with the proof of its own key (RFC 6455 4.2.2).
+  http::Response response(extended_connect_ ? 200 : 101);
+  const std::string& protocol = forward_head_->extended_protocol;
+  if (!extended_connect_) {
+    response.headers.add("Upgrade", protocol);
+    response.headers.add("Connection", "Upgrade");
+    if (protocol == "websocket") {
+      auto key = request_.headers().get(http::token::kSecWebsocketKey).value_or("");
+      response.headers.add("Sec-WebSocket-Accept", http::websocket_accept(key));
+    }
+  }
+  for (const http::Field& f : attempt.head->headers) {
+    if (f.token == &http::token::kContentLength || f.token == &http::token::kSecWebsocketAccept) {
+      continue;
+    }
+    response.headers.add(f);
+  }
+  response.takeover = [exchange = attempt.exchange, forward_head = forward_head_,
+                       gateway = gateway_, timeouts = service_.config->timeouts](
+                          http::TunnelEnd& client, std::string_view from_client) {
+    ExchangeTunnelEnd upstream_end(*exchange);
+    tunnel(client, upstream_end, from_client, {}, timeouts.idle, timeouts.tunnel);
   };
   return response;
 }
@@ -629,6 +723,10 @@ http::Response Forwarding::give_up() {
   if (status == 499) {
     log_info("route {}: {} {} to {}: the client went away: upstream exchange abandoned",
              route_.name, head.method, head.target, last_target_);
+  } else if (fell_back_) {
+    log_warn("route {}: {} {} to {}: allows no extended CONNECT (RFC 8441), and over HTTP/1.1: "
+             "{}: answered {}",
+             route_.name, head.method, head.target, last_target_, last_error_.message(), status);
   } else {
     log_warn("route {}: {} {} to {}: {}: answered {}", route_.name, head.method, head.target,
              last_target_, last_error_.message(), status);

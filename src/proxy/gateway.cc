@@ -112,14 +112,16 @@ http::WireProtocol wire_protocol(UpstreamProtocol p) {
 }
 
 // The TLS settings service `s` asks for (nullptr: plain), shared by the connections to each
-// of its targets.
-std::shared_ptr<const TlsClientContext> service_tls(const ServiceConfig& s) {
+// of its targets; with `http1`, the same offering HTTP/1.1 by ALPN whatever the service's
+// protocol (an upgrade to an HTTP/2 target that allows no extended CONNECT goes so).
+std::shared_ptr<const TlsClientContext> service_tls(const ServiceConfig& s, bool http1 = false) {
   if (!s.tls) return nullptr;
   TlsClientOptions options;
   options.ca_file = s.tls_ca_file;
   options.insecure = !s.tls_verify;
-  options.alpn = s.protocol == UpstreamProtocol::kH2 ? std::vector<std::string>{"h2"}
-                                                     : std::vector<std::string>{"http/1.1"};
+  options.alpn = s.protocol == UpstreamProtocol::kH2 && !http1
+                     ? std::vector<std::string>{"h2"}
+                     : std::vector<std::string>{"http/1.1"};
   auto ctx = TlsClientContext::create(options);
   if (!ctx) throw ConfigError(fmt::format("services.{}.tls: {}", s.name, ctx.error()));
   return *ctx;
@@ -132,6 +134,7 @@ std::shared_ptr<const TlsClientContext> service_tls(const ServiceConfig& s) {
 void make_targets(Gateway::Upstream& u, const ServiceConfig& s,
                   const std::shared_ptr<const TlsClientContext>& tls, HealthRegistry& health,
                   const DnsAnswers* dns) {
+  const auto upgrade_tls = u.protocol == http::WireProtocol::kHttp2 ? service_tls(s, true) : tls;
   auto add = [&](const TargetConfig& t, const Address& address, bool one_of_several) {
     Gateway::Target target;
     target.config = t;
@@ -144,6 +147,14 @@ void make_targets(Gateway::Upstream& u, const ServiceConfig& s,
     target.endpoint.tls = tls;
     target.endpoint.server_name = s.tls_server_name.empty() ? t.host : s.tls_server_name;
     target.health = health.get(target.endpoint.key());
+    if (u.protocol != http::WireProtocol::kHttp1) {
+      // (Made afresh, not copied: an endpoint keeps the key it made.)
+      target.upgrade_endpoint.emplace();
+      target.upgrade_endpoint->address = address;
+      target.upgrade_endpoint->protocol = http::WireProtocol::kHttp1;
+      target.upgrade_endpoint->tls = upgrade_tls;
+      target.upgrade_endpoint->server_name = target.endpoint.server_name;
+    }
     u.targets.push_back(std::move(target));
   };
   std::vector<TargetConfig> configured = u.config->targets;

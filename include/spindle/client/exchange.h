@@ -82,6 +82,9 @@ enum class ExchangeErrc {
   /// SETTINGS_MAX_HEADER_LIST_SIZE): it was not sent. The client's request, not the target's
   /// failure.
   kHeadTooLarge,
+  /// HTTP/2: an extended CONNECT (RFC 8441) to a server that did not announce
+  /// SETTINGS_ENABLE_CONNECT_PROTOCOL in its SETTINGS: nothing was sent.
+  kNoExtendedConnect,
 };
 
 /// The category of ExchangeErrc codes.
@@ -177,7 +180,10 @@ struct ClientResponseHead {
 
 /// A request to send, as the server's parser would have produced it: method, target, fields,
 /// and its body's framing (content_length set, or chunked for a body of unknown length, or
-/// neither for no body). Views must stay valid while the exchange runs.
+/// neither for no body). With `protocol` set (and method CONNECT, target a path), an HTTP/2
+/// extended CONNECT (RFC 8441): the stream then carries a tunnel, not a body; it fails with
+/// kNoExtendedConnect, having sent nothing, where the server does not allow one (HTTP/1.1
+/// endpoints do not take it). Views must stay valid while the exchange runs.
 using ClientRequestHead = RequestHead;
 
 /// One request/response in progress. Not shared between fibers, but cancel() may be called
@@ -219,6 +225,22 @@ class ClientExchange {
   /// After a 101 response on HTTP/1.1: the connection itself, for tunnelling, with any bytes
   /// the upstream sent after the head in `early`. Not for HTTP/2.
   virtual Result<Stream> take_connection(std::string& early) = 0;
+  /// HTTP/2, after a 2xx to an extended CONNECT (RFC 8441): the tunnel's two directions, which
+  /// two fibers may wait in at once (tunnel_read on one, tunnel_write on the other).
+  /// tunnel_read reads the tunnel's bytes by
+  /// `deadline` (std::errc::timed_out past it): a count, 0 once the upstream ended its side
+  /// (END_STREAM), or the error that ended the stream. Unsupported elsewhere.
+  virtual Result<std::size_t> tunnel_read(std::span<char> buffer, Deadline deadline) {
+    (void)buffer, (void)deadline;
+    return fail(std::errc::operation_not_supported);
+  }
+  /// HTTP/2, on a tunnel's stream: sends all of `data`, waiting by `deadline` while the
+  /// stream's window (and 64 KiB of our own queue) is full. finish() is the half-close,
+  /// cancel() the reset. Unsupported elsewhere.
+  virtual Result<void> tunnel_write(std::string_view data, Deadline deadline) {
+    (void)data, (void)deadline;
+    return fail(std::errc::operation_not_supported);
+  }
 
   /// True if it runs on a connection that carried earlier exchanges.
   bool reused() const { return reused_; }

@@ -398,8 +398,12 @@ class ClientSession final : public Session {
   /// name and value and 32): its SETTINGS_MAX_HEADER_LIST_SIZE. A larger one would cost more
   /// than its stream (an upstream may end the connection for it).
   std::uint32_t max_header_list() const { return peer_max_header_list_; }
-  /// The server allows extended CONNECT (RFC 8441's SETTINGS_ENABLE_CONNECT_PROTOCOL).
+  /// The server allows extended CONNECT (RFC 8441's SETTINGS_ENABLE_CONNECT_PROTOCOL). Known
+  /// once its first SETTINGS came (settings_received): a client must wait for them before it
+  /// sends one (RFC 8441 §3).
   bool connect_protocol() const { return peer_connect_protocol_; }
+  /// The server's first SETTINGS came.
+  bool settings_received() const { return settings_seen_; }
   /// No stream will ever be opened again: a GOAWAY came or went, or the stream ids are spent.
   bool spent() const { return closing_ || last_stream_ + 2 > kMaxWindow; }
   /// The last stream of the server's GOAWAY (kMaxWindow while none came): the streams above

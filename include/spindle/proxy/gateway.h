@@ -81,6 +81,9 @@ class Gateway {
   struct Target {
     TargetConfig config;
     http::Endpoint endpoint;
+    /// For a target spoken to over HTTP/2: the same address over HTTP/1.1 (TLS offering
+    /// http/1.1), where an upgrade goes when the target allows no extended CONNECT (RFC 8441).
+    std::optional<http::Endpoint> upgrade_endpoint;
     /// "host:port" as configured, for logs.
     std::string label;
     std::shared_ptr<TargetHealth> health;

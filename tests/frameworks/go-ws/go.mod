@@ -1,0 +1,3 @@
+module spindle.test/gows
+
+go 1.24
