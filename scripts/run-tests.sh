@@ -14,6 +14,7 @@ scripts/install-h2spec.sh || echo "run-tests: could not build h2spec: the h2spec
 # The framework upstreams of test_framework_upstreams.py: Express (npm registry) and Go net/http.
 scripts/install-express.sh || echo "run-tests: could not install Express: the framework tests will fail"
 scripts/install-go-echo.sh || echo "run-tests: could not build the Go server: the framework tests will fail"
+scripts/install-go-ws.sh || echo "run-tests: could not build the Go WebSocket server: the RFC 8441 upstream tests will fail"
 # The fault-injection proxy the fault tests put between spindle and its peers.
 scripts/install-toxiproxy.sh || echo "run-tests: could not build Toxiproxy: the fault tests will fail"
 

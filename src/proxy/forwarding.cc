@@ -397,9 +397,8 @@ Result<std::unique_ptr<http::ClientExchange>> Forwarding::open_at(const Gateway:
   fell_back_ = true;
   log_info("route {}: {} allows no extended CONNECT: the upgrade to {} goes over HTTP/1.1",
            route_.name, target.label, forward_head_->extended_protocol);
-  return connections_.open(*target.upgrade_endpoint, forward_head_->head,
-                           forward_head_->authority, service_.timeouts, upstream_.limits,
-                           last_reused_);
+  return connections_.open(*target.upgrade_endpoint, forward_head_->head, forward_head_->authority,
+                           service_.timeouts, upstream_.limits, last_reused_);
 }
 
 Forwarding::Attempt Forwarding::exchange_with(const Gateway::Target& target) {
@@ -724,9 +723,10 @@ http::Response Forwarding::give_up() {
     log_info("route {}: {} {} to {}: the client went away: upstream exchange abandoned",
              route_.name, head.method, head.target, last_target_);
   } else if (fell_back_) {
-    log_warn("route {}: {} {} to {}: allows no extended CONNECT (RFC 8441), and over HTTP/1.1: "
-             "{}: answered {}",
-             route_.name, head.method, head.target, last_target_, last_error_.message(), status);
+    log_warn(
+        "route {}: {} {} to {}: allows no extended CONNECT (RFC 8441), and over HTTP/1.1: "
+        "{}: answered {}",
+        route_.name, head.method, head.target, last_target_, last_error_.message(), status);
   } else {
     log_warn("route {}: {} {} to {}: {}: answered {}", route_.name, head.method, head.target,
              last_target_, last_error_.message(), status);

@@ -3,6 +3,8 @@ each way through the gateway is caught in flight, the configuration is reloaded 
 snapshot it started with is then held by it alone), and it is finished. It must finish whole,
 and the gateway must exit 0 with no sanitizer report (the ASan build is what sees a snapshot
 freed under a request: run these with --build build/asan too)."""
+import json
+import os
 import socket
 import threading
 
@@ -12,6 +14,8 @@ import pytest
 from proxy_support import (ScriptedUpstream, addr, free_port, h2_connect, h2_events_until,
                            read_request, request_headers, response_head, upstream)
 from test_protocol_upgrades import EchoServer, H2WebSocket
+from test_h2_websocket_upstream import (ended, go_ws, open_ws, send_binary, send_text,
+                                        upstream as ws_upstream)
 from test_reload import Gateway
 
 # How long a held upstream waits for the test before it goes on regardless.
@@ -242,6 +246,50 @@ def test_a_websocket_over_http2_outlives_reloads(reloading):
         r.finish()
     finally:
         echo.stop()
+
+
+def h2c_service(port):
+    return f"""
+routes:
+  - name: all
+    match: {{path_prefix: /}}
+    service: s
+services:
+  s: {{url: "http://127.0.0.1:{port}", protocol: h2c, timeouts: {{idle: 10s}}}}
+"""
+
+
+@pytest.mark.parametrize("client", ["h1", "h2"])
+def test_a_websocket_on_an_h2c_upstream_stream_outlives_reloads_that_drop_its_upstream(
+        build_dir, reloading, go_ws, client):
+    """An upgrade to an h2c service runs on a stream of the shared upstream connection (RFC
+    8441): reloads, then one that names another upstream (the connection is retired: it ends
+    after its last stream), leave it running; a new WebSocket goes to the new upstream."""
+    first, second = ws_upstream(go_ws), ws_upstream(go_ws)
+    try:
+        r = reloading(h2c_service(first.port))
+        ws = open_ws(client, r)
+        send_text(ws, "before")
+        assert ws.receive() == b"before"
+        r.reload()
+        r.routes = h2c_service(second.port)
+        r.reload(1)
+        payload = os.urandom(300_000)
+        send_binary(ws, payload)
+        assert ws.receive() == payload
+        send_text(ws, "info")
+        assert json.loads(ws.receive())["proto"] == "HTTP/2.0"
+        other = open_ws(client, r)
+        send_text(other, "elsewhere")
+        assert other.receive() == b"elsewhere"
+        other.close()
+        ws.close()
+        assert [e["over"] for e in ended(first)] == ["HTTP/2.0"]
+        assert [e["over"] for e in ended(second)] == ["HTTP/2.0"]
+        r.finish()
+    finally:
+        first.stop()
+        second.stop()
 
 
 # ---- streamed and long-polled answers, HTTP/1.1 and HTTP/2 ----------------------------------
