@@ -198,7 +198,8 @@ bool extended_connect_as_upgrade(const http::Request& request, const RouteConfig
 
 void as_extended_connect(ForwardHead& out) {
   if (out.upgrade.empty()) return;
-  std::string_view first = out.upgrade.substr(0, out.upgrade.find(','));
+  std::string_view offered = out.upgrade;
+  std::string_view first = offered.substr(0, offered.find(','));
   first = http::trim_ows(first.substr(0, first.find('/')));
   // (Upgrade tokens are case-insensitive; :protocol values are registered in lower case.)
   out.extended_protocol = http::iequals(first, "websocket") ? "websocket" : std::string(first);
