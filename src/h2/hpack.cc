@@ -114,10 +114,11 @@ char* put_integer(char* p, std::uint64_t value, int prefix_bits, std::uint8_t fi
   return p;
 }
 
-// A string literal at `p`, as it is; returns its end.
+// A string literal at `p`, as it is; returns its end. (An empty value's data() may be null,
+// which memcpy may not be given even for no bytes: an upstream's empty field is valid.)
 char* put_literal(char* p, std::string_view text) {
   p = put_integer(p, text.size(), 7, 0x00);
-  std::memcpy(p, text.data(), text.size());
+  if (!text.empty()) std::memcpy(p, text.data(), text.size());
   return p + text.size();
 }
 
@@ -315,9 +316,9 @@ const ValueMemo::Entry* ValueMemo::add(std::span<const std::uint8_t> coded, std:
   }
   Entry& e = *slot;
   e.coded_size = static_cast<std::uint8_t>(coded.size());
-  std::memcpy(e.coded, coded.data(), coded.size());
+  if (!coded.empty()) std::memcpy(e.coded, coded.data(), coded.size());
   e.text_size = static_cast<std::uint8_t>(text.size());
-  std::memcpy(e.text, text.data(), text.size());
+  if (!text.empty()) std::memcpy(e.text, text.data(), text.size());
   e.valid = valid_value(text);
   return &e;
 }
@@ -506,7 +507,8 @@ void Encoder::encode(std::span<const Field> fields, std::string& out) {
     const std::size_t start = out.size();
     out.append(last_.bytes);
     for (std::size_t i = 0; i < fields.size(); ++i) {
-      if (std::uint32_t at = last_.fields[i].literal_at; at != LastBlock::kNoLiteral) {
+      if (std::uint32_t at = last_.fields[i].literal_at;
+          at != LastBlock::kNoLiteral && !fields[i].value.empty()) {
         std::memcpy(out.data() + start + at, fields[i].value.data(), fields[i].value.size());
       }
     }
