@@ -222,6 +222,6 @@ TEST(H2ExtendedConnect, AServerThatDidNotAllowItRefusesTheProtocolPseudoField) {
   std::uint32_t id = p.open_tunnel();
   p.converse(id);
   EXPECT_EQ(p.c.resets[id], ErrorCode::kProtocolError);  // malformed (RFC 8441 §3)
-  EXPECT_EQ(p.s.heads[id], 0);  // never a request its handler would run
+  EXPECT_EQ(p.s.heads[id], 0);                           // never a request its handler would run
   EXPECT_FALSE(p.server->failed());
 }

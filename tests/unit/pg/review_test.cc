@@ -395,8 +395,8 @@ TEST(PgReview, DeadlinesNowAndPastSendNothing) {
 
 // db.start() "returns a pg::Query at once": with the only connection held by a transaction it
 // waits for the transaction's end instead, so result()'s deadline cannot bound the call.
-// fixed (was a defect): with the only connection reserved by a transaction, db.start() blocks until the
-// transaction ends (2001 ms) instead of returning at once; result(200 ms) cannot bound the call
+// fixed (was a defect): with the only connection reserved by a transaction, db.start() blocks until
+// the transaction ends (2001 ms) instead of returning at once; result(200 ms) cannot bound the call
 // (docs: start() returns a Query at once; every call returns by its deadline).
 TEST(PgReview, StartReturnsAtOnceSoThatTheResultsDeadlineBoundsTheCall) {
   REQUIRE_POSTGRES(postgres);
