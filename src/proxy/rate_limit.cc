@@ -246,8 +246,11 @@ void RedisRateLimit::refill(KeyState& state, std::uint64_t key, Deadline deadlin
                reply->elements[0].type == RedisReply::Type::kInteger &&
                reply->elements[1].type == RedisReply::Type::kInteger;
   if (valid) {
-    auto granted = static_cast<unsigned>(std::max(0LL, reply->elements[0].integer));
-    double ahead = static_cast<double>(std::max(0LL, reply->elements[1].integer));
+    // Bounded by what the script can answer (a broken store or a proxy before it may say
+    // anything): never more tokens than asked, never further ahead than the tolerance.
+    auto granted =
+        static_cast<unsigned>(std::clamp<long long>(reply->elements[0].integer, 0, batch_));
+    double ahead = std::clamp(static_cast<double>(reply->elements[1].integer), 0.0, tolerance_us_);
     if (now >= state.expires) state.tokens = 0;
     state.tokens += granted;
     state.expires = now + kLease;
