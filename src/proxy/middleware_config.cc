@@ -7,8 +7,8 @@
 #include <cassert>
 #include <cmath>
 #include <cstdlib>
-#include <fstream>
 #include <ranges>
+#include <sstream>
 
 #include "gateway_config.h"
 #include "spindle/base/ascii.h"
@@ -133,6 +133,18 @@ RateLimitConfig read_rate_limit(const ConfigReader& r) {
   return limit;
 }
 
+// The text of a file a middleware names (users_file, jwks_file), read as the configuration
+// file is (read_config_file): a regular file of at most 64 MiB. A FIFO put in its place would
+// hold a reload, and the SIGTERM after it, for ever; a device (/dev/zero) would grow a string
+// without end.
+std::string named_file(const ConfigReader& r, std::string_view key, const std::string& file) {
+  try {
+    return read_config_file(file);
+  } catch (const ConfigError& e) {
+    r.fail_key(key, fmt::format("cannot read {}", e.what()));
+  }
+}
+
 // jwt: {jwks_file, algorithms, issuer, audience, leeway, cookie, claims_to_headers, realm}.
 std::shared_ptr<JwtConfig> read_jwt(const ConfigReader& r) {
   r.only({"jwks_file", "algorithms", "issuer", "audience", "leeway", "cookie", "claims_to_headers",
@@ -140,9 +152,7 @@ std::shared_ptr<JwtConfig> read_jwt(const ConfigReader& r) {
   auto jwt = std::make_shared<JwtConfig>();
   if (!r.has("jwks_file")) r.fail_key("jwks_file", "required (a JWKS file: {\"keys\": [...]})");
   std::string file = config_path(r.file(), r.string("jwks_file", ""));
-  std::ifstream in(file);
-  if (!in) r.fail_key("jwks_file", fmt::format("cannot read {}", file));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string text = named_file(r, "jwks_file", file);
   try {
     jwt->keys = JwtKeys::parse(text);
   } catch (const std::exception& e) {
@@ -349,8 +359,7 @@ void read_basic_auth(const ConfigReader& entry, const std::string& kind, Middlew
   }
   if (!r.has("users_file")) r.fail_key("users_file", "required (an htpasswd file)");
   std::string file = config_path(r.file(), r.string("users_file", ""));
-  std::ifstream in(file);
-  if (!in) r.fail_key("users_file", fmt::format("cannot read {}", file));
+  std::istringstream in(named_file(r, "users_file", file));
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.empty() || line.starts_with('#')) continue;
