@@ -463,6 +463,7 @@ http::Response Forwarding::run() {
   // gets it again (http::resend_turned_away): then no target is picked.
   std::optional<std::size_t> again;
   unsigned turned_away = 0;
+  bool raced = false;  // a pooled connection was closed under the request once already
   for (unsigned number = 1;; ++number) {
     bool panic = false;
     auto pick = std::exchange(again, std::nullopt);
@@ -503,17 +504,26 @@ http::Response Forwarding::run() {
         --number;  // not an attempt
         continue;
       }
-      // A failure while the client's own body was still coming (stalled, cut, past the
-      // upstream's read deadline) may be the client's doing: it is not the target's.
-      if (counts_against_target(attempt.failure) && body_.complete) {
-        note_target_failure(upstream_, *pick, metrics_, service_.series);
-      }
       // Safe to send again: nothing reached the upstream (whatever the method, if the body is
       // still whole or not yet begun), or an idempotent request whose body is kept and whose
       // connection closed before any answer.
       bool safe = (http::nothing_reached_upstream(attempt.failure) && body_whole) ||
                   (idempotent_ && body_.replayable &&
                    attempt.failure == ExchangeErrc::kClosedBeforeResponse);
+      // A pooled connection the target had closed as the request went out (the keep-alive
+      // race): no fault of the target's, so neither an attempt, nor a retry of the budget,
+      // nor a failure of its health; once more to it, on a new connection (last_reused_).
+      if (safe && last_reused_ && !raced) {
+        raced = true;
+        again = pick;
+        --number;
+        continue;
+      }
+      // A failure while the client's own body was still coming (stalled, cut, past the
+      // upstream's read deadline) may be the client's doing: it is not the target's.
+      if (counts_against_target(attempt.failure) && body_.complete) {
+        note_target_failure(upstream_, *pick, metrics_, service_.series);
+      }
       if (retry_allowed(safe, number)) {
         log_info("route {}: {} {} to {} failed ({}): trying again", route_.name, head.method,
                  head.target, target.label, attempt.failure.message());
