@@ -1401,3 +1401,64 @@ def test_an_http2_upstreams_early_answer_reaches_an_http2_client_at_once(build_d
     finally:
         gw.stop()
         peer.stop()
+
+
+# ---- a stalled upstream holds only its own requests ---------------------------------------------
+
+
+class Stalled(ScriptedUpstream):
+    """Reads requests and never answers."""
+
+    def handle(self, conn):
+        with conn:
+            try:
+                while conn.recv(65536):
+                    pass
+            except OSError:
+                pass
+
+
+def two_services(stalled, healthy):
+    return SERVER + f"""
+routes:
+  - {{name: stuck, match: {{path_prefix: /stuck}}, service: stuck}}
+  - {{name: fine, match: {{path_prefix: /}}, service: fine}}
+services:
+  stuck: {{url: "http://127.0.0.1:{stalled.port}", timeouts: {{first_byte: 2500ms}}}}
+  fine: {{url: "http://{addr(healthy)}"}}
+"""
+
+
+def test_a_stalled_upstream_holds_no_other_clients_http1_or_their_http2_streams(build_dir,
+                                                                              tmp_path, up):
+    stalled = Stalled()
+    gw = gateway(build_dir, tmp_path, two_services(stalled, up), threads=1)
+    held = []
+    try:
+        for _ in range(40):
+            s = socket.create_connection((gw.host, gw.port), timeout=5)
+            s.sendall(b"GET /stuck HTTP/1.1\r\nHost: x\r\n\r\n")
+            held.append(s)
+        s, conn = h2_connect(gw)
+        with s:
+            for stream in range(1, 60, 2):
+                conn.send_headers(stream, request_headers("/stuck"), end_stream=True)
+            s.sendall(conn.data_to_send())
+            assert wait_until(lambda: stalled.accepted >= 40, seconds=5), stalled.accepted
+            start = time.monotonic()
+            for _ in range(5):
+                assert request(gw, "GET", "/plaintext")[0] == 200
+            # ... and a stream of the same HTTP/2 connection as the 30 held ones.
+            conn.send_headers(61, request_headers("/plaintext"), end_stream=True)
+            s.sendall(conn.data_to_send())
+            events = h2_events_until(s, conn, lambda ev: any(
+                isinstance(e, h2.events.StreamEnded) and e.stream_id == 61 for e in ev),
+                seconds=3)
+            assert any(isinstance(e, h2.events.StreamEnded) and e.stream_id == 61
+                       for e in events), events
+            assert time.monotonic() - start < 2.0
+    finally:
+        for s in held:
+            s.close()
+        gw.stop()
+        stalled.stop()
