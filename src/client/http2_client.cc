@@ -365,6 +365,9 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
                 std::shared_ptr<Call> call, const ExchangeTimeouts& timeouts, bool has_body)
       : owner_(std::move(owner)), s_(s), call_(std::move(call)), timeouts_(timeouts) {
     if (!has_body) call_->out_end = call_->out_done = true;
+    // A connection that carried earlier streams: a close under this one (no GOAWAY) is the
+    // keep-alive race, as on a reused HTTP/1.1 connection.
+    reused_ = call_->seq > 1;
   }
   ~Http2Exchange() override {
     if (!call_->closed) abandon();  // before its end: the upstream is told to stop

@@ -1462,3 +1462,67 @@ def test_a_stalled_upstream_holds_no_other_clients_http1_or_their_http2_streams(
             s.close()
         gw.stop()
         stalled.stop()
+
+
+class RacingH2(ScriptedUpstream):
+    """An h2c upstream that answers the first stream of each connection, then closes the
+    connection (no GOAWAY) as the next stream's HEADERS arrive: an HTTP/2 peer's keep-alive race
+    (a deploy killing it between requests)."""
+
+    def __init__(self, fields=()):
+        self.fields = list(fields)
+        self.answered = 0
+        super().__init__()
+
+    def handle(self, sock):
+        import h2.config
+        import h2.connection
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        answered_here = 0
+        with sock:
+            try:
+                sock.sendall(conn.data_to_send())
+                while data := sock.recv(65536):
+                    for event in conn.receive_data(data):
+                        if isinstance(event, h2.events.RequestReceived):
+                            if answered_here:
+                                return  # closed under the second request
+                            conn.send_headers(event.stream_id, [
+                                (":status", "200"), ("content-length", "2")] + self.fields)
+                            conn.send_data(event.stream_id, b"ok", end_stream=True)
+                            answered_here += 1
+                            self.answered += 1
+                    sock.sendall(conn.data_to_send())
+            except Exception:  # noqa: BLE001
+                pass
+
+
+@pytest.mark.parametrize("where", ["service", "forward_auth"])
+def test_an_http2_peer_closing_under_a_request_costs_a_get_nothing(build_dir, tmp_path, up, where):
+    peers = [RacingH2([("x-auth-user", "alice")]), RacingH2([("x-auth-user", "alice")])]
+    targets = ", ".join(f'{{address: "127.0.0.1:{p.port}"}}' for p in peers)
+    if where == "service":
+        routes = "  - {name: all, match: {path_prefix: /}, service: h2}\n"
+    else:
+        routes = ("  - name: all\n    match: {path_prefix: /}\n    middlewares:\n"
+                  "      - forward_auth: {service: h2, path: /verify}\n    service: a\n")
+    gw = gateway(build_dir, tmp_path, SERVER + f"""
+routes:
+{routes}services:
+  a: {{url: "http://{addr(up)}"}}
+  h2: {{upstream: pool, protocol: h2c}}
+upstreams:
+  pool:
+    targets: [{targets}]
+    health: {{passive: {{max_fails: 1, fail_timeout: 30s, max_ejection_percent: 50}}}}
+""", threads=1)
+    try:
+        for i in range(12):
+            status, _, _ = request(gw, "GET", "/plaintext")
+            assert status == 200, (i, status, list(gw.errors))
+        assert not logged(gw, "failed 1 times", seconds=0.2), list(gw.errors)
+    finally:
+        gw.stop()
+        for p in peers:
+            p.stop()
