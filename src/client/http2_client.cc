@@ -283,6 +283,7 @@ void Http2Session::Impl::on_headers(std::uint32_t id, bool end_stream, bool trai
   if (end_stream) {
     call->in_end = true;
     if (call->out_done) return end_call(*call);
+    call->room.set();  // a body waiting for window may end now (write_by)
   }
   call->wake.set();
 }
@@ -298,6 +299,7 @@ void Http2Session::Impl::on_data(std::uint32_t id, std::span<const std::uint8_t>
   if (end_stream) {
     call->in_end = true;
     if (call->out_done) return end_call(*call);
+    call->room.set();  // a body waiting for window may end now (write_by)
   }
   call->wake.set();
 }
@@ -375,11 +377,13 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
 
   Result<void> write(std::string_view data) override {
     return write_by(data, Deadline::after_coarse(timeouts_.write),
-                    make_error_code(ExchangeErrc::kWriteTimeout));
+                    make_error_code(ExchangeErrc::kWriteTimeout), /*answer_ends_it=*/true);
   }
 
   Result<void> tunnel_write(std::string_view data, Deadline deadline) override {
-    return write_by(data, deadline, make_error_code(std::errc::timed_out));
+    // A tunnel's upstream that ended its side (END_STREAM) may still read ours: no early end.
+    return write_by(data, deadline, make_error_code(std::errc::timed_out),
+                    /*answer_ends_it=*/false);
   }
 
   Result<void> finish(const HeaderMap* trailers) override {
@@ -458,8 +462,12 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
 
  private:
   // Hands `data` to the writer, then waits by `deadline` (failing with `timed_out` past it)
-  // while more than kMaxUnsent of it is unsent.
-  Result<void> write_by(std::string_view data, Deadline deadline, std::error_code timed_out) {
+  // while more than kMaxUnsent of it is unsent. With `answer_ends_it`, a complete answer that
+  // came while the body waits for window ends the body (kAnsweredEarly): an upstream that
+  // answered whole without reading the rest (and without RST_STREAM NO_ERROR, RFC 9113 §8.1)
+  // has its answer delivered now, not at the write timeout; the stream is then reset.
+  Result<void> write_by(std::string_view data, Deadline deadline, std::error_code timed_out,
+                        bool answer_ends_it) {
     if (auto failed = check_sending()) return fail(failed);
     if (data.empty()) return {};
     if (call_->out_end) return fail(std::errc::invalid_argument);
@@ -468,6 +476,9 @@ class Http2Exchange final : public ClientExchange, public BlockCached {
     while (call_->out.size() > kMaxUnsent) {
       call_->room.reset();
       if (auto failed = check_sending()) return fail(failed);
+      if (answer_ends_it && call_->have_head && call_->in_end) {
+        return fail(make_error_code(ExchangeErrc::kAnsweredEarly));
+      }
       if (call_->room.wait(deadline) == std::errc::timed_out) return fail(timed_out);
     }
     return {};

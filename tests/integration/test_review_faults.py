@@ -1534,11 +1534,7 @@ upstreams:
 
 @pytest.mark.parametrize("reset,why", [
     (8, "CANCEL"),
-    pytest.param(None, "no reset at all", marks=pytest.mark.xfail(strict=True, reason=(
-        "defect (found on the early-answer fix 4366126): an h2c upstream's complete answer "
-        "(END_STREAM) that is followed by no RST_STREAM, the upstream reading none of the "
-        "body, reaches the HTTP/1.1 client only at the service's write timeout (4.0 s here; "
-        "60 s by default) while spindle waits for window to send the rest of the body"))),
+    (None, "no reset at all"),
 ])
 def test_a_complete_early_answer_is_delivered_however_the_stream_ends(build_dir, tmp_path,
                                                                      reset, why):
