@@ -203,6 +203,29 @@ void FdTable::forget(int fd) {
   reset(*s, 0, 0, 0);
 }
 
+void FdTable::wake(int fd) {
+  FdState* s = find(fd);
+  if (s == nullptr || s->owner.load(std::memory_order_acquire) == nullptr) return;
+  std::lock_guard guard(s->lock);
+  Worker* owner = s->owner.load(std::memory_order_relaxed);
+  IoSlot* slot = s->slot.load(std::memory_order_relaxed);
+  if (owner == nullptr) return;
+  if (Worker::current() == owner) {
+    cancel_waits(*slot);
+    return;
+  }
+  // On the owner's thread, and only if the slot is still the entry's (one let go meanwhile
+  // may be another descriptor's; its release is posted after this task). Posted under the
+  // lock: see reset.
+  owner->post([s, owner, slot] {
+    std::lock_guard again(s->lock);
+    if (s->owner.load(std::memory_order_relaxed) == owner &&
+        s->slot.load(std::memory_order_relaxed) == slot) {
+      cancel_waits(*slot);
+    }
+  });
+}
+
 void FdTable::forget_range(unsigned first, unsigned last) {
   last = std::min<unsigned>(last, kBlock * kBlocks - 1);
   for (unsigned fd = first; fd <= last; fd = fd + 1) {

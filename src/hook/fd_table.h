@@ -94,6 +94,9 @@ class FdTable {
   /// Forgets `fd` before it is closed: fibers parked on it wake (their call says EBADF), its
   /// registration is released on its worker's thread.
   void forget(int fd);
+  /// Wakes the fibers parked on `fd` (they try their call again): for what changes a socket
+  /// without an edge of its own readiness (its own shutdown ends a blocked write).
+  void wake(int fd);
   /// Forgets every descriptor in [first, last] (close_range, closefrom).
   void forget_range(unsigned first, unsigned last);
   /// Its program set O_NONBLOCK on `fd` on or off (fcntl, ioctl FIONBIO).

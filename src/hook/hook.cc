@@ -258,6 +258,15 @@ FILE* freopen(const char* path, const char* mode, FILE* stream) {
   return opened;
 }
 
+// A socket shut down for writing wakes no writer parked on it (epoll sees no change of its
+// own readiness), where a blocking send ends at once (EPIPE): the hooks wake it.
+int shutdown(int fd, int how) {
+  SPINDLE_REAL(shutdown);
+  int rc = real_shutdown(fd, how);
+  if (rc == 0 && how != SHUT_RD) FdTable::instance().wake(fd);
+  return rc;
+}
+
 // ---- flags and options ----------------------------------------------------------------------
 
 }  // extern "C"
