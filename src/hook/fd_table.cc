@@ -133,6 +133,7 @@ void FdTable::reset(FdState& s, std::uint32_t facts, std::int64_t receive_us,
   s.receive_timeout_us.store(receive_us, std::memory_order_relaxed);
   s.send_timeout_us.store(send_us, std::memory_order_relaxed);
   s.pending_error.store(0, std::memory_order_relaxed);
+  s.receive_low_water.store(0, std::memory_order_relaxed);
   s.facts.store(facts, std::memory_order_release);
   Worker* owner = s.owner.load(std::memory_order_relaxed);
   if (owner == nullptr) return;
@@ -157,12 +158,14 @@ std::uint32_t FdTable::facts(int fd, FdState& s) {
   // Not made through a hook: it may be shared with other processes (inherited).
   std::uint32_t facts = kKnown | kShared;
   std::int64_t receive_us = 0, send_us = 0;
+  int low_water = 0;
   if (S_ISSOCK(st.st_mode)) {
     facts = socket_facts(int_option(fd, SO_DOMAIN), int_option(fd, SO_TYPE)) | kShared;
     long flags = ::syscall(SYS_fcntl, fd, F_GETFL);  // (the hooked fcntl would ask this table)
     if (flags >= 0 && (flags & O_NONBLOCK) != 0) facts |= kNonBlocking;
     receive_us = timeout_of(fd, SO_RCVTIMEO);
     send_us = timeout_of(fd, SO_SNDTIMEO);
+    if (facts & kStream) low_water = int_option(fd, SO_RCVLOWAT);
   }
   std::lock_guard guard(s.lock);
   // Kept only if the number still holds what was looked at.
@@ -170,6 +173,7 @@ std::uint32_t FdTable::facts(int fd, FdState& s) {
   if (s.facts.load(std::memory_order_relaxed) != 0) return s.facts.load();
   s.receive_timeout_us.store(receive_us, std::memory_order_relaxed);
   s.send_timeout_us.store(send_us, std::memory_order_relaxed);
+  s.receive_low_water.store(low_water, std::memory_order_relaxed);
   s.facts.store(facts, std::memory_order_release);
   return facts;
 }
@@ -192,8 +196,10 @@ void FdTable::copied(int from, int to) {
   }
   std::int64_t receive_us = a->receive_timeout_us.load(std::memory_order_relaxed);
   std::int64_t send_us = a->send_timeout_us.load(std::memory_order_relaxed);
+  int low_water = a->receive_low_water.load(std::memory_order_relaxed);
   std::lock_guard guard(b->lock);
   reset(*b, facts, receive_us, send_us);
+  b->receive_low_water.store(low_water, std::memory_order_relaxed);
 }
 
 void FdTable::forget(int fd) {
@@ -245,6 +251,10 @@ void FdTable::set_nonblocking(int fd, bool on) {
     std::uint32_t wanted = on ? facts | kNonBlocking : facts & ~kNonBlocking;
     if (s->facts.compare_exchange_weak(facts, wanted, std::memory_order_acq_rel)) return;
   }
+}
+
+void FdTable::set_low_water(int fd, int bytes) {
+  if (FdState* s = entry(fd)) s->receive_low_water.store(bytes, std::memory_order_relaxed);
 }
 
 void FdTable::set_timeout(int fd, bool receive, std::int64_t microseconds) {

@@ -51,6 +51,8 @@ struct FdState {
   /// SO_RCVTIMEO and SO_SNDTIMEO in microseconds (0: none), when kKnown.
   std::atomic<std::int64_t> receive_timeout_us{0};
   std::atomic<std::int64_t> send_timeout_us{0};
+  /// SO_RCVLOWAT, when more than 1: a blocking stream read waits until that many bytes came.
+  std::atomic<int> receive_low_water{0};
   /// An error a cooperative call took from the socket after it had moved bytes (it returned
   /// the count, as a blocking call does): the next call on the descriptor returns it.
   std::atomic<int> pending_error{0};
@@ -101,6 +103,8 @@ class FdTable {
   void forget_range(unsigned first, unsigned last);
   /// Its program set O_NONBLOCK on `fd` on or off (fcntl, ioctl FIONBIO).
   void set_nonblocking(int fd, bool on);
+  /// Its program set SO_RCVLOWAT on `fd` to `bytes`.
+  void set_low_water(int fd, int bytes);
   /// Its program set a timeout (SO_RCVTIMEO when `receive`, else SO_SNDTIMEO).
   void set_timeout(int fd, bool receive, std::int64_t microseconds);
 

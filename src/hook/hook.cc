@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 
 #include "cooperative.h"
 #include "fd_table.h"
@@ -324,6 +325,10 @@ int setsockopt(int fd, int level, int name, const void* value, socklen_t length)
   bool timeout = receive || name == SO_SNDTIMEO || name == SO_SNDTIMEO_NEW;
   // (On 64-bit Linux a timeval and the _NEW options' __kernel_sock_timeval are one layout.)
   static_assert(sizeof(timeval) == sizeof(__kernel_sock_timeval));
+  if (rc == 0 && level == SOL_SOCKET && name == SO_RCVLOWAT && length >= sizeof(int)) {
+    int bytes = *static_cast<const int*>(value);
+    FdTable::instance().set_low_water(fd, bytes < 0 ? INT_MAX : bytes);  // (Linux's reading)
+  }
   if (rc == 0 && level == SOL_SOCKET && timeout && length >= sizeof(timeval)) {
     FdTable::instance().set_timeout(fd, receive, timeout_us(*static_cast<const timeval*>(value)));
   }

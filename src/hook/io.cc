@@ -12,6 +12,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -186,6 +187,16 @@ std::optional<ssize_t> whole_local_receive(int fd, const Use& use, msghdr* messa
   }
 }
 
+// True if a blocking read of `total` bytes on the stream socket `fd` would wait for its
+// SO_RCVLOWAT still: fewer bytes are queued than the mark (or `total`), and the peer has not
+// ended nor the socket an error.
+bool below_low_water(int fd, const Use& use, std::size_t total) {
+  int mark = use.state->receive_low_water.load(std::memory_order_relaxed);
+  if (mark <= 1 || (use.facts & detail::kStream) == 0) return false;
+  std::size_t wanted = std::min(static_cast<std::size_t>(mark), total);
+  return static_cast<std::size_t>(queued(fd)) < wanted && !peer_ended(fd) && !holds_error(fd);
+}
+
 // A receive its program expects to wait, on a fiber, into `message` (the caller's own msghdr
 // for the first try, so that what recvmsg reports lands there). Nothing if the descriptor
 // turned out not to be a socket.
@@ -204,6 +215,14 @@ std::optional<ssize_t> cooperative_receive(int fd, const Use& use, msghdr* messa
   msghdr rest{};
   msghdr* m = message;
   std::size_t got = 0, peeked = 0;
+  // SO_RCVLOWAT: libc's blocking read waits for the mark, then (or once its time is out, or
+  // it is interrupted) returns what is there; a non-waiting read would not wait for it.
+  bool marked = !whole && !peek && below_low_water(fd, use, total);
+  while (marked) {
+    WaitEnd end = waiting.wait(IoDirection::kRead);
+    if (end == WaitEnd::kClosed) return fail(EBADF);
+    marked = end == WaitEnd::kReady && below_low_water(fd, use, total);
+  }
   for (;;) {
     // Once some came, the kernel's read returns the count and leaves an error on the socket
     // for the next call once the queued bytes are read: so does this one.

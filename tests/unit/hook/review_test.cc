@@ -232,28 +232,64 @@ TEST(HookReview, TimeoutsOfCenturiesDoNotEndAtOnce) {
 // Attack: SO_RCVLOWAT. A blocking read waits until that many bytes are there (or the peer
 // ends); a non-waiting read returns what is there. (Over a Unix stream pair: Linux's TCP does
 // not wake a reader that took part of the mark already, so libc's read there never returns.)
-// defect: SO_RCVLOWAT is ignored: a fiber's read returns 3 bytes at once where libc's blocking read
-// waits for the mark (10)
-TEST(HookReview, DISABLED_AReceiveLowWaterMarkIsWaitedFor) {
-  auto scenario = [](bool fiber, Pair& s) {
+// Every receive call; and the mark's ends: the socket's timeout passes, the peer shuts down.
+// fixed (was a defect): SO_RCVLOWAT was ignored: a fiber's read returned 3 bytes at once where
+// libc's blocking read waits for the mark (10)
+TEST(HookReview, AReceiveLowWaterMarkIsWaitedFor) {
+  char buffer[100];
+  iovec part{buffer, sizeof buffer};
+  auto message = [&] {
+    msghdr m{};
+    m.msg_iov = &part;
+    m.msg_iovlen = 1;
+    return m;
+  };
+  std::vector<std::pair<std::string, std::function<long(int)>>> calls = {
+      {"read", [&](int fd) { return ::read(fd, buffer, sizeof buffer); }},
+      {"recv", [&](int fd) { return ::recv(fd, buffer, sizeof buffer, 0); }},
+      {"readv", [&](int fd) { return ::readv(fd, &part, 1); }},
+      {"recvfrom", [&](int fd) { return ::recvfrom(fd, buffer, sizeof buffer, 0, nullptr, 0); }},
+      {"recvmsg",
+       [&](int fd) {
+         msghdr m = message();
+         return ::recvmsg(fd, &m, 0);
+       }},
+  };
+  enum class Then { kMore, kTimeout, kPeerEnds };
+  // 3 bytes there, a mark of 10; then 7 more come, or the socket's 100 ms timeout passes, or
+  // the peer shuts down: what the call gives (on a fiber, or on a thread: libc's).
+  auto scenario = [](bool fiber, Then then, const std::function<long(int)>& call) {
+    Pair s;
     int ten = 10;
     EXPECT_EQ(::setsockopt(s.a, SOL_SOCKET, SO_RCVLOWAT, &ten, sizeof ten), 0);
+    if (then == Then::kTimeout) {
+      timeval t{0, 100'000};
+      EXPECT_EQ(::setsockopt(s.a, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof t), 0);
+    }
     EXPECT_EQ(::write(s.b, "abc", 3), 3);
     std::this_thread::sleep_for(20ms);
     std::thread later([&] {
-      std::this_thread::sleep_for(50ms);
-      EXPECT_EQ(::write(s.b, "defghij", 7), 7);
+      std::this_thread::sleep_for(then == Then::kTimeout ? 300ms : 50ms);
+      if (then == Then::kPeerEnds) {
+        ::shutdown(s.b, SHUT_WR);
+      } else {
+        EXPECT_EQ(::write(s.b, "defghij", 7), 7);
+      }
     });
-    char buffer[100];
-    auto call = [&] { return ::read(s.a, buffer, sizeof buffer); };
-    Outcome o = fiber ? on_fiber(call) : on_thread(call);
+    auto at = [&] { return call(s.a); };
+    Outcome o = fiber ? on_fiber(at) : on_thread(at);
     later.join();
     return o;
   };
-  for (bool fiber : {false, true}) {
-    SCOPED_TRACE(fiber ? "fiber" : "thread");
-    Pair unix_pair;
-    EXPECT_EQ(scenario(fiber, unix_pair), (Outcome{10, 0}));
+  for (auto& [name, call] : calls) {
+    for (Then then : {Then::kMore, Then::kTimeout, Then::kPeerEnds}) {
+      SCOPED_TRACE(name + (then == Then::kMore      ? " more"
+                           : then == Then::kTimeout ? " timeout"
+                                                    : " peer ends"));
+      Outcome libc = scenario(false, then, call);
+      EXPECT_EQ(libc, (Outcome{then == Then::kMore ? 10 : 3, 0}));
+      EXPECT_EQ(scenario(true, then, call), libc);
+    }
   }
 }
 
