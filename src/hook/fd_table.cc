@@ -179,6 +179,7 @@ std::uint32_t FdTable::facts(int fd, FdState& s) {
 }
 
 void FdTable::made(int fd, std::uint32_t facts) {
+  if (in_vforked_child()) return;
   FdState* s = entry(fd);
   if (s == nullptr) return;
   std::lock_guard guard(s->lock);
@@ -186,6 +187,7 @@ void FdTable::made(int fd, std::uint32_t facts) {
 }
 
 void FdTable::copied(int from, int to) {
+  if (in_vforked_child()) return;
   FdState* a = entry(from);
   FdState* b = entry(to);
   if (a == nullptr || b == nullptr || a == b) return;
@@ -203,6 +205,7 @@ void FdTable::copied(int from, int to) {
 }
 
 void FdTable::forget(int fd) {
+  if (in_vforked_child()) return;
   FdState* s = find(fd);
   if (s == nullptr) return;
   std::lock_guard guard(s->lock);
@@ -233,6 +236,7 @@ void FdTable::wake(int fd) {
 }
 
 void FdTable::forget_range(unsigned first, unsigned last) {
+  if (in_vforked_child()) return;
   last = std::min<unsigned>(last, kBlock * kBlocks - 1);
   for (unsigned fd = first; fd <= last; fd = fd + 1) {
     if (blocks_[fd / kBlock].load(std::memory_order_acquire) == nullptr) {
@@ -299,6 +303,13 @@ Registration FdTable::slot_for(int fd, FdState& s, std::uint32_t generation, Wor
   return {*added, renewed};
 }
 
+namespace {
+
+// The process's id (a forked child's once its fork handler ran).
+pid_t process_id = ::getpid();
+
+}  // namespace
+
 // A forked child has none of its parent's threads: no worker's registration is its, and every
 // descriptor the two share is shared. The table's growth lock is held across the fork.
 struct ForkHandlers {
@@ -324,6 +335,7 @@ struct ForkHandlers {
       }
     });
     forked_thread = true;
+    __atomic_store_n(&process_id, ::getpid(), __ATOMIC_RELAXED);
   }
   // The thread that forked, in the child: the one thread the child has of its parent. Its
   // fibers (if it was a worker) have no worker; threads the child starts (a Runtime of its
@@ -334,6 +346,11 @@ struct ForkHandlers {
 thread_local bool ForkHandlers::forked_thread = false;
 
 bool in_forked_child() { return ForkHandlers::forked_thread; }
+
+bool in_vforked_child() {
+  return __atomic_load_n(&spindle_hook_vforks, __ATOMIC_ACQUIRE) != 0 &&
+         ::getpid() != __atomic_load_n(&process_id, __ATOMIC_RELAXED);
+}
 
 namespace {
 

@@ -23,6 +23,9 @@ namespace spindle {
 class Worker;
 }
 
+/// The vforks under way in the process (hook.cc's vfork counts them).
+extern "C" int spindle_hook_vforks;
+
 namespace spindle::hook::detail {
 
 /// What is known of the descriptor at a number: bits of FdState::facts.
@@ -76,6 +79,11 @@ struct Registration {
 /// True on the thread that called fork(), in the child: it has none of its parent's workers,
 /// so no call made there parks (threads the child starts itself are not concerned).
 bool in_forked_child();
+
+/// True in a child made by vfork() (own descriptor table, its parent's memory: this table is
+/// the parent's, and the child's closes and copies must leave it alone). Costs one atomic load
+/// unless a vfork is under way.
+bool in_vforked_child();
 
 /// The process's table.
 class FdTable {

@@ -221,6 +221,66 @@ int dup3(int fd, int target, int flags) {
   return copy;
 }
 
+// ---- vfork ------------------------------------------------------------------------------------
+
+// A vfork child shares its parent's memory (this table) but not its descriptors: the hooks
+// leave the table alone in it (in_vforked_child). vfork is counted for that: the parent's
+// count goes back down once it resumes, so that no other call pays for the question. In
+// assembly, as libc's: the child returns on the parent's stack, so the return address is kept
+// in a register, not on the stack. (Not under TSan, whose own vfork is a fork.)
+int spindle_hook_vforks = 0;
+
+extern "C" [[gnu::weak]] void __asan_handle_vfork(void* stack);
+
+extern "C" [[gnu::used, gnu::visibility("hidden")]] void spindle_hook_vfork_returned(void* stack) {
+  __atomic_fetch_sub(&spindle_hook_vforks, 1, __ATOMIC_RELEASE);
+  // (ASan's own vfork does this: the child's frames left their marks on the shared stack.)
+  if (&__asan_handle_vfork != nullptr) __asan_handle_vfork(stack);
+}
+
+#if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
+asm(R"(
+  .text
+  .globl vfork
+  .type vfork, @function
+vfork:
+  .cfi_startproc
+  lock incl spindle_hook_vforks(%rip)
+  popq %rdi
+  .cfi_adjust_cfa_offset -8
+  .cfi_register %rip, %rdi
+  movl $58, %eax
+  syscall
+  pushq %rdi
+  .cfi_adjust_cfa_offset 8
+  .cfi_rel_offset %rip, 0
+  testq %rax, %rax
+  je 1f
+  pushq %rax
+  .cfi_adjust_cfa_offset 8
+  leaq 8(%rsp), %rdi
+  call spindle_hook_vfork_returned
+  popq %rax
+  .cfi_adjust_cfa_offset -8
+  cmpq $-4095, %rax
+  jae 2f
+1:
+  ret
+2:
+  negl %eax
+  pushq %rax
+  .cfi_adjust_cfa_offset 8
+  call __errno_location@PLT
+  popq %rcx
+  .cfi_adjust_cfa_offset -8
+  movl %ecx, (%rax)
+  movq $-1, %rax
+  ret
+  .cfi_endproc
+  .size vfork, .-vfork
+)");
+#endif
+
 // ---- descriptors closed ---------------------------------------------------------------------
 
 int close(int fd) {

@@ -465,32 +465,56 @@ TEST(HookReview, ARefusedCloseRangeClosesNothing) {
 // Attack: vfork, then close in the child before exec (the classic way to set up a child's
 // descriptors). The child shares the parent's memory but has its own descriptor table: its
 // close closes nothing of the parent's, so a fiber of the parent waiting on that descriptor
-// waits on and gets its byte.
-// defect: close() in a vfork()ed child (own descriptor table, shared memory) wakes the parent's
-// fiber parked on that descriptor with EBADF; the parent's descriptor is still open and libc's read
-// gets its byte
-TEST(HookReview, DISABLED_ACloseInAVforkedChildClosesNothingOfTheParents) {
-  Pair p;
-  Outcome parked;
-  int status = -1;
-  bool stopped = outstayed(5s, {[&] { parked = outcome_of([&] { return read_one(p.a); }); },
-                                [&] {
-                                  (void)this_fiber::sleep_for(30ms);
-                                  pid_t child = ::vfork();
-                                  if (child == 0) {
-                                    ::close(p.a);
-                                    ::execl("/bin/true", "true", nullptr);
-                                    ::_exit(127);
-                                  }
-                                  ASSERT_GT(child, 0);
-                                  EXPECT_EQ(::waitpid(child, &status, 0), child);
-                                  (void)this_fiber::sleep_for(30ms);
-                                  EXPECT_EQ(::write(p.b, "v", 1), 1);
-                                }});
-  EXPECT_FALSE(stopped);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  EXPECT_EQ(parked, (Outcome{1, 0})) << "the parent's descriptor is open";
-  EXPECT_GE(::fcntl(p.a, F_GETFD), 0);
+// waits on and gets its byte. Every way the child may take the number: close, dup2 over it,
+// close_range, closefrom, a socket made there. And once the child is gone, the parent's own
+// close wakes its fiber again (EBADF).
+// fixed (was a defect): close() in a vfork()ed child (own descriptor table, shared memory) woke the
+// parent's fiber parked on that descriptor with EBADF; the parent's descriptor is still open and
+// libc's read gets its byte
+TEST(HookReview, ACloseInAVforkedChildClosesNothingOfTheParents) {
+  std::vector<std::pair<std::string, std::function<void(int)>>> takes = {
+      {"close", [](int fd) { ::close(fd); }},
+      {"dup2", [](int fd) { ::dup2(2, fd); }},
+      {"close_range", [](int fd) { ::close_range(fd, fd, 0); }},
+      {"closefrom", [](int fd) { ::closefrom(fd); }},
+      {"a socket made there",
+       [](int fd) {
+         ::close(fd);
+         ::socket(AF_INET, SOCK_STREAM, 0);  // (the lowest free number: fd)
+       }},
+  };
+  for (auto& [name, take] : takes) {
+    SCOPED_TRACE(name);
+    Pair p;
+    Outcome parked;
+    int status = -1;
+    bool stopped = outstayed(5s, {[&] { parked = outcome_of([&] { return read_one(p.a); }); },
+                                  [&] {
+                                    (void)this_fiber::sleep_for(30ms);
+                                    pid_t child = ::vfork();
+                                    if (child == 0) {
+                                      take(p.a);
+                                      ::execl("/bin/true", "true", nullptr);
+                                      ::_exit(127);
+                                    }
+                                    ASSERT_GT(child, 0);
+                                    EXPECT_EQ(::waitpid(child, &status, 0), child);
+                                    (void)this_fiber::sleep_for(30ms);
+                                    EXPECT_EQ(::write(p.b, "v", 1), 1);
+                                  }});
+    EXPECT_FALSE(stopped);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    EXPECT_EQ(parked, (Outcome{1, 0})) << "the parent's descriptor is open";
+    EXPECT_GE(::fcntl(p.a, F_GETFD), 0);
+    // The parent's own close still reaches its fiber.
+    stopped = outstayed(5s, {[&] { parked = outcome_of([&] { return read_one(p.a); }); },
+                             [&] {
+                               (void)this_fiber::sleep_for(30ms);
+                               ::close(std::exchange(p.a, -1));
+                             }});
+    EXPECT_FALSE(stopped);
+    EXPECT_EQ(parked, (Outcome{-1, EBADF}));
+  }
 }
 
 // Attack: pointers libc's calls take as EFAULT (a null or unmapped iovec array, address
