@@ -120,6 +120,12 @@ bool holds_error(int fd) {
   return detail::real_poll(&p, 1, 0) > 0 && (p.revents & POLLERR) != 0;
 }
 
+// True if a cooperative call left an error for the next call on `fd`.
+bool holds_pending_error(int fd) {
+  FdState* s = FdTable::instance().find(fd);
+  return s != nullptr && s->pending_error.load(std::memory_order_relaxed) != 0;
+}
+
 // The error a cooperative call left for this one (0: none), taken. A read (`reading`) takes it
 // only once the bytes that came before it are read, as the kernel orders them.
 int take_pending_error(int fd, bool reading = false) {
@@ -364,10 +370,14 @@ ssize_t readv(int fd, const iovec* parts, int count) {
   SPINDLE_REAL(readv);
   // (More parts than IOV_MAX: readv's EINVAL, not recvmsg's EMSGSIZE.)
   if (count <= 0 || count > IOV_MAX) return real_readv(fd, parts, count);
+  // The array is read only where the hooks have something to do: a plain thread's readv with
+  // no error kept for it is libc's (whose bad array is the kernel's EFAULT).
+  auto use = cooperative(fd, 0);
+  if (!use && !holds_pending_error(fd)) return real_readv(fd, parts, count);
   msghdr m = message_of(parts, count);
   if (total_of(m) == 0) return real_readv(fd, parts, count);  // (as read's)
   if (int error = take_pending_error(fd, true)) return fail(error);
-  if (auto use = cooperative(fd, 0)) {
+  if (use) {
     if (auto n = cooperative_receive(fd, *use, &m, 0)) return *n;
   }
   return real_readv(fd, parts, count);

@@ -7,7 +7,7 @@
 /// recvfrom/recvmsg, write/writev/send/sendto/sendmsg, poll/ppoll, select/pselect,
 /// epoll_wait/epoll_pwait, __poll_chk/__ppoll_chk, sleep/usleep/
 /// nanosleep/clock_nanosleep, close/close_range/closefrom, fclose/freopen, dup/dup2/dup3, fcntl,
-/// ioctl(FIONBIO), setsockopt, shutdown and getaddrinfo come before libc's.
+/// ioctl(FIONBIO), setsockopt, shutdown, vfork and getaddrinfo come before libc's.
 ///
 /// Every call gives what libc's gives for the program's view of the descriptor (blocking or
 /// not, as the program set it). On a spindle fiber, a call on a socket the program has not made

@@ -521,9 +521,11 @@ TEST(HookReview, ACloseInAVforkedChildClosesNothingOfTheParents) {
 // length, fd_set, timespec). The hooks read some of them before the kernel does; each call
 // must say EFAULT, on a thread and on a fiber, not crash. Each runs in a process of its own.
 // (Not ppoll's timeout: glibc's own ppoll copies it before the system call, and crashes too.)
-// defect: hooked calls read the caller's pointers (iovec arrays, address lengths, fd_sets,
-// timespecs) before the kernel does: SIGSEGV where libc says EFAULT; readv's total_of() runs even
-// on a plain thread, so `readv(fd, nullptr, 2)` kills a thread that never ran a fiber
+// defect: hooked calls on a fiber read the caller's pointers (iovec arrays, address lengths,
+// fd_sets, timespecs) before the kernel does: SIGSEGV where libc says EFAULT. Left disabled: a
+// check would cost a system call on every call (user space cannot ask whether memory is
+// readable without one); documented as a limit in docs/database.md. (The plain thread's readv
+// is fixed: ReadvOfABadArrayOnAPlainThreadSaysEfault.)
 TEST(HookReviewDeathTest, DISABLED_BadPointersSayEfault) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   Pair p;
@@ -570,6 +572,22 @@ TEST(HookReviewDeathTest, DISABLED_BadPointersSayEfault) {
       ::_exit(libc == (Outcome{-1, EFAULT}) && hooked == libc ? 0 : 1);
     };
     EXPECT_EXIT(both(), ::testing::ExitedWithCode(0), "") << name;
+  }
+}
+
+// Attack: the part of the above a plain thread meets: readv of a null or unmapped array on a
+// thread that never ran a fiber is libc's call, EFAULT.
+// fixed (was a defect): readv's total_of() read the array even on a plain thread: SIGSEGV
+TEST(HookReviewDeathTest, ReadvOfABadArrayOnAPlainThreadSaysEfault) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Pair p;
+  ASSERT_EQ(::write(p.b, "0123456789", 10), 10);
+  iovec* volatile null_iovec = nullptr;
+  auto* unmapped_iovec = reinterpret_cast<iovec*>(8);
+  for (iovec* parts : {static_cast<iovec*>(null_iovec), unmapped_iovec}) {
+    auto call = [&] { return ::readv(p.a, parts, 2); };
+    EXPECT_EXIT(::_exit(on_thread(call) == (Outcome{-1, EFAULT}) ? 0 : 1),
+                ::testing::ExitedWithCode(0), "");
   }
 }
 
