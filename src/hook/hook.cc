@@ -230,12 +230,18 @@ int dup3(int fd, int target, int flags) {
 // in a register, not on the stack. (Not under TSan, whose own vfork is a fork.)
 int spindle_hook_vforks = 0;
 
-extern "C" [[gnu::weak]] void __asan_handle_vfork(void* stack);
+#if defined(__SANITIZE_ADDRESS__)
+extern "C" void __asan_handle_vfork(void* stack);  // (ASan's runtime)
+#endif
 
 extern "C" [[gnu::used, gnu::visibility("hidden")]] void spindle_hook_vfork_returned(void* stack) {
   __atomic_fetch_sub(&spindle_hook_vforks, 1, __ATOMIC_RELEASE);
   // (ASan's own vfork does this: the child's frames left their marks on the shared stack.)
-  if (&__asan_handle_vfork != nullptr) __asan_handle_vfork(stack);
+#if defined(__SANITIZE_ADDRESS__)
+  __asan_handle_vfork(stack);
+#else
+  (void)stack;
+#endif
 }
 
 #if defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
