@@ -6,6 +6,7 @@
 #include <cassert>
 #include <cstring>
 
+#include "spindle/http/rules.h"
 #include "spindle/http/tokens.h"
 
 namespace spindle::h2::hpack {
@@ -180,12 +181,6 @@ constexpr std::array<bool, 256> kNameChars = [] {
   for (char c : std::string_view(":(),/;<=>?@[\\]{}\"")) ok[static_cast<std::uint8_t>(c)] = false;
   return ok;
 }();
-// The characters a value may not hold.
-constexpr std::array<bool, 256> kValueStops = [] {
-  std::array<bool, 256> stop{};
-  stop['\0'] = stop['\r'] = stop['\n'] = true;
-  return stop;
-}();
 }  // namespace
 
 }  // namespace spindle::h2::hpack
@@ -207,10 +202,10 @@ bool valid_value(std::string_view value) {
       value.back() == '\t') {
     return false;
   }
-  for (char c : value) {
-    if (hpack::kValueStops[static_cast<std::uint8_t>(c)]) return false;
-  }
-  return true;
+  // HTTP/1.1's rule (no control character but HTAB, no DEL), stricter than RFC 9113's (no NUL,
+  // CR or LF): a value that could not go on as HTTP/1.1 is refused where it arrives, not by the
+  // writer of an upstream request (which would blame the upstream).
+  return http::is_field_value(value);
 }
 
 }  // namespace spindle::h2

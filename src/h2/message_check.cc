@@ -3,6 +3,8 @@
 
 #include <charconv>
 
+#include "spindle/http/rules.h"
+
 namespace spindle::h2::detail {
 namespace token = http::token;
 
@@ -57,12 +59,15 @@ void HeadCheck::field(const hpack::Decoded& d, bool trailers, bool connect_proto
       return;
     }
     *seen = true;
+    // What HTTP/1.1 would take as a method and a target (a tab in one, a space or DEL in the
+    // other would change the request line an HTTP/1.1 upstream reads).
     if (token == &token::kMethod) {
+      if (!http::is_method(value)) malformed = true;
       connect = value == "CONNECT";
       options = value == "OPTIONS";
     }
     if (token == &token::kPath) {
-      if (value.empty()) malformed = true;
+      if (value.empty() || http::target_prefix_length(value) != value.size()) malformed = true;
       asterisk = value == "*";
     }
     return;

@@ -32,8 +32,10 @@
 namespace spindle::h2 {
 
 /// RFC 9113 §8.2.1: a field name of HTTP/2 is token characters in lower case (a pseudo-field's
-/// ':' first only); a value holds no NUL, CR or LF and neither starts nor ends with a space or
-/// tab. The decoder checks each dynamic table entry once, when it is added (Decoded::checked).
+/// ':' first only); a value neither starts nor ends with a space or tab, and holds what an
+/// HTTP/1.1 value may (http::is_field_value: no control character but tab, no DEL; stricter
+/// than §8.2.1's no NUL, CR or LF, so that what HTTP/2 takes can go on as HTTP/1.1). The decoder
+/// checks each dynamic table entry once, when it is added (Decoded::checked).
 bool valid_name(std::string_view name);
 bool valid_value(std::string_view value);
 
