@@ -15,6 +15,13 @@ using detail::ResponseCheck;
 namespace {
 
 constexpr std::string_view kPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+// The bytes of one header block past which the connection ends (SessionLimits::max_header_block):
+// a client's session is bounded by the frames a block may take (each of our max_frame_size).
+std::size_t block_limit(bool client, const SessionLimits& limits) {
+  if (!client) return limits.max_header_block;
+  return std::max(limits.max_header_block,
+                  (limits.max_continuations + 1) * std::size_t{limits.max_frame_size});
+}
 // Our SETTINGS_HEADER_TABLE_SIZE: RFC 7541's default, for the server side and the client side.
 constexpr std::uint32_t kDecoderTableSize = 4096;
 
@@ -218,7 +225,8 @@ bool Session::on_frame(const Frame& f) {
         return false;
       }
       block_.append(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
-      if (block_.size() > limits_.max_header_block || ++block_frames_ > limits_.max_continuations) {
+      if (block_.size() > block_limit(role_ == Role::kClient, limits_) ||
+          ++block_frames_ > limits_.max_continuations) {
         return connection_error(ErrorCode::kEnhanceYourCalm, "header block too large");
       }
       return f.has(flag::kEndHeaders)
@@ -268,7 +276,7 @@ bool Session::on_headers(const Frame& f) {
   }
   block_stream_ = id;
   block_end_stream_ = f.has(flag::kEndStream);
-  if (f.payload.size() > limits_.max_header_block) {
+  if (f.payload.size() > block_limit(role_ == Role::kClient, limits_)) {
     return connection_error(ErrorCode::kEnhanceYourCalm, "header block too large");
   }
   // A whole block in one frame (the usual case) is decoded where it lies; else the pieces are

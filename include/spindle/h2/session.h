@@ -52,7 +52,13 @@ struct SessionLimits {
   bool connection_window_on_receipt = false;
   std::uint32_t max_frame_size = kDefaultMaxFrameSize;
   std::uint32_t max_header_list_size = 65536;
-  /// One header block (HEADERS and its CONTINUATIONs): bytes, and frames.
+  /// One header block (HEADERS and its CONTINUATIONs): bytes, and frames. Past either a
+  /// server's session ends the connection (its client's only). A client's session ends it past
+  /// the frames only: its connection carries many callers' streams, and a response head past
+  /// the bytes (an upstream reflecting a request) is one stream's error. Its block is still
+  /// gathered whole, at most max_continuations + 1 frames of max_frame_size, and decoded to keep
+  /// the table in step (max_header_list_size bounds what is kept of it); then that stream is
+  /// reset.
   std::size_t max_header_block = 65536 + 16384;
   std::size_t max_continuations = 32;
   /// Output queued and not taken by the driver: past it the client is not reading.

@@ -467,3 +467,59 @@ TEST(H2Client, StatesItsTableSizeAndReadsNginxsFieldsIndexedIntoNothing) {
     EXPECT_EQ(r.resets[id], ErrorCode::kProtocolError) << i;
   }
 }
+
+// A response head past max_header_block (an upstream that reflects a large request) is its
+// stream's error, not the connection's: the connection carries other callers' streams. The
+// block is read whole (the decoder's table stays in step: the next head refers to an entry
+// the large one added), that stream is reset, the other is answered; a block past the frames
+// a block may take still ends the connection (what is gathered stays bounded).
+TEST(H2Client, AnOversizedResponseHeadResetsItsStreamAndTheTableStaysInStep) {
+  for (std::size_t fields : {40u, 300u}) {
+    SCOPED_TRACE(fields);
+    Hostile h;
+    const std::uint32_t big = h.client.open(request(), true);
+    const std::uint32_t other = h.client.open(request(), true);
+    (void)h.written();
+    // ":status: 200", "x-shared: s" with incremental indexing (entry 62), then `fields`
+    // literals of 4,000 bytes not indexed: 160 KB (10 frames of 16 KiB) or 1.2 MB (74).
+    std::string block = "\x88";
+    block += '\x40';
+    hpack::encode_integer(8, 7, 0, block);
+    block += "x-shared";
+    hpack::encode_integer(1, 7, 0, block);
+    block += "s";
+    for (std::size_t i = 0; i < fields; ++i) {
+      block += '\x00';
+      const std::string name = "x-big-" + std::to_string(i);
+      hpack::encode_integer(name.size(), 7, 0, block);
+      block += name;
+      hpack::encode_integer(4000, 7, 0, block);
+      block += std::string(4000, 'v');
+    }
+    ASSERT_GT(block.size(), SessionLimits{}.max_header_block);
+    std::string in;
+    write::headers(in, big, block, true, kDefaultMaxFrameSize);
+    // The other stream's head: ":status: 200" and entry 62.
+    write::headers(in, other, "\x88\xbe", true);
+    const bool lives = fields == 40;
+    EXPECT_EQ(h.client.receive(bytes(in)), lives);
+    auto out = h.written();
+    bool goaway = false, reset_big = false;
+    for (auto [kind, code] : out) {
+      goaway = goaway || kind == FrameType::kGoaway;
+      reset_big = reset_big || (kind == FrameType::kRstStream &&
+                                code == static_cast<std::uint32_t>(ErrorCode::kProtocolError));
+    }
+    if (lives) {
+      EXPECT_FALSE(goaway);
+      EXPECT_TRUE(reset_big);
+      EXPECT_EQ(h.r.resets[big], ErrorCode::kProtocolError);
+      EXPECT_FALSE(h.r.resets.contains(other));
+      EXPECT_TRUE(h.r.ended[other]);
+      EXPECT_EQ(h.r.fields[other], (std::vector<std::pair<std::string, std::string>>{
+                                       {":status", "200"}, {"x-shared", "s"}}));
+    } else {
+      EXPECT_TRUE(goaway);  // 74 frames: past max_continuations
+    }
+  }
+}
