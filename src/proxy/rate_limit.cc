@@ -58,7 +58,7 @@ std::shared_ptr<RateLimiter> RateLimitRegistry::limiter(const std::string& route
   }
   auto clients = redis_[clients_key].lock();
   if (!clients) {
-    clients = std::make_shared<RedisClients>(*redis, *redis_address, workers);
+    clients = std::make_shared<RedisClients>(*redis, redis_address, workers);
     redis_[clients_key] = clients;
   }
   // Instances with the same route and settings share counts; other settings are other keys.

@@ -14,7 +14,7 @@ defect are xfail(strict=True), their reason the behaviour observed:
    (defect: the new server is never asked).
 4. SIGHUP and SIGTERM during start's wait for the first answers (defect: served only after it).
 5. A Redis named in DNS, unresolved: `failure_mode: open` lets requests through (holds); the
-   worker is refused without connecting (defect: it connects to an uninitialised Address).
+   worker is refused without connecting (was a defect: it connected to an uninitialised Address).
 6. A Redis named in the hosts file, DNS silent (holds).
 7. A hosts file edited without a reload, then the name removed from it (holds).
 8. A hosts file whose open blocks (defect: holds all discovery and SIGTERM).
@@ -285,12 +285,6 @@ def test_an_unresolved_redis_name_with_failure_mode_open_lets_requests_through(b
         api.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect: RateLimitRegistry::limiter() dereferences the empty optional redis_address "
-    "(`*redis_address`, rate_limit.cc) when the Redis name has no address yet: RedisClients gets "
-    "an Address made of uninitialised storage instead of none, so instead of the intended "
-    "'connection refused' the worker connects to whatever those bytes say: the log says "
-    "'redis redis.test:6399: cannot connect (Address family not supported by protocol)'"))
 def test_an_unresolved_redis_name_is_refused_not_connected_to(build_dir, tmp_path, dns):
     api = Named("127.0.0.2", "api")
     dns.fail("redis.test", A, "servfail")
