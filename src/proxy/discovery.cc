@@ -12,6 +12,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <optional>
 #include <span>
 
@@ -269,56 +272,15 @@ class Discovery::Channel {
       ok_ = ares_set_servers_ports_csv(channel_, csv.c_str()) == ARES_SUCCESS;
     }
     if (!ok_) log_error("dns: cannot set up a resolver channel: every lookup fails");
-    ares_options files{};
-    files.lookups = const_cast<char*>("f");  // the hosts file only: never the network
-    if (ares_init_options(&files_, &files, ARES_OPT_LOOKUPS) != ARES_SUCCESS) files_ = nullptr;
   }
   ~Channel() {
     if (channel_ != nullptr) ares_destroy(channel_);  // calls back every lookup in flight
-    if (files_ != nullptr) ares_destroy(files_);
   }
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
   bool ok() const { return ok_; }
   ares_channel get() { return channel_; }
-
-  // The addresses the hosts file (/etc/hosts; the file $CARES_HOSTS names, if set) gives
-  // `name`, per family (IP text, sorted); nullopt if it has no line for it. The channel asked
-  // reads only the file: the callback comes before the call returns.
-  std::optional<std::array<std::vector<std::string>, 2>> from_hosts_file(const std::string& name) {
-    if (files_ == nullptr) return std::nullopt;
-    struct Found {
-      bool listed = false;
-      std::array<std::vector<std::string>, 2> addresses;
-    } found;
-    ares_addrinfo_hints hints{};
-    hints.ai_flags = ARES_AI_ENVHOSTS | ARES_AI_NOSORT;
-    hints.ai_family = AF_UNSPEC;
-    auto done = [](void* arg, int status, int, ares_addrinfo* result) {
-      auto& out = *static_cast<Found*>(arg);
-      out.listed = status == ARES_SUCCESS;
-      for (auto* n = result != nullptr ? result->nodes : nullptr; n != nullptr; n = n->ai_next) {
-        const void* ip =
-            n->ai_family == AF_INET
-                ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(n->ai_addr)->sin_addr)
-                : &reinterpret_cast<sockaddr_in6*>(n->ai_addr)->sin6_addr;
-        char text[INET6_ADDRSTRLEN];
-        if (::inet_ntop(n->ai_family, ip, text, sizeof text) != nullptr) {
-          out.addresses[n->ai_family == AF_INET ? 0 : 1].emplace_back(text);
-        }
-      }
-      if (result != nullptr) ares_freeaddrinfo(result);
-    };
-    ares_getaddrinfo(files_, name.c_str(), nullptr, &hints, done, &found);
-    ares_cancel(files_);  // (nothing is left: the file is read in the call)
-    if (!found.listed) return std::nullopt;
-    for (auto& family : found.addresses) {
-      std::ranges::sort(family);
-      family.erase(std::ranges::unique(family).begin(), family.end());
-    }
-    return found.addresses;
-  }
 
   // Waits until a socket of the channel or `wake` is readable, or `until` (or c-ares's next
   // timeout, if sooner); processes what came, and the timeouts.
@@ -353,7 +315,6 @@ class Discovery::Channel {
 
  private:
   ares_channel channel_ = nullptr;
-  ares_channel files_ = nullptr;  ///< reads the hosts file, for from_hosts_file()
   bool ok_ = false;
 };
 
@@ -539,7 +500,7 @@ void Discovery::run() {
         channel_serial = config_serial_;
       }
     }
-    check_hosts_file(*channel);
+    check_hosts_file();
     Clock::time_point next;
     std::vector<Ticket*> tickets;
     {
@@ -551,7 +512,28 @@ void Discovery::run() {
   }
 }
 
-void Discovery::check_hosts_file(Channel& channel) {
+std::optional<std::string> Discovery::read_hosts_file() {
+  // The file c-ares would read: $CARES_HOSTS if set, else /etc/hosts.
+  const char* named = std::getenv("CARES_HOSTS");
+  std::string path = named != nullptr && *named != '\0' ? named : "/etc/hosts";
+  try {
+    // As the configuration is read: opened non-blocking, only a regular file of bounded size,
+    // so a FIFO or a device in its place is refused, never waited on (discovery's only thread
+    // would wait, and every lookup and the exit with it).
+    std::string text = read_config_file(path);
+    hosts_file_trouble_.clear();
+    return text;
+  } catch (const ConfigError& e) {
+    if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT) return std::string();
+    if (hosts_file_trouble_ != e.what()) {
+      hosts_file_trouble_ = e.what();
+      log_warn("dns: hosts file {}: its names go to DNS until it can be read", e.what());
+    }
+    return std::nullopt;
+  }
+}
+
+void Discovery::check_hosts_file() {
   std::vector<std::string> names;
   auto now = Clock::now();
   {
@@ -564,15 +546,15 @@ void Discovery::check_hosts_file(Channel& channel) {
     }
   }
   if (names.empty()) return;
-  std::map<std::string, std::array<std::vector<std::string>, 2>> found;
-  for (const std::string& name : names) {
-    if (auto addresses = channel.from_hosts_file(name)) found[name] = std::move(*addresses);
-  }
+  std::optional<std::string> text = read_hosts_file();
+  auto found = hosts_file_addresses(text.value_or(""), names);
   std::lock_guard guard(lock_);
   for (const std::string& name : names) {
     auto it = hosts_.find(name);
     if (it == hosts_.end()) continue;
     Host& h = it->second;
+    // A file that cannot be read now keeps the names it gave; new names go to DNS meanwhile.
+    if (!text && h.checked) continue;
     h.checked = true;
     auto listed = found.find(name);
     // A name the file no longer lists goes to DNS from now on (due at once).
@@ -660,6 +642,50 @@ void Discovery::merge_service(const Ticket& ticket, int status, const unsigned c
   service.in_flight = 0;
   service.looked_up = true;
   sync_hosts();
+}
+
+std::map<std::string, std::array<std::vector<std::string>, 2>> hosts_file_addresses(
+    std::string_view text, const std::vector<std::string>& names) {
+  auto same = [](std::string_view a, std::string_view b) {
+    return std::ranges::equal(a, b, [](char x, char y) {
+      return std::tolower(static_cast<unsigned char>(x)) ==
+             std::tolower(static_cast<unsigned char>(y));
+    });
+  };
+  std::map<std::string, std::array<std::vector<std::string>, 2>> found;
+  while (!text.empty()) {
+    std::string_view line = text.substr(0, text.find('\n'));
+    text.remove_prefix(std::min(text.size(), line.size() + 1));
+    line = line.substr(0, line.find('#'));
+    constexpr std::string_view kBlank = " \t\r\f\v";
+    std::vector<std::string_view> words;
+    for (std::size_t at = 0; (at = line.find_first_not_of(kBlank, at)) != line.npos;) {
+      std::size_t end = std::min(line.find_first_of(kBlank, at), line.size());
+      words.push_back(line.substr(at, end - at));
+      at = end;
+    }
+    if (words.size() < 2) continue;
+    std::string word(words[0]);
+    int family = word.find(':') == std::string::npos ? AF_INET : AF_INET6;
+    in6_addr bytes{};
+    char ip[INET6_ADDRSTRLEN];
+    if (::inet_pton(family, word.c_str(), &bytes) != 1 ||
+        ::inet_ntop(family, &bytes, ip, sizeof ip) == nullptr) {
+      continue;
+    }
+    for (std::size_t i = 1; i < words.size(); ++i) {
+      for (const std::string& name : names) {
+        if (same(words[i], name)) found[name][family == AF_INET ? 0 : 1].emplace_back(ip);
+      }
+    }
+  }
+  for (auto& [name, families] : found) {
+    for (auto& family : families) {
+      std::ranges::sort(family);
+      family.erase(std::ranges::unique(family).begin(), family.end());
+    }
+  }
+  return found;
 }
 
 }  // namespace spindle::proxy

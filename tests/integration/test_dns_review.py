@@ -17,7 +17,7 @@ defect are xfail(strict=True), their reason the behaviour observed:
    worker is refused without connecting (was a defect: it connected to an uninitialised Address).
 6. A Redis named in the hosts file, DNS silent (holds).
 7. A hosts file edited without a reload, then the name removed from it (holds).
-8. A hosts file whose open blocks (defect: holds all discovery and SIGTERM).
+8. A hosts file whose open blocks (was a defect: held all discovery and SIGTERM).
 9. SRV primaries whose names resolve to nothing (NODATA, SERVFAIL): the backup serves (holds).
 10. One of two SRV primaries down while an unrelated name rebuilds the gateway every min_ttl:
     the down one and the backup get nothing (holds).
@@ -356,12 +356,6 @@ def test_a_hosts_file_edit_is_followed_without_a_reload_then_dns_takes_over(buil
 
 # ---- 8. a hosts file that blocks its reader ---------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect: the hosts file is read synchronously on discovery's only thread (c-ares opens it "
-    "at every check): a hosts file whose open blocks (a FIFO here; a hung network file system "
-    "alike) stops every DNS lookup (the name the DNS server answers is never asked: 503), and "
-    "SIGTERM never ends the process (~Discovery joins the blocked thread): no request served "
-    "in 3 s (503), and the process killed 5 s after SIGTERM"))
 def test_a_hosts_file_that_blocks_holds_neither_dns_nor_sigterm(build_dir, tmp_path, dns):
     one = Named("127.0.0.2", "one")
     fifo = tmp_path / "hosts"

@@ -21,6 +21,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -106,8 +107,10 @@ class Discovery {
   /// The thread's body: sends the lookups due, waits for answers, wake-ups and the next due.
   void run();
   /// Reads the hosts file's addresses for the names new, and (every min_ttl) for those it
-  /// listed: those it lists are not DNS's to answer.
-  void check_hosts_file(Channel& channel);
+  /// listed: those it lists are not DNS's to answer. Never waits on the file.
+  void check_hosts_file();
+  /// The hosts file's text; "" if there is none; nullopt if it cannot be read now (logged once).
+  std::optional<std::string> read_hosts_file();
   /// The lookups due now (marked in flight); when the next is due after them (under lock_).
   std::vector<Ticket*> due(std::chrono::steady_clock::time_point now,
                            std::chrono::steady_clock::time_point& next);
@@ -139,6 +142,7 @@ class Discovery {
   std::atomic<bool> stopping_{false};  ///< set by the destructor
   UniqueFd wake_;                      ///< eventfd: keep() or stop for the thread
   UniqueFd notify_;                    ///< eventfd: news for the reader
+  std::string hosts_file_trouble_;     ///< the thread's: why the hosts file was last unread
   std::array<std::array<std::atomic<std::uint64_t>, 3>, 3> counts_{};  ///< type x outcome
   std::thread thread_;  ///< started by the first keep() with names
 };
@@ -154,5 +158,12 @@ struct DnsReply {
 /// Reads `reply`, the bytes a name server sent for a lookup of `type`: nullopt if they do not
 /// parse. Any bytes are safe to give it (tests/fuzz/dns_reply_fuzz.cc).
 std::optional<DnsReply> read_dns_reply(Discovery::Type type, std::span<const unsigned char> reply);
+
+/// The addresses the hosts file `text` gives each of `names` (case-insensitive), per family
+/// (A, AAAA: IP text, sorted, each once); a name no line lists is not in the map. Lines are
+/// "IP NAME [ALIAS...]" with `#` comments, as in /etc/hosts; a line whose IP does not parse is
+/// skipped. Any text is safe to give it.
+std::map<std::string, std::array<std::vector<std::string>, 2>> hosts_file_addresses(
+    std::string_view text, const std::vector<std::string>& names);
 
 }  // namespace spindle::proxy
