@@ -87,14 +87,14 @@ class RandomTwo final : public Balancer {
 class ConsistentHash final : public Balancer {
  public:
   explicit ConsistentHash(std::span<const RingTarget> targets) {
+    // A target's points depend on its own weight only, so a target that joins or leaves moves
+    // only keys to or from itself, whatever the weights add up to (a ring scaled to the total
+    // would move keys among the others). Bounded per target: weights past kMostWeight count as
+    // kMostWeight here (at most 160 x 256 points, ~640 KiB, a target).
     constexpr std::uint64_t kPointsPerWeight = 160, kMostWeight = 256;
-    std::uint64_t total = 0;
-    for (const RingTarget& t : targets) total += t.weight;
     for (std::size_t t = 0; t < targets.size(); ++t) {
-      // Past kMostWeight units in all, each target's share of the points stays its share of
-      // the weight, and the ring stays within 160 x 256 points (plus one per target).
-      std::uint64_t points = kPointsPerWeight * targets[t].weight;
-      if (total > kMostWeight) points = std::max<std::uint64_t>(1, points * kMostWeight / total);
+      std::uint64_t points =
+          kPointsPerWeight * std::clamp<std::uint64_t>(targets[t].weight, 1, kMostWeight);
       for (std::uint64_t p = 0; p < points; ++p) {
         ring_.push_back({hash_key(fmt::format("{}#{}", targets[t].key, p)), t});
       }

@@ -205,10 +205,17 @@ std::optional<Address> redis_at(const RedisConfig& redis, const DnsAnswers* dns)
   return address ? std::optional(*address) : std::nullopt;
 }
 
-// What the balancers of `u` are made over: its targets as resolved.
+// What the balancers of `u` are made over: its targets as resolved. A target's ring key is its
+// name, port and address, whatever else the name resolves to: the label says the address only
+// when the name has several, so a key on it would change (and move the target's points) when a
+// name's other address comes or goes.
 std::vector<RingTarget> ring_targets(const Gateway::Upstream& u) {
   std::vector<RingTarget> ring;
-  for (const Gateway::Target& t : u.targets) ring.push_back({t.label, t.config.weight});
+  for (const Gateway::Target& t : u.targets) {
+    ring.push_back(
+        {fmt::format("{}:{} {}", t.config.host, t.config.port, t.endpoint.address.to_string()),
+         t.config.weight});
+  }
   return ring;
 }
 

@@ -41,10 +41,11 @@ struct TargetView {
 };
 
 /// What a balancer is made over, per target: where it sits on consistent_hash's ring (its
-/// label, such as "api.test:80" or "api.test:80 (10.0.0.2)": not its position, so that
-/// adding or removing another target leaves its points) and its weight.
+/// name, port and address, such as "api.test:80 10.0.0.2:80": not its position, nor anything
+/// that changes with the other targets, so that adding or removing another target leaves its
+/// points) and its weight.
 struct RingTarget {
-  std::string key;      ///< the target's label
+  std::string key;      ///< the target's name, port and address
   unsigned weight = 1;  ///< 1-1000
 };
 

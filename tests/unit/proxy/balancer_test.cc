@@ -142,3 +142,29 @@ TEST(Balancer, ConsistentHashKeepsKeysWhenATargetLeavesTheConfiguration) {
   }
   EXPECT_EQ(kept, others);
 }
+
+TEST(Balancer, ConsistentHashMovesKeysOnlyToAJoiningTargetWhateverTheWeights) {
+  // A target's points depend on its own weight only: however the weights add up (past 256
+  // too), keys move only to the target that joins, never between those that stay.
+  for (std::vector<unsigned> weights : std::vector<std::vector<unsigned>>{
+           {1, 1, 1}, {100, 100, 100}, {300, 700, 1000}, {5, 200, 90}, {256, 257, 1}}) {
+    for (unsigned joining : {1u, 100u, 1000u}) {
+      auto three = upstream(BalancerKind::kConsistentHash, weights);
+      auto four = three;
+      four.targets.push_back({"10.0.0.9", 80, joining});
+      auto before = Balancer::make(three), after = Balancer::make(four);
+      auto v3 = views(three), v4 = views(four);
+      int to_new = 0;
+      for (int k = 0; k < 2000; ++k) {
+        std::uint64_t h = hash_key("user-" + std::to_string(k));
+        std::size_t was = before->pick(v3, h).value(), now = after->pick(v4, h).value();
+        if (now == 3) {
+          ++to_new;
+        } else {
+          EXPECT_EQ(now, was) << k << " joining " << joining;
+        }
+      }
+      if (joining >= 100) EXPECT_GT(to_new, 0) << joining;  // (weight 1 may get none of 2000)
+    }
+  }
+}
