@@ -1,6 +1,7 @@
 #include "instance.h"
 
 #include <fmt/format.h>
+#include <poll.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -321,9 +322,11 @@ bool Instance::names_ready(const proxy::Config& config) {
   return discovery_.settled();
 }
 
-void Instance::wait_for_names(const proxy::Config& config,
-                              std::chrono::steady_clock::time_point until) {
-  if (!names_ready(config)) (void)discovery_.wait_settled(until);
+bool Instance::wait_for_names(const proxy::Config& config,
+                              std::chrono::steady_clock::time_point until, int interrupt) {
+  if (names_ready(config) || discovery_.wait_settled(until, interrupt)) return true;
+  pollfd p{.fd = interrupt, .events = POLLIN, .revents = 0};
+  return ::poll(&p, 1, 0) <= 0;
 }
 
 void Instance::rediscover() {

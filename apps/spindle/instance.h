@@ -85,8 +85,10 @@ class Instance {
   /// force), in the background; true once each has had its first lookup end, so that apply()
   /// finds their answers. Never waits.
   bool names_ready(const proxy::Config& config);
-  /// Waits (on the calling thread) until names_ready(config) or `until`.
-  void wait_for_names(const proxy::Config& config, std::chrono::steady_clock::time_point until);
+  /// Waits (on the calling thread) until names_ready(config), `until`, or `interrupt` (a
+  /// descriptor: the signals') is readable; true unless `interrupt` ended the wait.
+  bool wait_for_names(const proxy::Config& config, std::chrono::steady_clock::time_point until,
+                      int interrupt);
   /// Readable when discovery has news (changed answers, names ready).
   int dns_fd() const { return discovery_.fd(); }
 

@@ -16,6 +16,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "config_watch.h"
 #include "handover.h"
@@ -283,9 +284,31 @@ class MainLoop {
     loaded_ = std::move(text);
   }
 
+  // At start, waits for the first answers of the DNS names of `config` (up to `until`) while
+  // reading the signals: a stop signal ends the wait (false: the process stops, unserved);
+  // the others are served once the loop runs (a SIGHUP then reloads the file).
+  bool wait_for_names(const Config& config, std::chrono::steady_clock::time_point until) {
+    while (!instance_.wait_for_names(config, until, signal_fd_)) {
+      signalfd_siginfo info{};
+      if (::read(signal_fd_, &info, sizeof info) != sizeof info) continue;
+      int signo = static_cast<int>(info.ssi_signo);
+      if (signo != SIGHUP && signo != SIGUSR1 && signo != SIGUSR2) {
+        signo_ = signo;
+        return false;
+      }
+      if (std::ranges::find(deferred_, signo) == deferred_.end()) deferred_.push_back(signo);
+    }
+    return true;
+  }
+
+  // The stop signal that ended wait_for_names().
+  int stop_signal() const { return signo_; }
+
   // Runs until a stop signal (its number) or until a new process took over (0); then the
   // handover point is closed (the new process listens there now, or nobody will).
   int run() {
+    for (int signo : deferred_) serve_signal(signo);
+    deferred_.clear();
     while (signo_ == 0 && !handed_over_) turn();
     point_.reset();
     return signo_;
@@ -439,17 +462,21 @@ class MainLoop {
   void on_signal() {
     signalfd_siginfo info{};
     if (::read(signal_fd_, &info, sizeof info) != sizeof info) return;
-    if (info.ssi_signo == SIGHUP) {
+    serve_signal(static_cast<int>(info.ssi_signo));
+  }
+
+  void serve_signal(int signo) {
+    if (signo == SIGHUP) {
       on_sighup();
-    } else if (info.ssi_signo == SIGUSR1) {
+    } else if (signo == SIGUSR1) {
       // logrotate's "reopen" (as nginx and Envoy take it): the files were renamed.
       instance_.reopen_logs();
       log_info("SIGUSR1: access log files opened again");
-    } else if (info.ssi_signo == SIGUSR2) {
+    } else if (signo == SIGUSR2) {
       std::string outcome = upgrade_now();
       if (outcome.starts_with("error ")) log_error("upgrade (SIGUSR2): {}", outcome.substr(6));
     } else {
-      signo_ = static_cast<int>(info.ssi_signo);
+      signo_ = signo;
     }
   }
 
@@ -501,6 +528,7 @@ class MainLoop {
   pid_t successor_ = 0;                   // the replacement process started, until it serves
   UniqueFd handing_over_;                 // its handover connection, once it asked
   int signo_ = 0;                         // the stop signal received
+  std::vector<int> deferred_;             // signals received while start waited for names
   bool handed_over_ = false;              // the replacement serves: this process drains
   bool sighup_waits_ = false;             // a SIGHUP came while a writer had the file open
 };
@@ -591,9 +619,13 @@ int serve(const ServeFlags& command_line) {
     loop.listen_for_upgrades();
   }
   // The first answers of the DNS names, all asked at once in the background, bounded as a
-  // reload's wait is.
-  instance.wait_for_names(config, std::chrono::steady_clock::now() + 2 * config.dns.timeout +
-                                      std::chrono::milliseconds(200));
+  // reload's wait is; a stop signal meanwhile stops the process at once, nothing served.
+  if (!loop.wait_for_names(config, std::chrono::steady_clock::now() + 2 * config.dns.timeout +
+                                       std::chrono::milliseconds(200))) {
+    log_info("{}: stopping before serving (waiting for the first DNS answers)",
+             strsignal(loop.stop_signal()));
+    return 0;  // a predecessor sees the connection close, and serves on
+  }
   if (auto started = instance.apply(std::move(config)); !started) {
     fmt::print(stderr, "spindle: {}\n", started.error());
     return 1;  // the predecessor sees the connection close, and serves on

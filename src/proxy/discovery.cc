@@ -389,14 +389,16 @@ bool Discovery::settled() {
          std::ranges::all_of(services_, [](const auto& s) { return s.second.looked_up; });
 }
 
-bool Discovery::wait_settled(Clock::time_point until) {
+bool Discovery::wait_settled(Clock::time_point until, int interrupt) {
   while (!settled()) {
     auto left = std::chrono::duration_cast<milliseconds>(until - Clock::now()).count();
     if (left <= 0) return false;
-    pollfd p{.fd = notify_.get(), .events = POLLIN, .revents = 0};
-    if (::poll(&p, 1, static_cast<int>(std::min<long>(left, 100))) > 0) {
+    pollfd p[2] = {{.fd = notify_.get(), .events = POLLIN, .revents = 0},
+                   {.fd = interrupt, .events = POLLIN, .revents = 0}};
+    if (::poll(p, 2, static_cast<int>(std::min<long>(left, 100))) > 0) {
       std::uint64_t n;
       (void)!::read(notify_.get(), &n, sizeof n);  // else the next poll returns at once
+      if (p[1].revents != 0) return settled();
     }
   }
   return true;

@@ -77,8 +77,9 @@ class Discovery {
 
   /// True when every name kept has had its first lookup end (answered or not).
   bool settled();
-  /// Waits until settled() or `until`; returns settled().
-  bool wait_settled(std::chrono::steady_clock::time_point until);
+  /// Waits until settled(), `until`, or `interrupt` (a descriptor, -1: none) is readable;
+  /// returns settled().
+  bool wait_settled(std::chrono::steady_clock::time_point until, int interrupt = -1);
 
   /// The answers now: every name kept (empty while it has no address). A name the hosts file
   /// lists (/etc/hosts, or the file $CARES_HOSTS names) has the file's addresses, read on the
