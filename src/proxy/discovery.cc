@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <optional>
 #include <span>
+#include <utility>
 
 #include "spindle/base/log.h"
 #include "spindle/net/address.h"
@@ -492,16 +493,17 @@ void Discovery::run() {
   while (!stopping_.load()) {
     {
       std::lock_guard guard(lock_);
-      bool idle =
-          std::ranges::all_of(hosts_, [](const auto& h) { return h.second.in_flight == 0; }) &&
-          std::ranges::all_of(services_, [](const auto& s) { return s.second.in_flight == 0; });
-      // New servers or timeout: a new channel, once the lookups on the old one have ended.
-      if (!channel || (channel_serial != config_serial_ && idle)) {
+      // New servers or timeout: a new channel at once. The lookups in flight on the old one
+      // come back from its destruction (on_reply) to be asked again on the new one: waiting
+      // for them to end could wait for good, lookups on a silent server overlapping.
+      if (!channel || channel_serial != config_serial_) {
         channel.reset();
         channel = std::make_unique<Channel>(config_);
         channel_serial = config_serial_;
       }
     }
+    std::vector<Ticket*> again = std::exchange(resend_, {});
+    for (Ticket* ticket : again) send(*channel, ticket);
     check_hosts_file();
     Clock::time_point next;
     std::vector<Ticket*> tickets;
@@ -512,6 +514,8 @@ void Discovery::run() {
     for (Ticket* ticket : tickets) send(*channel, ticket);
     channel->wait(wake_.get(), next);
   }
+  channel.reset();
+  for (Ticket* ticket : std::exchange(resend_, {})) delete ticket;
 }
 
 std::optional<std::string> Discovery::read_hosts_file() {
@@ -580,7 +584,9 @@ void Discovery::send(Channel& channel, Ticket* ticket) {
 void Discovery::on_reply(void* arg, int status, int, unsigned char* reply, int length) {
   std::unique_ptr<Ticket> ticket(static_cast<Ticket*>(arg));
   Discovery& self = *ticket->self;
-  if (status == ARES_EDESTRUCTION || self.stopping_.load()) return;
+  if (self.stopping_.load()) return;
+  // Its channel was replaced (new servers): run() asks it again on the new one.
+  if (status == ARES_EDESTRUCTION) return self.resend_.push_back(ticket.release());
   std::lock_guard guard(self.lock_);
   if (ticket->type == Type::kSrv) {
     self.merge_service(*ticket, status, reply, length);

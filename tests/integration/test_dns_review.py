@@ -4,14 +4,15 @@ with priorities and weights, names of the hosts file, a Redis named in DNS, ever
 reloads, against a DNS server that is silent, fails, or changes its answers.
 
 Each case is one attack. Those the gateway withstands are plain tests; those that found a
-defect are xfail(strict=True), their reason the behaviour observed:
+defect were xfail(strict=True), their reason the behaviour observed; each is fixed and a plain
+test now ("was a defect" below):
 
 1. consistent_hash, a name going from two addresses to one: keys of the targets that stay move
    (was a defect: ring points hashed from a label that changed with the name's address count).
 2. consistent_hash, a target joining an SRV name: weights 1 hold; weights adding up past 256
    moved keys between the targets that stayed (was a defect: the ring was rescaled).
 3. A reload replacing a silent DNS server by a working one, lookups overlapping on the old one
-   (defect: the new server is never asked).
+   (was a defect: the new server was never asked; lookups in flight are now asked again on it).
 4. SIGHUP and SIGTERM during start's wait for the first answers (was a defect: served only after
    it); a SIGHUP alone then reloads once the process serves.
 5. A Redis named in DNS, unresolved: `failure_mode: open` lets requests through (holds); the
@@ -165,12 +166,6 @@ def test_consistent_hash_moves_keys_only_to_a_joining_srv_target(build_dir, tmp_
 
 # ---- 3. a reload that replaces a dead DNS server ---------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "defect: discovery sets up its c-ares channel for new dns.servers only at a moment when no "
-    "lookup is in flight; with four names whose lookups on the old, silent server overlap (each "
-    "3 s in flight, asked again 1 s after it failed, a second apart) that moment never comes: "
-    "after a reload (in force) naming a working server, that server is never asked (0 queries "
-    "in 8 s) and the upstream keeps no target"))
 def test_a_reload_to_a_working_dns_server_is_followed_while_the_old_one_is_silent(
         build_dir, tmp_path, dns):
     # The old server answers the SRV name (one more target each second, up to four) and is

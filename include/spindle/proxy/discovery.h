@@ -144,6 +144,7 @@ class Discovery {
   UniqueFd wake_;                      ///< eventfd: keep() or stop for the thread
   UniqueFd notify_;                    ///< eventfd: news for the reader
   std::string hosts_file_trouble_;     ///< the thread's: why the hosts file was last unread
+  std::vector<Ticket*> resend_;        ///< the thread's: lookups of a replaced channel
   std::array<std::array<std::atomic<std::uint64_t>, 3>, 3> counts_{};  ///< type x outcome
   std::thread thread_;  ///< started by the first keep() with names
 };
