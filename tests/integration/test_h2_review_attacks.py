@@ -1382,6 +1382,20 @@ class RawH1Upstream:
         self.listener.close()
 
 
+def raw_h1_gateway(build_dir, tmp_path):
+    """A RawH1Upstream, and a gateway of one worker (HTTP/2 on) whose one route goes to it."""
+    up = RawH1Upstream()
+    gw = gateway(build_dir, tmp_path, f"""
+servers:
+  - {{listen: 127.0.0.1:0, http2: true, access_log: off}}
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://127.0.0.1:{up.port}"}}
+""", threads=1)
+    return up, gw
+
+
 @pytest.mark.parametrize("field", [
     (":method", "GET /admin"),
     (":method", "G\tET"),
@@ -1401,15 +1415,7 @@ def test_a_field_an_http1_upstream_would_read_otherwise_is_refused_or_made_harml
     the method or path, a colon in a name): the request is refused, or reaches the upstream
     with its request line and fields exactly those the gateway meant (one line per field, the
     request line of three parts, one Host)."""
-    up = RawH1Upstream()
-    gw = gateway(build_dir, tmp_path, f"""
-servers:
-  - {{listen: 127.0.0.1:0, http2: true, access_log: off}}
-routes:
-  - {{name: all, match: {{path_prefix: /}}, service: a}}
-services:
-  a: {{url: "http://127.0.0.1:{up.port}"}}
-""", threads=1)
+    up, gw = raw_h1_gateway(build_dir, tmp_path)
     try:
         c = Client(gw.port)
         name, value = field
@@ -1472,15 +1478,7 @@ def test_every_byte_in_a_method_path_or_value_gets_http1s_verdict_over_http2(
     request at the edge (a stream reset PROTOCOL_ERROR, or 400) exactly when HTTP/1.1 refuses
     the same bytes (400), and answers the same status otherwise; never 502 (the upstream
     blamed for what the client sent), and nothing refused reaches the upstream."""
-    up = RawH1Upstream()
-    gw = gateway(build_dir, tmp_path, f"""
-servers:
-  - {{listen: 127.0.0.1:0, http2: true, access_log: off}}
-routes:
-  - {{name: all, match: {{path_prefix: /}}, service: a}}
-services:
-  a: {{url: "http://127.0.0.1:{up.port}"}}
-""", threads=1)
+    up, gw = raw_h1_gateway(build_dir, tmp_path)
     try:
         c = Client(gw.port)
         differ = []
