@@ -1,0 +1,363 @@
+"""An attacker's review of the judged-then-forwarded chain: for each attack, what the gateway
+judged (route, identity, fields, path, scheme) against what the upstream, the forward_auth
+service or the client then got; every head the client gets against the route's response
+edits; configurations check-config accepts against what they then do. An attack that holds is
+a plain test; one that found a defect is xfail(strict=True) with what was observed, and passes
+once it is fixed."""
+import base64
+import os
+import re
+import signal
+import socket
+import time
+
+import h2.events
+import pytest
+
+from proxy_support import (RecordingUpstream, ScriptedUpstream, gateway, h2_connect,
+                           h2_events_until, held_dead_port, raw, read_request_head,
+                           request_headers, wait_until)
+from test_canonical_request import ALICE, HTPASSWD, fields_named, send, status_of
+from test_protocol_upgrades import H2WebSocket, accept_of
+
+
+@pytest.fixture
+def recorder():
+    upstream = RecordingUpstream()
+    yield upstream
+    upstream.stop()
+
+
+class AuthService(RecordingUpstream):
+    """A forward_auth service: lets every request through, except those it is told are for
+    /deny (401 with a field of its own the route's response edits remove)."""
+
+    def answer(self, head, body):
+        uri = fields_named(head.decode("latin-1"), "x-forwarded-uri")
+        if uri and uri[0].startswith("/deny"):
+            return (b"HTTP/1.1 401 Unauthorized\r\nX-Powered-By: authd\r\n"
+                    b"X-Frame-Options: ALLOW\r\nContent-Length: 0\r\n\r\n")
+        return b"HTTP/1.1 200 OK\r\nX-User: alice\r\nContent-Length: 0\r\n\r\n"
+
+
+def head_text(upstream, i=-1):
+    return upstream.requests[i][0].decode("latin-1")
+
+
+def gateway_for(build_dir, tmp_path, routes, services, server_extra=""):
+    return gateway(build_dir, tmp_path, f"""
+servers:
+  - {{listen: 127.0.0.1:0, http2: true, access_log: off{server_extra}}}
+routes:
+{routes}
+services:
+{services}
+""")
+
+
+def h2_exchange(server, headers):
+    """One HTTP/2 request on its own connection: (status, response fields as (name, value))."""
+    s, conn = h2_connect(server)
+    conn.send_headers(1, headers, end_stream=True)
+    s.sendall(conn.data_to_send())
+    events = h2_events_until(s, conn, lambda ev: any(
+        isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset)) for e in ev))
+    s.close()
+    for e in events:
+        if isinstance(e, h2.events.ResponseReceived):
+            fields = [(n.decode(), v.decode()) for n, v in e.headers]
+            return int(dict(fields)[":status"]), fields
+    return None, []
+
+
+# ---- 1: the scheme the client claims --------------------------------------------------------
+
+
+def test_the_scheme_a_cleartext_client_claims_is_told_to_no_one(build_dir, tmp_path, recorder):
+    # Invariant: X-Forwarded-Proto says how the client connected (docs/gateway.md), to the
+    # upstream and to the auth service alike. Attack: a cleartext client claims https, by an
+    # absolute-form target (HTTP/1.1) or by :scheme (h2c prior knowledge): an app that
+    # enforces HTTPS (Flask-Talisman, Express's req.secure behind a proxy) or an auth service
+    # that refuses plain http would take the claim.
+    auth = AuthService()
+    routes = ("  - {name: all, match: {path_prefix: /}, middlewares: [{forward_auth: "
+              "{service: auth, path: /verify}}], service: s}")
+    services = (f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}\n'
+                f'  auth: {{url: "http://127.0.0.1:{auth.port}"}}')
+    server = gateway_for(build_dir, tmp_path, routes, services)
+    try:
+        assert send(server, "GET https://a/x HTTP/1.1\r\nHost: a\r\n\r\n") in (200, 400)
+        status, _ = h2_exchange(server, [(":method", "GET"), (":path", "/y"),
+                                         (":scheme", "https"), (":authority", "a")])
+        assert status in (200, 400, None)
+        for peer in (recorder, auth):
+            for head, _ in peer.requests:
+                protos = fields_named(head.decode("latin-1"), "x-forwarded-proto")
+                assert protos == ["http"], head
+    finally:
+        server.stop()
+        auth.stop()
+
+
+# ---- 2: response edits on every head the client gets -------------------------------------------
+
+
+EDITS = "{headers: {response: {remove: [X-Powered-By], set: {X-Frame-Options: DENY}}}}"
+
+
+def assert_edited(fields, where):
+    lowered = [(n.lower(), v) for n, v in fields]
+    assert not any(n == "x-powered-by" for n, _ in lowered), (where, fields)
+    assert ("x-frame-options", "DENY") in lowered, (where, fields)
+    assert [v for n, v in lowered if n == "x-frame-options"] == ["DENY"], (where, fields)
+
+
+def h1_fields(reply):
+    head = reply.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+    return int(head[0].split(" ")[1]), [tuple(l.split(": ", 1)) for l in head[1:]]
+
+
+class NoisySwitch(ScriptedUpstream):
+    """Switches to WebSocket with a 101 carrying fields a route's response edits remove or
+    set (a framework's X-Powered-By, its own X-Frame-Options)."""
+
+    def __init__(self):
+        self.heads = []
+        super().__init__()
+
+    def handle(self, conn):
+        try:
+            got = read_request_head(conn, b"")
+            if got is None:
+                return
+            head, _ = got
+            self.heads.append(head)
+            key = re.search(rb"(?im)^sec-websocket-key: *([^\r]+)", head)
+            conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
+                         b"Upgrade: websocket\r\nX-Powered-By: Express\r\n"
+                         b"X-Frame-Options: ALLOW\r\nSec-WebSocket-Accept: "
+                         + accept_of(key.group(1).decode()).encode() + b"\r\n\r\n")
+            conn.settimeout(2)
+            try:
+                while conn.recv(65536):
+                    pass
+            except OSError:
+                pass
+        finally:
+            conn.close()
+
+
+def edited_gateway(build_dir, tmp_path, port):
+    routes = f"  - {{name: all, match: {{path_prefix: /}}, middlewares: [{EDITS}], service: s}}"
+    return gateway_for(build_dir, tmp_path, routes, f'  s: {{url: "http://127.0.0.1:{port}"}}')
+
+
+def test_response_edits_reach_the_101_of_an_http1_websocket(build_dir, tmp_path):
+    # The 101 is a head the client gets: the route's response edits apply to it as to a 103.
+    peer = NoisySwitch()
+    server = edited_gateway(build_dir, tmp_path, peer.port)
+    try:
+        key = base64.b64encode(os.urandom(16)).decode()
+        reply = raw(server, (f"GET /chat HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\n"
+                             f"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+                             f"Sec-WebSocket-Key: {key}\r\n\r\n").encode(), wait=1.5)
+        status, fields = h1_fields(reply)
+        assert status == 101, reply
+        assert_edited(fields, 101)
+    finally:
+        server.stop()
+        peer.stop()
+
+
+def test_response_edits_reach_the_200_of_an_http2_websocket(build_dir, tmp_path):
+    # RFC 8441: the upstream's 101 becomes the HTTP/2 client's 200; the edits apply to it.
+    peer = NoisySwitch()
+    server = edited_gateway(build_dir, tmp_path, peer.port)
+    try:
+        ws = H2WebSocket(server.host, server.port, path="/chat")
+        assert ws.status == 200
+        answer = next(e for e in ws.events if isinstance(e, h2.events.ResponseReceived))
+        ws.close()
+        assert_edited([(n.decode(), v.decode()) for n, v in answer.headers], "h2 200")
+    finally:
+        server.stop()
+        peer.stop()
+
+
+@pytest.mark.parametrize("case", ["basic_auth", "forward_auth", "respond", "redirect",
+                                  "bad_gateway", "jwt"])
+@pytest.mark.parametrize("client", ["http/1.1", "h2"])
+def test_response_edits_reach_every_answer_the_gateway_or_a_middleware_makes(
+        build_dir, tmp_path, recorder, case, client):
+    # "for every answer on the route (a middleware's own 401 or 429 included)": the auth
+    # service's refusal carries its own X-Powered-By and X-Frame-Options to remove or set.
+    users = tmp_path / "users"
+    users.write_text(HTPASSWD)
+    keys = tmp_path / "keys.json"
+    keys.write_text('{"keys": [{"kty": "oct", "k": "' + "A" * 43 + '"}]}')
+    auth = AuthService()
+    first = {
+        "basic_auth": f"{{basic_auth: {{users_file: {users}}}}}",
+        "forward_auth": "{forward_auth: {service: auth, path: /verify}}",
+        "respond": "{respond: {status: 418, body: tea}}",
+        "redirect": "{redirect: {path: /elsewhere}}",
+        "bad_gateway": "{headers: {request: {set: {X-A: b}}}}",
+        "jwt": f"{{jwt: {{jwks_file: {keys}}}}}",
+    }[case]
+    dead, dead_port = held_dead_port()
+    target = dead_port if case == "bad_gateway" else recorder.port
+    routes = (f"  - {{name: all, match: {{path_prefix: /}}, middlewares: [{EDITS}, {first}], "
+              f"service: s}}")
+    services = (f'  s: {{url: "http://127.0.0.1:{target}"}}\n'
+                f'  auth: {{url: "http://127.0.0.1:{auth.port}"}}')
+    server = gateway_for(build_dir, tmp_path, routes, services)
+    try:
+        if client == "h2":
+            status, fields = h2_exchange(server, request_headers("/deny"))
+        else:
+            status, fields = h1_fields(raw(server, b"GET /deny HTTP/1.1\r\nHost: a\r\n"
+                                                   b"Connection: close\r\n\r\n"))
+        assert status in (401, 418, 302, 502, 503), (status, fields)
+        assert_edited(fields, status)
+    finally:
+        server.stop()
+        auth.stop()
+        dead.close()
+
+
+# ---- 3: path rewrites and the spellings a route takes ------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="defect: a route takes /API/x and /V1/users/7 (paths match "
+                   "ASCII case aside) but replace_path_regex is a case-sensitive RE2 search: "
+                   "the upstream and the mirror get /API/x unrewritten (strip_prefix strips "
+                   "every case spelling; this rewrite does not)")
+def test_replace_path_regex_rewrites_every_spelling_its_route_takes(build_dir, tmp_path,
+                                                                    recorder):
+    # Attack: an upstream that routes without regard to case (Express) serves /API/x as its own
+    # /api/x, the path the rewrite was there to keep out of reach.
+    mirror = RecordingUpstream()
+    rewrite = r'{replace_path_regex: {regex: "^/api/(.*)$", replacement: "/internal/\\1"}}'
+    routes = (f"  - {{name: api, match: {{path_prefix: /api/}}, middlewares: [{rewrite}, "
+              f"{{mirror: {{service: copies}}}}], service: s}}")
+    services = (f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}\n'
+                f'  copies: {{url: "http://127.0.0.1:{mirror.port}"}}')
+    server = gateway_for(build_dir, tmp_path, routes, services)
+    try:
+        for path in ("/api/x", "/API/x", "/Api/x", "/aPI/x"):
+            assert send(server, f"GET {path} HTTP/1.1\r\nHost: a\r\n\r\n") in (200, 400)
+        assert wait_until(lambda: len(mirror.targets()) == len(recorder.targets()))
+        for line in recorder.targets() + mirror.targets():
+            assert line.startswith("GET /internal/"), (recorder.targets(), mirror.targets())
+    finally:
+        server.stop()
+        mirror.stop()
+
+
+EXPRESS_ADMIN = """
+const express = require('express');
+const app = express();
+app.get('/admin/', (req, res) => res.send('admin dashboard'));
+const server = app.listen(0, '127.0.0.1', () => {
+  console.log(JSON.stringify({address: `127.0.0.1:${server.address().port}`}));
+});
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="defect: path_prefix: /admin/ (with basic_auth) does not "
+                   "take /admin, which Express (non-strict routing, its default) serves with its "
+                   "/admin/ view: 200 'admin dashboard' with no credentials through the "
+                   "catch-all route (one trailing / is only aside for an exact path)")
+def test_a_prefix_with_a_trailing_slash_judges_the_path_express_serves_without_it(build_dir,
+                                                                                  tmp_path):
+    from conftest import ROOT, Server
+    app_file = tmp_path / "admin.js"
+    app_file.write_text(EXPRESS_ADMIN)
+    app = Server(["node", str(app_file)], env={
+        "NODE_PATH": os.path.join(ROOT, "build/tools/express/node_modules")})
+    users = tmp_path / "users"
+    users.write_text(HTPASSWD)
+    routes = (f"  - {{name: admin, match: {{path_prefix: /admin/}}, middlewares: [{{basic_auth: "
+              f"{{users_file: {users}}}}}], service: s}}\n"
+              f"  - {{name: public, match: {{path_prefix: /}}, service: s}}")
+    server = gateway_for(build_dir, tmp_path, routes, f'  s: {{url: "http://{app.host}:{app.port}"}}')
+    try:
+        assert send(server, "GET /admin/ HTTP/1.1\r\nHost: a\r\n\r\n") == 401
+        for path in ("/admin", "/ADMIN", "/Admin"):
+            reply = raw(server, f"GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+                        .encode())
+            assert b"admin dashboard" not in reply, (path, reply)
+    finally:
+        server.stop()
+        app.stop()
+
+
+# ---- 4: host spellings and credentials spellings -------------------------------------------------
+
+
+HOSTED = """  - {name: secret, match: {hosts: [secret.example]}, middlewares: [AUTH], service: s}
+  - {name: corp, match: {hosts: ["*.corp.example"]}, middlewares: [AUTH], service: s}
+  - {name: open, match: {path_prefix: /}, service: s}"""
+
+
+@pytest.mark.parametrize("host", ["SECRET.example", "secret.example.", "secret.example:80",
+                                  "Secret.Example.:8080", "secret.example:0080",
+                                  "x.CORP.example.", "a..corp.example", "a.b.corp.example"])
+def test_every_spelling_of_a_guarded_host_is_judged_by_its_route(build_dir, tmp_path, recorder,
+                                                                 host):
+    # Each spelling a virtual host (nginx, Go's mux after stripping the port) serves as the
+    # guarded host meets the route's credentials, over HTTP/1.1 (Host and absolute-form) and
+    # HTTP/2 (:authority).
+    users = tmp_path / "users"
+    users.write_text(HTPASSWD)
+    routes = HOSTED.replace("AUTH", f"{{basic_auth: {{users_file: {users}}}}}")
+    server = gateway_for(build_dir, tmp_path, routes,
+                         f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}')
+    try:
+        assert send(server, f"GET /x HTTP/1.1\r\nHost: {host}\r\n\r\n") in (400, 401)
+        assert send(server, f"GET http://{host}/x HTTP/1.1\r\nHost: {host}\r\n\r\n") in (400, 401)
+        status, _ = h2_exchange(server, request_headers("/x", authority=host))
+        assert status in (400, 401, None)
+        assert recorder.requests == []
+    finally:
+        server.stop()
+
+
+def basic(text):
+    return "Basic " + base64.b64encode(text).decode()
+
+
+@pytest.mark.parametrize("spelling", [
+    basic(b"alice:secret") + "=", basic(b"alice:secret") + basic(b"admin:x")[6:],
+    "Basic YWxp Y2U6c2VjcmV0", basic(b"alice:secret:x"), basic(b"alice:secret\0admin"),
+    "Basic " + base64.b64encode(b"alice:secret").decode() + "!", "Bearer x, " + ALICE])
+def test_credentials_the_upstream_could_read_otherwise_are_refused(build_dir, tmp_path, recorder,
+                                                                   spelling):
+    # basic_auth verifies one user; the upstream decodes the same field itself (Werkzeug's
+    # lenient base64 drops what is not of its alphabet, Go's is strict): a spelling two
+    # decoders could read as two users must not pass.
+    users = tmp_path / "users"
+    users.write_text(HTPASSWD)
+    routes = (f"  - {{name: all, match: {{path_prefix: /}}, middlewares: [{{basic_auth: "
+              f"{{users_file: {users}}}}}], service: s}}")
+    server = gateway_for(build_dir, tmp_path, routes,
+                         f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}')
+    try:
+        assert send(server, f"GET /x HTTP/1.1\r\nHost: a\r\nAuthorization: {spelling}\r\n\r\n") \
+            in (400, 401)
+        assert send(server, f"GET /x HTTP/1.1\r\nHost: a\r\nAuthorization: {ALICE}\r\n\r\n") == 200
+        assert len(recorder.requests) == 1
+    finally:
+        server.stop()
+
+
+# ---- 5: configurations check-config accepts ------------------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="defect: check-config accepts redirect.host 'evil.com/x' "
+                   "(not a host); the answer's Location is then http://evil.com/x/PATH: the "
+                   "authority is evil.com and the 'host' became a path prefix")
+def test_a_redirect_host_that_is_not_a_host_is_refused_by_check_config(build_dir, tmp_path):
+    from proxy_support import middleware_config_error
+    err = middleware_config_error(build_dir, tmp_path, '[{redirect: {host: "evil.com/x"}}]')
+    assert "redirect.host" in err, err
