@@ -628,3 +628,99 @@ def test_framing_fields_from_the_auth_service_never_reach_the_upstream(build_dir
     finally:
         server.stop()
         auth.stop()
+
+
+# ---- 9: an h2c upstream reads what an HTTP/1.1 one would ------------------------------------------
+
+
+class H2cRecorder(ScriptedUpstream):
+    """An h2c (prior knowledge) upstream, python-h2's server side: records each request's
+    fields as (name, value) strings, answers 200 'ok'."""
+
+    def __init__(self):
+        self.requests = []
+        super().__init__()
+
+    def handle(self, sock):
+        import h2.config
+        import h2.connection
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(
+            client_side=False, validate_inbound_headers=False))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        sock.settimeout(10)
+        try:
+            while data := sock.recv(65536):
+                for e in conn.receive_data(data):
+                    if isinstance(e, h2.events.RequestReceived):
+                        self.requests.append([(n.decode(), v.decode()) for n, v in e.headers])
+                    if isinstance(e, h2.events.DataReceived):
+                        conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+                    if isinstance(e, h2.events.StreamEnded):
+                        conn.send_headers(e.stream_id, [(":status", "200"),
+                                                        ("content-length", "2")])
+                        conn.send_data(e.stream_id, b"ok", end_stream=True)
+                sock.sendall(conn.data_to_send())
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+
+OWNED_SENT = [("X-Forwarded-For", "6.6.6.6"), ("Forwarded", "for=6.6.6.6;host=admin"),
+              ("X-Real-IP", "6.6.6.6"), ("X-Original-URL", "/admin"),
+              ("X-HTTP-Method-Override", "DELETE"), ("X-Forwarded-Host", "admin"),
+              ("X-Forwarded-Proto", "https"), ("X-Forwarded-Prefix", "/admin"),
+              ("Via", "1.1 trusted"), ("X-Role", "admin"), ("X-User", "root"),
+              ("TE", "trailers, gzip"), ("Cookie", "a=1"), ("Cookie", "b=2")]
+
+
+@pytest.mark.parametrize("client", ["http/1.1", "h2"])
+def test_an_h2c_upstream_and_its_mirror_get_only_the_fields_the_gateway_judged(build_dir,
+                                                                               tmp_path, client):
+    from test_gateway_one_request import jwt_keys
+    from test_canonical_request import hs256
+    h2up, mirror, auth = H2cRecorder(), RecordingUpstream(), AuthService()
+    keys = jwt_keys(tmp_path)
+    token = hs256({"sub": "alice", "role": "reader", "exp": int(time.time()) + 600})
+    routes = (f"  - {{name: all, match: {{path_prefix: /}}, middlewares: [{{jwt: {{jwks_file: "
+              f"{keys}, claims_to_headers: {{role: X-Role}}}}}}, {{forward_auth: {{service: "
+              f"auth, response_headers: [X-User]}}}}, {{mirror: {{service: copies}}}}], "
+              f"service: s}}")
+    services = (f'  s: {{url: "http://127.0.0.1:{h2up.port}", protocol: h2c}}\n'
+                f'  copies: {{url: "http://127.0.0.1:{mirror.port}"}}\n'
+                f'  auth: {{url: "http://127.0.0.1:{auth.port}"}}')
+    server = gateway_for(build_dir, tmp_path, routes, services)
+    try:
+        sent = OWNED_SENT + [("Authorization", f"Bearer {token}")]
+        if client == "h2":
+            # (RFC 9113 §8.2.2: an HTTP/2 te other than "trailers" is malformed.)
+            status, _ = h2_exchange(server, request_headers("/p?q=1") + [
+                (n.lower(), v) for n, v in sent if n != "TE"])
+        else:
+            status = send(server, "GET /p?q=1 HTTP/1.1\r\nHost: a\r\n" +
+                          "".join(f"{n}: {v}\r\n" for n, v in sent) + "\r\n")
+        assert status == 200
+        assert wait_until(lambda: mirror.requests and h2up.requests)
+        fields = h2up.requests[0]
+        one = {n: [v for m, v in fields if m == n] for n, _ in fields}
+        assert one[":method"] == ["GET"] and one[":path"] == ["/p?q=1"], fields
+        assert one[":authority"] == ["a"] and one.get("host", ["a"]) == ["a"], fields
+        assert one["x-forwarded-for"] == ["127.0.0.1"], fields
+        assert one["x-forwarded-host"] == ["a"] and one["x-forwarded-proto"] == ["http"], fields
+        assert one["x-role"] == ["reader"] and one["x-user"] == ["alice"], fields
+        assert one.get("te", ["trailers"]) == ["trailers"], fields
+        assert "; ".join(one["cookie"]) == "a=1; b=2", fields
+        for name in ("forwarded", "x-real-ip", "x-original-url", "x-http-method-override",
+                     "x-forwarded-prefix"):
+            assert name not in one, (name, fields)
+        assert all("trusted" not in v or v.startswith("1.1 trusted") for v in one["via"])
+        mirrored = mirror.requests[0][0].decode("latin-1")
+        for name in ("x-role", "x-user", "x-forwarded-for", "x-forwarded-host", "x-request-id"):
+            assert fields_named(mirrored, name) == one[name], (name, mirrored, fields)
+        assert mirrored.startswith("GET /p?q=1 HTTP/1.1\r\n"), mirrored
+    finally:
+        server.stop()
+        h2up.stop()
+        mirror.stop()
+        auth.stop()
