@@ -55,10 +55,12 @@ services:
 """)
 
 
-def h2_exchange(server, headers):
+def h2_exchange(server, headers, body=b""):
     """One HTTP/2 request on its own connection: (status, response fields as (name, value))."""
     s, conn = h2_connect(server)
-    conn.send_headers(1, headers, end_stream=True)
+    conn.send_headers(1, headers, end_stream=not body)
+    if body:
+        conn.send_data(1, body, end_stream=True)
     s.sendall(conn.data_to_send())
     events = h2_events_until(s, conn, lambda ev: any(
         isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset)) for e in ev))
@@ -185,7 +187,8 @@ def test_response_edits_reach_the_200_of_an_http2_websocket(build_dir, tmp_path)
 
 
 @pytest.mark.parametrize("case", ["basic_auth", "forward_auth", "respond", "redirect",
-                                  "bad_gateway", "jwt"])
+                                  "bad_gateway", "jwt", "ip_deny", "rate_limit", "max_body",
+                                  "cors"])
 @pytest.mark.parametrize("client", ["http/1.1", "h2"])
 def test_response_edits_reach_every_answer_the_gateway_or_a_middleware_makes(
         build_dir, tmp_path, recorder, case, client):
@@ -203,7 +206,16 @@ def test_response_edits_reach_every_answer_the_gateway_or_a_middleware_makes(
         "redirect": "{redirect: {path: /elsewhere}}",
         "bad_gateway": "{headers: {request: {set: {X-A: b}}}}",
         "jwt": f"{{jwt: {{jwks_file: {keys}}}}}",
+        "ip_deny": "{ip_deny: [127.0.0.0/8]}",
+        "rate_limit": "{rate_limit: {rate: 1/h, burst: 1}}",
+        "max_body": "{max_body: 1}",
+        "cors": "{cors: {origins: [\"https://a.example\"]}}",
     }[case]
+    extra = {"max_body": [("content-length", "5")],
+             "cors": [("origin", "https://a.example"), ("access-control-request-method", "GET")]
+             }.get(case, [])
+    method = {"max_body": "POST", "cors": "OPTIONS"}.get(case, "GET")
+    body = "hello" if case == "max_body" else ""
     dead, dead_port = held_dead_port()
     target = dead_port if case == "bad_gateway" else recorder.port
     routes = (f"  - {{name: all, match: {{path_prefix: /}}, middlewares: [{EDITS}, {first}], "
@@ -212,12 +224,16 @@ def test_response_edits_reach_every_answer_the_gateway_or_a_middleware_makes(
                 f'  auth: {{url: "http://127.0.0.1:{auth.port}"}}')
     server = gateway_for(build_dir, tmp_path, routes, services)
     try:
-        if client == "h2":
-            status, fields = h2_exchange(server, request_headers("/deny"))
-        else:
-            status, fields = h1_fields(raw(server, b"GET /deny HTTP/1.1\r\nHost: a\r\n"
-                                                   b"Connection: close\r\n\r\n"))
-        assert status in (401, 418, 302, 502, 503), (status, fields)
+        for _ in range(2 if case == "rate_limit" else 1):
+            if client == "h2":
+                status, fields = h2_exchange(server, request_headers("/deny", method) + extra,
+                                             body.encode())
+            else:
+                status, fields = h1_fields(raw(server, (
+                    f"{method} /deny HTTP/1.1\r\nHost: a\r\n" +
+                    "".join(f"{n}: {v}\r\n" for n, v in extra) +
+                    "Connection: close\r\n\r\n" + body).encode(), wait=2))
+        assert status in (401, 418, 302, 502, 503, 403, 429, 413, 204), (status, fields)
         assert_edited(fields, status)
     finally:
         server.stop()
@@ -724,3 +740,74 @@ def test_an_h2c_upstream_and_its_mirror_get_only_the_fields_the_gateway_judged(b
         h2up.stop()
         mirror.stop()
         auth.stop()
+
+
+class H2cSwitch(ScriptedUpstream):
+    """An h2c upstream that allows extended CONNECT (RFC 8441) and accepts every one with a
+    200 carrying fields the route's response edits remove or set; records each request."""
+
+    def __init__(self):
+        self.requests = []
+        super().__init__()
+
+    def handle(self, sock):
+        import h2.config
+        import h2.connection
+        import h2.settings
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(
+            client_side=False, validate_inbound_headers=False))
+        conn.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.ENABLE_CONNECT_PROTOCOL: 1})
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        sock.settimeout(5)
+        try:
+            while data := sock.recv(65536):
+                for e in conn.receive_data(data):
+                    if isinstance(e, h2.events.RequestReceived):
+                        self.requests.append([(n.decode(), v.decode()) for n, v in e.headers])
+                        conn.send_headers(e.stream_id, [
+                            (":status", "200"), ("x-powered-by", "go"),
+                            ("x-frame-options", "ALLOW")])
+                    if isinstance(e, h2.events.DataReceived):
+                        conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+                sock.sendall(conn.data_to_send())
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+
+@pytest.mark.parametrize("client", ["http/1.1", "h2"])
+def test_a_websocket_to_an_h2c_upstream_is_the_request_judged_and_its_answer_edited(
+        build_dir, tmp_path, client):
+    # The extended CONNECT to the upstream: its :path after strip_prefix, its :authority the
+    # request's; the head the client gets back (101 or 200) with the route's response edits.
+    peer = H2cSwitch()
+    routes = (f"  - {{name: ws, match: {{path_prefix: /ws}}, middlewares: [{EDITS}, "
+              f"{{strip_prefix: /ws}}, {{headers: {{request: {{set: {{X-Tenant: t1}}}}}}}}], "
+              f"service: s}}")
+    server = gateway_for(build_dir, tmp_path, routes,
+                         f'  s: {{url: "http://127.0.0.1:{peer.port}", protocol: h2c}}')
+    try:
+        if client == "h2":
+            ws = H2WebSocket(server.host, server.port, path="/WS/chat?x=1")
+            answer = next(e for e in ws.events if isinstance(e, h2.events.ResponseReceived))
+            ws.close()
+            status = int(dict(answer.headers)[b":status"])
+            fields = [(n.decode(), v.decode()) for n, v in answer.headers]
+        else:
+            key = base64.b64encode(os.urandom(16)).decode()
+            status, fields = h1_fields(raw(server, (
+                f"GET /WS/chat?x=1 HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n"
+                f"Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: {key}"
+                f"\r\nX-Tenant: admin\r\n\r\n").encode(), wait=1.0))
+        assert status == (200 if client == "h2" else 101), fields
+        assert_edited([(n, v) for n, v in fields if not n.startswith(":")], status)
+        got = dict(peer.requests[0])
+        assert got[":method"] == "CONNECT" and got[":protocol"] == "websocket", got
+        assert got[":path"] == "/chat?x=1" and got[":authority"] == "localhost", got
+        assert [v for n, v in peer.requests[0] if n == "x-tenant"] == ["t1"], peer.requests
+    finally:
+        server.stop()
+        peer.stop()
