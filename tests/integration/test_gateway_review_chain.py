@@ -811,3 +811,71 @@ def test_a_websocket_to_an_h2c_upstream_is_the_request_judged_and_its_answer_edi
     finally:
         server.stop()
         peer.stop()
+
+
+# ---- 10: the request that upgrades the connection to h2c (RFC 7540 §3.2) ---------------------
+
+
+H2C_UPGRADE = ("Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+               "HTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n")
+GUARDED_BY_UPGRADE = {
+    "no credentials": "GET /admin/x HTTP/1.1\r\nHost: a\r\n\r\n",
+    "another case": "GET /ADMIN/x HTTP/1.1\r\nHost: a\r\n\r\n",
+    "dot segments": "GET /public/../admin/x HTTP/1.1\r\nHost: a\r\n\r\n",
+    "a guarded host": "GET /x HTTP/1.1\r\nHost: ADMIN.internal.\r\n\r\n",
+    "X_Forwarded_For": "GET /x HTTP/1.1\r\nHost: a\r\nX_Forwarded_For: 10.0.0.1\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(GUARDED_BY_UPGRADE) + ["refused: " + c for c in [
+    "obs-fold on Authorization", "two Hosts in two cases", "a fragment", "%2f",
+    "an absolute-form target and another Host", "a lower-case unknown method",
+    "Content_Length", "a Host with a comma"]])
+def test_the_request_that_upgrades_to_h2c_is_judged_as_any_other(build_dir, tmp_path, recorder,
+                                                                 case):
+    # The gateway takes `Upgrade: h2c` itself: the upgrading request is answered as stream 1.
+    # It must meet the same canonical request, routes and credentials as any HTTP/1.1 one.
+    from test_canonical_attacks import REFUSED_H1, guarded_routes
+    from test_canonical_request import config as canonical_config
+    text = REFUSED_H1[case[9:]] if case.startswith("refused: ") else GUARDED_BY_UPGRADE[case]
+    server = gateway(build_dir, tmp_path, canonical_config(recorder, guarded_routes(tmp_path)))
+    try:
+        head, _, body = text.partition("\r\n\r\n")
+        reply = raw(server, (head + "\r\n" + H2C_UPGRADE + "\r\n" + body).encode("latin-1"),
+                    wait=1.5)
+        assert reply, case
+        assert recorder.requests == [], (case, reply[:200], upstream_heads_of(recorder))
+    finally:
+        server.stop()
+
+
+def upstream_heads_of(upstream):
+    return [h.decode("latin-1") for h, _ in upstream.requests]
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_a_body_of_the_h2c_upgrading_request_is_never_read_as_http2_frames(build_dir, tmp_path,
+                                                                            recorder, framing):
+    # Attack: the upgrading POST's body is an HTTP/2 preface and a stream to /admin/x. Read as
+    # the body it is, it reaches the upstream as data of POST /public; read as frames after
+    # the 101, it is a request no route judged.
+    import h2.config
+    import h2.connection
+    from test_canonical_attacks import guarded_routes
+    from test_canonical_request import config as canonical_config
+    inner = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+    inner.initiate_connection()
+    inner.send_headers(1, request_headers("/admin/x"), end_stream=True)
+    frames = inner.data_to_send()
+    if framing == "length":
+        body = b"Content-Length: %d\r\n\r\n%s" % (len(frames), frames)
+    else:
+        body = b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(frames), frames)
+    server = gateway(build_dir, tmp_path, canonical_config(recorder, guarded_routes(tmp_path)))
+    try:
+        raw(server, b"POST /public HTTP/1.1\r\nHost: a\r\n" + H2C_UPGRADE.encode() + body,
+            wait=1.5)
+        assert all(not line.split(" ")[1].lower().startswith("/admin")
+                   for line in recorder.targets()), recorder.targets()
+    finally:
+        server.stop()
