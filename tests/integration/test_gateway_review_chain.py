@@ -879,3 +879,130 @@ def test_a_body_of_the_h2c_upgrading_request_is_never_read_as_http2_frames(build
                    for line in recorder.targets()), recorder.targets()
     finally:
         server.stop()
+
+
+# ---- 11: a reload while a request is between its judgement and its forwarding ----------------
+
+
+class SlowAuth(AuthService):
+    """An auth service that takes its time: a reload lands while the question is out."""
+
+    def answer(self, head, body):
+        time.sleep(0.8)
+        return b"HTTP/1.1 200 OK\r\nX-User: alice\r\nX-Tier: gold\r\nContent-Length: 0\r\n\r\n"
+
+
+class SlowUpstream(RecordingUpstream):
+    def answer(self, head, body):
+        time.sleep(0.8)
+        return (b"HTTP/1.1 200 OK\r\nX-Powered-By: php\r\nX-Frame-Options: ALLOW\r\n"
+                b"Content-Length: 2\r\n\r\nok")
+
+
+def versioned_config(upstream, auth, version):
+    """Version 1 and 2 differ in every edit the route makes, each way."""
+    return f"""
+servers:
+  - {{listen: 127.0.0.1:0, http2: true, access_log: off}}
+routes:
+  - name: all
+    match: {{path_prefix: /}}
+    middlewares:
+      - {{headers: {{request: {{set: {{X-Version: "{version}"}}}},
+                    response: {{remove: [X-Powered-By], set: {{X-Frame-Options: V{version}}}}}}}}}
+      - {{forward_auth: {{service: auth, response_headers: [{"X-User" if version == 1 else "X-Tier"}]}}}}
+      - {{strip_prefix: /v{version}}}
+    service: s
+services:
+  s: {{url: "http://127.0.0.1:{upstream.port}"}}
+  auth: {{url: "http://127.0.0.1:{auth.port}"}}
+"""
+
+
+@pytest.mark.parametrize("slow", ["auth", "upstream"])
+def test_a_request_in_flight_at_a_reload_is_forwarded_as_one_version_judged_it(build_dir,
+                                                                               tmp_path, slow):
+    # Invariant: a request is judged and edited by one configuration, whichever: never the
+    # auth fields of one version with the header edits or path rewrite of the other. Under
+    # ASan this also catches a route freed under the request by the reload.
+    import threading
+    from test_reload import Gateway
+    upstream = SlowUpstream() if slow == "upstream" else RecordingUpstream()
+    auth = SlowAuth() if slow == "auth" else AuthService()
+    gw = Gateway(build_dir, tmp_path, versioned_config(upstream, auth, 1))
+    replies = []
+    try:
+        sender = threading.Thread(target=lambda: replies.append(raw(
+            gw.server, b"GET /v1/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", wait=5)))
+        sender.start()
+        assert wait_until(lambda: (auth if slow == "auth" else upstream).requests, 3)
+        gw.sighup(versioned_config(upstream, auth, 2))
+        sender.join()
+        status, fields = h1_fields(replies[0])
+        assert status == 200, replies
+        head = head_text(upstream)
+        version = fields_named(head, "x-version")
+        assert version in (["1"], ["2"]), head
+        if version == ["1"]:
+            assert head.startswith("GET /x ") and fields_named(head, "x-user") == ["alice"], head
+            assert fields_named(head, "x-tier") == [], head
+        else:
+            assert head.startswith("GET /v1/x ") and fields_named(head, "x-tier") == ["gold"]
+        assert dict((n.lower(), v) for n, v in fields).get("x-frame-options", "V1")[0] == "V"
+        assert not any(n.lower() == "x-powered-by" for n, _ in fields), fields
+    finally:
+        gw.stop()
+        upstream.stop()
+        auth.stop()
+
+
+# ---- 12: TLS with ALPN: the scheme is the connection's ---------------------------------------------
+
+
+@pytest.mark.parametrize("alpn", ["h2", "http/1.1"])
+def test_over_tls_the_scheme_is_https_whatever_the_client_claims(build_dir, tmp_path, certs,
+                                                                 recorder, alpn):
+    # An HTTP/2 client over TLS says :scheme http (or an HTTP/1.1 one an http:// absolute
+    # form): the upstream and the auth service are told https, as the client connected.
+    import ssl
+    auth = AuthService()
+    routes = ("  - {name: all, match: {path_prefix: /}, middlewares: [{forward_auth: "
+              "{service: auth}}], service: s}")
+    services = (f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}\n'
+                f'  auth: {{url: "http://127.0.0.1:{auth.port}"}}')
+    tls = f", tls: {{cert: {certs}/localhost.pem, key: {certs}/localhost.key}}"
+    server = gateway_for(build_dir, tmp_path, routes, services, server_extra=tls)
+    try:
+        ctx = ssl.create_default_context(cafile=os.path.join(certs, "ca.pem"))
+        ctx.set_alpn_protocols([alpn])
+        sock = ctx.wrap_socket(socket.create_connection((server.host, server.port), timeout=5),
+                               server_hostname="localhost")
+        assert sock.selected_alpn_protocol() == alpn
+        if alpn == "h2":
+            import h2.config
+            import h2.connection
+            conn = h2.connection.H2Connection(config=h2.config.H2Configuration(
+                client_side=True, validate_outbound_headers=False))
+            conn.initiate_connection()
+            conn.send_headers(1, [(":method", "GET"), (":path", "/x"), (":scheme", "http"),
+                                  (":authority", "localhost")], end_stream=True)
+            sock.sendall(conn.data_to_send())
+            h2_events_until(sock, conn, lambda ev: any(
+                isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset)) for e in ev))
+        else:
+            sock.sendall(b"GET http://localhost/x HTTP/1.1\r\nHost: localhost\r\n"
+                         b"Connection: close\r\n\r\n")
+            sock.settimeout(3)
+            try:
+                while sock.recv(65536):
+                    pass
+            except OSError:
+                pass
+        sock.close()
+        assert len(recorder.requests) == 1 and len(auth.requests) == 1
+        for peer in (recorder, auth):
+            for head, _ in peer.requests:
+                assert fields_named(head.decode("latin-1"), "x-forwarded-proto") == ["https"], head
+    finally:
+        server.stop()
+        auth.stop()
