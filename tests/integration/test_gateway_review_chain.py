@@ -655,6 +655,7 @@ class H2cRecorder(ScriptedUpstream):
 
     def __init__(self):
         self.requests = []
+        self.trailers = []
         super().__init__()
 
     def handle(self, sock):
@@ -670,6 +671,8 @@ class H2cRecorder(ScriptedUpstream):
                 for e in conn.receive_data(data):
                     if isinstance(e, h2.events.RequestReceived):
                         self.requests.append([(n.decode(), v.decode()) for n, v in e.headers])
+                    if isinstance(e, h2.events.TrailersReceived):
+                        self.trailers.append([(n.decode(), v.decode()) for n, v in e.headers])
                     if isinstance(e, h2.events.DataReceived):
                         conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
                     if isinstance(e, h2.events.StreamEnded):
@@ -1080,3 +1083,76 @@ def test_a_jwt_route_forwards_no_second_token_it_did_not_verify(build_dir, tmp_p
             assert bad not in head, head
     finally:
         server.stop()
+
+
+# ---- 15: a field a headers edit removes, in another spelling --------------------------------------
+
+
+@pytest.mark.parametrize("spelling", ["X_Internal_Token", "x_internal_token", "X-INTERNAL-TOKEN",
+                                      "X_INTERNAL-TOKEN"])
+@pytest.mark.parametrize("client", ["http/1.1", "h2"])
+def test_a_field_a_headers_edit_removes_reaches_no_upstream_in_any_spelling(
+        build_dir, tmp_path, recorder, spelling, client):
+    # remove: [X-Internal-Token] keeps the client from claiming what the services behind trust
+    # (an internal caller's token). WSGI, PHP and CGI read X_Internal_Token as that field.
+    routes = ("  - {name: all, match: {path_prefix: /}, middlewares: [{headers: {request: "
+              "{remove: [X-Internal-Token]}}}], service: s}")
+    server = gateway_for(build_dir, tmp_path, routes,
+                         f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}')
+    try:
+        if client == "h2":
+            h2_exchange(server, request_headers("/x") + [(spelling.lower(), "forged")])
+        else:
+            send(server, f"GET /x HTTP/1.1\r\nHost: a\r\n{spelling}: forged\r\n\r\n")
+        for head in upstream_heads_of(recorder):
+            assert "forged" not in head, head
+    finally:
+        server.stop()
+
+
+FORGED_TRAILERS = [("X-Role", "admin"), ("X_Role", "admin"), ("X-Forwarded-For", "6.6.6.6"),
+                   ("Authorization", "Bearer forged"), ("X-Internal-Token", "forged"),
+                   ("X-Original-URL", "/admin"), ("Host", "admin.internal")]
+
+
+@pytest.mark.parametrize("trailer", FORGED_TRAILERS, ids=lambda t: t[0])
+@pytest.mark.parametrize("client", ["http/1.1", "h2"])
+def test_request_trailers_to_an_h2c_upstream_carry_no_judged_removed_or_owned_field(
+        build_dir, tmp_path, client, trailer):
+    # gRPC-style uploads: the client's trailers go on to an h2c upstream. A field the route
+    # writes (X-Role from the token), removes (X-Internal-Token) or the gateway owns must not
+    # come in through them.
+    from test_gateway_one_request import jwt_keys
+    from test_canonical_request import hs256
+    h2up = H2cRecorder()
+    keys = jwt_keys(tmp_path)
+    token = hs256({"sub": "bob", "role": "user"})
+    routes = (f"  - {{name: all, match: {{path_prefix: /}}, middlewares: [{{jwt: {{jwks_file: "
+              f"{keys}, claims_to_headers: {{role: X-Role}}}}}}, {{headers: {{request: "
+              f"{{remove: [X-Internal-Token]}}}}}}], service: s}}")
+    server = gateway_for(build_dir, tmp_path, routes,
+                         f'  s: {{url: "http://127.0.0.1:{h2up.port}", protocol: h2c}}')
+    name, value = trailer
+    try:
+        if client == "h2":
+            s, conn = h2_connect(server)
+            conn.send_headers(1, request_headers("/x", "POST") + [
+                ("authorization", f"Bearer {token}"), ("te", "trailers")])
+            conn.send_data(1, b"hi")
+            conn.send_headers(1, [("x-checksum", "1"), (name.lower(), value)], end_stream=True)
+            s.sendall(conn.data_to_send())
+            h2_events_until(s, conn, lambda ev: any(
+                isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset)) for e in ev))
+            s.close()
+        else:
+            raw(server, (f"POST /x HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer {token}\r\n"
+                         f"TE: trailers\r\nTransfer-Encoding: chunked\r\nConnection: close"
+                         f"\r\n\r\n2\r\nhi\r\n0\r\nX-Checksum: 1\r\n{name}: {value}\r\n\r\n").encode(),
+                wait=2)
+        # (Today request trailers do not reach an h2c upstream at all, not even X-Checksum:
+        # this guards the day they are passed on.)
+        for fields in h2up.trailers + h2up.requests:
+            assert (name.lower(), value) not in [(n.lower(), v) for n, v in fields], fields
+    finally:
+        server.stop()
+        h2up.stop()
