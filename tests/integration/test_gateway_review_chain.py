@@ -318,7 +318,10 @@ HOSTED = """  - {name: secret, match: {hosts: [secret.example]}, middlewares: [A
 
 @pytest.mark.parametrize("host", ["SECRET.example", "secret.example.", "secret.example:80",
                                   "Secret.Example.:8080", "secret.example:0080",
-                                  "x.CORP.example.", "a..corp.example", "a.b.corp.example"])
+                                  "x.CORP.example.", "a..corp.example", "a.b.corp.example",
+                                  "secret.example:+80", "secret.example:80:80",
+                                  "secret.example.:", "secret.example%2e",
+                                  "secret%2eexample", "x.corp.example:65535"])
 def test_every_spelling_of_a_guarded_host_is_judged_by_its_route(build_dir, tmp_path, recorder,
                                                                  host):
     # Each spelling a virtual host (nginx, Go's mux after stripping the port) serves as the
