@@ -1159,3 +1159,63 @@ def test_request_trailers_to_an_h2c_upstream_carry_no_judged_removed_or_owned_fi
     finally:
         server.stop()
         h2up.stop()
+
+
+# ---- 16: what follows an answer a middleware made -------------------------------------------------
+
+
+ANSWERING = {"basic_auth": "{basic_auth: {users_file: USERS}}",
+             "rate_limit": "{rate_limit: {rate: 1/h, burst: 1}}",
+             "ip_deny": "{ip_deny: [127.0.0.0/8]}", "max_body": "{max_body: 4}",
+             "respond": "{respond: {status: 200, body: hello}}",
+             "redirect": "{redirect: {path: /elsewhere}}"}
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "expect"])
+@pytest.mark.parametrize("middleware", sorted(ANSWERING))
+def test_the_body_of_a_request_a_middleware_answered_is_never_read_as_a_request(
+        build_dir, tmp_path, recorder, middleware, framing):
+    # A POST answered before it went up (401, 429, 403, 413, a fixed answer, a redirect) has a
+    # body that is a request; a HEAD answered so has no body to give the next answer. Neither
+    # may desynchronise the connection: the smuggled request never reaches the upstream.
+    users = tmp_path / "users"
+    users.write_text(HTPASSWD)
+    mw = ANSWERING[middleware].replace("USERS", str(users))
+    routes = (f"  - {{name: guarded, match: {{path_prefix: /guarded}}, middlewares: [{mw}], "
+              f"service: s}}\n  - {{name: open, match: {{path_prefix: /}}, service: s}}")
+    server = gateway_for(build_dir, tmp_path, routes,
+                         f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}')
+    inner = b"GET /smuggled HTTP/1.1\r\nHost: a\r\n\r\n"
+    if framing == "chunked":
+        body = b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(inner), inner)
+    else:
+        expect = b"Expect: 100-continue\r\n" if framing == "expect" else b""
+        body = b"Content-Length: %d\r\n%s\r\n%s" % (len(inner), expect, inner)
+    try:
+        for _ in range(2):  # (the second for rate_limit's refusal)
+            reply = raw(server, b"HEAD /guarded HTTP/1.1\r\nHost: a\r\n\r\n"
+                                b"POST /guarded HTTP/1.1\r\nHost: a\r\n" + body +
+                                b"GET /after HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+                        wait=2)
+            assert reply.startswith(b"HTTP/1.1 "), reply
+        assert all("/smuggled" not in line for line in recorder.targets()), recorder.targets()
+    finally:
+        server.stop()
+
+
+def test_head_answers_the_gateway_makes_carry_no_body(build_dir, tmp_path, recorder):
+    users = tmp_path / "users"
+    users.write_text(HTPASSWD)
+    routes = "\n".join(
+        f"  - {{name: {name}, match: {{path: /{name}}}, middlewares: "
+        f"[{mw.replace('USERS', str(users))}], service: s}}" for name, mw in ANSWERING.items())
+    server = gateway_for(build_dir, tmp_path, routes,
+                         f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}')
+    try:
+        for name in list(ANSWERING) + ["rate_limit"]:
+            reply = raw(server, f"HEAD /{name} HTTP/1.1\r\nHost: a\r\n\r\nGET /nowhere HTTP/1.1"
+                                f"\r\nHost: a\r\nConnection: close\r\n\r\n".encode(), wait=2)
+            first, _, rest = reply.partition(b"\r\n\r\n")
+            assert first.startswith(b"HTTP/1.1 ") and rest.startswith(b"HTTP/1.1 "), (name, reply)
+    finally:
+        server.stop()
