@@ -177,26 +177,28 @@ def checks(build_dir, path):
     return done.returncode == 0
 
 
-UNNORMAL = [("/%7Euser", "/~user/x"), ("/%7Euser", "/%7Euser/x"), ("/%61dmin", "/admin/x"),
-            ("//admin", "//admin/x"), ("/a/../admin", "/admin/x"), ("/admin/./x", "/admin/x/y"),
-            ("/admin?x", "/admin?x")]
+UNNORMAL = [("path_prefix", "/%7Euser", "/~user/x"), ("path_prefix", "/%7Euser", "/%7Euser/x"),
+            ("path_prefix", "/%61dmin", "/admin/x"), ("path_prefix", "//admin", "//admin/x"),
+            ("path_prefix", "/a/../admin", "/admin/x"), ("path_prefix", "/admin/./x", "/admin/x/y"),
+            ("path_prefix", "/admin?x", "/admin?x"), ("path", "/%7Euser", "/~user"),
+            ("path", "/admin//x", "/admin//x")]
 
 
 @pytest.mark.xfail(strict=True, reason="defect: check-config accepts a guarded route's "
-                   "path_prefix no normalised request can have (/%7Euser, /%61dmin, //admin, "
+                   "path_prefix (or path) no normalised request can have (/%7Euser, /%61dmin, //admin, "
                    "/a/../admin, /admin/./x, /admin?x): requests are normalised (/~user/x, "
                    "/admin/x) but the route's path is not, so the route never matches and "
                    "/~user/x reaches the upstream through the catch-all with no credentials")
-@pytest.mark.parametrize("prefix,path", UNNORMAL)
+@pytest.mark.parametrize("key,prefix,path", UNNORMAL)
 def test_a_guarded_route_path_is_read_as_requests_are_or_refused(build_dir, tmp_path, recorder,
-                                                                 prefix, path):
+                                                                 key, prefix, path):
     users = tmp_path / "users"
     users.write_text(HTPASSWD)
     text = f"""
 servers:
   - {{listen: 127.0.0.1:0, http2: true, access_log: off}}
 routes:
-  - {{name: guard, match: {{path_prefix: "{prefix}"}}, middlewares: [{{basic_auth: {{users_file: {users}}}}}], service: s}}
+  - {{name: guard, match: {{{key}: "{prefix}"}}, middlewares: [{{basic_auth: {{users_file: {users}}}}}], service: s}}
   - {{name: open, match: {{path_prefix: /}}, service: s}}
 services:
   s: {{url: "http://127.0.0.1:{recorder.port}"}}
@@ -479,3 +481,36 @@ def test_head_answers_the_gateway_makes_carry_no_body(build_dir, tmp_path, recor
             assert first.startswith(b"HTTP/1.1 ") and rest.startswith(b"HTTP/1.1 "), (name, reply)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("order", ["mirror first", "mirror last"])
+@pytest.mark.parametrize("refuser", ["basic_auth", "forward_auth"])
+def test_a_request_refused_on_its_way_in_is_never_mirrored(build_dir, tmp_path, recorder, order,
+                                                           refuser):
+    # A mirror target is a service behind the gateway too: a request the route refused must
+    # not reach it, whichever place the mirror has in the list.
+    from test_gateway_review_chain import AuthService
+    mirror, auth = RecordingUpstream(), AuthService()
+    users = tmp_path / "users"
+    users.write_text(HTPASSWD)
+    check = (f"{{basic_auth: {{users_file: {users}}}}}" if refuser == "basic_auth" else
+             "{forward_auth: {service: auth}}")
+    chain = ["{mirror: {service: copies}}", check]
+    if order == "mirror last":
+        chain.reverse()
+    routes = (f"  - {{name: all, match: {{path_prefix: /}}, middlewares: [{', '.join(chain)}], "
+              f"service: s}}")
+    services = (f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}\n'
+                f'  copies: {{url: "http://127.0.0.1:{mirror.port}"}}\n'
+                f'  auth: {{url: "http://127.0.0.1:{auth.port}"}}')
+    server = gateway_for(build_dir, tmp_path, routes, services)
+    try:
+        assert send(server, "GET /deny/x HTTP/1.1\r\nHost: a\r\n\r\n") == 401
+        status, _ = h2_exchange(server, request_headers("/deny/y"))
+        assert status == 401
+        time.sleep(0.3)
+        assert mirror.requests == [] and recorder.requests == [], mirror.targets()
+    finally:
+        server.stop()
+        mirror.stop()
+        auth.stop()
