@@ -514,3 +514,41 @@ def test_a_request_refused_on_its_way_in_is_never_mirrored(build_dir, tmp_path, 
         server.stop()
         mirror.stop()
         auth.stop()
+
+
+@pytest.mark.parametrize("spelling", ["Bearer GOOD BAD", "Bearer GOOD,BAD", "Bearer BAD GOOD",
+                                      "Bearer GOOD, Bearer BAD", "Bearer GOOD=", "Bearer GOOD.",
+                                      "Basic x, Bearer GOOD", "Bearer\tGOOD"])
+def test_a_bearer_field_an_app_could_split_otherwise_is_refused(build_dir, tmp_path, recorder,
+                                                                spelling):
+    # The route verifies one token of the Authorization field; an app that splits the field
+    # itself (on spaces or commas, first or last part) must find no other.
+    from test_canonical_request import config as canonical_config, hs256, jwt_routes
+    good, bad = hs256({"sub": "alice", "role": "reader"}), forged({"sub": "root",
+                                                                   "role": "admin"})
+    server = gateway(build_dir, tmp_path, canonical_config(recorder, jwt_routes(tmp_path)))
+    try:
+        field = spelling.replace("GOOD", good).replace("BAD", bad)
+        assert send(server, f"GET /x HTTP/1.1\r\nHost: a\r\nAuthorization: {field}\r\n\r\n") \
+            in (400, 401)
+        assert send(server, f"GET /x HTTP/1.1\r\nHost: a\r\nAuthorization: bearer {good}\r\n"
+                            "\r\n") == 200
+        assert len(recorder.requests) == 1
+    finally:
+        server.stop()
+
+
+def test_an_http10_chunked_body_is_refused_not_forwarded(build_dir, tmp_path, recorder):
+    # RFC 9112 §6.1: Transfer-Encoding in an HTTP/1.0 request is faulty framing (a 1.0 hop
+    # in front may have read its body otherwise): its body's request never goes up.
+    routes = "  - {name: all, match: {path_prefix: /}, service: s}"
+    server = gateway_for(build_dir, tmp_path, routes,
+                         f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}')
+    try:
+        reply = raw(server, b"POST /a HTTP/1.0\r\nHost: a\r\nConnection: keep-alive\r\n"
+                            b"Transfer-Encoding: chunked\r\n\r\n22\r\nGET /smuggled HTTP/1.1\r\n"
+                            b"Host: a\r\n\r\n\r\n0\r\n\r\n", wait=1.5)
+        assert status_of(reply) == 400, reply
+        assert recorder.requests == []
+    finally:
+        server.stop()
