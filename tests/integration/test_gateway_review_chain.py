@@ -762,3 +762,37 @@ def test_over_tls_the_scheme_is_https_whatever_the_client_claims(build_dir, tmp_
     finally:
         server.stop()
         auth.stop()
+
+
+@pytest.mark.parametrize("client", ["http/1.1", "h2"])
+def test_an_h2c_auth_service_is_told_what_the_gateway_judged(build_dir, tmp_path, recorder,
+                                                             client):
+    # forward_auth to a service of protocol h2c: the same question as over HTTP/1.1 (the
+    # gateway's X-Forwarded-*, the fields the upstream gets, none of the client's owned ones).
+    auth = H2cRecorder()
+    routes = ("  - {name: all, match: {path_prefix: /}, middlewares: [{headers: {request: {set: "
+              "{X-Tenant: t1}}}}, {forward_auth: {service: auth, path: /verify}}], service: s}")
+    services = (f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}\n'
+                f'  auth: {{url: "http://127.0.0.1:{auth.port}", protocol: h2c}}')
+    server = gateway_for(build_dir, tmp_path, routes, services)
+    sent = [("X-Forwarded-Uri", "/public"), ("X-Forwarded-Method", "GET"),
+            ("X-Forwarded-Host", "public"), ("X-Tenant", "admin"), ("X-Original-URL", "/public")]
+    try:
+        if client == "h2":
+            status, _ = h2_exchange(server, request_headers("/admin/x?y=1", "POST") + [
+                (n.lower(), v) for n, v in sent])
+        else:
+            status = send(server, "POST /admin/x?y=1 HTTP/1.1\r\nHost: a\r\nContent-Length: 0"
+                          "\r\n" + "".join(f"{n}: {v}\r\n" for n, v in sent) + "\r\n")
+        assert status == 200
+        fields = auth.requests[0]
+        one = {n: [v for m, v in fields if m == n] for n, _ in fields}
+        assert one[":method"] == ["GET"] and one[":path"] == ["/verify"], fields
+        assert one["x-forwarded-uri"] == ["/admin/x?y=1"], fields
+        assert one["x-forwarded-method"] == ["POST"], fields
+        assert one["x-forwarded-host"] == ["a"] and one["x-tenant"] == ["t1"], fields
+        assert "x-original-url" not in one and "content-length" not in one, fields
+        assert fields_named(head_text(recorder), "x-tenant") == ["t1"]
+    finally:
+        server.stop()
+        auth.stop()
