@@ -134,7 +134,10 @@ def basic(text):
 @pytest.mark.parametrize("spelling", [
     basic(b"alice:secret") + "=", basic(b"alice:secret") + basic(b"admin:x")[6:],
     "Basic YWxp Y2U6c2VjcmV0", basic(b"alice:secret:x"), basic(b"alice:secret\0admin"),
-    "Basic " + base64.b64encode(b"alice:secret").decode() + "!", "Bearer x, " + ALICE])
+    "Basic " + base64.b64encode(b"alice:secret").decode() + "!", "Bearer x, " + ALICE,
+    basic(b"ALICE:secret"), basic(b"Alice:secret"), basic(b" alice:secret"),
+    basic(b"alice :secret"), basic(b"alice:secret "), basic(b"alice\0:secret"),
+    basic(b"\xef\xbb\xbfalice:secret")])
 def test_credentials_the_upstream_could_read_otherwise_are_refused(build_dir, tmp_path, recorder,
                                                                    spelling):
     # basic_auth verifies one user; the upstream decodes the same field itself (Werkzeug's
