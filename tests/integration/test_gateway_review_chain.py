@@ -796,3 +796,41 @@ def test_an_h2c_auth_service_is_told_what_the_gateway_judged(build_dir, tmp_path
     finally:
         server.stop()
         auth.stop()
+
+
+@pytest.mark.xfail(strict=True, reason="defect: behind a trusted proxy, the upstream is told the "
+                   "proxy's X-Forwarded-Host: admin.example and X-Forwarded-Proto: https (kept, "
+                   "as documented) while the forward_auth service is asked about "
+                   "X-Forwarded-Host: a and X-Forwarded-Proto: http: the service judges one host "
+                   "and scheme, the upstream serves another (docs: for every field the service is "
+                   "asked about, the upstream gets that value or none of that name)")
+@pytest.mark.parametrize("client", ["http/1.1", "h2"])
+def test_behind_a_trusted_proxy_the_auth_service_and_upstream_are_told_one_host_and_scheme(
+        build_dir, tmp_path, recorder, client):
+    # A load balancer in trusted_proxies that passes a client's X-Forwarded-Host through (AWS's
+    # ALB sets none of its own) lets the client choose it: the auth service must judge the host
+    # and scheme the upstream (ProxyFix(x_host=1), Express 'trust proxy') will act on.
+    auth = AuthService()
+    routes = ("  - {name: all, match: {path_prefix: /}, middlewares: [{forward_auth: "
+              "{service: auth}}], service: s}")
+    services = (f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}\n'
+                f'  auth: {{url: "http://127.0.0.1:{auth.port}"}}')
+    server = gateway_for(build_dir, tmp_path, routes, services,
+                         server_extra=", trusted_proxies: [127.0.0.1]")
+    claimed = [("X-Forwarded-Proto", "https"), ("X-Forwarded-Host", "admin.example"),
+               ("X-Forwarded-For", "9.9.9.9")]
+    try:
+        if client == "h2":
+            status, _ = h2_exchange(server, request_headers("/x") + [
+                (n.lower(), v) for n, v in claimed])
+        else:
+            status = send(server, "GET /x HTTP/1.1\r\nHost: a\r\n" +
+                          "".join(f"{n}: {v}\r\n" for n, v in claimed) + "\r\n")
+        assert status == 200
+        asked, forwarded = head_text(auth), head_text(recorder)
+        for name in ("x-forwarded-host", "x-forwarded-proto"):
+            assert fields_named(forwarded, name) in ([], fields_named(asked, name)), (
+                name, asked, forwarded)
+    finally:
+        server.stop()
+        auth.stop()
