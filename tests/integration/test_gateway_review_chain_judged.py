@@ -2,11 +2,13 @@
 test_gateway_review_chain.py, whose helpers this one uses): what a route takes against what it
 rewrites (path case spellings, a trailing /), host and credential spellings, route paths and
 written fields check-config accepts, rate limits against bursts, a second token beside the one
-verified, removed fields in other spellings, and what follows an answer a middleware made. An
+verified, removed fields in other spellings, what follows an answer a middleware made, the
+request that upgrades a connection to h2c, reloads while a request is out, TLS scheme claims. An
 attack that holds is a plain test; one that found a defect is xfail(strict=True) with what was
 observed, and passes once it is fixed."""
 import base64
 import os
+import socket
 import time
 
 import h2.events
@@ -15,8 +17,8 @@ import pytest
 from proxy_support import (RecordingUpstream, gateway, h2_connect, h2_events_until, raw,
                            request_headers, wait_until)
 from test_canonical_request import ALICE, HTPASSWD, fields_named, send, status_of
-from test_gateway_review_chain import (H2cRecorder, gateway_for, h2_exchange, head_text,
-                                       upstream_heads_of)
+from test_gateway_review_chain import (AuthService, H2cRecorder, gateway_for, h1_fields,
+                                       h2_exchange, head_text, upstream_heads_of)
 
 
 @pytest.fixture
@@ -492,7 +494,6 @@ def test_a_request_refused_on_its_way_in_is_never_mirrored(build_dir, tmp_path, 
                                                            refuser):
     # A mirror target is a service behind the gateway too: a request the route refused must
     # not reach it, whichever place the mirror has in the list.
-    from test_gateway_review_chain import AuthService
     mirror, auth = RecordingUpstream(), AuthService()
     users = tmp_path / "users"
     users.write_text(HTPASSWD)
@@ -555,3 +556,194 @@ def test_an_http10_chunked_body_is_refused_not_forwarded(build_dir, tmp_path, re
         assert recorder.requests == []
     finally:
         server.stop()
+
+
+# ---- 10: the request that upgrades the connection to h2c (RFC 7540 §3.2) ---------------------
+
+
+H2C_UPGRADE = ("Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+               "HTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n")
+GUARDED_BY_UPGRADE = {
+    "no credentials": "GET /admin/x HTTP/1.1\r\nHost: a\r\n\r\n",
+    "another case": "GET /ADMIN/x HTTP/1.1\r\nHost: a\r\n\r\n",
+    "dot segments": "GET /public/../admin/x HTTP/1.1\r\nHost: a\r\n\r\n",
+    "a guarded host": "GET /x HTTP/1.1\r\nHost: ADMIN.internal.\r\n\r\n",
+    "X_Forwarded_For": "GET /x HTTP/1.1\r\nHost: a\r\nX_Forwarded_For: 10.0.0.1\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(GUARDED_BY_UPGRADE) + ["refused: " + c for c in [
+    "obs-fold on Authorization", "two Hosts in two cases", "a fragment", "%2f",
+    "an absolute-form target and another Host", "a lower-case unknown method",
+    "Content_Length", "a Host with a comma"]])
+def test_the_request_that_upgrades_to_h2c_is_judged_as_any_other(build_dir, tmp_path, recorder,
+                                                                 case):
+    # The gateway takes `Upgrade: h2c` itself: the upgrading request is answered as stream 1.
+    # It must meet the same canonical request, routes and credentials as any HTTP/1.1 one.
+    from test_canonical_attacks import REFUSED_H1, guarded_routes
+    from test_canonical_request import config as canonical_config
+    text = REFUSED_H1[case[9:]] if case.startswith("refused: ") else GUARDED_BY_UPGRADE[case]
+    server = gateway(build_dir, tmp_path, canonical_config(recorder, guarded_routes(tmp_path)))
+    try:
+        head, _, body = text.partition("\r\n\r\n")
+        reply = raw(server, (head + "\r\n" + H2C_UPGRADE + "\r\n" + body).encode("latin-1"),
+                    wait=1.5)
+        assert reply, case
+        assert recorder.requests == [], (case, reply[:200], upstream_heads_of(recorder))
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_a_body_of_the_h2c_upgrading_request_is_never_read_as_http2_frames(build_dir, tmp_path,
+                                                                            recorder, framing):
+    # Attack: the upgrading POST's body is an HTTP/2 preface and a stream to /admin/x. Read as
+    # the body it is, it reaches the upstream as data of POST /public; read as frames after
+    # the 101, it is a request no route judged.
+    import h2.config
+    import h2.connection
+    from test_canonical_attacks import guarded_routes
+    from test_canonical_request import config as canonical_config
+    inner = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+    inner.initiate_connection()
+    inner.send_headers(1, request_headers("/admin/x"), end_stream=True)
+    frames = inner.data_to_send()
+    if framing == "length":
+        body = b"Content-Length: %d\r\n\r\n%s" % (len(frames), frames)
+    else:
+        body = b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(frames), frames)
+    server = gateway(build_dir, tmp_path, canonical_config(recorder, guarded_routes(tmp_path)))
+    try:
+        raw(server, b"POST /public HTTP/1.1\r\nHost: a\r\n" + H2C_UPGRADE.encode() + body,
+            wait=1.5)
+        assert all(not line.split(" ")[1].lower().startswith("/admin")
+                   for line in recorder.targets()), recorder.targets()
+    finally:
+        server.stop()
+
+
+# ---- 11: a reload while a request is between its judgement and its forwarding ----------------
+
+
+class SlowAuth(AuthService):
+    """An auth service that takes its time: a reload lands while the question is out."""
+
+    def answer(self, head, body):
+        time.sleep(0.8)
+        return b"HTTP/1.1 200 OK\r\nX-User: alice\r\nX-Tier: gold\r\nContent-Length: 0\r\n\r\n"
+
+
+class SlowUpstream(RecordingUpstream):
+    def answer(self, head, body):
+        time.sleep(0.8)
+        return (b"HTTP/1.1 200 OK\r\nX-Powered-By: php\r\nX-Frame-Options: ALLOW\r\n"
+                b"Content-Length: 2\r\n\r\nok")
+
+
+def versioned_config(upstream, auth, version):
+    """Version 1 and 2 differ in every edit the route makes, each way."""
+    return f"""
+servers:
+  - {{listen: 127.0.0.1:0, http2: true, access_log: off}}
+routes:
+  - name: all
+    match: {{path_prefix: /}}
+    middlewares:
+      - {{headers: {{request: {{set: {{X-Version: "{version}"}}}},
+                    response: {{remove: [X-Powered-By], set: {{X-Frame-Options: V{version}}}}}}}}}
+      - {{forward_auth: {{service: auth, response_headers: [{"X-User" if version == 1 else "X-Tier"}]}}}}
+      - {{strip_prefix: /v{version}}}
+    service: s
+services:
+  s: {{url: "http://127.0.0.1:{upstream.port}"}}
+  auth: {{url: "http://127.0.0.1:{auth.port}"}}
+"""
+
+
+@pytest.mark.parametrize("slow", ["auth", "upstream"])
+def test_a_request_in_flight_at_a_reload_is_forwarded_as_one_version_judged_it(build_dir,
+                                                                               tmp_path, slow):
+    # Invariant: a request is judged and edited by one configuration, whichever: never the
+    # auth fields of one version with the header edits or path rewrite of the other. Under
+    # ASan this also catches a route freed under the request by the reload.
+    import threading
+    from test_reload import Gateway
+    upstream = SlowUpstream() if slow == "upstream" else RecordingUpstream()
+    auth = SlowAuth() if slow == "auth" else AuthService()
+    gw = Gateway(build_dir, tmp_path, versioned_config(upstream, auth, 1))
+    replies = []
+    try:
+        sender = threading.Thread(target=lambda: replies.append(raw(
+            gw.server, b"GET /v1/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", wait=5)))
+        sender.start()
+        assert wait_until(lambda: (auth if slow == "auth" else upstream).requests, 3)
+        gw.sighup(versioned_config(upstream, auth, 2))
+        sender.join()
+        status, fields = h1_fields(replies[0])
+        assert status == 200, replies
+        head = head_text(upstream)
+        version = fields_named(head, "x-version")
+        assert version in (["1"], ["2"]), head
+        if version == ["1"]:
+            assert head.startswith("GET /x ") and fields_named(head, "x-user") == ["alice"], head
+            assert fields_named(head, "x-tier") == [], head
+        else:
+            assert head.startswith("GET /v1/x ") and fields_named(head, "x-tier") == ["gold"]
+        assert dict((n.lower(), v) for n, v in fields).get("x-frame-options", "V1")[0] == "V"
+        assert not any(n.lower() == "x-powered-by" for n, _ in fields), fields
+    finally:
+        gw.stop()
+        upstream.stop()
+        auth.stop()
+
+
+# ---- 12: TLS with ALPN: the scheme is the connection's ---------------------------------------------
+
+
+@pytest.mark.parametrize("alpn", ["h2", "http/1.1"])
+def test_over_tls_the_scheme_is_https_whatever_the_client_claims(build_dir, tmp_path, certs,
+                                                                 recorder, alpn):
+    # An HTTP/2 client over TLS says :scheme http (or an HTTP/1.1 one an http:// absolute
+    # form): the upstream and the auth service are told https, as the client connected.
+    import ssl
+    auth = AuthService()
+    routes = ("  - {name: all, match: {path_prefix: /}, middlewares: [{forward_auth: "
+              "{service: auth}}], service: s}")
+    services = (f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}\n'
+                f'  auth: {{url: "http://127.0.0.1:{auth.port}"}}')
+    tls = f", tls: {{cert: {certs}/localhost.pem, key: {certs}/localhost.key}}"
+    server = gateway_for(build_dir, tmp_path, routes, services, server_extra=tls)
+    try:
+        ctx = ssl.create_default_context(cafile=os.path.join(certs, "ca.pem"))
+        ctx.set_alpn_protocols([alpn])
+        sock = ctx.wrap_socket(socket.create_connection((server.host, server.port), timeout=5),
+                               server_hostname="localhost")
+        assert sock.selected_alpn_protocol() == alpn
+        if alpn == "h2":
+            import h2.config
+            import h2.connection
+            conn = h2.connection.H2Connection(config=h2.config.H2Configuration(
+                client_side=True, validate_outbound_headers=False))
+            conn.initiate_connection()
+            conn.send_headers(1, [(":method", "GET"), (":path", "/x"), (":scheme", "http"),
+                                  (":authority", "localhost")], end_stream=True)
+            sock.sendall(conn.data_to_send())
+            h2_events_until(sock, conn, lambda ev: any(
+                isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset)) for e in ev))
+        else:
+            sock.sendall(b"GET http://localhost/x HTTP/1.1\r\nHost: localhost\r\n"
+                         b"Connection: close\r\n\r\n")
+            sock.settimeout(3)
+            try:
+                while sock.recv(65536):
+                    pass
+            except OSError:
+                pass
+        sock.close()
+        assert len(recorder.requests) == 1 and len(auth.requests) == 1
+        for peer in (recorder, auth):
+            for head, _ in peer.requests:
+                assert fields_named(head.decode("latin-1"), "x-forwarded-proto") == ["https"], head
+    finally:
+        server.stop()
+        auth.stop()
