@@ -713,3 +713,36 @@ def test_fields_an_upstream_head_names_in_connection_reach_no_client_head(build_
     finally:
         server.stop()
         peer.stop()
+
+
+class FramedHints(RecordingUpstream):
+    """A 103 that carries framing fields (a Content-Length no 1xx may have, RFC 9110 §8.6)."""
+
+    def answer(self, head, body):
+        return (b"HTTP/1.1 103 Early Hints\r\nContent-Length: 5\r\nLink: </a.css>; rel=preload"
+                b"\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+
+@pytest.mark.xfail(strict=True, reason="defect: an upstream's 103 with Content-Length: 5 reaches "
+                   "the client as it is, HTTP/1.1 and HTTP/2 (RFC 9110 §8.6: no 1xx has one); a "
+                   "hop in front that frames the 1xx by it reads 5 bytes of the next head as a "
+                   "body (Transfer-Encoding is removed, Content-Length is not)")
+@pytest.mark.parametrize("client", ["http/1.1", "h2"])
+def test_an_interim_head_reaches_the_client_without_framing_fields(build_dir, tmp_path, client):
+    from test_gateway_one_request import h1_heads, h2_heads
+    peer = FramedHints()
+    routes = "  - {name: all, match: {path_prefix: /}, service: s}"
+    server = gateway_for(build_dir, tmp_path, routes, f'  s: {{url: "http://127.0.0.1:{peer.port}"}}')
+    try:
+        if client == "h2":
+            parts, _ = h2_heads(server, "/x")
+        else:
+            parts, _ = h1_heads(raw(server, b"GET /x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+                                            b"\r\n").decode("latin-1"))
+        assert [status for status, _ in parts] in ([103, 200], [200]), parts
+        for status, fields in parts[:-1]:
+            assert not any(n.lower() in ("content-length", "transfer-encoding")
+                           for n, _ in fields), parts
+    finally:
+        server.stop()
+        peer.stop()
