@@ -163,12 +163,15 @@ def test_credentials_the_upstream_could_read_otherwise_are_refused(build_dir, tm
 # ---- 5: configurations check-config accepts ------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="defect: check-config accepts redirect.host 'evil.com/x' "
-                   "(not a host); the answer's Location is then http://evil.com/x/PATH: the "
-                   "authority is evil.com and the 'host' became a path prefix")
-def test_a_redirect_host_that_is_not_a_host_is_refused_by_check_config(build_dir, tmp_path):
+@pytest.mark.xfail(strict=True, reason="defect: check-config accepts a redirect.host that is "
+                   "not a host ('evil.com/x', 'good.com@evil.com', 'a?b', 'a#b'; it "
+                   "refuses CR LF): the Location is then http://evil.com/x/PATH, whose authority "
+                   "is evil.com, or http://good.com@evil.com/PATH, evil.com's")
+@pytest.mark.parametrize("host", ["evil.com/x", "good.com@evil.com", "a?b", "a#b"])
+def test_a_redirect_host_that_is_not_a_host_is_refused_by_check_config(build_dir, tmp_path,
+                                                                       host):
     from proxy_support import middleware_config_error
-    err = middleware_config_error(build_dir, tmp_path, '[{redirect: {host: "evil.com/x"}}]')
+    err = middleware_config_error(build_dir, tmp_path, f'[{{redirect: {{host: "{host}"}}}}]')
     assert "redirect.host" in err, err
 
 
