@@ -750,3 +750,46 @@ def test_over_tls_the_scheme_is_https_whatever_the_client_claims(build_dir, tmp_
     finally:
         server.stop()
         auth.stop()
+
+
+@pytest.mark.parametrize("what", ["basic_auth user removed", "jwt key rotated"])
+def test_credentials_good_before_a_reload_that_revokes_them_are_refused_after(
+        build_dir, tmp_path, recorder, what):
+    # basic_auth remembers credentials it found good (a digest of user, password and hash);
+    # a key rotated out of the JWKS must take its tokens with it. Same connection, too.
+    import json
+    from test_canonical_request import JWT_SECRET, b64url, hs256
+    from test_reload import Gateway
+    users, keys = tmp_path / "users", tmp_path / "keys.json"
+    users.write_text(HTPASSWD)
+    keys.write_text(json.dumps({"keys": [{"kty": "oct", "kid": "k", "k": b64url(JWT_SECRET)}]}))
+    check = (f"{{basic_auth: {{users_file: {users}}}}}" if what.startswith("basic") else
+             f"{{jwt: {{jwks_file: {keys}}}}}")
+    credential = ALICE if what.startswith("basic") else f"Bearer {hs256({'sub': 'alice'})}"
+    text = f"""
+servers:
+  - {{listen: 127.0.0.1:0, http2: true, access_log: off}}
+routes:
+  - {{name: all, match: {{path_prefix: /}}, middlewares: [{check}], service: s}}
+services:
+  s: {{url: "http://127.0.0.1:{recorder.port}"}}
+"""
+    gw = Gateway(build_dir, tmp_path, text)
+    request = f"GET /x HTTP/1.1\r\nHost: a\r\nAuthorization: {credential}\r\n\r\n".encode()
+    s = socket.create_connection((gw.server.host, gw.server.port), timeout=5)
+    try:
+        s.sendall(request)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        if what.startswith("basic"):
+            users.write_text("bob:{SHA}5en6G6MezRroT3XKqkdPOmY/BfQ=\n")
+        else:
+            keys.write_text(json.dumps({"keys": [{"kty": "oct", "kid": "k2",
+                                                  "k": b64url(b"z" * 32)}]}))
+        gw.sighup(text + "# revoked\n")
+        s.sendall(request)
+        assert status_of(s.recv(65536)) in (401, None)
+        assert send(gw.server, request.decode()) == 401
+        assert len(recorder.requests) == 1
+    finally:
+        s.close()
+        gw.stop()
