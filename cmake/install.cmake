@@ -16,7 +16,8 @@
 include(CMakePackageConfigHelpers)
 
 install(TARGETS spindle spindle_base spindle_runtime spindle_http spindle_h1 spindle_h2
-                spindle_server spindle_client spindle_handlers spindle_proxy spindle_hook spindle_pg
+                spindle_server spindle_client spindle_handlers spindle_proxy spindle_proxy_config
+                spindle_proxy_parts spindle_proxy_request spindle_proxy_gateway spindle_hook spindle_pg
         EXPORT spindleTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "../../../src/proxy/targets.h"
+#include "../../../src/proxy/gateway/targets.h"
 #include "spindle/fiber/runtime.h"
 #include "spindle/proxy/discovery.h"
 #include "spindle/proxy/gateway.h"

@@ -10,10 +10,10 @@
 #include <optional>
 #include <random>
 
-#include "client_identity.h"
-#include "forward_head.h"
-#include "owned_fields.h"
-#include "route_middlewares.h"
+#include "proxy/request/client_identity.h"
+#include "proxy/request/forward_head.h"
+#include "proxy/request/owned_fields.h"
+#include "proxy/request/route_middlewares.h"
 #include "spindle/base/block_cache.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/worker.h"

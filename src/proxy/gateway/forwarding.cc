@@ -7,9 +7,9 @@
 #include <charconv>
 #include <optional>
 
-#include "client_identity.h"
-#include "forward_head.h"
-#include "route_middlewares.h"
+#include "proxy/request/client_identity.h"
+#include "proxy/request/forward_head.h"
+#include "proxy/request/route_middlewares.h"
 #include "spindle/base/block_cache.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/buffer_pool.h"

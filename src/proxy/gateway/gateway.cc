@@ -7,7 +7,7 @@
 
 #include <algorithm>
 
-#include "owned_fields.h"
+#include "proxy/request/owned_fields.h"
 #include "spindle/base/log.h"
 #include "spindle/fiber/this_fiber.h"
 #include "spindle/fiber/worker.h"
