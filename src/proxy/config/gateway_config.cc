@@ -11,7 +11,7 @@
 #include "spindle/base/ascii.h"
 #include "spindle/http/canonical.h"
 #include "spindle/http/rules.h"
-#include "spindle/proxy/jwt.h"
+#include "spindle/proxy/jwt_keys.h"
 
 namespace spindle::proxy::detail {
 namespace {

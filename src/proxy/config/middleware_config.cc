@@ -16,7 +16,7 @@
 #include "spindle/http/canonical.h"
 #include "spindle/http/rules.h"
 #include "spindle/proxy/cors.h"
-#include "spindle/proxy/jwt.h"
+#include "spindle/proxy/jwt_keys.h"
 
 namespace spindle::proxy::detail {
 namespace {
