@@ -219,6 +219,156 @@ std::vector<RingTarget> ring_targets(const Gateway::Upstream& u) {
   return ring;
 }
 
+// The rate limiters of every route, by middleware (nullptr for one that is not a rate_limit).
+std::vector<std::vector<std::shared_ptr<RateLimiter>>> make_rate_limits(const Config& c,
+                                                                        RateLimitRegistry& limits,
+                                                                        std::size_t workers,
+                                                                        const DnsAnswers* dns) {
+  std::optional<Address> redis_address;
+  if (c.redis) redis_address = redis_at(*c.redis, dns);
+  std::vector<std::vector<std::shared_ptr<RateLimiter>>> all;
+  for (const RouteConfig& route : c.routes) {
+    auto& limiters = all.emplace_back();
+    for (std::size_t i = 0; i < route.middlewares.size(); ++i) {
+      const MiddlewareConfig& m = route.middlewares[i];
+      if (m.kind != MiddlewareConfig::Kind::kRateLimit) {
+        limiters.emplace_back();
+      } else {
+        limiters.push_back(
+            limits.limiter(route.name, i, m.rate_limit, c.redis, redis_address, workers));
+      }
+    }
+  }
+  return all;
+}
+
+// Each server with its route table, the fields its routes own, and its routes' series.
+std::vector<Gateway::Server> make_servers(const Config& c, Metrics* metrics) {
+  std::vector<Gateway::Server> servers;
+  for (const ServerConfig& server : c.servers) {
+    Gateway::Server built{&server, server.key(), RouteTable(c, server.name), {}, {}};
+    built.owned_fields = detail::owned_fields(built.routes);
+    if (metrics != nullptr) {
+      for (const RouteConfig& route : c.routes) {
+        built.route_series.push_back(metrics->request_series(built.key, route.name));
+      }
+    }
+    servers.push_back(std::move(built));
+  }
+  return servers;
+}
+
+// The configured upstreams, without targets yet (a service's way of speaking makes them). Room
+// for a variant per service: the services keep pointers into the list.
+std::vector<Gateway::Upstream> make_upstreams(const Config& c) {
+  std::vector<Gateway::Upstream> upstreams;
+  upstreams.reserve(c.upstreams.size() + c.services.size());
+  for (const UpstreamConfig& u : c.upstreams) {
+    Gateway::Upstream upstream;
+    upstream.config = &u;
+    upstream.index = upstreams.size();
+    upstream.limits.max_idle = u.keepalive.max_idle;
+    upstream.limits.idle_timeout = u.keepalive.idle_timeout;
+    upstream.limits.max_connections = u.limits.max_connections;
+    upstream.limits.max_pending = u.limits.max_pending;
+    upstream.limits.preempt_stalled = u.limits.preempt_stalled;
+    upstreams.push_back(std::move(upstream));
+  }
+  return upstreams;
+}
+
+// The variants of each configured upstream made so far, by the way they are spoken to.
+using Variants = std::vector<std::vector<std::pair<std::string, Gateway::Upstream*>>>;
+
+// The upstream that service `s` speaks to: an upstream's targets are made for each way services
+// speak to them (protocol, TLS settings, server name); services that agree share them, one that
+// differs gets targets of its own (a variant of the upstream, with its own balancer, connections
+// and health), so that no service is ever spoken for with another's TLS settings.
+Gateway::Upstream* upstream_for(const Config& c, const ServiceConfig& s,
+                                std::vector<Gateway::Upstream>& upstreams, Variants& variants,
+                                HealthRegistry& health, const DnsAnswers* dns) {
+  auto configured = upstreams.begin() + static_cast<std::ptrdiff_t>(c.upstreams.size());
+  auto it = std::find_if(upstreams.begin(), configured,
+                         [&](const Gateway::Upstream& u) { return u.config->name == s.upstream; });
+  if (it == configured) {
+    throw ConfigError(fmt::format("services.{}: no upstream named '{}'", s.name, s.upstream));
+  }
+  auto& known = variants[it->index];
+  // (An upstream serves one protocol: a second service must agree.)
+  if (!known.empty() && known.front().second->protocol != wire_protocol(s.protocol)) {
+    throw ConfigError(
+        fmt::format("services.{}: upstream '{}' is already used by a service with another "
+                    "protocol",
+                    s.name, s.upstream));
+  }
+  std::shared_ptr<const TlsClientContext> tls = service_tls(s);
+  std::string settings = fmt::format("{}|{}", tls ? tls->identity() : "plain",
+                                     s.tls ? s.tls_server_name : std::string());
+  auto same =
+      std::ranges::find(known, settings, &std::pair<std::string, Gateway::Upstream*>::first);
+  if (same != known.end()) {
+    same->second->services.push_back(s.name);
+    return same->second;
+  }
+  Gateway::Upstream* u = &*it;
+  if (!known.empty()) {
+    u = &upstreams.emplace_back(*it);
+    u->index = upstreams.size() - 1;
+    u->targets.clear();
+    u->services.clear();
+  }
+  u->protocol = wire_protocol(s.protocol);
+  u->tls = static_cast<bool>(tls);
+  u->services.push_back(s.name);
+  make_targets(*u, s, tls, health, dns);
+  known.emplace_back(std::move(settings), u);
+  return u;
+}
+
+// Each service with its timeouts, series and the upstream (or variant) it speaks to.
+std::vector<Gateway::Service> make_services(const Config& c,
+                                            std::vector<Gateway::Upstream>& upstreams,
+                                            HealthRegistry& health, Metrics* metrics,
+                                            const DnsAnswers* dns) {
+  std::vector<Gateway::Service> services;
+  services.reserve(c.services.size());
+  Variants variants(c.upstreams.size());
+  for (const ServiceConfig& s : c.services) {
+    Gateway::Service service;
+    service.config = &s;
+    service.index = services.size();
+    if (metrics != nullptr) service.series = metrics->upstream_series(s.name);
+    service.timeouts = http::ExchangeTimeouts{.connect = s.timeouts.connect,
+                                              .first_byte = s.timeouts.first_byte,
+                                              .read = s.timeouts.read,
+                                              .write = s.timeouts.write};
+    service.upstream = upstream_for(c, s, upstreams, variants, health, dns);
+    services.push_back(service);
+  }
+  for (const auto& made : variants) {
+    for (const auto& [settings, u] : made) u->variants = made.size();
+  }
+  return services;
+}
+
+// What each worker keeps: a balancer and the requests in flight per upstream, a retry budget
+// per service.
+std::vector<std::unique_ptr<Gateway::WorkerState>> make_worker_states(
+    const std::vector<Gateway::Upstream>& upstreams, std::size_t services, std::size_t workers) {
+  std::vector<std::unique_ptr<Gateway::WorkerState>> states;
+  for (std::size_t w = 0; w < workers; ++w) {
+    auto state = std::make_unique<Gateway::WorkerState>();
+    for (const Gateway::Upstream& u : upstreams) {
+      state->balancers.push_back(Balancer::make(u.config->balancer, ring_targets(u)));
+      state->in_flight.emplace_back(u.targets.size(), 0);
+    }
+    // Each worker starts with room for a few retries, so that a quiet service can retry too.
+    state->budgets.resize(services, Gateway::WorkerState::Budget{.milli = 10'000});
+    states.push_back(std::move(state));
+  }
+  return states;
+}
+
 }  // namespace
 
 std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, HealthRegistry& health,
@@ -231,110 +381,11 @@ std::shared_ptr<Gateway> Gateway::build(Config config, std::size_t workers, Heal
     g->own_limits_ = std::make_unique<RateLimitRegistry>();
     limits = g->own_limits_.get();
   }
-  std::optional<Address> redis_address;
-  if (c.redis) redis_address = redis_at(*c.redis, dns);
-  for (const RouteConfig& route : c.routes) {
-    auto& limiters = g->rate_limits_.emplace_back();
-    for (std::size_t i = 0; i < route.middlewares.size(); ++i) {
-      const MiddlewareConfig& m = route.middlewares[i];
-      if (m.kind != MiddlewareConfig::Kind::kRateLimit) {
-        limiters.emplace_back();
-      } else {
-        limiters.push_back(
-            limits->limiter(route.name, i, m.rate_limit, c.redis, redis_address, workers));
-      }
-    }
-  }
-  for (const ServerConfig& server : c.servers) {
-    Server built{&server, server.key(), RouteTable(c, server.name), {}, {}};
-    built.owned_fields = detail::owned_fields(built.routes);
-    if (metrics != nullptr) {
-      for (const RouteConfig& route : c.routes) {
-        built.route_series.push_back(metrics->request_series(built.key, route.name));
-      }
-    }
-    g->servers_.push_back(std::move(built));
-  }
-  g->upstreams_.reserve(c.upstreams.size());
-  for (const UpstreamConfig& u : c.upstreams) {
-    Upstream upstream;
-    upstream.config = &u;
-    upstream.index = g->upstreams_.size();
-    upstream.limits.max_idle = u.keepalive.max_idle;
-    upstream.limits.idle_timeout = u.keepalive.idle_timeout;
-    upstream.limits.max_connections = u.limits.max_connections;
-    upstream.limits.max_pending = u.limits.max_pending;
-    upstream.limits.preempt_stalled = u.limits.preempt_stalled;
-    g->upstreams_.push_back(std::move(upstream));
-  }
-  g->services_.reserve(c.services.size());
-  // An upstream's targets are made for each way services speak to them (protocol, TLS
-  // settings, server name): services that agree share them, one that differs gets targets of
-  // its own (a variant of the upstream, with its own balancer, connections and health), so
-  // that no service is ever spoken for with another's TLS settings. Room for a variant per
-  // service: the services keep pointers into the list.
-  g->upstreams_.reserve(c.upstreams.size() + c.services.size());
-  std::vector<std::vector<std::pair<std::string, Upstream*>>> variants(c.upstreams.size());
-  for (const ServiceConfig& s : c.services) {
-    Service service;
-    service.config = &s;
-    service.index = g->services_.size();
-    if (metrics != nullptr) service.series = metrics->upstream_series(s.name);
-    service.timeouts = http::ExchangeTimeouts{.connect = s.timeouts.connect,
-                                              .first_byte = s.timeouts.first_byte,
-                                              .read = s.timeouts.read,
-                                              .write = s.timeouts.write};
-    auto configured = g->upstreams_.begin() + static_cast<std::ptrdiff_t>(c.upstreams.size());
-    auto it = std::find_if(g->upstreams_.begin(), configured,
-                           [&](const Upstream& u) { return u.config->name == s.upstream; });
-    if (it == configured) {
-      throw ConfigError(fmt::format("services.{}: no upstream named '{}'", s.name, s.upstream));
-    }
-    auto& known = variants[it->index];
-    // (An upstream serves one protocol: a second service must agree.)
-    if (!known.empty() && known.front().second->protocol != wire_protocol(s.protocol)) {
-      throw ConfigError(
-          fmt::format("services.{}: upstream '{}' is already used by a service with another "
-                      "protocol",
-                      s.name, s.upstream));
-    }
-    std::shared_ptr<const TlsClientContext> tls = service_tls(s);
-    std::string settings = fmt::format("{}|{}", tls ? tls->identity() : "plain",
-                                       s.tls ? s.tls_server_name : std::string());
-    auto same = std::ranges::find(known, settings, &std::pair<std::string, Upstream*>::first);
-    if (same != known.end()) {
-      service.upstream = same->second;
-      same->second->services.push_back(s.name);
-    } else {
-      Upstream* u = &*it;
-      if (!known.empty()) {
-        u = &g->upstreams_.emplace_back(*it);
-        u->index = g->upstreams_.size() - 1;
-        u->targets.clear();
-        u->services.clear();
-      }
-      u->protocol = wire_protocol(s.protocol);
-      u->tls = static_cast<bool>(tls);
-      u->services.push_back(s.name);
-      make_targets(*u, s, tls, health, dns);
-      known.emplace_back(std::move(settings), u);
-      service.upstream = u;
-    }
-    g->services_.push_back(service);
-  }
-  for (const auto& made : variants) {
-    for (const auto& [settings, u] : made) u->variants = made.size();
-  }
-  for (std::size_t w = 0; w < workers; ++w) {
-    auto state = std::make_unique<WorkerState>();
-    for (const Upstream& u : g->upstreams_) {
-      state->balancers.push_back(Balancer::make(u.config->balancer, ring_targets(u)));
-      state->in_flight.emplace_back(u.targets.size(), 0);
-    }
-    // Each worker starts with room for a few retries, so that a quiet service can retry too.
-    state->budgets.resize(g->services_.size(), WorkerState::Budget{.milli = 10'000});
-    g->workers_.push_back(std::move(state));
-  }
+  g->rate_limits_ = make_rate_limits(c, *limits, workers, dns);
+  g->servers_ = make_servers(c, metrics);
+  g->upstreams_ = make_upstreams(c);
+  g->services_ = make_services(c, g->upstreams_, health, metrics, dns);
+  g->workers_ = make_worker_states(g->upstreams_, g->services_.size(), workers);
   return g;
 }
 
