@@ -2,17 +2,17 @@
 #
 #   bin/spindle                                  the server
 #   include/spindle/...                          the public headers (include/ only: nothing of src/)
-#   lib/libspindle_*.a                           the libraries, one per layer
+#   lib/libspindle_*.a                           the libraries, one per layer (the gateway's: per room)
 #   lib/cmake/spindle/spindleConfig.cmake        find_package(spindle 0.1 CONFIG REQUIRED)
 #   lib/pkgconfig/spindle.pc                     pkg-config --cflags --libs spindle
 #
 # Targets for users: spindle::spindle (runtime, net, HTTP: every layer's library below the
 # gateway, which programs may also name alone, e.g. spindle::h1 for the HTTP/1 parser),
-# spindle::proxy (the gateway layer), spindle::hook (the opt-in libc hooks) and spindle::pg (the
-# PostgreSQL client); the last two bring the runtime alone (a program that also serves HTTP
-# names spindle::spindle as well). Versions: while the major version is 0, a minor version may
-# change the API, so a request for 0.1 is met by 0.1.x only (SameMinorVersion); from 1.0 on,
-# SameMajorVersion.
+# spindle::proxy (the gateway layer: its rooms' libraries), spindle::hook (the opt-in libc
+# hooks) and spindle::pg (the PostgreSQL client); the last two bring the runtime alone (a program
+# that also serves HTTP names spindle::spindle as well). Versions: while the major version is 0, a
+# minor version may change the API, so a request for 0.1 is met by 0.1.x only (SameMinorVersion);
+# from 1.0 on, SameMajorVersion.
 include(CMakePackageConfigHelpers)
 
 install(TARGETS spindle spindle_base spindle_runtime spindle_http spindle_h1 spindle_h2
