@@ -426,3 +426,111 @@ services:
     assert lines[1:] == ["route api: 1 rate_limit [answer, response], 2 headers [request, "
                          "response], 3 basic_auth [answer], 4 strip_prefix [request], 5 mirror "
                          "[forward], 6 compression [response]"], done.stdout
+
+
+# ---- What basic_auth, jwt and a rate limit's header: key judge -------------------------------
+
+# A headers middleware's request edits, each of a field basic_auth, jwt or rate_limit judges.
+JUDGED_EDITS = {
+    "set-basic": ("authorization", ALICE),
+    "set-bearer": ("authorization", "BEARER"),  # the test's token, made when it runs
+    "remove-authorization": ("authorization", None),
+    "set-key": ("x-key", "shared"),
+    "remove-key": ("x-key", None),
+}
+JUDGES = ("basic_auth", "jwt", "rate_limit")
+
+
+def judged_chains():
+    """Every order of one headers middleware and a non-empty set of the judges, with each of
+    JUDGED_EDITS: (order, edit)."""
+    for size in range(1, len(JUDGES) + 1):
+        for judges in itertools.combinations(JUDGES, size):
+            for order in itertools.permutations(("headers",) + judges):
+                for edit in JUDGED_EDITS:
+                    yield order, edit
+
+
+def judged_texts(tmp_path, edit, bearer):
+    """The YAML of each middleware of judged_chains, `edit` for the headers one."""
+    name, value = JUDGED_EDITS[edit]
+    value = bearer if value == "BEARER" else value
+    change = f'set: {{{name}: "{value}"}}' if value is not None else f"remove: [{name}]"
+    (tmp_path / "users").write_text(HTPASSWD)
+    return {
+        "headers": f"{{headers: {{request: {{{change}}}}}}}",
+        "basic_auth": f"{{basic_auth: {{users_file: {tmp_path / 'users'}}}}}",
+        "jwt": f"{{jwt: {{jwks_file: {jwt_keys(tmp_path)}}}}}",
+        "rate_limit": '{rate_limit: {key: "header:X-Key", rate: 1/h, burst: 1}}',
+    }
+
+
+def judged_outcome(order, edit, bearer, fields, seen_keys):
+    """What the chain `order` makes of a request with `fields` ({name: value or None}): 401 or
+    429 where a judge refuses what the middlewares before it left, else 200 and the fields
+    the upstream must get. `seen_keys`: the rate limit's keys so far (1 a key)."""
+    fields = dict(fields)
+    for m in order:
+        if m == "headers":
+            name, value = JUDGED_EDITS[edit]
+            fields[name] = bearer if value == "BEARER" else value
+        elif m == "basic_auth" and fields["authorization"] != ALICE:
+            return 401, None
+        elif m == "jwt" and fields["authorization"] != bearer:
+            return 401, None
+        elif m == "rate_limit":
+            key = fields["x-key"] or ""
+            if key in seen_keys:
+                return 429, None
+            seen_keys.add(key)
+    return 200, fields
+
+
+@pytest.mark.parametrize("protocol", ["http/1.1", "h2"])
+def test_basic_auth_jwt_and_rate_limit_judge_what_the_upstream_gets(build_dir, tmp_path,
+                                                                   protocol):
+    # Invariant: what basic_auth, jwt and a rate limit's header: key judge is what the upstream
+    # gets. A headers edit before them (of Authorization, of the key's field) changes what they
+    # judge; one after them does not. Every order of a headers edit and the judges, each edit,
+    # three clients' Authorization (basic, bearer, none) with a key of their own; both
+    # protocols. Either spindle answers 401/429 where the model says, or 200 and the upstream
+    # got exactly the Authorization and X-Key that were judged.
+    upstream = RecordingUpstream()
+    bearer = "Bearer " + hs256({"sub": "bob"})
+    chains = list(judged_chains())
+    routes = ""
+    for i, (order, edit) in enumerate(chains):
+        texts = judged_texts(tmp_path, edit, bearer)
+        routes += (f"  - {{name: c{i:03d}, match: {{path_prefix: /c{i:03d}}}, service: s, "
+                   f"middlewares: [{', '.join(texts[m] for m in order)}]}}\n")
+    server = gateway(build_dir, tmp_path, f"""
+servers:
+  - {{listen: 127.0.0.1:0, http2: true, access_log: off}}
+routes:
+{routes}services:
+  s: {{url: "http://127.0.0.1:{upstream.port}"}}
+""")
+    try:
+        for i, (order, edit) in enumerate(chains):
+            seen = set()
+            for n, authorization in enumerate((ALICE, bearer, None)):
+                fields = {"authorization": authorization, "x-key": f"client-{n}"}
+                path = f"/c{i:03d}/{n}"
+                want, forwarded = judged_outcome(order, edit, bearer, fields, seen)
+                sent = [(k, v) for k, v in fields.items() if v is not None]
+                if protocol == "h2":
+                    got = h2_request(server, request_headers(path) + sent)
+                else:
+                    got = send(server, f"GET {path} HTTP/1.1\r\nHost: a\r\n" +
+                               "".join(f"{k}: {v}\r\n" for k, v in sent) + "\r\n")
+                assert got == want, (order, edit, authorization, got)
+                if want != 200:
+                    continue
+                up = next(h.decode("latin-1") for h, _ in reversed(upstream.requests)
+                          if h.split(b" ")[1] == path.encode())
+                for name, value in forwarded.items():
+                    assert fields_named(up, name) == ([] if value is None else [value]), (
+                        order, edit, authorization, up)
+    finally:
+        server.stop()
+        upstream.stop()

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <random>
 
@@ -51,13 +52,42 @@ namespace {
 // The largest body a mirror copy carries (and holds in memory until its target took it).
 constexpr std::uint64_t kMirrorBodyLimit = 64 * 1024;
 
-// What a rate limit counts `request` by.
-std::string rate_limit_key(const http::Request& request, const RateLimitConfig& limit) {
+// The fields of a request as the route's middlewares passed so far left them (a headers edit,
+// the fields jwt and forward_auth write): what the middleware at hand judges is what the
+// upstream gets, since the forwarded head takes the same edits in the same order
+// (apply_request_middlewares). The request's own fields until a middleware edits them; a copy
+// from then on.
+class JudgedFields {
+ public:
+  explicit JudgedFields(const http::Request& request) : request_(request) {}
+
+  /// The fields to judge.
+  const http::HeaderMap& get() const { return edited_ ? *edited_ : request_.headers(); }
+
+  /// Takes the edits of `m`, once it has acted (jwt's claims and forward_auth's answer are the
+  /// request's attributes by then).
+  void after(const MiddlewareConfig& m) {
+    if (!detail::edits_request_fields(m)) return;
+    if (!edited_) {
+      edited_ = std::make_unique<http::HeaderMap>();
+      for (const http::Field& f : request_.headers()) edited_->add_view(f);
+    }
+    apply_field_edits(request_, m, *edited_);
+  }
+
+ private:
+  const http::Request& request_;
+  std::unique_ptr<http::HeaderMap> edited_;  ///< null until a middleware edits the fields
+};
+
+// What a rate limit counts `request` by (`fields`: its fields as judged, JudgedFields).
+std::string rate_limit_key(const http::Request& request, const http::HeaderMap& fields,
+                           const RateLimitConfig& limit) {
   switch (limit.key) {
     case RateLimitConfig::Key::kRoute:
       return "route";
     case RateLimitConfig::Key::kHeader:
-      return "h:" + std::string(request.headers().get(limit.header).value_or(""));
+      return "h:" + std::string(fields.get(limit.header).value_or(""));
     case RateLimitConfig::Key::kClaim:
       return "c:" + std::string(request.attribute(claim_attribute(limit.header)));
     case RateLimitConfig::Key::kClientIp:
@@ -117,7 +147,8 @@ std::string redirect_location(const http::Request& request, const MiddlewareConf
 // The middlewares of `route` that may answer in the gateway's place, in order: rate limits
 // (429), ip_allow / ip_deny (403), max_body (413 for a declared length), redirect, respond,
 // cors preflights, basic_auth and jwt (401), forward_auth (through `authorize`, which asks the
-// auth service about the request as the middleware at the position it is given sees it). The first
+// auth service about the request as the middleware at the position it is given sees it). Each
+// judges the fields as the middlewares before it edited them (JudgedFields). The first
 // that answers ends the request: its response is moved into `answer` and true returned; false lets
 // the request go on to the service. (An out-parameter, not an optional: g++ 12 zeroes all 2 KiB of
 // an optional<Response> returned by name, which every proxied request paid.)
@@ -133,11 +164,13 @@ bool answer_first(http::Request& request, const RouteConfig& route,
     answered = true;
     return answer = std::move(response);
   };
+  JudgedFields fields(request);
   for (std::size_t i = 0; i < route.middlewares.size() && !answered; ++i) {
     const MiddlewareConfig& m = route.middlewares[i];
     switch (m.kind) {
       case MiddlewareConfig::Kind::kRateLimit: {
-        auto decision = limits[i]->take(rate_limit_key(request, m.rate_limit), Clock::now());
+        auto decision =
+            limits[i]->take(rate_limit_key(request, fields.get(), m.rate_limit), Clock::now());
         if (tightest == nullptr || !decision.allowed || decision.remaining < shown.remaining) {
           tightest = limits[i].get();
           shown = decision;
@@ -169,7 +202,7 @@ bool answer_first(http::Request& request, const RouteConfig& route,
         if (is_preflight(request)) answer_with(answer_preflight(request, m.cors));
         break;
       case MiddlewareConfig::Kind::kBasicAuth:
-        if (auto user = authenticated_user(request, *m.basic_auth, passwords)) {
+        if (auto user = authenticated_user(fields.get(), *m.basic_auth, passwords)) {
           request.set_attribute("user", *user);
         } else {
           answer_with(http::Response::error(401, "authentication required"))
@@ -178,7 +211,9 @@ bool answer_first(http::Request& request, const RouteConfig& route,
         }
         break;
       case MiddlewareConfig::Kind::kJwt:
-        if (auto refused = check_jwt(request, *m.jwt)) answer_with(std::move(*refused));
+        if (auto refused = check_jwt(request, fields.get(), *m.jwt)) {
+          answer_with(std::move(*refused));
+        }
         break;
       case MiddlewareConfig::Kind::kForwardAuth:
         if (auto refused = authorize(i)) answer_with(std::move(*refused));
@@ -186,6 +221,7 @@ bool answer_first(http::Request& request, const RouteConfig& route,
       default:
         break;
     }
+    if (!answered) fields.after(m);
   }
   if (tightest != nullptr) {
     request.set_attribute(kRateLimitShown,

@@ -308,6 +308,19 @@ void apply_field_edits(const http::Request& request, const MiddlewareConfig& m,
   }
 }
 
+bool edits_request_fields(const MiddlewareConfig& m) {
+  switch (m.kind) {
+    case MiddlewareConfig::Kind::kForwardAuth:
+      return !m.forward_auth->response_headers.empty();
+    case MiddlewareConfig::Kind::kJwt:
+      return !m.jwt->claims_to_headers.empty();
+    case MiddlewareConfig::Kind::kHeaders:
+      return !m.request.empty();
+    default:
+      return false;
+  }
+}
+
 void erase_written_fields(const MiddlewareConfig& m, http::HeaderMap& headers) {
   switch (m.kind) {
     case MiddlewareConfig::Kind::kForwardAuth:

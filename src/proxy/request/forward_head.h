@@ -114,6 +114,9 @@ void apply_edits(const HeaderEdits& edits, http::HeaderMap& headers);
 void apply_field_edits(const http::Request& request, const MiddlewareConfig& m,
                        http::HeaderMap& headers);
 
+/// True if `m` edits the fields that go upstream (apply_field_edits changes something).
+bool edits_request_fields(const MiddlewareConfig& m);
+
 /// Removes from `headers` the fields `m` writes on the way up (those forward_auth and jwt
 /// write, those a headers middleware sets or adds): what the client sent under those names is
 /// not what the upstream gets.

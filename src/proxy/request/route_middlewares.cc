@@ -97,10 +97,10 @@ std::string_view cors_origin(const CorsConfig& cors, std::string_view origin) {
   return cors.any_origin && !cors.credentials ? std::string_view("*") : origin;
 }
 
-// The token of a request for `jwt`: from its cookie, or Authorization: Bearer.
-std::string_view bearer_token(const http::Request& request, const JwtConfig& jwt) {
-  if (!jwt.cookie.empty()) return find_cookie(request, jwt.cookie).first;
-  std::string_view authorization = request.header(http::token::kAuthorization);
+// The token in a request's `fields` for `jwt`: from its cookie, or Authorization: Bearer.
+std::string_view bearer_token(const http::HeaderMap& fields, const JwtConfig& jwt) {
+  if (!jwt.cookie.empty()) return find_cookie(fields, jwt.cookie).first;
+  std::string_view authorization = fields.get(http::token::kAuthorization).value_or("");
   if (authorization.size() < 7 || !http::iequals(authorization.substr(0, 7), "bearer ")) return {};
   std::string_view token = authorization.substr(7);
   while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
@@ -113,9 +113,9 @@ std::string claim_attribute(std::string_view claim) { return fmt::format("_claim
 
 std::string auth_attribute(std::string_view field) { return fmt::format("_auth:{}", field); }
 
-std::optional<std::string> authenticated_user(const http::Request& request,
+std::optional<std::string> authenticated_user(const http::HeaderMap& fields,
                                               const BasicAuthConfig& auth, PasswordCheck& check) {
-  std::string_view value = request.header(http::token::kAuthorization);
+  std::string_view value = fields.get(http::token::kAuthorization).value_or("");
   if (value.size() < 6 || !http::iequals(value.substr(0, 6), "basic ")) return std::nullopt;
   std::string_view encoded = value.substr(6);
   while (!encoded.empty() && encoded.front() == ' ') encoded.remove_prefix(1);
@@ -170,9 +170,9 @@ bool cookie_named(std::string_view raw, std::string_view name) {
 
 }  // namespace
 
-FoundCookie find_cookie(const http::Request& request, std::string_view name) {
+FoundCookie find_cookie(const http::HeaderMap& fields, std::string_view name) {
   FoundCookie found;
-  for (const http::Field& f : request.headers()) {
+  for (const http::Field& f : fields) {
     if (f.token != &http::token::kCookie) continue;
     for (std::string_view rest = f.value; !rest.empty();) {
       std::string_view pair = rest.substr(0, rest.find(';'));
@@ -189,7 +189,7 @@ FoundCookie find_cookie(const http::Request& request, std::string_view name) {
 }
 
 std::string_view cookie_value(const http::Request& request, std::string_view name) {
-  return find_cookie(request, name).first;
+  return find_cookie(request.headers(), name).first;
 }
 
 std::string_view split_pick(const http::Request& request, const TrafficSplitConfig& split,
@@ -271,17 +271,18 @@ void add_cors_fields(const http::Request& request, const RouteConfig& route,
   }
 }
 
-std::optional<http::Response> check_jwt(http::Request& request, const JwtConfig& jwt) {
+std::optional<http::Response> check_jwt(http::Request& request, const http::HeaderMap& fields,
+                                        const JwtConfig& jwt) {
   // Two cookies of the name: the gateway would verify one, the service behind it may read the
   // other (frameworks read the first; Django the last). One spelt otherwise: some read it as
   // the token, others as another cookie.
   if (!jwt.cookie.empty()) {
-    if (FoundCookie found = find_cookie(request, jwt.cookie); found.count > 1 || found.misspelt) {
+    if (FoundCookie found = find_cookie(fields, jwt.cookie); found.count > 1 || found.misspelt) {
       return http::Response::error(400,
                                    "more than one cookie of the token's name, or one misspelt");
     }
   }
-  std::string_view token = bearer_token(request, jwt);
+  std::string_view token = bearer_token(fields, jwt);
   std::string challenge = fmt::format("Bearer realm={}", quoted(jwt.realm));
   if (token.empty()) {
     http::Response answer = http::Response::error(401, "a bearer token is required");

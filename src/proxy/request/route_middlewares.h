@@ -41,9 +41,10 @@ std::string claim_attribute(std::string_view claim);
 /// The request attribute that holds a field forward_auth's service answered with.
 std::string auth_attribute(std::string_view field);
 
-/// The user of a request's `Authorization: Basic` credentials, if `auth` knows them and the
+/// The user of the `Authorization: Basic` credentials in `fields` (a request's, as the
+/// middlewares before basic_auth left them: JudgedFields), if `auth` knows them and the
 /// password is right.
-std::optional<std::string> authenticated_user(const http::Request& request,
+std::optional<std::string> authenticated_user(const http::HeaderMap& fields,
                                               const BasicAuthConfig& auth, PasswordCheck& check);
 
 /// The cookies of one name in a request.
@@ -55,9 +56,9 @@ struct FoundCookie {
   bool misspelt = false;
 };
 
-/// The cookies named `name` in the request's Cookie fields, names read as frameworks read
+/// The cookies named `name` in the Cookie fields of `fields`, names read as frameworks read
 /// them: trimmed of spaces and tabs, percent-escapes decoded.
-FoundCookie find_cookie(const http::Request& request, std::string_view name);
+FoundCookie find_cookie(const http::HeaderMap& fields, std::string_view name);
 
 /// The value of cookie `name` in the request's Cookie fields ("" if none; the first one if
 /// several, as frameworks read it).
@@ -81,9 +82,11 @@ http::Response answer_preflight(const http::Request& request, const CorsConfig& 
 void add_cors_fields(const http::Request& request, const RouteConfig& route,
                      http::Response& response);
 
-/// jwt: nullopt when the request's token is good (its claims kept as attributes), else the 401
-/// of RFC 6750.
-std::optional<http::Response> check_jwt(http::Request& request, const JwtConfig& jwt);
+/// jwt: nullopt when the token in `fields` (the request's, as the middlewares before jwt left
+/// them: JudgedFields) is good (its claims kept as attributes of `request`), else the 401 of
+/// RFC 6750.
+std::optional<http::Response> check_jwt(http::Request& request, const http::HeaderMap& fields,
+                                        const JwtConfig& jwt);
 
 }  // namespace detail
 }  // namespace spindle::proxy
