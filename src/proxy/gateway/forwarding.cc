@@ -14,6 +14,7 @@
 #include "spindle/base/log.h"
 #include "spindle/fiber/buffer_pool.h"
 #include "spindle/http/rules.h"
+#include "spindle/http/status.h"
 #include "spindle/http/websocket.h"
 #include "spindle/proxy/gateway.h"
 #include "targets.h"
@@ -535,8 +536,7 @@ http::Response Forwarding::run() {
     if (attempt.extended && status >= 200 && status < 300) {
       return open_stream_tunnel(target, attempt);
     }
-    bool connected = connect_ && status >= 200 && status < 300;  // CONNECT's tunnel is open
-    if (status == 101 || connected) return open_tunnel(target, attempt);
+    if (http::opens_tunnel(status, connect_)) return open_tunnel(target, attempt);
     if (extended_connect_ && status >= 200 && status < 300) {
       // A 2xx opens the tunnel for an HTTP/2 client: an upstream that did not switch must not
       // be passed on as one that did.
