@@ -277,6 +277,8 @@ services:
      "headers.request.set.Content-Length: 'Content-Length' is written by the sender"),
     ("[{headers: {request: {remove: [transfer-encoding]}}}]",
      "headers.request.remove: 'transfer-encoding' is written by the sender"),
+    ("[{headers: {request: {add: {Authorization: 'Basic eDp5'}}}}]",
+     "headers.request.add.Authorization: a request has one Authorization: set it"),
     ("[{headers: {response: {set: {Connection: close}}}}]",
      "headers.response.set.Connection: 'Connection' is written by the sender"),
     ("[{headers: {response: {add: {keep-alive: 'timeout=5'}}}}]",

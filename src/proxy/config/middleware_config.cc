@@ -26,8 +26,9 @@ enum class Edited { kRequest, kResponse };
 
 // Why an edit of field `name` (by `how`: set, add or remove) of `edited` would not do what it
 // says, if it would not: the framing and the hop-by-hop fields are written by whoever sends
-// each message (spindle's own, or none), and a request has exactly one Host, its authority (set
-// makes the upstream see that authority: `value` must be host[:port]).
+// each message (spindle's own, or none), a request has exactly one Host, its authority (set
+// makes the upstream see that authority: `value` must be host[:port]), and at most one of each
+// singleton field (Authorization: set it, never add it).
 std::optional<std::string> edit_refused(std::string_view name, std::string_view how,
                                         std::string_view value, Edited edited) {
   if (http::field_flags(name, http::field_flag::kHopByHop | http::field_flag::kFraming) != 0) {
@@ -39,6 +40,12 @@ std::optional<std::string> edit_refused(std::string_view name, std::string_view 
   if (edited == Edited::kRequest && http::field_flags(name, http::field_flag::kHost) != 0) {
     if (how != "set") return std::string("a request has one Host: set it, or leave it");
     if (!http::is_authority(value)) return fmt::format("'{}' is not host[:port]", value);
+  }
+  // One added beside the client's would be two: the request the gateway refuses from a client
+  // (canonical.h), and a judge (basic_auth, jwt) and the upstream could read either.
+  if (edited == Edited::kRequest && how == "add" &&
+      http::field_flags(name, http::field_flag::kSingleton) != 0) {
+    return fmt::format("a request has one {}: set it", name);
   }
   return std::nullopt;
 }
