@@ -240,7 +240,8 @@ class FramingAuth(RecordingUpstream):
     """An auth service whose 200 carries the framing and authority fields every answer has."""
 
     def answer(self, head, body):
-        return b"HTTP/1.1 200 OK\r\nHost: internal.admin\r\nContent-Length: 0\r\n\r\n"
+        return (b"HTTP/1.1 200 OK\r\nHost: internal.admin\r\nX-User: alice\r\n"
+                b"Content-Length: 0\r\n\r\n")
 
 
 WRITTEN_REFUSED = ["Content-Length", "Transfer-Encoding", "Host", "content-length", "HOST",
@@ -273,12 +274,13 @@ services:
 
 def test_framing_fields_from_the_auth_service_never_reach_the_upstream(build_dir, tmp_path,
                                                                        recorder):
-    # Whatever check-config says of them, an auth service's Content-Length and Host copied
-    # by response_headers must not frame or address the upstream's request:
-    # a POST with a body that is a request goes up as one request with that body.
+    # check-config refuses response_headers naming them (test above); an auth service's
+    # Content-Length and Host beside the field it is asked for must still not frame or address
+    # the upstream's request: a POST with a body that is a request goes up as one request with
+    # that body.
     auth = FramingAuth()
     routes = ("  - {name: all, match: {path_prefix: /}, middlewares: [{forward_auth: {service: "
-              "auth, response_headers: [Content-Length, Transfer-Encoding, Host]}}], service: s}")
+              "auth, response_headers: [X-User]}}], service: s}")
     services = (f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}\n'
                 f'  auth: {{url: "http://127.0.0.1:{auth.port}"}}')
     server = gateway_for(build_dir, tmp_path, routes, services)
@@ -291,6 +293,7 @@ def test_framing_fields_from_the_auth_service_never_reach_the_upstream(build_dir
         head = head_text(recorder)
         assert fields_named(head, "host") == ["a"] and recorder.requests[0][1] == inner, head
         assert fields_named(head, "content-length") == [str(len(inner))], head
+        assert fields_named(head, "x-user") == ["alice"], head
     finally:
         server.stop()
         auth.stop()
