@@ -752,10 +752,6 @@ def test_an_interim_head_reaches_the_client_without_framing_fields(build_dir, tm
 
 
 
-@pytest.mark.xfail(strict=True, reason="defect: check-config accepts, without a word, a guarded "
-                   "path_regex route that can take no request: path_prefix: / is more specific "
-                   "than any regular expression, so GET /panel/ goes to the catch-all with no "
-                   "credentials (nginx's order is the other way: a regex beats a prefix)")
 def test_a_guarded_route_no_request_can_reach_is_refused_or_named_by_check_config(build_dir,
                                                                                   tmp_path):
     import subprocess

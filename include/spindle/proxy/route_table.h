@@ -9,7 +9,8 @@
 ///      no path condition;
 ///   3. the order in which the routes are declared.
 /// Paths are compared without regard to ASCII case (path, path_prefix, path_regex alike), and an
-/// exact `path` with or without one trailing '/': upstreams such as Express route so, and every
+/// exact `path` with or without one trailing '/' (a `path_prefix` ending in '/' takes the path
+/// without it too): upstreams such as Express route so, and every
 /// spelling they serve as a protected path must be judged by the route that protects it.
 /// A route whose methods name GET takes HEAD too (RFC 9110 §9.3.2: the upstream runs its GET
 /// handler for it). Methods and headers only filter; they do not make a route more specific. Built

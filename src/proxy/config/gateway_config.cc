@@ -11,6 +11,7 @@
 #include "spindle/base/ascii.h"
 #include "spindle/http/canonical.h"
 #include "spindle/http/rules.h"
+#include "spindle/http/target.h"
 #include "spindle/proxy/jwt_keys.h"
 
 namespace spindle::proxy::detail {
@@ -97,6 +98,96 @@ RouteMatch read_match(const ConfigReader& r) {
   return m;
 }
 
+// True if `route` applies to `server` (a route naming no servers applies to every one).
+bool route_serves(const RouteConfig& route, const ServerConfig& server) {
+  return route.servers.empty() ||
+         std::ranges::find(route.servers, server.name) != route.servers.end();
+}
+
+// Refuses a route's `path` or `path_prefix` that no request can have: requests are normalised
+// before routing (http/target.h, with the rules of each server the route applies to), route
+// paths are matched as written, so "/%7Euser", "//admin" or "/a/../admin" would never match
+// and the request would go to another route, unjudged. The query is never part of the path.
+void refuse_unnormal_paths(const ConfigReader& r, const RouteConfig& route, const Config& config) {
+  for (auto [key, value] :
+       {std::pair{"path", &route.match.path}, {"path_prefix", &route.match.path_prefix}}) {
+    if (value->empty()) continue;
+    if (value->find('?') != std::string::npos) {
+      r.fail_key(
+          key, fmt::format("'{}': a route matches the path; the query is not part of it", *value));
+    }
+    for (const ServerConfig& server : config.servers) {
+      if (!route_serves(route, server)) continue;
+      std::string normal = *value;
+      auto size = http::normalize_target(normal.data(), normal.size(), server.http.paths);
+      if (!size) {
+        r.fail_key(
+            key, fmt::format("'{}': no request has such a path ({})", *value, size.error().reason));
+      }
+      normal.resize(*size);
+      if (normal != *value) {
+        r.fail_key(key, fmt::format("'{}' is not a path a request can have: requests are "
+                                    "normalised before routing (escapes of unreserved "
+                                    "characters decoded, dot segments removed, runs of / "
+                                    "merged): write '{}'",
+                                    *value, normal));
+      }
+    }
+  }
+}
+
+// True if every request route `r` can take meets the conditions of `p` other than the path:
+// the same hosts, and methods, fields and servers that filter no more than r's do.
+bool takes_all_but_the_path(const RouteConfig& p, const RouteConfig& r) {
+  auto sorted = [](std::vector<std::string> v) {
+    std::ranges::sort(v);
+    return v;
+  };
+  auto within = [](const auto& small, const auto& large) {
+    return std::ranges::all_of(
+        small, [&](const auto& x) { return std::ranges::find(large, x) != large.end(); });
+  };
+  bool methods = p.match.methods.empty() ||
+                 (!r.match.methods.empty() && within(r.match.methods, p.match.methods));
+  bool servers = p.servers.empty() || (!r.servers.empty() && within(r.servers, p.servers));
+  return sorted(p.match.hosts) == sorted(r.match.hosts) && methods && servers &&
+         within(p.match.headers, r.match.headers);
+}
+
+// True if every path `regex` can match begins with `prefix`, ASCII case aside: the range of
+// its matches (RE2::PossibleMatchRange, of the pattern read with case) lies within the prefix's
+// (a case-insensitive match is a match of some case spelling). "/" is every path but "*"
+// (OPTIONS *).
+bool regex_within_prefix(const std::string& regex, const std::string& prefix) {
+  RE2 cased(regex, RE2::Quiet);
+  if (prefix == "/") return !RE2::PartialMatch("*", cased);
+  std::string min, max;
+  if (!cased.PossibleMatchRange(&min, &max, static_cast<int>(prefix.size()) + 1)) return false;
+  return min.starts_with(prefix) && max.starts_with(prefix);
+}
+
+// Refuses a path_regex route no request can reach: a path_prefix route (route_table.h ranks it
+// above every path_regex) that takes every request the regex route does. A guarded route that
+// looks reachable but is not sends its requests unjudged to the other.
+void refuse_unreachable_routes(const ConfigReader& top, const Config& config) {
+  YAML::Node routes = top.get("routes");
+  for (std::size_t i = 0; i < config.routes.size(); ++i) {
+    const RouteConfig& r = config.routes[i];
+    if (r.match.path_regex.empty()) continue;
+    for (const RouteConfig& p : config.routes) {
+      if (p.match.path_prefix.empty() || !takes_all_but_the_path(p, r) ||
+          !regex_within_prefix(r.match.path_regex, p.match.path_prefix)) {
+        continue;
+      }
+      top.fail(routes[i]["match"]["path_regex"], fmt::format("routes[{}].match.path_regex", i),
+               fmt::format("route '{}' can take no request: route '{}' (path_prefix: {}) takes "
+                           "every path it matches, and a path_prefix outranks a path_regex; "
+                           "give it a path_prefix or path, or narrow '{}'",
+                           r.name, p.name, p.match.path_prefix, p.name));
+    }
+  }
+}
+
 RouteConfig read_route(const ConfigReader& r, const Config& config) {
   r.only({"name", "servers", "match", "middlewares", "service", "upgrades"});
   RouteConfig route;
@@ -115,6 +206,7 @@ RouteConfig read_route(const ConfigReader& r, const Config& config) {
   if (!r.has("match"))
     r.fail(r.node(), r.key_path("match"), "required (match: {path_prefix: /} takes every request)");
   route.match = read_match(r.nested("match"));
+  refuse_unnormal_paths(r.nested("match"), route, config);
   YAML::Node middlewares = r.sequence("middlewares", "a list of middlewares");
   for (std::size_t i = 0; i < middlewares.size(); ++i) {
     route.middlewares.push_back(
@@ -545,6 +637,7 @@ void read_gateway(const ConfigReader& top, Config& config) {
     if (route.name.empty()) route.name = fmt::format("routes[{}]", i);
     config.routes.push_back(std::move(route));
   }
+  refuse_unreachable_routes(top, config);
 }
 
 }  // namespace spindle::proxy::detail

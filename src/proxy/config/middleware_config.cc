@@ -50,6 +50,15 @@ std::optional<std::string> edit_refused(std::string_view name, std::string_view 
   return std::nullopt;
 }
 
+// Refuses at `key` a field `name` that a middleware copies into the request that goes up
+// (forward_auth's response_headers, jwt's claims_to_headers) if a headers edit could not write
+// it either: the value is known only per request, so Host is refused too.
+void refuse_written(const ConfigReader& r, std::string_view key, std::string_view name) {
+  if (auto refused = edit_refused(name, "copy", "", Edited::kRequest)) {
+    r.fail_key(key, fmt::format("{}: {}", name, *refused));
+  }
+}
+
 // The field names and values of a mapping ("{x-env: prod}"), checked.
 std::vector<std::pair<std::string, std::string>> read_fields(const ConfigReader& r,
                                                              std::string_view how, Edited edited) {
@@ -194,6 +203,7 @@ std::shared_ptr<JwtConfig> read_jwt(const ConfigReader& r) {
         r.fail(entry.second, r.key_path("claims_to_headers"),
                fmt::format("'{}' is not a field name", field));
       }
+      refuse_written(r, "claims_to_headers", field);
       jwt->claims_to_headers.emplace_back(claim, field);
       jwt->kept_claims.push_back(claim);
     }
@@ -243,7 +253,11 @@ void read_replace_path_regex(const ConfigReader& entry, const std::string& kind,
   ConfigReader r = entry.nested(kind);
   r.only({"regex", "replacement"});
   m.kind = MiddlewareConfig::Kind::kReplacePathRegex;
-  auto regex = std::make_shared<RE2>(r.string("regex", ""), RE2::Quiet);
+  // ASCII case aside, as routes match paths (route_table.h): every spelling a route takes is
+  // rewritten, as strip_prefix strips it. "(?-i:...)" asks for case where it matters.
+  RE2::Options options(RE2::Quiet);
+  options.set_case_sensitive(false);
+  auto regex = std::make_shared<RE2>(r.string("regex", ""), options);
   if (!r.has("regex") || !regex->ok()) {
     r.fail_key("regex", r.has("regex")
                             ? fmt::format("invalid regular expression: {}", regex->error())
@@ -284,7 +298,11 @@ void read_redirect(const ConfigReader& entry, const std::string& kind, Middlewar
     r.fail_key("scheme", "expected http or https");
   }
   m.host = r.string("host", "");
-  if (!m.host.empty() && !http::is_field_value(m.host)) r.fail_key("host", "not a host name");
+  // The Location's authority: host[:port] as a request's is judged (http/canonical.h), so that
+  // no '/', '@', '?' or '#' makes it name another host.
+  if (!m.host.empty() && !http::is_authority(m.host)) {
+    r.fail_key("host", fmt::format("'{}' is not host[:port]", m.host));
+  }
   m.port = static_cast<std::uint16_t>(r.number("port", 0, 65535));
   m.path = r.string("path", "");
   if (!m.path.empty() && (!m.path.starts_with('/') || !http::is_request_target(m.path))) {
@@ -428,6 +446,8 @@ void read_forward_auth(const ConfigReader& entry, const std::string& kind, Middl
     for (const std::string& name : r.strings(key)) {
       if (!http::is_field_name(name))
         r.fail_key(key, fmt::format("'{}' is not a field name", name));
+      // The copies are written into the request that goes up, as a headers edit's are.
+      if (&names == &auth->response_headers) refuse_written(r, key, name);
       names.push_back(ascii_lower(name));
     }
   }

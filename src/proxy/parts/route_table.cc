@@ -48,6 +48,15 @@ bool starts_with_any_case(std::string_view path, std::string_view prefix) {
   return path.size() >= prefix.size() && http::iequals(path.substr(0, prefix.size()), prefix);
 }
 
+// True if the route's `prefix` takes `path`: it begins with it, ASCII case aside, or is the
+// prefix less its trailing '/' ("/admin" for "/admin/"), which Express (non-strict routing, its
+// default) serves with its "/admin/" view and Flask redirects there.
+bool under_prefix(std::string_view path, std::string_view prefix) {
+  if (starts_with_any_case(path, prefix)) return true;
+  return prefix.size() > 1 && prefix.ends_with('/') &&
+         http::iequals(path, prefix.substr(0, prefix.size() - 1));
+}
+
 // `path` without one trailing '/' ("/" stays).
 std::string_view without_trailing_slash(std::string_view path) {
   return path.size() > 1 && path.ends_with('/') ? path.substr(0, path.size() - 1) : path;
@@ -106,7 +115,7 @@ const RouteConfig* RouteTable::select(std::string_view host, std::string_view ta
       if (!same_path_any_case(path, m.path)) continue;
       rank[1] = 4;
     } else if (!m.path_prefix.empty()) {
-      if (!starts_with_any_case(path, m.path_prefix)) continue;
+      if (!under_prefix(path, m.path_prefix)) continue;
       rank[1] = 3;
       rank[2] = m.path_prefix.size();
     } else if (entry.regex) {
