@@ -191,7 +191,8 @@ class Connection final : public BodySource, public ContextSource, public Interim
   /// request's on_client_gone callback runs, after this batch of events, so that the
   /// handler's upstream wait ends. Bytes of a pipelined request only re-arm the watch.
   static void watch_client(IoSlot& slot);
-  /// Writes an interim response now (queued responses before it), on HTTP/1.1 only.
+  /// Writes an interim response now (queued responses before it), on HTTP/1.1 only; a 100
+  /// only while one is owed (it is then not owed any more).
   bool send_interim(int status, const HeaderMap& fields) override;
   /// Queues a bare error response.
   void queue_error(int status, std::string_view reason);
@@ -475,10 +476,15 @@ void Connection::watch_client(IoSlot& slot) {
 
 bool Connection::send_interim(int status, const HeaderMap& fields) {
   if (head_.minor_version == 0 || broken_) return false;  // HTTP/1.0 knows no 1xx
+  if (status == 100) {
+    if (!continue_due_) return false;  // sent, or the client sends its body unasked
+    continue_due_ = false;
+  }
   out_.append("HTTP/1.1 ").append(std::to_string(status)).append(" ");
   out_.append(reason_phrase(status)).append("\r\n");
+  NominatedFields nominated(fields);
   for (const Field& f : fields) {
-    if (detail::interim_field_sendable(f))
+    if (detail::interim_field_sendable(f, nominated))
       out_.append(f.name).append(": ").append(f.value) += "\r\n";
   }
   out_ += "\r\n";

@@ -35,8 +35,9 @@ constexpr std::size_t kLeastProgress = 4096;
 bool H2Stream::send_interim(int status, const HeaderMap& fields) {
   if (closed) return false;
   HeaderMap sendable;
+  NominatedFields nominated(fields);
   for (const Field& f : fields) {
-    if (detail::interim_field_sendable(f)) sendable.add(f);
+    if (detail::interim_field_sendable(f, nominated)) sendable.add(f);
   }
   if (fields.never_indexed()) sendable.mark_never_indexed();  // RFC 7541 §6.2.3
   conn.submit_head(*this, status, sendable, false);

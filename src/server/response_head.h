@@ -21,10 +21,12 @@
 namespace spindle::http::detail {
 
 /// True if a field of an interim response (Request::send_interim) goes out: a valid name and
-/// value, and not hop-by-hop.
-inline bool interim_field_sendable(const Field& f) {
+/// value, and one a final head would send (forwardable for kResponse, as each_response_field):
+/// not hop-by-hop, not named by its Connection fields (`nominated`), no framing (no 1xx has a
+/// body, RFC 9110 §8.6).
+inline bool interim_field_sendable(const Field& f, const NominatedFields& nominated) {
   return is_field_name(f.name) && is_field_value(f.value) &&
-         field_flags(f, field_flag::kHopByHop) == 0;
+         forwardable(f, nominated, FieldsFor::kResponse);
 }
 
 /// What each_response_field saw of the handler's fields.

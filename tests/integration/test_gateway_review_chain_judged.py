@@ -345,11 +345,7 @@ def forged(claims):
             b64url(json.dumps({"exp": int(time.time()) + 300, **claims}).encode()) + ".")
 
 
-@pytest.mark.parametrize("verified", [pytest.param("cookie", marks=pytest.mark.xfail(
-    strict=True, reason="defect: with jwt cookie: session, the route verifies alice's session "
-    "cookie and forwards the request with an unverified 'Authorization: Bearer' token (alg "
-    "none, sub root, role admin) untouched: an app that reads the bearer token (and trusts "
-    "the gateway to have verified it) takes root/admin")), "header"])
+@pytest.mark.parametrize("verified", ["cookie", "header"])
 def test_a_jwt_route_forwards_no_second_token_it_did_not_verify(build_dir, tmp_path, recorder,
                                                                  verified):
     # With `cookie: session`, a request carries alice's good token in one place and a forged
@@ -371,6 +367,49 @@ def test_a_jwt_route_forwards_no_second_token_it_did_not_verify(build_dir, tmp_p
             assert bad not in head, head
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("order", ["jwt first", "forward_auth first"])
+@pytest.mark.parametrize("client", ["http/1.1", "h2"])
+def test_a_cookie_jwt_route_sends_no_unverified_authorization_anywhere(
+        build_dir, tmp_path, recorder, client, order):
+    # The class of the case above: a jwt that reads its cookie verified no Authorization, so
+    # none reaches the upstream, the mirror target or the forward_auth service (before the jwt
+    # or after it: the service judges the fields the upstream gets), over either protocol, in
+    # any scheme or spelling of the scheme.
+    from test_canonical_request import hs256, jwt_routes
+    jwt = jwt_routes(tmp_path, ", cookie: session").split("      - ", 1)[1].split("\n")[0]
+    auth, copies = AuthService(), RecordingUpstream()
+    chain = [jwt, "{forward_auth: {service: auth}}", "{mirror: {service: copies}}"]
+    if order == "forward_auth first":
+        chain[0], chain[1] = chain[1], chain[0]
+    routes = (f"  - {{name: all, match: {{path_prefix: /}}, middlewares: [{', '.join(chain)}], "
+              f"service: s}}")
+    services = (f'  s: {{url: "http://127.0.0.1:{recorder.port}"}}\n'
+                f'  auth: {{url: "http://127.0.0.1:{auth.port}"}}\n'
+                f'  copies: {{url: "http://127.0.0.1:{copies.port}"}}')
+    server = gateway_for(build_dir, tmp_path, routes, services)
+    good, bad = hs256({"sub": "alice", "role": "reader"}), forged({"sub": "root",
+                                                                   "role": "admin"})
+    try:
+        for credential in (f"Bearer {bad}", f"bearer {bad}", f"Basic {bad}", bad):
+            if client == "h2":
+                status, _ = h2_exchange(server, request_headers("/x") + [
+                    ("cookie", f"session={good}"), ("authorization", credential)])
+            else:
+                status = send(server, f"GET /x HTTP/1.1\r\nHost: a\r\nCookie: session={good}"
+                                      f"\r\nAuthorization: {credential}\r\n\r\n")
+            assert status == 200, (credential, status)
+        wait_until(lambda: len(copies.requests) == 4)
+        for peer in (recorder, auth, copies):
+            assert len(peer.requests) == 4, peer
+            for head in upstream_heads_of(peer):
+                assert bad not in head and "authorization" not in head.lower(), head
+        assert all(fields_named(h, "x-role") == ["reader"] for h in upstream_heads_of(recorder))
+    finally:
+        server.stop()
+        auth.stop()
+        copies.stop()
 
 
 # ---- 15: a field a headers edit removes, in another spelling -------------------------------------

@@ -253,11 +253,12 @@ class Proxy {
                          const Gateway::Server& server, const RouteConfig& route);
 
   /// forward_auth, the middleware at position `at` of `route`: asks its service about
-  /// `request`, as the middlewares before it left it. nullopt lets it go on (the fields to
-  /// copy kept as attributes); otherwise the answer the client gets.
+  /// `request`, as the middlewares before it left it and as `server` forwards it. nullopt lets
+  /// it go on (the fields to copy kept as attributes); otherwise the answer the client gets.
   std::optional<http::Response> authorize(http::Request& request,
                                           const std::shared_ptr<Gateway>& gateway,
-                                          const RouteConfig& route, std::size_t at);
+                                          const Gateway::Server& server, const RouteConfig& route,
+                                          std::size_t at);
 
   /// mirror: sends a copy of `request` to `config`'s service in a fiber of its own (or drops
   /// it, beyond max_in_flight), noting which in the request's "mirror" attribute. A body goes

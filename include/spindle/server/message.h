@@ -37,8 +37,9 @@ class BodySource {
 class InterimSink {
  public:
   virtual ~InterimSink() = default;
-  /// Sends an interim response, `status` (102-199) with `fields`, now, ahead of the final
-  /// one. False if the client cannot take it (HTTP/1.0) or the connection failed.
+  /// Sends an interim response, `status` (100, or 102-199) with `fields`, now, ahead of the
+  /// final one. False if the client cannot take it (HTTP/1.0; a 100 it does not wait for) or
+  /// the connection failed.
   virtual bool send_interim(int status, const HeaderMap& fields) = 0;
 };
 
@@ -141,13 +142,16 @@ class Request {
   /// Where on_client_gone keeps its callback (the driver's; nullptr: not supported).
   void set_client_gone_slot(ClientGone* slot) { gone_ = slot; }
 
-  /// Sends an interim response ahead of the final one: 103 Early Hints, say (100 Continue is
-  /// the server's, sent when the body is first read; 101 is a final response here). Fields
-  /// that may not be sent, and hop-by-hop ones, are left out. False if the client cannot take
-  /// one (HTTP/1.0, or no driver to send it) or the connection failed.
+  /// Sends an interim response ahead of the final one: 103 Early Hints, say. A 100 Continue
+  /// goes only to a request that expects one, before its body is read (the server sends a bare
+  /// one when the body is first read otherwise); 101 is a final response here. Fields that may
+  /// not be sent, and those a final head would not send (hop-by-hop, framing), are left out.
+  /// False if the client cannot take one (HTTP/1.0, no driver to send it, a 100 not owed) or
+  /// the connection failed.
   bool send_interim(int status, const HeaderMap& fields) {
-    return interim_ != nullptr && status > 101 && status < 200 &&
-           interim_->send_interim(status, fields);
+    if (interim_ == nullptr || status >= 200 || status == 101) return false;
+    if (status < 100 || (status == 100 && !head().expect_continue)) return false;
+    return interim_->send_interim(status, fields);
   }
   /// Says where send_interim goes (the server's drivers do; it must outlive the request).
   void set_interim_sink(InterimSink* sink) { interim_ = sink; }

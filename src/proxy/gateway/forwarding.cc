@@ -168,8 +168,9 @@ bool read_up_to(http::Request& request, std::uint64_t limit, std::string& into) 
   return false;
 }
 
-Result<void> send_body(http::Request& request, http::ClientExchange& exchange, BodyState& body,
-                       bool has_body, std::optional<std::uint64_t> max_body) {
+Result<void> send_body(http::Request& request, const RouteConfig& route,
+                       http::ClientExchange& exchange, BodyState& body, bool has_body,
+                       std::optional<std::uint64_t> max_body) {
   auto too_large = [&] { throw http::HttpError(413, "request body larger than the route allows"); };
   if (!has_body) return exchange.finish();
   if (body.unread) {
@@ -178,6 +179,12 @@ Result<void> send_body(http::Request& request, http::ClientExchange& exchange, B
     auto go = exchange.await_continue(kContinueWait);
     if (!go) return fail(go.error());
     if (!*go) return {};  // its final answer came first: read_head() has it
+    // The client's 100 is a head it gets: the route's response edits are on it, as on a 103.
+    // (Not sent, the server's bare one goes when the body is read: an HTTP/1.1 client that
+    // sent its body unasked needs none.)
+    http::HeaderMap fields;
+    edit_interim_fields(route, fields);
+    (void)request.send_interim(100, fields);
     if (body.replayable) {
       body.kept = request.body();  // the server's 100 goes out here
       body.complete = true;
@@ -432,8 +439,9 @@ Forwarding::Attempt Forwarding::exchange_with(const Gateway::Target& target) {
     (void)request_.send_interim(interim.status, edited);
   });
   // (A tunnel's stream stays open our way: the tunnel ends it.)
-  auto sent = attempt.extended ? Result<void>()
-                               : send_body(request_, exchange, body_, has_body_, route_max_body_);
+  auto sent = attempt.extended
+                  ? Result<void>()
+                  : send_body(request_, route_, exchange, body_, has_body_, route_max_body_);
   // Even when the body could not all go out, the upstream may have answered (an early 413,
   // say): its answer is what the client should see.
   auto got = exchange.read_head();

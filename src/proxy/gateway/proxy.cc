@@ -411,9 +411,8 @@ http::Middleware Proxy::middleware(std::string server_key) {
     }
     if (server != nullptr && server->routes.size() != 0 && !ambiguous) {
       // An extended CONNECT (RFC 8441) routes as the GET upgrade it stands for.
-      std::string_view method = request.head().protocol.empty() ? request.method() : "GET";
-      route =
-          server->routes.select(request.authority(), request.target(), method, request.headers());
+      route = server->routes.select(request.authority(), request.target(),
+                                    detail::forwarded_method(request), request.headers());
     }
     // A routed request keeps a copy of the snapshot (and of the route it points into), even if
     // a new one is published while it runs; one no route takes needs none (the copy's
@@ -453,7 +452,8 @@ http::Response Proxy::on_route(http::Request& request, const std::shared_ptr<Gat
   if (!answer_first(
           request, route,
           gateway->rate_limits(static_cast<std::size_t>(&route - gateway->config().routes.data())),
-          *passwords_, [&](std::size_t at) { return authorize(request, gateway, route, at); },
+          *passwords_,
+          [&](std::size_t at) { return authorize(request, gateway, server, route, at); },
           response)) {
     response = pass_on(request, gateway, server, route);
   }
@@ -487,6 +487,7 @@ http::Response Proxy::pass_on(http::Request& request, const std::shared_ptr<Gate
 
 std::optional<http::Response> Proxy::authorize(http::Request& request,
                                                const std::shared_ptr<Gateway>& gateway,
+                                               const Gateway::Server& server,
                                                const RouteConfig& route, std::size_t at) {
   const ForwardAuthConfig& auth = *route.middlewares[at].forward_auth;
   const Gateway::Service* service = gateway->service(auth.service);
@@ -501,20 +502,20 @@ std::optional<http::Response> Proxy::authorize(http::Request& request,
 
   // GET path, with the request's fields as the upstream will get them (those chosen, never
   // those about its body or the connection, nor those the gateway owns) and what the request
-  // was: X-Forwarded-Method, -Proto, -Host, -Uri, -For (the canonical request's), and its
+  // was: X-Forwarded-Method, -Proto, -Host, -Uri, -For (as the upstream is told them), and its
   // X-Request-Id.
   http::RequestHead head;
   head.method = "GET";
   head.target = auth.path;
   fields_for_auth(request, route, at, head.headers);
-  const http::RequestContext& context = request.context();
-  std::string client(client_text(request));
-  head.headers.add_view("X-Forwarded-Method", http::token::kXForwardedMethod, request.method());
-  head.headers.add_view("X-Forwarded-Proto", http::token::kXForwardedProto,
-                        context.tls ? "https" : "http");
-  head.headers.add_view("X-Forwarded-Host", http::token::kXForwardedHost, request.authority());
+  // What the upstream is told: its method (an RFC 8441 WebSocket's GET), and the X-Forwarded-*
+  // fields the forwarded head carries (a trusted proxy's host and scheme, the hop list).
+  head.headers.add_view("X-Forwarded-Method", http::token::kXForwardedMethod,
+                        detail::forwarded_method(request));
+  detail::ForwardedFields forwarded;
+  detail::forwarded_fields(request, *server.config, detail::authority_of(request), forwarded);
+  detail::add_forwarded_fields(forwarded, head.headers);
   head.headers.add_view("X-Forwarded-Uri", http::token::kXForwardedUri, request.target());
-  head.headers.add_view("X-Forwarded-For", http::token::kXForwardedFor, client);
   // The forwarded request's, for the service's log (copied: the attribute's text moves when
   // attributes are added).
   detail::InlineText<128> id;

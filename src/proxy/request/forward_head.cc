@@ -179,7 +179,7 @@ bool extended_connect_as_upgrade(const http::Request& request, const RouteConfig
   bool allowed = std::ranges::any_of(
       route.upgrades, [&](const std::string& p) { return http::iequals(p, protocol); });
   if (!allowed) return false;
-  out.head.method = "GET";
+  out.head.method = forwarded_method(request);
   out.head.content_length.reset();
   out.head.chunked = false;  // the stream's DATA are the tunnel's, not a body
   out.upgrade = std::string(protocol);
@@ -216,25 +216,46 @@ void as_extended_connect(ForwardHead& out) {
   if (out.head.headers.never_indexed()) connect.headers.mark_never_indexed();
 }
 
-void build_head(const http::Request& request, const ServerConfig& server, ForwardHead& out) {
+std::string authority_of(const http::Request& request) {
+  std::string authority(request.authority());
+  const http::RequestContext& context = request.context();
+  if (authority.empty() && context.local != nullptr) authority = context.local->to_string();
+  return authority;
+}
+
+void forwarded_fields(const http::Request& request, const ServerConfig& server,
+                      std::string_view authority, ForwardedFields& out) {
   const http::RequestContext& context = request.context();
   const http::HeaderMap& in = request.headers();
   bool from_proxy = trusted(server, context);
-  // The canonical request's (CONNECT's target, an extended CONNECT's :authority, Host: they
-  // never differ), else the address the client connected to.
-  out.authority = request.authority();
-  if (out.authority.empty() && context.local != nullptr) out.authority = context.local->to_string();
+  // The client and the trusted proxies before us (note_client); anyone else's claim is gone.
+  std::string_view forwarded_for = noted_forwarded_for(request);
+  out.for_list = forwarded_for.empty() ? context.remote : forwarded_for;
+  auto proto = in.get(http::token::kXForwardedProto);
+  out.proto = proto && from_proxy ? std::string(*proto) : context.tls ? "https" : "http";
+  auto host = in.get(http::token::kXForwardedHost);
+  out.host = host && from_proxy ? *host : authority;
+}
 
+void add_forwarded_fields(const ForwardedFields& fields, http::HeaderMap& headers) {
+  headers.add_view("X-Forwarded-For", http::token::kXForwardedFor, fields.for_list);
+  headers.add_view("X-Forwarded-Proto", http::token::kXForwardedProto, fields.proto);
+  if (!fields.host.empty())
+    headers.add_view("X-Forwarded-Host", http::token::kXForwardedHost, fields.host);
+}
+
+std::string_view forwarded_method(const http::Request& request) {
+  return request.head().protocol.empty() ? request.method() : std::string_view("GET");
+}
+
+void build_head(const http::Request& request, const ServerConfig& server, ForwardHead& out) {
+  const http::RequestContext& context = request.context();
+  const http::HeaderMap& in = request.headers();
+  out.authority = authority_of(request);
   request_id_of(request, out.request_id);
   bool trace_restarted = false;
   next_traceparent(in.get(http::token::kTraceparent), trace_restarted, out.traceparent);
-  // The client and the trusted proxies before us (note_client); anyone else's claim is gone.
-  std::string_view forwarded_for = noted_forwarded_for(request);
-  out.forwarded_for = forwarded_for.empty() ? context.remote : forwarded_for;
-  auto proto = in.get(http::token::kXForwardedProto);
-  out.forwarded_proto = proto && from_proxy ? std::string(*proto) : context.tls ? "https" : "http";
-  auto host = in.get(http::token::kXForwardedHost);
-  out.forwarded_host = host && from_proxy ? std::string(*host) : out.authority;
+  forwarded_fields(request, server, out.authority, out.forwarded);
   std::string_view version =
       version_text(context.major_version == 2 ? 20 : 10 + request.minor_version());
   auto via = in.get(http::token::kVia);
@@ -263,10 +284,7 @@ void build_head(const http::Request& request, const ServerConfig& server, Forwar
     head.headers.add_view(f);
   }
   if (in.never_indexed()) head.headers.mark_never_indexed();  // RFC 7541 §6.2.3
-  head.headers.add_view("X-Forwarded-For", http::token::kXForwardedFor, out.forwarded_for);
-  head.headers.add_view("X-Forwarded-Proto", http::token::kXForwardedProto, out.forwarded_proto);
-  if (!out.forwarded_host.empty())
-    head.headers.add_view("X-Forwarded-Host", http::token::kXForwardedHost, out.forwarded_host);
+  add_forwarded_fields(out.forwarded, head.headers);
   head.headers.add_view("Via", http::token::kVia, out.via);
   head.headers.add_view("X-Request-Id", http::token::kXRequestId, out.request_id.view());
   head.headers.add_view("traceparent", http::token::kTraceparent, out.traceparent.view());
@@ -281,6 +299,17 @@ void apply_edits(const HeaderEdits& edits, http::HeaderMap& headers) {
   for (const auto& [name, value] : edits.add) headers.add(name, value);
 }
 
+namespace {
+
+// A jwt that reads its token from a cookie verified no Authorization: a token there (another
+// user's, one signed by nobody) must not reach an upstream that trusts the gateway to have
+// verified it.
+void erase_unverified_authorization(const JwtConfig& jwt, http::HeaderMap& headers) {
+  if (!jwt.cookie.empty()) headers.erase(http::token::kAuthorization);
+}
+
+}  // namespace
+
 void apply_field_edits(const http::Request& request, const MiddlewareConfig& m,
                        http::HeaderMap& headers) {
   switch (m.kind) {
@@ -293,6 +322,7 @@ void apply_field_edits(const http::Request& request, const MiddlewareConfig& m,
       }
       break;
     case MiddlewareConfig::Kind::kJwt:
+      erase_unverified_authorization(*m.jwt, headers);
       // Claims to fields: whatever the client sent under those names goes.
       for (const auto& [claim, field] : m.jwt->claims_to_headers) {
         headers.erase(field);
@@ -327,6 +357,7 @@ void erase_written_fields(const MiddlewareConfig& m, http::HeaderMap& headers) {
       for (const std::string& field : m.forward_auth->response_headers) headers.erase(field);
       break;
     case MiddlewareConfig::Kind::kJwt:
+      erase_unverified_authorization(*m.jwt, headers);
       for (const auto& [claim, field] : m.jwt->claims_to_headers) headers.erase(field);
       break;
     case MiddlewareConfig::Kind::kHeaders:

@@ -47,6 +47,17 @@ class InFlight {
   std::shared_ptr<std::size_t> count_;  ///< the worker's count for the target
 };
 
+/// The X-Forwarded-For, -Proto and -Host of a request: the upstream, a mirror target and a
+/// forward_auth service are told the same (forwarded_fields).
+struct ForwardedFields {
+  /// The client, then each trusted proxy between it and this gateway (note_client).
+  std::string for_list;
+  /// A trusted proxy's X-Forwarded-Proto, else the scheme the client used here.
+  std::string proto;
+  /// A trusted proxy's X-Forwarded-Host, else the authority of the request ("" for none).
+  std::string host;
+};
+
 /// The request as it goes to the upstream. Shared with the response's producer (or a tunnel),
 /// which also keeps the request counted in flight to its target until it ends.
 struct ForwardHead {
@@ -66,8 +77,10 @@ struct ForwardHead {
   InlineText<128> request_id;
   /// The W3C traceparent sent upstream.
   InlineText<55> traceparent;
-  // Owns the values built here (the head's views point into them).
-  std::string forwarded_for, forwarded_proto, forwarded_host, via;
+  /// X-Forwarded-For, -Proto and -Host (the head's views point into them).
+  ForwardedFields forwarded;
+  /// Via (the head's view points into it).
+  std::string via;
   /// The Upgrade offered upstream: the client's tokens the route allows ("" for none).
   std::string upgrade;
   /// The Sec-WebSocket-Key sent upstream, made here for an HTTP/2 client's extended CONNECT.
@@ -98,6 +111,24 @@ void note_route(http::Request& request, const RouteConfig& route);
 
 /// "1.1" for the HTTP version of a message (major * 10 + minor).
 std::string_view version_text(int version);
+
+/// The authority `request` is for: the canonical request's (CONNECT's target, an extended
+/// CONNECT's :authority, Host: they never differ), else the address the client connected to.
+std::string authority_of(const http::Request& request);
+
+/// The X-Forwarded-* fields `request` (for `authority`: authority_of) goes on with, into
+/// `out`: a trusted proxy's X-Forwarded-Proto and -Host kept, anyone else's replaced;
+/// X-Forwarded-For as note_client derived it. The one place they are computed: the upstream,
+/// a mirror target and the auth service are told alike.
+void forwarded_fields(const http::Request& request, const ServerConfig& server,
+                      std::string_view authority, ForwardedFields& out);
+
+/// Adds `fields` to `headers` (views into `fields`).
+void add_forwarded_fields(const ForwardedFields& fields, http::HeaderMap& headers);
+
+/// The method `request` goes upstream as: an extended CONNECT (RFC 8441) is the GET upgrade it
+/// stands for (and goes so over HTTP/1.1; over HTTP/2 as the CONNECT that means it).
+std::string_view forwarded_method(const http::Request& request);
 
 /// The head of `request` for the upstream, into `out`: the method, the target, the framing,
 /// the fields that may go on (http::forwardable), then X-Forwarded-For, -Proto and -Host, Via,
