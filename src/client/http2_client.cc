@@ -330,7 +330,8 @@ bool Http2Session::Impl::frame_body(Call& call, std::size_t budget) {
   if (call.closed) return true;
   const bool has_trailers = call.out_trailers != nullptr && !call.out_trailers->empty();
   std::size_t buffered = call.out.size();
-  std::size_t n = std::min({buffered, budget, session.send_window(call.id)});
+  // Other callers' streams share the connection's window: this one takes only its share.
+  std::size_t n = std::min({buffered, budget, session.shared_send_window(call.id)});
   const bool body_ends = call.out_end && n == buffered;
   if (n > 0 || (body_ends && !has_trailers)) {
     call.out.consume(

@@ -570,6 +570,7 @@ bool Session::on_window_update(const Frame& f) {
     if (connection_send_window_ > kMaxWindow) {
       return connection_error(ErrorCode::kFlowControlError, "the connection window past 2^31-1");
     }
+    connection_send_peak_ = std::max(connection_send_peak_, connection_send_window_);
     handler_.on_window(0);
     return true;
   }
@@ -627,6 +628,18 @@ std::size_t Session::send_window(std::uint32_t stream) const {
   if (open == nullptr) return 0;
   return static_cast<std::size_t>(
       std::max<std::int64_t>(0, std::min(open->send_window, connection_send_window_)));
+}
+
+std::size_t Session::shared_send_window(std::uint32_t stream) const {
+  const Stream* open = streams_.find(stream);
+  if (open == nullptr) return 0;
+  const std::int64_t held =
+      std::max<std::int64_t>(0, std::min(peer_initial_window_ - open->send_window,
+                                         connection_send_peak_ - connection_send_window_));
+  // n such that held + n <= window - n (rounded up: a stream holding nothing may always send
+  // one byte while the connection has any).
+  const std::int64_t share = (connection_send_window_ - held + 1) / 2;
+  return static_cast<std::size_t>(std::max<std::int64_t>(0, std::min(open->send_window, share)));
 }
 
 void Session::submit_headers(std::uint32_t stream, std::span<const hpack::Field> fields,

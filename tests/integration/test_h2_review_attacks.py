@@ -1003,11 +1003,6 @@ def test_tunnel_data_past_the_stream_window_resets_only_the_tunnel(build_dir, tm
 # ---- the upload direction of a shared upstream connection -----------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="defect: one client's uploads to a path whose upstream "
-                   "handler reads its body later take the whole send window of the shared "
-                   "upstream connection (a stream may take all of it); another client's upload "
-                   "on that connection gets nothing sent until they are read or end (here: no "
-                   "answer in 15 s; its write timeout, 60 s by default, then fails it)")
 def test_uploads_an_upstream_has_not_read_yet_do_not_stall_another_clients_upload(build_dir,
                                                                                  tmp_path):
     """An upstream whose handler reads a body only later (Go's and nghttp2's servers give the

@@ -216,6 +216,13 @@ class Session {
   std::size_t submit_data(std::uint32_t stream, std::string_view data, bool end_stream);
   /// Bytes that may be sent on `stream` now (the smaller of its window and the connection's).
   std::size_t send_window(std::uint32_t stream) const;
+  /// send_window() for a connection whose streams belong to different callers: a stream
+  /// sends only while what it holds of the connection's window (sent and not yet given back)
+  /// stays within what the connection has left, so a stream whose reader never reads leaves
+  /// the others at least as much as it holds (k such streams, at least 1/2^k of the window).
+  /// What it holds is the smaller of what its own window and the connection's lack (a peer
+  /// that gives back only the connection's window holds a stream to what all lack).
+  std::size_t shared_send_window(std::uint32_t stream) const;
   /// The driver consumed `n` bytes of the stream's DATA: the windows reopen (in batches; the
   /// connection's already has if `connection_window_on_receipt`).
   void consumed(std::uint32_t stream, std::size_t n);
@@ -344,6 +351,9 @@ class Session {
   /// are not served: what comes on them is ignored).
   std::uint32_t closing_last_ = kMaxWindow;
   std::int64_t connection_send_window_ = 65535;
+  // The most the peer has let the connection's window reach: less what it has now is what
+  // was sent and not yet given back.
+  std::int64_t connection_send_peak_ = 65535;
   std::int64_t connection_receive_window_ = 65535;
   std::size_t connection_unacked_ = 0;
   std::uint32_t peer_initial_window_ = 65535;
