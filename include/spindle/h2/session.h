@@ -54,11 +54,13 @@ struct SessionLimits {
   std::uint32_t max_header_list_size = 65536;
   /// One header block (HEADERS and its CONTINUATIONs): bytes, and frames. Past either a
   /// server's session ends the connection (its client's only). A client's session ends it past
-  /// the frames only: its connection carries many callers' streams, and a response head past
-  /// the bytes (an upstream reflecting a request) is one stream's error. Its block is still
-  /// gathered whole, at most max_continuations + 1 frames of max_frame_size, and decoded to keep
-  /// the table in step (max_header_list_size bounds what is kept of it); then that stream is
-  /// reset.
+  /// neither: its connection carries many callers' streams, and a response head past them (an
+  /// upstream reflecting a request) is one stream's error. Its block is gathered whole up to
+  /// max_continuations + 1 frames of max_frame_size and decoded to keep the table in step
+  /// (max_header_list_size bounds what is kept of it); past them the stream is reset at once and
+  /// the rest of the block is read a frame at a time, for the table only (one representation
+  /// cut by a frame's end kept between frames, at most those bytes: past them, or an error in
+  /// the block, the connection ends).
   std::size_t max_header_block = 65536 + 16384;
   std::size_t max_continuations = 32;
   /// Output queued and not taken by the driver: past it the client is not reading.
@@ -179,7 +181,8 @@ class SessionHandler {
   /// A request head decoded past SETTINGS_MAX_HEADER_LIST_SIZE (its fields stopped at the
   /// limit): true if the driver answers it itself (431, RFC 9113 §10.5.1), and the stream goes
   /// on as a request whose head is complete (on_headers follows); false to have it reset
-  /// (REFUSED_STREAM).
+  /// (REFUSED_STREAM). A client's session: a response block past what it gathers
+  /// (SessionLimits::max_header_block), whose stream is then reset (PROTOCOL_ERROR, on_reset).
   virtual bool on_head_too_large(std::uint32_t /*stream*/, bool /*end_stream*/) { return false; }
   /// The peer's GOAWAY: no stream above `last_stream` was or will be processed (they are
   /// reset, on_reset, right after).
@@ -314,6 +317,7 @@ class Session {
   void close_stream(std::uint32_t id);
   /// Remembers stream `id` as reset by us (reset_streams_): `window` of DATA and `blocks`
   /// header blocks may still come on it unless `ended`.
+  bool skim_block(bool end_headers);
   void remember_reset(std::uint32_t id, std::int64_t window, std::uint8_t blocks, bool ended);
   /// Writes the PING that tells when the peer has read the resets sent so far, if one is due.
   void ping_for_resets();
@@ -364,6 +368,10 @@ class Session {
   bool block_end_stream_ = false;
   std::string block_;
   std::size_t block_frames_ = 0;
+  // A client's block past what it gathers, read a frame at a time for the table only
+  // (skim_block): whether one is, and whether a field of it came yet.
+  bool block_skimming_ = false;
+  bool block_field_seen_ = false;
   // Budgets (SessionLimits): what was spent, and the streams completed that earn more.
   std::size_t resets_ = 0;
   std::size_t empty_frames_ = 0;
