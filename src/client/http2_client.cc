@@ -211,6 +211,12 @@ struct Http2Session::Impl final : h2::SessionHandler {
       call->never_indexed = true;
     }
   }
+  bool on_head_too_large(std::uint32_t id, bool /*end_stream*/) override {
+    // A response head past what the session gathers: its reset (on_reset) is the upstream's
+    // malformed answer, not a close to try again after.
+    if (Call* call = find(id)) call->too_large = true;
+    return false;
+  }
   void on_headers(std::uint32_t id, bool end_stream, bool trailers) override;
   void on_data(std::uint32_t id, std::span<const std::uint8_t> data, bool end_stream) override;
   void on_reset(std::uint32_t id, ErrorCode code) override;
@@ -330,7 +336,8 @@ bool Http2Session::Impl::frame_body(Call& call, std::size_t budget) {
   if (call.closed) return true;
   const bool has_trailers = call.out_trailers != nullptr && !call.out_trailers->empty();
   std::size_t buffered = call.out.size();
-  std::size_t n = std::min({buffered, budget, session.send_window(call.id)});
+  // Other callers' streams share the connection's window: this one takes only its share.
+  std::size_t n = std::min({buffered, budget, session.shared_send_window(call.id)});
   const bool body_ends = call.out_end && n == buffered;
   if (n > 0 || (body_ends && !has_trailers)) {
     call.out.consume(

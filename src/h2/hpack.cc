@@ -319,18 +319,27 @@ const ValueMemo::Entry* ValueMemo::add(std::span<const std::uint8_t> coded, std:
 }
 
 Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
-                            void (*deliver)(void*, const Decoded&)) {
+                            void (*deliver)(void*, const Decoded&), bool* seen, std::size_t* read) {
   std::size_t at = 0;
   std::size_t list_size = 0;
-  bool field_seen = false;
+  bool field_seen = seen != nullptr && *seen;
   bool over_limit = false;
+  // skim(): a representation cut at the end of the piece is left for the next (nothing of it
+  // has changed the table: each changes it only once read whole).
+  const auto status = [&](std::size_t begun, Status s) {
+    if (read == nullptr) return s;
+    *read = begun;
+    *seen = field_seen;
+    return s == Status::kTruncated ? Status::kOk : s;
+  };
   while (at < in.size()) {
+    const std::size_t begun = at;
     const std::uint8_t first = in[at];
     if ((first & 0xe0) == 0x20) {  // 001xxxxx: dynamic table size update
       // Only at the start of a block (RFC 7541 §4.2), and within our setting.
       std::uint64_t size = 0;
-      if (Status s = read_integer(in, at, 5, size); s != Status::kOk) return s;
-      if (field_seen || size > max_table_size_) return Status::kBadTableSizeUpdate;
+      if (Status s = read_integer(in, at, 5, size); s != Status::kOk) return status(begun, s);
+      if (field_seen || size > max_table_size_) return status(begun, Status::kBadTableSizeUpdate);
       table_.set_max_size(static_cast<std::size_t>(size));
       continue;
     }
@@ -339,8 +348,8 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
     http::Field& f = d.field;
     if (first & 0x80) {  // 1xxxxxxx: indexed field
       std::uint64_t index = 0;
-      if (Status s = read_integer(in, at, 7, index); s != Status::kOk) return s;
-      if (index == 0) return Status::kBadIndex;
+      if (Status s = read_integer(in, at, 7, index); s != Status::kOk) return status(begun, s);
+      if (index == 0) return status(begun, Status::kBadIndex);
       if (index <= kStaticCount) {
         const StaticEntry& e = kStatic[index - 1];
         f = {e.name, e.value, e.token};
@@ -349,16 +358,18 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
         f = {entry->name(), entry->value(), entry->token};
         d.checked = entry->valid;
       } else {
-        return Status::kBadIndex;
+        return status(begun, Status::kBadIndex);
       }
     } else {
       // 01xxxxxx with indexing, 0001xxxx never indexed, 0000xxxx without indexing.
       const bool indexing = (first & 0xc0) == 0x40;
       d.never_indexed = (first & 0xf0) == 0x10;
       std::uint64_t index = 0;
-      if (Status s = read_integer(in, at, indexing ? 6 : 4, index); s != Status::kOk) return s;
+      if (Status s = read_integer(in, at, indexing ? 6 : 4, index); s != Status::kOk)
+        return status(begun, s);
       if (index == 0) {
-        if (Status s = read_string(in, at, name_buffer_, f.name); s != Status::kOk) return s;
+        if (Status s = read_string(in, at, name_buffer_, f.name); s != Status::kOk)
+          return status(begun, s);
         f.token = http::find_token(f.name);
       } else if (index <= kStaticCount) {
         f.name = kStatic[index - 1].name;
@@ -369,18 +380,18 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
         f.token = entry->token;
         d.name_checked = entry->valid;  // (a valid entry's name and value both are)
       } else {
-        return Status::kBadIndex;
+        return status(begun, Status::kBadIndex);
       }
       // The value: a literal, or Huffman-coded (decoded once, with the memo, if it came before).
       std::span<const std::uint8_t> coded;
       bool huffman = false;
       const ValueMemo::Entry* memo = nullptr;
-      if (Status s = take_string(in, at, coded, huffman); s != Status::kOk) return s;
+      if (Status s = take_string(in, at, coded, huffman); s != Status::kOk) return status(begun, s);
       if (huffman && memo_ && (memo = memo_->find(coded)) != nullptr) {
         f.value = memo->text_view();
       } else {
         if (Status s = string_text(coded, huffman, value_buffer_, f.value); s != Status::kOk) {
-          return s;
+          return status(begun, s);
         }
         if (huffman && memo_) memo = memo_->add(coded, f.value);
       }
@@ -413,6 +424,7 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
     }
     // Past the limit nothing more is delivered, but the block is read to its end: the table
     // must stay in step with the peer's (the connection may go on).
+    if (deliver == nullptr) continue;  // skim()
     list_size += f.name.size() + f.value.size() + kEntryOverhead;
     if (list_size > max_list_) {
       over_limit = true;
@@ -420,6 +432,7 @@ Status Decoder::decode_with(std::span<const std::uint8_t> in, void* sink,
     }
     deliver(sink, d);
   }
+  if (read != nullptr) return status(in.size(), Status::kOk);
   return over_limit ? Status::kHeaderListTooLarge : Status::kOk;
 }
 

@@ -225,8 +225,10 @@ bool Session::on_frame(const Frame& f) {
         return false;
       }
       block_.append(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
+      if (block_skimming_) return skim_block(f.has(flag::kEndHeaders));
       if (block_.size() > block_limit(role_ == Role::kClient, limits_) ||
           ++block_frames_ > limits_.max_continuations) {
+        if (role_ == Role::kClient) return skim_block(f.has(flag::kEndHeaders));
         return connection_error(ErrorCode::kEnhanceYourCalm, "header block too large");
       }
       return f.has(flag::kEndHeaders)
@@ -284,6 +286,40 @@ bool Session::on_headers(const Frame& f) {
   if (f.has(flag::kEndHeaders)) return end_header_block(f.payload);
   block_.assign(reinterpret_cast<const char*>(f.payload.data()), f.payload.size());
   block_frames_ = 1;
+  return true;
+}
+
+// A response block past what a client's session gathers: its stream alone is reset at once
+// (the connection carries other callers' streams), and the block is read as it comes, for the
+// table only (later blocks name its entries): what is kept between frames is one
+// representation cut by a frame's end, at most block_limit() bytes.
+bool Session::skim_block(bool end_headers) {
+  const std::uint32_t id = block_stream_;
+  if (!block_skimming_) {
+    block_skimming_ = true;
+    block_field_seen_ = false;
+    if (streams_.contains(id)) {
+      (void)handler_.on_head_too_large(id, block_end_stream_);
+      stream_error(id, ErrorCode::kProtocolError);
+      if (failed_) return false;
+    }
+  }
+  std::size_t read = 0;
+  const auto* in = reinterpret_cast<const std::uint8_t*>(block_.data());
+  const hpack::Status status = decoder_.skim({in, block_.size()}, block_field_seen_, read);
+  if (status != hpack::Status::kOk) {
+    return connection_error(ErrorCode::kCompressionError, hpack::to_string(status));
+  }
+  block_.erase(0, read);
+  if (block_.size() > block_limit(true, limits_)) {
+    return connection_error(ErrorCode::kEnhanceYourCalm, "a header field too large");
+  }
+  if (!end_headers) return true;
+  block_stream_ = 0;
+  block_skimming_ = false;
+  if (!block_.empty()) {
+    return connection_error(ErrorCode::kCompressionError, "a header block cut short");
+  }
   return true;
 }
 
@@ -570,6 +606,7 @@ bool Session::on_window_update(const Frame& f) {
     if (connection_send_window_ > kMaxWindow) {
       return connection_error(ErrorCode::kFlowControlError, "the connection window past 2^31-1");
     }
+    connection_send_peak_ = std::max(connection_send_peak_, connection_send_window_);
     handler_.on_window(0);
     return true;
   }
@@ -627,6 +664,18 @@ std::size_t Session::send_window(std::uint32_t stream) const {
   if (open == nullptr) return 0;
   return static_cast<std::size_t>(
       std::max<std::int64_t>(0, std::min(open->send_window, connection_send_window_)));
+}
+
+std::size_t Session::shared_send_window(std::uint32_t stream) const {
+  const Stream* open = streams_.find(stream);
+  if (open == nullptr) return 0;
+  const std::int64_t held =
+      std::max<std::int64_t>(0, std::min(peer_initial_window_ - open->send_window,
+                                         connection_send_peak_ - connection_send_window_));
+  // n such that held + n <= window - n (rounded up: a stream holding nothing may always send
+  // one byte while the connection has any).
+  const std::int64_t share = (connection_send_window_ - held + 1) / 2;
+  return static_cast<std::size_t>(std::max<std::int64_t>(0, std::min(open->send_window, share)));
 }
 
 void Session::submit_headers(std::uint32_t stream, std::span<const hpack::Field> fields,

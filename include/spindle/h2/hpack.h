@@ -236,6 +236,16 @@ class Decoder {
     });
   }
 
+  /// Reads the next piece of a header block only for the table, delivering nothing (a block
+  /// whose fields will never be kept, too large to gather whole): the whole representations at
+  /// the start of `piece` are read; the bytes of one cut at its end are left, what the block's
+  /// next piece must be appended to. `read` says how many bytes were read. `field_seen`: a
+  /// field came in an earlier piece of the block (false for its first). Errors are the
+  /// decode()'s: the connection must end.
+  Status skim(std::span<const std::uint8_t> piece, bool& field_seen, std::size_t& read) {
+    return decode_with(piece, nullptr, nullptr, &field_seen, &read);
+  }
+
   /// Our SETTINGS_HEADER_TABLE_SIZE changed (acknowledged by the peer).
   void set_max_table_size(std::size_t size) { max_table_size_ = size; }
   /// Keeps the last few Huffman-coded literal values it decoded, by their coded bytes: a peer
@@ -255,8 +265,10 @@ class Decoder {
   const DynamicTable& table() const { return table_; }
 
  private:
+  /// decode() (and with `deliver` null, skim(): `field_seen` and `read` given).
   Status decode_with(std::span<const std::uint8_t> block, void* sink,
-                     void (*deliver)(void*, const Decoded&));
+                     void (*deliver)(void*, const Decoded&), bool* field_seen = nullptr,
+                     std::size_t* read = nullptr);
   DynamicTable table_;
   std::size_t max_table_size_;
   std::size_t max_list_;

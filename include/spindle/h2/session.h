@@ -54,11 +54,13 @@ struct SessionLimits {
   std::uint32_t max_header_list_size = 65536;
   /// One header block (HEADERS and its CONTINUATIONs): bytes, and frames. Past either a
   /// server's session ends the connection (its client's only). A client's session ends it past
-  /// the frames only: its connection carries many callers' streams, and a response head past
-  /// the bytes (an upstream reflecting a request) is one stream's error. Its block is still
-  /// gathered whole, at most max_continuations + 1 frames of max_frame_size, and decoded to keep
-  /// the table in step (max_header_list_size bounds what is kept of it); then that stream is
-  /// reset.
+  /// neither: its connection carries many callers' streams, and a response head past them (an
+  /// upstream reflecting a request) is one stream's error. Its block is gathered whole up to
+  /// max_continuations + 1 frames of max_frame_size and decoded to keep the table in step
+  /// (max_header_list_size bounds what is kept of it); past them the stream is reset at once and
+  /// the rest of the block is read a frame at a time, for the table only (one representation
+  /// cut by a frame's end kept between frames, at most those bytes: past them, or an error in
+  /// the block, the connection ends).
   std::size_t max_header_block = 65536 + 16384;
   std::size_t max_continuations = 32;
   /// Output queued and not taken by the driver: past it the client is not reading.
@@ -179,7 +181,8 @@ class SessionHandler {
   /// A request head decoded past SETTINGS_MAX_HEADER_LIST_SIZE (its fields stopped at the
   /// limit): true if the driver answers it itself (431, RFC 9113 §10.5.1), and the stream goes
   /// on as a request whose head is complete (on_headers follows); false to have it reset
-  /// (REFUSED_STREAM).
+  /// (REFUSED_STREAM). A client's session: a response block past what it gathers
+  /// (SessionLimits::max_header_block), whose stream is then reset (PROTOCOL_ERROR, on_reset).
   virtual bool on_head_too_large(std::uint32_t /*stream*/, bool /*end_stream*/) { return false; }
   /// The peer's GOAWAY: no stream above `last_stream` was or will be processed (they are
   /// reset, on_reset, right after).
@@ -216,6 +219,13 @@ class Session {
   std::size_t submit_data(std::uint32_t stream, std::string_view data, bool end_stream);
   /// Bytes that may be sent on `stream` now (the smaller of its window and the connection's).
   std::size_t send_window(std::uint32_t stream) const;
+  /// send_window() for a connection whose streams belong to different callers: a stream
+  /// sends only while what it holds of the connection's window (sent and not yet given back)
+  /// stays within what the connection has left, so a stream whose reader never reads leaves
+  /// the others at least as much as it holds (k such streams, at least 1/2^k of the window).
+  /// What it holds is the smaller of what its own window and the connection's lack (a peer
+  /// that gives back only the connection's window holds a stream to what all lack).
+  std::size_t shared_send_window(std::uint32_t stream) const;
   /// The driver consumed `n` bytes of the stream's DATA: the windows reopen (in batches; the
   /// connection's already has if `connection_window_on_receipt`).
   void consumed(std::uint32_t stream, std::size_t n);
@@ -307,6 +317,7 @@ class Session {
   void close_stream(std::uint32_t id);
   /// Remembers stream `id` as reset by us (reset_streams_): `window` of DATA and `blocks`
   /// header blocks may still come on it unless `ended`.
+  bool skim_block(bool end_headers);
   void remember_reset(std::uint32_t id, std::int64_t window, std::uint8_t blocks, bool ended);
   /// Writes the PING that tells when the peer has read the resets sent so far, if one is due.
   void ping_for_resets();
@@ -344,6 +355,9 @@ class Session {
   /// are not served: what comes on them is ignored).
   std::uint32_t closing_last_ = kMaxWindow;
   std::int64_t connection_send_window_ = 65535;
+  // The most the peer has let the connection's window reach: less what it has now is what
+  // was sent and not yet given back.
+  std::int64_t connection_send_peak_ = 65535;
   std::int64_t connection_receive_window_ = 65535;
   std::size_t connection_unacked_ = 0;
   std::uint32_t peer_initial_window_ = 65535;
@@ -354,6 +368,10 @@ class Session {
   bool block_end_stream_ = false;
   std::string block_;
   std::size_t block_frames_ = 0;
+  // A client's block past what it gathers, read a frame at a time for the table only
+  // (skim_block): whether one is, and whether a field of it came yet.
+  bool block_skimming_ = false;
+  bool block_field_seen_ = false;
   // Budgets (SessionLimits): what was spent, and the streams completed that earn more.
   std::size_t resets_ = 0;
   std::size_t empty_frames_ = 0;

@@ -473,21 +473,29 @@ TEST(H2Client, StatesItsTableSizeAndReadsNginxsFieldsIndexedIntoNothing) {
 // block is read whole (the decoder's table stays in step: the next head refers to an entry
 // the large one added), that stream is reset, the other is answered; a block past the frames
 // a block may take still ends the connection (what is gathered stays bounded).
+// A response head past what the session gathers (33 frames) still costs only its stream: the
+// rest of the block is read a frame at a time for the table only. Fields of 4,000 bytes (each
+// cut by some frame's end), 10 to 1,000 frames; entries added at its start and at its end are
+// named by the other stream's head, which is answered.
 TEST(H2Client, AnOversizedResponseHeadResetsItsStreamAndTheTableStaysInStep) {
-  for (std::size_t fields : {40u, 300u}) {
+  for (std::size_t fields : {40u, 135u, 140u, 300u, 410u, 4100u}) {
     SCOPED_TRACE(fields);
     Hostile h;
     const std::uint32_t big = h.client.open(request(), true);
     const std::uint32_t other = h.client.open(request(), true);
     (void)h.written();
-    // ":status: 200", "x-shared: s" with incremental indexing (entry 62), then `fields`
-    // literals of 4,000 bytes not indexed: 160 KB (10 frames of 16 KiB) or 1.2 MB (74).
+    // ":status: 200", "x-shared: s" with incremental indexing, then `fields` literals of
+    // 4,000 bytes not indexed (160 KB, 10 frames of 16 KiB, to 16 MB, 1,002 frames), then
+    // "x-late: l" indexed: entries 63 and 62.
+    auto indexed = [](std::string& block, std::string_view name, std::string_view value) {
+      block += '\x40';
+      hpack::encode_integer(name.size(), 7, 0, block);
+      block += name;
+      hpack::encode_integer(value.size(), 7, 0, block);
+      block += value;
+    };
     std::string block = "\x88";
-    block += '\x40';
-    hpack::encode_integer(8, 7, 0, block);
-    block += "x-shared";
-    hpack::encode_integer(1, 7, 0, block);
-    block += "s";
+    indexed(block, "x-shared", "s");
     for (std::size_t i = 0; i < fields; ++i) {
       block += '\x00';
       const std::string name = "x-big-" + std::to_string(i);
@@ -496,13 +504,16 @@ TEST(H2Client, AnOversizedResponseHeadResetsItsStreamAndTheTableStaysInStep) {
       hpack::encode_integer(4000, 7, 0, block);
       block += std::string(4000, 'v');
     }
+    indexed(block, "x-late", "l");
     ASSERT_GT(block.size(), SessionLimits{}.max_header_block);
     std::string in;
     write::headers(in, big, block, true, kDefaultMaxFrameSize);
-    // The other stream's head: ":status: 200" and entry 62.
-    write::headers(in, other, "\x88\xbe", true);
-    const bool lives = fields == 40;
-    EXPECT_EQ(h.client.receive(bytes(in)), lives);
+    // The other stream's head: ":status: 200" and entries 63 and 62.
+    write::headers(in, other, "\x88\xbf\xbe", true);
+    // Given in pieces of 7,000 bytes: frames cut too.
+    for (std::size_t at = 0; at < in.size(); at += 7000) {
+      ASSERT_TRUE(h.client.receive(bytes(std::string_view(in).substr(at, 7000))));
+    }
     auto out = h.written();
     bool goaway = false, reset_big = false;
     for (auto [kind, code] : out) {
@@ -510,16 +521,44 @@ TEST(H2Client, AnOversizedResponseHeadResetsItsStreamAndTheTableStaysInStep) {
       reset_big = reset_big || (kind == FrameType::kRstStream &&
                                 code == static_cast<std::uint32_t>(ErrorCode::kProtocolError));
     }
-    if (lives) {
-      EXPECT_FALSE(goaway);
-      EXPECT_TRUE(reset_big);
-      EXPECT_EQ(h.r.resets[big], ErrorCode::kProtocolError);
-      EXPECT_FALSE(h.r.resets.contains(other));
-      EXPECT_TRUE(h.r.ended[other]);
-      EXPECT_EQ(h.r.fields[other], (std::vector<std::pair<std::string, std::string>>{
-                                       {":status", "200"}, {"x-shared", "s"}}));
-    } else {
-      EXPECT_TRUE(goaway);  // 74 frames: past max_continuations
+    EXPECT_FALSE(goaway);
+    EXPECT_TRUE(reset_big);
+    EXPECT_EQ(h.r.resets[big], ErrorCode::kProtocolError);
+    EXPECT_FALSE(h.r.fields.contains(big) && h.r.fields[big].size() > 100);
+    EXPECT_FALSE(h.r.resets.contains(other));
+    EXPECT_TRUE(h.r.ended[other]);
+    EXPECT_EQ(h.r.fields[other], (std::vector<std::pair<std::string, std::string>>{
+                                     {":status", "200"}, {"x-shared", "s"}, {"x-late", "l"}}));
+  }
+}
+
+// What the session keeps between the frames of such a block is bounded: one field larger than
+// what it gathers (600 KB) ends the connection; a block cut short (no field may end at its
+// END_HEADERS) too.
+TEST(H2Client, AFieldLargerThanWhatIsGatheredEndsTheConnection) {
+  for (bool cut : {false, true}) {
+    SCOPED_TRACE(cut);
+    Hostile h;
+    const std::uint32_t big = h.client.open(request(), true);
+    (void)h.written();
+    std::string block = "\x88";
+    for (int i = 0; i < 40; ++i) {
+      block += '\x00';
+      hpack::encode_integer(1, 7, 0, block);
+      block += "x";
+      hpack::encode_integer(16000, 7, 0, block);
+      block += std::string(16000, 'v');
     }
+    block += '\x00';
+    hpack::encode_integer(1, 7, 0, block);
+    block += "y";
+    hpack::encode_integer(cut ? 100 : 600000, 7, 0, block);
+    block += std::string(cut ? 50 : 600000, 'w');
+    std::string in;
+    write::headers(in, big, block, true, kDefaultMaxFrameSize);
+    EXPECT_FALSE(h.client.receive(bytes(in)));
+    bool goaway = false;
+    for (auto [kind, code] : h.written()) goaway = goaway || kind == FrameType::kGoaway;
+    EXPECT_TRUE(goaway);
   }
 }
