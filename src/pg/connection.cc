@@ -460,7 +460,9 @@ void Connection::drive() {
       fail_all(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_)));
       break;
     }
-    if (!take_results()) {
+    bool taken = take_results();
+    pace();
+    if (!taken) {
       fail_all(Errc::kConnectionLost, trimmed(PQerrorMessage(conn_)));
       break;
     }
@@ -666,7 +668,8 @@ void Connection::complete_front() {
   Expected<Result> outcome = e.outcome ? std::move(*e.outcome) : Expected<Result>(Result());
   Query* owner = e.owner;
   bool gave_up = e.gave_up;
-  pace(e.sent_at);
+  if (answered_ == 0) first_answered_sent_ = e.sent_at;
+  ++answered_;
   fifo_.pop_front();
   ++first_sequence_;
   --in_flight_;
@@ -678,14 +681,16 @@ void Connection::complete_front() {
   }
 }
 
-void Connection::pace(Clock::time_point sent_at) {
-  // The server worked on this statement from its send, or from the answer before it if it
-  // was still busy then: with a deep pipeline the samples add up to the server's own pace.
+bool Connection::answers_waiting() const { return input_pending(conn_); }
+
+void Connection::pace() {
+  if (answered_ == 0) return;
   Clock::time_point now = Clock::now();
-  std::chrono::nanoseconds sample = now - std::max(sent_at, last_answer_);
-  per_statement_ =
-      per_statement_.count() == 0 ? sample : per_statement_ + (sample - per_statement_) / 16;
+  bool behind = !fifo_.empty() && fifo_.front().sent_at < last_answer_;
+  per_statement_ = next_pace(per_statement_, now - std::max(first_answered_sent_, last_answer_),
+                             answered_, behind);
   last_answer_ = now;
+  answered_ = 0;
 }
 
 void Connection::deliver(Query* owner, Expected<Result> outcome) {

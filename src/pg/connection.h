@@ -76,11 +76,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
 
   /// Statements sent whose results have not all come.
   std::size_t in_flight() const { return in_flight_; }
-  /// How long the oldest statement not answered yet has waited at `now` (zero when none).
-  std::chrono::nanoseconds oldest_wait(Clock::time_point now) const {
-    return fifo_.empty() ? std::chrono::nanoseconds(0) : now - fifo_.front().sent_at;
+  /// How long the server has answered nothing here while it holds a statement, at `now`: since
+  /// the last answers read, or the send of the oldest statement if later (zero when none).
+  std::chrono::nanoseconds stalled_for(Clock::time_point now) const {
+    return fifo_.empty() ? std::chrono::nanoseconds(0)
+                         : now - std::max(fifo_.front().sent_at, last_answer_);
   }
-  /// The server's recent time per statement answered here (zero until one was answered).
+  /// Bytes from the server wait to be read (a zero-timeout poll: for the rare check).
+  bool answers_waiting() const;
+  /// The server's recent time per statement answered here while it was behind (zero until one
+  /// was answered).
   std::chrono::nanoseconds per_statement() const { return per_statement_; }
   /// New calls may be sent on it: not broken or closing, and its server has not ended the
   /// session (a FATAL came, or the reactor saw it hang up, before its driver read the end).
@@ -171,8 +176,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool on_result(Entry& e, ExecStatusType status, PGresult* r);
   /// The front execution's Sync came: its outcome goes to its caller.
   void complete_front();
-  /// Takes the answer to a statement sent at `sent_at` into per_statement().
-  void pace(Clock::time_point sent_at);
+  /// Takes the answers of the last read (take_results) into per_statement().
+  void pace();
   void deliver(Query* owner, Expected<Result> outcome);
   void fail_all(Errc why, const std::string& message);
   void finish();
@@ -195,10 +200,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::deque<Entry> fifo_;
   std::uint64_t first_sequence_ = 0;  ///< the sequence of fifo_.front()
   std::size_t in_flight_ = 0;
-  /// Smoothed: the time from an answer (or a send to an idle server) to the next answer.
+  /// Smoothed, per read: the time from the previous read (or the send of the first statement
+  /// answered, if later) over the statements answered; while the server is behind only.
   std::chrono::nanoseconds per_statement_{0};
-  Clock::time_point last_answer_;  ///< when the last statement was answered
-  std::size_t given_up_ = 0;       ///< entries in fifo_ whose callers gave up unanswered
+  Clock::time_point last_answer_;          ///< when the last answers were read
+  Clock::time_point first_answered_sent_;  ///< the send of the first answered since then
+  std::size_t answered_ = 0;               ///< statements answered since then
+  std::size_t given_up_ = 0;               ///< entries in fifo_ whose callers gave up unanswered
   /// The last sign of life while troubled: a byte from the server, a statement completed, a
   /// call given up (the grace of stalled() counts from it).
   std::chrono::steady_clock::time_point quiet_since_;

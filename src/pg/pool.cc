@@ -69,10 +69,14 @@ Connection* Pool::choose(bool exclusive) {
   lanes_.clear();
   Clock::time_point now = Clock::now();
   for (const auto& c : live_) {
+    std::chrono::nanoseconds stalled = c->stalled_for(now);
+    // Its answers wait in the socket: this worker is late in reading them, not the server (a
+    // busy or descheduled worker), and another connection would not answer sooner.
+    if (stalled >= options_.spread_after && c->answers_waiting()) stalled = {};
     lanes_.push_back(Lane{
         .open_to_calls = !c->reserved && c->healthy() && !c->promised && !past_lifetime(*c, now),
         .depth = c->in_flight() + c->pending_picks,
-        .oldest = c->oldest_wait(now),
+        .stalled = stalled,
         .per_statement = c->per_statement()});
   }
   // One open at a time to spread: the calls go on what is open meanwhile.

@@ -50,9 +50,10 @@ struct Options {
   /// Connections per worker (opened on demand, up to this many).
   std::size_t connections = 2;
   /// A worker's calls share the fewest connections that answer within about this long: a call
-  /// joins the first connection whose oldest statement waited less and whose statements in
-  /// flight take less at its recent pace; when none does, another is used (or opened). Well
-  /// above a busy machine's scheduling delays, which another connection would not shorten.
+  /// joins the first connection whose server answered something within it and whose
+  /// statements in flight take less at the server's recent pace; when none does, another is
+  /// used (or opened). Well above a busy machine's scheduling delays, which another connection
+  /// would not shorten.
   std::chrono::microseconds spread_after{10'000};
   /// How long opening a connection may take (a call waiting for it gives up at its own
   /// deadline; the connection, once open, serves the calls after it). A connect_timeout in the
