@@ -48,7 +48,7 @@ def test_consistent_hash_keeps_unrelated_keys_when_a_name_loses_an_address(build
     dns.set("b.test", A, "127.0.0.4")
     dns.set("b.test", AAAA)
     gw = dns_gateway(build_dir, tmp_path, [dns.address],
-               upstream_body([f"a.test:{two.port}", f"b.test:{two.port}"], balancer=HASHED))
+                     upstream_body([f"a.test:{two.port}", f"b.test:{two.port}"], balancer=HASHED))
     try:
         before = by_key(gw, KEYS)
         assert set(before.values()) == {"two", "three", "four"}, before
@@ -80,7 +80,7 @@ def test_consistent_hash_moves_keys_only_to_a_joining_srv_target(build_dir, tmp_
     srv = "_http._tcp.api.test"
     dns.set(srv, SRV, *[(10, weight, port, f"{n}.api.test") for n in "abc"])
     gw = dns_gateway(build_dir, tmp_path, [dns.address], upstream_body(srv=srv, balancer=HASHED),
-               ", srv_refresh: 1s")
+                     ", srv_refresh: 1s")
     try:
         before = by_key(gw, KEYS)
         assert set(before.values()) == {"a", "b", "c"}, before

@@ -152,8 +152,8 @@ def test_an_unresolved_redis_name_with_failure_mode_open_lets_requests_through(b
     api = Named("127.0.0.2", "api")
     dns.fail("redis.test", A, "servfail")
     dns.fail("redis.test", AAAA, "servfail")
-    gw = dns_gateway(build_dir, tmp_path, [dns.address], redis_limited("redis.test", 6399, api.port,
-                                                                 "open"), ", timeout: 500ms")
+    gw = dns_gateway(build_dir, tmp_path, [dns.address],
+                     redis_limited("redis.test", 6399, api.port, "open"), ", timeout: 500ms")
     try:
         assert answers(gw, 6) == ["api"] * 6
         assert dns.asked("redis.test")
@@ -166,8 +166,8 @@ def test_an_unresolved_redis_name_is_refused_not_connected_to(build_dir, tmp_pat
     api = Named("127.0.0.2", "api")
     dns.fail("redis.test", A, "servfail")
     dns.fail("redis.test", AAAA, "servfail")
-    gw = dns_gateway(build_dir, tmp_path, [dns.address], redis_limited("redis.test", 6399, api.port,
-                                                                 "closed"), ", timeout: 500ms")
+    gw = dns_gateway(build_dir, tmp_path, [dns.address],
+                     redis_limited("redis.test", 6399, api.port, "closed"), ", timeout: 500ms")
     try:
         assert request(gw, "GET", "/")[0] == 503
         assert logged(gw, "redis", "cannot connect", seconds=3), gw.errors
@@ -188,9 +188,9 @@ def test_a_redis_named_in_the_hosts_file_is_used_with_dns_silent(build_dir, tmp_
     hosts = tmp_path / "hosts"
     hosts.write_text("127.0.0.1 store.test\n")
     dns.silent = True
-    gw = dns_gateway(build_dir, tmp_path, [dns.address], redis_limited("store.test", redis.port,
-                                                                 api.port, "closed"),
-               ", timeout: 2s", env={"CARES_HOSTS": str(hosts)})
+    gw = dns_gateway(build_dir, tmp_path, [dns.address],
+                     redis_limited("store.test", redis.port, api.port, "closed"),
+                     ", timeout: 2s", env={"CARES_HOSTS": str(hosts)})
     try:
         got = answers(gw, 5)
         assert got == ["api"] * 3 + [429] * 2, got
@@ -215,7 +215,7 @@ def test_a_hosts_file_edit_is_followed_without_a_reload_then_dns_takes_over(buil
     dns.set("alias.test", A, "127.0.0.4")
     dns.set("alias.test", AAAA)
     gw = dns_gateway(build_dir, tmp_path, [dns.address], upstream_body([f"alias.test:{two.port}"]),
-               ", timeout: 1s", env={"CARES_HOSTS": str(hosts)})
+                     ", timeout: 1s", env={"CARES_HOSTS": str(hosts)})
     try:
         assert answers(gw, 3) == ["two"] * 3
         assert not dns.asked("alias.test")
@@ -243,7 +243,7 @@ def test_a_hosts_file_that_blocks_holds_neither_dns_nor_sigterm(build_dir, tmp_p
     dns.set("a.test", A, "127.0.0.2")
     dns.set("a.test", AAAA)
     gw = dns_gateway(build_dir, tmp_path, [dns.address], upstream_body([f"a.test:{one.port}"]),
-               ", timeout: 500ms", env={"CARES_HOSTS": str(fifo)})
+                     ", timeout: 500ms", env={"CARES_HOSTS": str(fifo)})
     try:
         served = wait_until(lambda: answers(gw, 1) == ["one"], seconds=3)
         stopping = time.monotonic()
@@ -267,7 +267,7 @@ def test_an_srv_target_named_in_the_hosts_file_is_answered_from_it(build_dir, tm
     dns.fail("local-a.test", A, "silent")
     dns.fail("local-a.test", AAAA, "silent")
     gw = dns_gateway(build_dir, tmp_path, [dns.address], upstream_body(srv=srv), ", timeout: 2s",
-               env={"CARES_HOSTS": str(hosts)})
+                     env={"CARES_HOSTS": str(hosts)})
     try:
         assert answers(gw, 4) == ["a"] * 4
         assert not dns.asked("local-a.test")
@@ -308,7 +308,7 @@ def test_a_redis_named_in_dns_follows_its_address_on_the_ttl(build_dir, tmp_path
     dns.set("redis.test", A, "127.0.0.1")
     dns.set("redis.test", AAAA)
     gw = dns_gateway(build_dir, tmp_path, [dns.address], redis_limited("redis.test", first.port,
-                                                                 api.port, "closed"))
+                                                                       api.port, "closed"))
     try:
         assert wait_until(lambda: _answers_redis("127.0.0.2", first.port), seconds=5)
         assert answers(gw, 4) == ["api"] * 3 + [429]
