@@ -329,3 +329,22 @@ def http():
         read_responses = staticmethod(read_responses)
         closed_by_peer = staticmethod(closed_by_peer)
     return Helpers
+
+
+@pytest.fixture
+def shared(build_dir, tmp_path):
+    """h2_traffic.Shared: a gateway whose one h2c upstream connection carries a victim's
+    download while the test runs; the test calls check_victim()."""
+    from h2_traffic import Shared  # h2_traffic imports proxy_support, which imports conftest
+    s = Shared(build_dir, tmp_path)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def dns():
+    """dns_server.DnsServer, stopped at the test's end."""
+    from dns_server import DnsServer  # dns_server imports proxy_support, which imports conftest
+    server = DnsServer()
+    yield server
+    server.stop()

@@ -5,11 +5,17 @@ TC bit: the whole answer over TCP only), or a reply that is not DNS. Every query
 (when, name, type, over what), so that a test can tell when and how often spindle asked.
 
 Written by hand with struct (the few record types the tests need): python3-dnslib is not
-among the suite's dependencies."""
+among the suite's dependencies. Also the gateways of the DNS tests: `dns_gateway` (a
+configuration whose `dns` asks the given servers), `upstream_body`, `answers`; the `dns`
+fixture (conftest.py) is a DnsServer."""
+import os
 import socket
 import struct
 import threading
 import time
+
+from conftest import Server
+from proxy_support import SERVER, request
 
 A, AAAA, SRV = 1, 28, 33
 OPT = 41
@@ -219,3 +225,45 @@ class DnsServer:
         self.running = False
         self.udp.close()
         self.tcp.close()
+
+
+# ---- gateways that look their names up here -----------------------------------------------
+
+
+def config_text(dns_servers, body, dns_keys=""):
+    """A gateway's configuration: SERVER, `dns` asking `dns_servers` (min_ttl 1s), then `body`."""
+    servers = ", ".join(f'"{s}"' for s in dns_servers)
+    return SERVER + f"dns: {{servers: [{servers}], min_ttl: 1s{dns_keys}}}\n" + body
+
+
+def dns_gateway(build_dir, tmp_path, dns_servers, body, dns_keys="", env=None):
+    """spindle of one worker serving config_text(dns_servers, body, dns_keys)."""
+    path = tmp_path / "gateway.yaml"
+    path.write_text(config_text(dns_servers, body, dns_keys))
+    return Server([os.path.join(build_dir, "bin", "spindle"), "serve", "--config", str(path),
+                   "--threads", "1"], env=env)
+
+
+def upstream_body(targets=None, srv=None, balancer="round_robin", health=""):
+    """Routes, a service and its upstream `api`: `targets` (addresses) or `srv` (a name)."""
+    where = (f"srv: {srv}" if srv else
+             "targets: [" + ", ".join(f'{{address: "{t}"}}' for t in targets) + "]")
+    return f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: api}}
+services:
+  api: {{upstream: api}}
+upstreams:
+  api:
+    balancer: {balancer}
+    {where}
+{health}"""
+
+
+def answers(gw, count=12):
+    """`count` GETs of /: each answer's body (a Named server's name), or its status."""
+    out = []
+    for _ in range(count):
+        status, _, body = request(gw, "GET", "/")
+        out.append(body.decode() if status == 200 else status)
+    return out

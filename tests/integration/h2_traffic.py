@@ -1,7 +1,10 @@
 """Traffic for the tests of a gateway's shared HTTP/2 upstream connections (issue 68): a relay
 that counts the connections made through it and notes each one that closed, and clients
 (HTTP/2 and HTTP/1.1) that read whole, read slowly, or give up (reset, close) at random. Every
-client that did not give up must get its whole answer."""
+client that did not give up must get its whole answer. Also the stage of the HTTP/2 tests:
+`gateway_to` (one worker, one h2c connection to the upstream), `Shared` (a victim download in
+flight on that connection while a test attacks; the `shared` fixture of conftest.py), scripted
+h2 upstreams that record or misbehave."""
 import random
 import selectors
 import socket
@@ -16,7 +19,8 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
-from proxy_support import free_port
+from h2_raw import Client, ScriptedUpstream, fetch, window_update
+from proxy_support import free_port, gateway, upstream
 
 
 class CountingRelay:
@@ -251,7 +255,6 @@ def failures(outcomes):
             f"ended {r.ended}, {r.error}" for r in outcomes if r.kept() and not r.ok()]
 
 
-
 def wait_listening(proc, port, seconds=10):
     """Waits until something accepts on `port` (`proc` must not exit meanwhile)."""
     deadline = time.monotonic() + seconds
@@ -301,3 +304,103 @@ def h2_cancel_all(port, paths, seconds=30):
         return sum(begun.values())
     finally:
         sock.close()
+
+
+# An upstream that lets a gateway reset as many streams as its clients cancel (spindle's own
+# server allows 200 beyond the streams completed, 100 of running ones at once then 5 a second:
+# docs/configuration.md), and keeps an idle connection a minute.
+PATIENT = {"H2_RESET_LIMITS": "100000", "KEEPALIVE_MS": "60000"}
+
+
+def gateway_to(build_dir, tmp_path, port, server_extra="", service_extra=""):
+    """A gateway of one worker whose service reaches 127.0.0.1:`port` over one h2c
+    connection at most; `server_extra`/`service_extra`: more YAML (flow style, leading comma)."""
+    return gateway(build_dir, tmp_path, f"""
+servers:
+  - {{listen: 127.0.0.1:0, http2: true, access_log: off{server_extra}}}
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{upstream: pool, protocol: h2c{service_extra}}}
+upstreams:
+  pool:
+    targets: [{{address: "127.0.0.1:{port}"}}]
+    limits: {{max_connections: 1}}
+""", threads=1)
+
+
+class Shared:
+    """spindle's test server behind a counting relay, a gateway to it, and a victim: a client
+    whose download is in flight on the shared upstream connection while the attack runs."""
+
+    def __init__(self, build_dir, tmp_path, server_extra=", limits: {max_body: 64m}",
+                 service_extra=""):
+        self.up = upstream(build_dir, "a", env=PATIENT)
+        self.relay = CountingRelay(self.up.port)
+        self.gw = gateway_to(build_dir, tmp_path, self.relay.port, server_extra, service_extra)
+        self.port = self.gw.port
+        self.victim = None
+
+    def start_victim(self, size=1_000_000):
+        """A download that takes its first window's worth and then waits (its windows shut)."""
+        self.victim_size = size
+        self.victim = Client(self.port, auto_window=False)
+        self.victim.send(self.victim.head(1, f"/bytes/{size}"))
+        assert self.victim.wait(lambda: len(self.victim.stream(1).body) >= 65535), \
+            "the victim's first window did not come"
+
+    def check_victim(self, seconds=20):
+        """The victim's download ends whole; a new request is answered; the upstream connection
+        is still the first one."""
+        if self.victim is not None:
+            v = self.victim
+            v.auto_window = True
+            v.send(window_update(0, 1 << 30), window_update(1, 1 << 30))
+            s = v.wait_done(1, seconds)
+            assert (s.status(), len(s.body), s.ended, s.reset) == \
+                (200, self.victim_size, True, None), "the victim's download"
+        after = fetch(self.port, "/bytes/100000")
+        assert (after.status(), len(after.body), after.ended) == (200, 100000, True)
+        assert (self.relay.accepted, self.relay.closed) == (1, 0), "the shared connection"
+
+    def stop(self):
+        if self.victim is not None:
+            self.victim.close()
+        self.gw.stop()
+        self.relay.stop()
+        self.up.stop()
+
+
+def goaway_code(c, seconds=10):
+    c.wait(lambda: c.goaway is not None, seconds)
+    return None if c.goaway is None else c.goaway[1]
+
+
+def recording_upstream():
+    """A scripted upstream that waits for each request to end (or be reset), notes
+    (path, body, ended by END_STREAM, reset code) and answers 200 if it ended."""
+    record = []
+
+    def script(conn, sid):
+        s = conn.stream(sid)
+        conn.wait(lambda: s.done(), 30)
+        record.append((s.field(":path"), s.body, s.ended, s.reset))
+        if s.ended and s.reset is None:
+            conn.answer(sid, 200, b"got %d" % len(s.body))
+
+    return ScriptedUpstream(script), record
+
+
+def misbehaving(build_dir, tmp_path, bad, service_extra=""):
+    """A scripted upstream answering /bad with `bad(conn, sid)` and anything else whole; behind
+    a counting relay and a gateway."""
+    def script(conn, sid):
+        if conn.stream(sid).field(":path").startswith("/bad"):
+            bad(conn, sid)
+        else:
+            conn.answer(sid, 200, b"fine" * 1000)
+
+    up = ScriptedUpstream(script)
+    relay = CountingRelay(up.port)
+    gw = gateway_to(build_dir, tmp_path, relay.port, service_extra=service_extra)
+    return up, relay, gw

@@ -3,6 +3,7 @@ and small HTTP helpers."""
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -485,3 +486,162 @@ def h2_post(server, path, body, length=True, timeout=15):
     finally:
         s.close()
     return status, got
+
+
+class Auth(ScriptedUpstream):
+    """Answers each GET with `self.reply` (bytes, or a callable of the request count); counts
+    the requests it read."""
+
+    def __init__(self, reply, close=False):
+        self.reply = reply
+        self.close = close
+        self.asked = 0
+        super().__init__()
+
+    def handle(self, conn):
+        with conn:
+            data = b""
+            try:
+                while True:
+                    got = read_request_head(conn, data)
+                    if got is None:
+                        return
+                    data = got[1]
+                    self.asked += 1
+                    reply = self.reply(self.asked) if callable(self.reply) else self.reply
+                    if reply is None:
+                        conn.recv(1)  # stalls: never answers
+                        return
+                    conn.sendall(reply)
+                    if self.close:
+                        return
+            except OSError:
+                pass
+
+
+def auth_config(target, auth, first_byte="2s"):
+    return SERVER + f"""
+routes:
+  - name: free
+    match: {{path_prefix: /free}}
+    middlewares: [{{strip_prefix: /free}}]
+    service: a
+  - name: api
+    match: {{path_prefix: /}}
+    middlewares:
+      - forward_auth: {{service: auth, path: /verify, response_headers: [X-Auth-User]}}
+    service: a
+services:
+  a: {{url: "http://{addr(target)}"}}
+  auth: {{url: "http://127.0.0.1:{auth.port}", timeouts: {{connect: 1s, first_byte: {first_byte}}}}}
+"""
+
+
+class HostileShadow(ScriptedUpstream):
+    """A mirror target that misbehaves as `kind` says, counting its connections open."""
+
+    def __init__(self, kind):
+        self.kind = kind
+        self.open = 0
+        super().__init__()
+
+    def handle(self, conn):
+        self.open += 1
+        try:
+            if self.kind == "stalls":  # reads nothing, answers nothing
+                conn.settimeout(10)
+                conn.recv(1, socket.MSG_PEEK)
+                time.sleep(10)
+            elif self.kind == "resets":
+                read_request_head(conn)
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+            elif self.kind == "switches":
+                read_request_head(conn)
+                conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n"
+                             b"Connection: upgrade\r\n\r\n" + b"\xff" * 65536)
+                conn.recv(1)
+            elif self.kind == "floods":
+                read_request_head(conn)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                while True:
+                    conn.sendall(b"4000\r\n" + b"z" * 0x4000 + b"\r\n")
+            elif self.kind == "holds":  # reads its requests, never answers, never closes
+                while conn.recv(65536):
+                    pass
+        except OSError:
+            pass
+        finally:
+            conn.close()
+            self.open -= 1
+
+
+def mirrored(target, shadow_address, settings="", service_settings=""):
+    return SERVER + f"""
+routes:
+  - name: api
+    match: {{path_prefix: /}}
+    middlewares:
+      - mirror: {{service: shadow, timeout: 1s{settings}}}
+    service: a
+services:
+  a: {{url: "http://{addr(target)}"{service_settings}}}
+  shadow: {{url: "http://{shadow_address}"}}
+"""
+
+
+def response_status(s):
+    data = b""
+    while b"\r\n" not in data:
+        more = s.recv(4096)
+        if not more:
+            break
+        data += more
+    return int(data.split()[1]) if data else None
+
+
+def spindle_bin(build_dir):
+    return os.path.join(build_dir, "bin", "spindle")
+
+
+def serve_file(build_dir, path, threads=1):
+    checked = subprocess.run([spindle_bin(build_dir), "check-config", str(path)],
+                             capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stderr
+    return Server([spindle_bin(build_dir), "serve", "--config", str(path), "--threads",
+                   str(threads)])
+
+
+def config_in_force(admin_port):
+    conn = http.client.HTTPConnection("127.0.0.1", admin_port, timeout=5)
+    try:
+        conn.request("GET", "/config")
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
+def reload_and_wait(gw, path, text, admin_port, marker):
+    """Writes `text` (atomically) and sends SIGHUP; waits until the admin listener's /config
+    holds `marker` (the reload's own lines may be suppressed in a storm of them)."""
+    staged = path.with_name("staged.yaml")
+    staged.write_text(text)
+    os.rename(staged, path)
+    gw.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: marker in config_in_force(admin_port), 10), gw.errors[-5:]
+
+
+def fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def metric(admin_port, name, **labels):
+    """The value of metric `name` with exactly `labels` on the admin listener's /metrics, or None."""
+    conn = http.client.HTTPConnection("127.0.0.1", admin_port, timeout=5)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} " if want else f"{name} "):
+            return float(line.split()[-1])
+    return None

@@ -4,7 +4,7 @@ the file, the line and the key, with exit code 1 (never a crash)."""
 import os
 import re
 import shutil
-import socket
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +13,8 @@ import pytest
 import yaml
 
 from conftest import ROOT, Server, memory_kib
-from proxy_support import config_error, free_port
+from proxy_support import config_error, free_port, request, wait_until
+
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import config_examples  # noqa: E402
@@ -399,3 +400,64 @@ def test_check_config_refuses_a_root_serve_could_not_use(build_dir, tmp_path):
         served = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "serve", "--config",
                                  str(config)], capture_output=True, text=True, timeout=30)
         assert served.returncode == 1 and error.strip() in served.stderr, served.stderr
+
+
+# ---- files a middleware names, swapped for what is no regular file ---------------------------
+
+
+USERS = "alice:{SHA}qUqP5cyxm6YcTAhz05Hph5gvu9M=\n"
+
+
+JWKS = '{"keys": [{"kty": "oct", "k": "' + "A" * 43 + '"}]}'
+
+
+def file_config(tmp_path, kind):
+    middleware = ("{basic_auth: {users_file: named}}" if kind == "users_file"
+                  else "{jwt: {jwks_file: named}}")
+    return f"""servers:
+  - {{listen: 127.0.0.1:0, access_log: off}}
+routes:
+  - name: open
+    match: {{path: /open}}
+    middlewares: [{{respond: {{body: open}}}}]
+    service: s
+  - match: {{path_prefix: /}}
+    middlewares: [{middleware}]
+    service: s
+services:
+  s: {{url: "http://127.0.0.1:9"}}
+"""
+
+
+@pytest.mark.parametrize("kind", ["users_file", "jwks_file"])
+def test_a_named_file_that_is_a_fifo_is_refused_at_once(build_dir, tmp_path, kind):
+    import subprocess
+    os.mkfifo(tmp_path / "named")
+    config = tmp_path / "gateway.yaml"
+    config.write_text(file_config(tmp_path, kind))
+    done = subprocess.run([os.path.join(build_dir, "bin", "spindle"), "check-config",
+                           str(config)], capture_output=True, text=True, timeout=20)
+    assert done.returncode == 1 and "not a regular file" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("kind", ["users_file", "jwks_file"])
+def test_a_reload_meeting_a_fifo_for_a_named_file_keeps_serving_and_stops_on_sigterm(
+        build_dir, tmp_path, kind):
+    from test_reload import Gateway
+    named = tmp_path / "named"
+    named.write_text(USERS if kind == "users_file" else JWKS)
+    gw = Gateway(build_dir, tmp_path, file_config(tmp_path, kind), threads=1)
+    try:
+        assert request(gw.server, "GET", "/open")[2] == b"open"
+        named.unlink()
+        os.mkfifo(named)  # a deploy left a pipe where the file was
+        before = len(gw.server.errors)
+        gw.server.proc.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: any("rejected" in line and "not a regular file" in line
+                                      for line in gw.server.errors[before:]), seconds=5), \
+            gw.server.errors[before:]
+        assert request(gw.server, "GET", "/open")[2] == b"open"
+        gw.server.proc.send_signal(signal.SIGTERM)
+        assert gw.server.proc.wait(timeout=5) == 0
+    finally:
+        gw.stop(signal.SIGKILL)

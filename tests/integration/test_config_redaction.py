@@ -10,6 +10,7 @@ import pytest
 
 from proxy_support import addr, free_port, gateway
 
+
 NAMES = ["X-Plain", "x-canary", "Accept", "X-Tenant"]
 
 
@@ -82,3 +83,31 @@ def test_no_value_used_as_a_secret_is_shown(build_dir, tmp_path, recorder, style
             assert kept in shown, (kept, shown)
     finally:
         server.stop()
+
+
+# ---- /config: secrets wherever they are used -------------------------------------------------
+
+
+def test_config_hides_a_secret_aliased_into_another_place(build_dir, tmp_path, recorder):
+    admin = free_port()
+    gw = gateway(build_dir, tmp_path, f"""servers:
+  - {{name: public, listen: 127.0.0.1:0, access_log: off}}
+admin: {{listen: 127.0.0.1:{admin}}}
+redis: {{address: 127.0.0.1:1, password: &pw alias-s3cr3t}}
+routes:
+  - name: r
+    match: {{path_prefix: /, headers: {{X-Key: *pw}}}}
+    middlewares:
+      - forward_auth: {{service: auth}}
+    service: s
+services:
+  s: {{url: "http://{addr(recorder)}"}}
+  auth: {{url: "http://{addr(recorder)}"}}
+""")
+    try:
+        shown = shown_config(admin)
+        assert shown.startswith("HTTP/1.1 200"), shown
+        assert "alias-s3cr3t" not in shown, shown
+        assert addr(recorder) in shown
+    finally:
+        gw.stop()

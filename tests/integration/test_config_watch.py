@@ -2,17 +2,21 @@
 writer holds it, modified and not closed yet) is never loaded, however long the writer pauses;
 a rename into place, a ConfigMap's symlink swap and a symlink's target edited in place are
 loaded; what is not a regular file (a FIFO, a device) or is empty is refused with the
-configuration in force serving on, and never holds the main thread."""
+configuration in force serving on, and never holds the main thread. A file deleted then written
+again is loaded, a dangling symlink renamed over it is refused and followed later, writes racing
+a reload storm leave the last complete version in force, and a SIGHUP while the file is written
+in place loads no half file."""
 import base64
 import hashlib
 import os
 import signal
+import threading
 import time
 
 import pytest
 
 from conftest import Server
-from proxy_support import addr, free_port, logged, request, wait_until
+from proxy_support import addr, free_port, logged, request, spindle_bin, wait_until
 
 
 def version(port, upstream, users, extra_route=""):
@@ -172,3 +176,128 @@ def test_what_is_not_a_configuration_is_refused_without_holding_the_main_thread(
     stopping = time.monotonic()
     assert gw.stop(timeout=20) == 0
     assert time.monotonic() - stopping < 5
+
+
+# ---- the configuration file ---------------------------------------------------------------
+
+
+def watched(port, up, route):
+    return f"""servers:
+  - {{listen: 127.0.0.1:{port}, access_log: off}}
+routes:
+  - {{name: {route}, match: {{path_prefix: /{route}/}}, middlewares: [{{strip_prefix: /{route}}}],
+     service: s}}
+services:
+  s: {{url: "http://{addr(up)}"}}
+"""
+
+
+@pytest.fixture
+def watched_site(build_dir, tmp_path, up):
+    port = free_port()
+    path = tmp_path / "gateway.yaml"
+    path.write_text(watched(port, up, "one"))
+    gw = Server([spindle_bin(build_dir), "serve", "--config", str(path), "--threads", "1"])
+    yield gw, path, lambda route: watched(port, up, route)
+    gw.stop()
+
+
+def routed(gw, route):
+    return request(gw, "GET", f"/{route}/plaintext")[0] == 200
+
+
+def test_a_config_file_deleted_then_written_again_is_loaded(watched_site):
+    gw, path, text = watched_site
+    assert routed(gw, "one")
+    os.unlink(path)
+    time.sleep(0.5)
+    assert routed(gw, "one")  # nothing to load: the one in force serves
+    path.write_text(text("two"))
+    assert wait_until(lambda: routed(gw, "two"), 5), gw.errors[-5:]
+    # And the watch still follows it afterwards.
+    path.write_text(text("three"))
+    assert wait_until(lambda: routed(gw, "three"), 5), gw.errors[-5:]
+
+
+def test_a_dangling_symlink_renamed_over_the_config_is_refused_and_followed_later(watched_site,
+                                                                                 tmp_path):
+    gw, path, text = watched_site
+    staged = tmp_path / "staged"
+    target = tmp_path / "later.yaml"
+    os.symlink(target, staged)
+    os.rename(staged, path)
+    assert logged(gw, "rejected", seconds=5), gw.errors[-5:]
+    assert routed(gw, "one")
+    # The target appears (written elsewhere and renamed into place): loaded.
+    (tmp_path / "later.tmp").write_text(text("two"))
+    os.rename(tmp_path / "later.tmp", target)
+    gw.proc.send_signal(signal.SIGHUP)
+    assert wait_until(lambda: routed(gw, "two"), 5), gw.errors[-5:]
+
+
+def test_writes_racing_a_reload_storm_leave_the_last_complete_version_in_force(watched_site,
+                                                                             tmp_path):
+    """Versions renamed into place every few ms while SIGHUP comes as fast: afterwards the
+    last version is in force (no reload loaded an older file after a newer one)."""
+    gw, path, text = watched_site
+    stop = [False]
+
+    def signals():
+        while not stop[0]:
+            gw.proc.send_signal(signal.SIGHUP)
+            time.sleep(0.003)
+    t = threading.Thread(target=signals)
+    t.start()
+    try:
+        for i in range(60):
+            staged = tmp_path / f"v{i}.tmp"
+            staged.write_text(text(f"v{i}"))
+            os.rename(staged, path)
+            time.sleep(0.01)
+    finally:
+        stop[0] = True
+        t.join()
+    assert wait_until(lambda: routed(gw, "v59"), 10), gw.errors[-5:]
+    time.sleep(1)
+    assert routed(gw, "v59") and not routed(gw, "v58")
+    assert gw.proc.poll() is None
+
+
+# ---- a SIGHUP while the file is being written in place ------------------------------------
+
+
+def test_a_sighup_while_the_file_is_written_in_place_loads_no_half_file(build_dir, tmp_path, up):
+    """A configuration tool rewrites the file in place while something (logrotate's
+    postrotate, systemd's ExecReload, an operator) sends SIGHUP: the half written so far is
+    valid YAML without the admin route's basic_auth. It must not be loaded."""
+    import base64
+    import hashlib
+    users = tmp_path / "users"
+    users.write_text("admin:{SHA}" + base64.b64encode(hashlib.sha1(b"secret").digest()).decode()
+                     + "\n")
+    port = free_port()
+    path = tmp_path / "gateway.yaml"
+    full = version(port, addr(up), users)
+    path.write_text(full)
+    gw = Server([spindle_bin(build_dir), "serve", "--config", str(path), "--threads", "1"])
+    try:
+        assert request(gw, "GET", "/admin/x")[0] == 401
+        cut = full.index("    middlewares")
+        with open(path, "w") as writer:
+            writer.write(full[:cut])
+            writer.flush()
+            time.sleep(0.2)
+            gw.proc.send_signal(signal.SIGHUP)
+            until = time.monotonic() + 1.5
+            statuses = set()
+            while time.monotonic() < until:
+                statuses.add(request(gw, "GET", "/admin/x")[0])
+                time.sleep(0.05)
+            assert logged(gw, "SIGHUP", "is being written")
+            writer.write(full[cut:])
+        assert statuses == {401}, f"the half file was loaded: /admin/x answered {statuses}"
+        # The SIGHUP is not lost: once the writer closed the file, the reload it asked for runs.
+        assert logged(gw, "SIGHUP", "in force", seconds=8)
+        assert request(gw, "GET", "/admin/x")[0] == 401
+    finally:
+        gw.stop()

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from conftest import Server
-from dns_server import AAAA, SRV, A, DnsServer
+from dns_server import A, AAAA, SRV, answers
 from proxy_support import SERVER, free_port, held_dead_port, logged, request, wait_until
 
 
@@ -61,13 +61,6 @@ class Named:
         self.server.server_close()
 
 
-@pytest.fixture
-def dns():
-    server = DnsServer()
-    yield server
-    server.stop()
-
-
 def start(build_dir, tmp_path, dns, body, dns_keys="", threads=1, env=None):
     """spindle with `body` (routes, services, upstreams) and DNS from `dns`."""
     path = tmp_path / "gateway.yaml"
@@ -88,14 +81,6 @@ upstreams:
     balancer: {balancer}
     targets: [{{address: "{name}:{port}"}}]
 """
-
-
-def answers(gw, count=12):
-    out = []
-    for _ in range(count):
-        status, _, body = request(gw, "GET", "/")
-        out.append(body.decode() if status == 200 else status)
-    return out
 
 
 # ---- each address family stands alone --------------------------------------------------------

@@ -1,13 +1,15 @@
 """forward_auth: a sub-request to an auth service (a small Python HTTP server here) decides;
 its 2xx lets the request go on with chosen fields copied, anything else is the client's answer
 as it is, and an auth service that is down means 503, never a request let through."""
+import http.client
 import http.server
+import socket
 import threading
 
 import pytest
 
-from proxy_support import (SERVER, addr, free_port, gateway, logged, middleware_config_error,
-                           request)
+from proxy_support import (Auth, SERVER, ScriptedUpstream, addr, auth_config, free_port, gateway,
+                           logged, middleware_config_error, request, response_status, wait_until)
 
 
 class AuthService:
@@ -63,7 +65,6 @@ services:
   a: {{url: "http://{addr(target)}"}}
   auth: {{url: "http://{auth_address}", timeouts: {{connect: 1s, first_byte: 2s}}}}
 """)
-
 
 
 def test_the_auth_service_decides(build_dir, tmp_path, up):
@@ -136,3 +137,47 @@ def test_forward_auth_to_a_missing_service_is_a_configuration_error(build_dir, t
     err = middleware_config_error(build_dir, tmp_path, "[{forward_auth: {service: nobody}}]")
     assert ("bad.yaml:5: routes[0].middlewares[0].forward_auth.service: no service named "
             "'nobody'") in err, err
+
+
+# ---- fields the gateway owns: spoofed in a trailer, or left for the auth service to set -----
+
+
+class RawUpstream(ScriptedUpstream):
+    """Keeps every byte it receives; answers 200 once a chunked body's end came."""
+
+    def __init__(self):
+        self.data = b""
+        super().__init__()
+
+    def handle(self, conn):
+        with conn:
+            conn.settimeout(3)
+            try:
+                while chunk := conn.recv(65536):
+                    self.data += chunk
+                    if self.data.endswith(b"\r\n\r\n") and b"\r\n0\r\n" in self.data:
+                        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            except OSError:
+                pass
+
+
+@pytest.mark.parametrize("auth_sets", [True, False])
+def test_a_client_cannot_set_what_forward_auth_owns_in_its_head_or_its_trailers(
+        build_dir, tmp_path, auth_sets):
+    up = RawUpstream()
+    auth = Auth(b"HTTP/1.1 200 OK\r\n" + (b"X-Auth-User: alice\r\n" if auth_sets else b"") +
+                b"Content-Length: 0\r\n\r\n")
+    gw = gateway(build_dir, tmp_path, auth_config(up, auth))
+    try:
+        with socket.create_connection((gw.host, gw.port), timeout=5) as s:
+            s.sendall(b"POST /t HTTP/1.1\r\nHost: x\r\nX-Auth-User: admin\r\n"
+                      b"Transfer-Encoding: chunked\r\nTrailer: X-Auth-User\r\n\r\n"
+                      b"5\r\nhello\r\n0\r\nX-Auth-User: admin\r\n\r\n")
+            assert response_status(s) == 200
+        assert wait_until(lambda: b"\r\n0\r\n" in up.data)
+        assert b"admin" not in up.data, up.data
+        assert (b"x-auth-user: alice" in up.data.lower()) == auth_sets, up.data
+    finally:
+        gw.stop()
+        auth.stop()
+        up.stop()

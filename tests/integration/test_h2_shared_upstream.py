@@ -4,7 +4,9 @@ nor the connection; no client's value becomes another's HPACK reference, and wha
 the upstream sent never indexed goes on so; `:path *` is an OPTIONS request's only."""
 import random
 import socket
+import struct
 import threading
+import time
 
 import h2.config
 import h2.connection
@@ -12,15 +14,14 @@ import h2.events
 import hpack
 import pytest
 
-from h2_traffic import CountingRelay, failures, h2_cancel_all, run_clients
+from h2_raw import (CANCEL, Client, GOAWAY, INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS,
+                    PROTOCOL_ERROR, ScriptedUpstream, data, fetch, frame, rst)
+from h2_traffic import (CountingRelay, PATIENT, failures, gateway_to, h2_cancel_all,
+                        recording_upstream, run_clients)
 from proxy_support import gateway, request, upstream
 
-SIZES = [0, 1000, 16384, 65536, 100000, 300000]
 
-# An upstream that lets a gateway reset as many streams as its clients cancel (spindle's own
-# server allows 200 beyond the streams completed, 100 of running ones at once then 5 a second:
-# docs/configuration.md), and keeps an idle connection a minute.
-PATIENT = {"H2_RESET_LIMITS": "100000", "KEEPALIVE_MS": "60000"}
+SIZES = [0, 1000, 16384, 65536, 100000, 300000]
 
 
 def one_connection_gateway(build_dir, tmp_path, port, protocol="h2c"):
@@ -233,6 +234,122 @@ def test_an_asterisk_path_with_another_method_than_options_is_not_forwarded(buil
                                             (":authority", "gateway.test"), (":path", "/ok")])
         assert status == 200
         assert [path for path, _ in up.requests] == ["/ok"]
+    finally:
+        gw.stop()
+        up.stop()
+
+
+# ---- a body cut short must not reach the upstream as a whole one -------------------------------
+
+
+@pytest.mark.parametrize("how", ["short", "long", "long-split", "rst", "close", "goaway"])
+def test_a_request_body_cut_short_never_reaches_the_upstream_as_whole(build_dir, tmp_path, how):
+    """content-length 100000 with fewer bytes and END_STREAM, or more; a body reset, or whose
+    connection closes or ends with GOAWAY half-way: the upstream sees its stream reset, never
+    ended as if the body were whole (that would be a truncated request taken as complete)."""
+    up, record = recording_upstream()
+    gw = gateway_to(build_dir, tmp_path, up.port)
+    try:
+        c = Client(gw.port)
+        c.send(c.head(1, "/upload", method="POST", end=False,
+                      extra=[("content-length", "100000")]))
+        piece = b"p" * 16384
+        for _ in range(4):
+            c.send(data(1, piece))
+        time.sleep(0.3)  # the gateway has forwarded what came
+        if how == "short":
+            c.send(data(1, b"end", end=True))
+        elif how == "long":
+            c.send(data(1, b"q" * 40000, end=True))
+        elif how == "long-split":
+            c.send(data(1, b"q" * 34464), data(1, b"more"))
+        elif how == "rst":
+            c.send(rst(1, CANCEL))
+        elif how == "close":
+            c.close()
+        else:
+            c.send(frame(GOAWAY, 0, 0, struct.pack(">II", 0, PROTOCOL_ERROR)))
+            time.sleep(0.2)
+            c.close()
+        deadline = time.monotonic() + 10
+        while not record and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(record) == 1, record
+        path, body, ended, reset = record[0]
+        assert not ended, f"the upstream took a {len(body)}-byte body as whole"
+        assert reset is not None
+    finally:
+        gw.stop()
+        up.stop()
+
+
+# ---- the upload direction of a shared upstream connection -----------------------------------
+
+
+def test_uploads_an_upstream_has_not_read_yet_do_not_stall_another_clients_upload(build_dir,
+                                                                                 tmp_path):
+    """An upstream whose handler reads a body only later (Go's and nghttp2's servers give the
+    connection's window back as their handlers read): one client's uploads to such a path fill
+    the shared connection's send window; another client's upload to a path read at once must
+    still go through."""
+    def script(conn, sid):
+        s = conn.stream(sid)
+        if s.field(":path") == "/later":
+            conn.wait(lambda: s.done(), 30)  # reads (gives back) nothing until it ends
+            return
+        conn.wait(lambda: s.done(), 30)
+        conn.answer(sid, 200, b"got %d" % len(s.body))
+
+    # Go's server: 1 MiB windows, each given back as the handler reads (here: /later's never
+    # while the test runs).
+    up = ScriptedUpstream(script, settings_pairs=((MAX_CONCURRENT_STREAMS, 1000),
+                                                  (INITIAL_WINDOW_SIZE, 1 << 20)),
+                          connection_window=1 << 20,
+                          gives_back=lambda conn, sid: conn.stream(sid).field(":path") != "/later")
+    gw = gateway_to(build_dir, tmp_path, up.port, ", limits: {max_body: 64m}")
+    try:
+        attacker = Client(gw.port)
+        for i in range(2):
+            sid = 1 + 2 * i
+            attacker.send(attacker.head(sid, "/later", method="POST", end=False))
+            attacker.upload(sid, b"a" * 1_000_000, end=False, seconds=5)
+        time.sleep(0.5)
+        s = fetch(gw.port, "/now", method="POST", body=b"v" * 200_000, seconds=15)
+        assert (s.status(), s.body) == (200, b"got 200000"), (s.status(), s.body)
+    finally:
+        gw.stop()
+        up.stop()
+
+
+def test_requests_reset_while_waiting_for_room_on_the_upstream_connection_are_never_sent(
+        build_dir, tmp_path):
+    """The upstream allows 2 streams at once and holds each a second: a client's 20 requests
+    wait for room on the shared connection; it resets the 18 waiting. None of those may reach
+    the upstream later (their client is gone: a request sent for nobody, a POST's effect), and
+    another client's request waiting behind them gets its answer."""
+    def script(conn, sid):
+        if conn.stream(sid).field(":path").startswith("/hold"):
+            time.sleep(1)
+        conn.answer(sid, 200, b"ok")
+
+    up = ScriptedUpstream(script, settings_pairs=((MAX_CONCURRENT_STREAMS, 2),))
+    gw = gateway_to(build_dir, tmp_path, up.port)
+    try:
+        c = Client(gw.port)
+        c.send(*[c.head(1 + 2 * i, f"/hold/{i}") for i in range(20)])
+        deadline = time.monotonic() + 5
+        while len(up.seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        held = {conn.stream(sid).field(":path") for conn, sid in list(up.seen)}
+        waiting = [1 + 2 * i for i in range(20) if f"/hold/{i}" not in held]
+        c.send(*[rst(sid) for sid in waiting])
+        victim = fetch(gw.port, "/victim", seconds=20)
+        assert (victim.status(), victim.body) == (200, b"ok")
+        time.sleep(1.5)
+        paths = [conn.stream(sid).field(":path") for conn, sid in list(up.seen)]
+        sent_for_nobody = [p for p in paths if p.startswith("/hold") and p not in held]
+        assert sent_for_nobody == [], sent_for_nobody
     finally:
         gw.stop()
         up.stop()

@@ -11,15 +11,20 @@ import os
 import socket
 import subprocess
 import threading
+import time
 
 import h2.config
 import h2.connection
 import h2.errors
 import h2.events
+import h2.exceptions
+import h2.settings
 import pytest
 
 from conftest import ROOT, Server
-from proxy_support import ScriptedUpstream, gateway, h2_post, request_headers, response_head
+from proxy_support import (SERVER, ScriptedUpstream, gateway, h2_connect, h2_events_until, h2_post,
+                           request, request_headers, response_head)
+
 
 # Larger than Go's windows (1 MiB a stream and a connection), than the scripted upstream's
 # stream window (64 KiB) and than what spindle hands a stream ahead of its window (64 KiB).
@@ -277,3 +282,168 @@ def test_a_reset_before_the_answer_ends_is_a_stream_error(build_dir, tmp_path, s
         assert scripted.paths.count("/sha") == 1
     finally:
         gw.stop()
+
+
+# ---- an HTTP/2 upstream that answers early and resets ------------------------------------------
+
+
+class EarlyAnswerH2(ScriptedUpstream):
+    """An h2c upstream that answers each request as its HEADERS arrive (`status`, a short
+    body, END_STREAM), then resets the stream with NO_ERROR, reading none of the body (RFC 9113
+    §8.1; Go's net/http2 server does this when a handler returns before reading the body)."""
+
+    def __init__(self, status=413, body=b"too large", reset=0):
+        self.status = status
+        self.body = body
+        self.reset = reset  # the RST_STREAM error code after the answer, None for none
+        self.answered = 0
+        self.paths = []
+        super().__init__()
+
+    def handle(self, sock):
+        import h2.config
+        import h2.connection
+        conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        with sock:
+            try:
+                sock.sendall(conn.data_to_send())
+                while data := sock.recv(65536):
+                    for event in conn.receive_data(data):
+                        if isinstance(event, h2.events.RequestReceived):
+                            self.paths.append(dict(event.headers)[b":path"].decode())
+                            conn.send_headers(event.stream_id, [
+                                (":status", str(self.status)),
+                                ("content-length", str(len(self.body)))])
+                            sent = 0
+                            while sent < len(self.body):  # as the window allows
+                                room = min(conn.local_flow_control_window(event.stream_id),
+                                           16384, len(self.body) - sent)
+                                if room <= 0:
+                                    break
+                                conn.send_data(event.stream_id, self.body[sent:sent + room],
+                                               end_stream=sent + room == len(self.body))
+                                sent += room
+                            if self.reset is not None:
+                                conn.reset_stream(event.stream_id, error_code=self.reset)
+                            self.answered += 1
+                    sock.sendall(conn.data_to_send())
+            except Exception:  # noqa: BLE001 (the gateway may close as it likes)
+                pass
+
+
+def early_config(upstream_port, threads=1):
+    return SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: h2}}
+services:
+  h2: {{url: "http://127.0.0.1:{upstream_port}", protocol: h2c,
+        timeouts: {{write: 4s, read: 4s}}}}
+"""
+
+
+@pytest.mark.parametrize("size", [1 << 20, 100_000])
+def test_an_http2_upstreams_early_answer_reaches_an_http1_client_at_once(build_dir, tmp_path,
+                                                                         size):
+    peer = EarlyAnswerH2()
+    gw = gateway(build_dir, tmp_path, early_config(peer.port), threads=1)
+    try:
+        for _ in range(3):
+            start = time.monotonic()
+            status, _, body = request(gw, "POST", "/upload", body=b"u" * size, timeout=10)
+            took = time.monotonic() - start
+            assert (status, body) == (413, b"too large"), (status, body)
+            assert took < 2.0, took
+    finally:
+        gw.stop()
+        peer.stop()
+
+
+def test_an_http2_upstreams_early_answer_reaches_an_http2_client_at_once(build_dir, tmp_path):
+    peer = EarlyAnswerH2()
+    gw = gateway(build_dir, tmp_path, early_config(peer.port), threads=1)
+    try:
+        s, conn = h2_connect(gw)
+        h2_events_until(s, conn, lambda ev: any(
+            isinstance(e, h2.events.RemoteSettingsChanged) for e in ev))
+        start = time.monotonic()
+        with s:
+            conn.send_headers(1, request_headers("/upload", method="POST"))
+            for _ in range(8):
+                room = min(conn.local_flow_control_window(1), 16384)
+                if room:
+                    conn.send_data(1, b"u" * room)
+            s.sendall(conn.data_to_send())
+            events = h2_events_until(s, conn, lambda ev: any(
+                isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset)) and
+                e.stream_id == 1 for e in ev), seconds=8)
+        got = [e for e in events if isinstance(e, h2.events.ResponseReceived)]
+        assert got and dict(got[0].headers)[b":status"] == b"413", events
+        assert time.monotonic() - start < 2.0
+    finally:
+        gw.stop()
+        peer.stop()
+
+
+@pytest.mark.parametrize("reset,why", [
+    (8, "CANCEL"),
+    (None, "no reset at all"),
+])
+def test_a_complete_early_answer_is_delivered_however_the_stream_ends(build_dir, tmp_path,
+                                                                     reset, why):
+    # Attack on the early-answer fix: the answer is whole (END_STREAM), but the upstream
+    # resets with CANCEL, or never resets and never reads the body.
+    peer = EarlyAnswerH2(reset=reset)
+    gw = gateway(build_dir, tmp_path, early_config(peer.port), threads=1)
+    try:
+        start = time.monotonic()
+        status, _, body = request(gw, "POST", "/upload", body=b"u" * (1 << 20), timeout=10)
+        assert (status, body) == (413, b"too large"), (why, status, body)
+        assert time.monotonic() - start < 2.0, why
+    finally:
+        gw.stop()
+        peer.stop()
+
+
+def test_an_early_answer_larger_than_a_window_reaches_the_client_whole(build_dir, tmp_path):
+    # 40 KB of answer fit the initial window; sent then reset (NO_ERROR): none of it may be
+    # lost with the reset.
+    answer = bytes(range(256)) * 160
+    peer = EarlyAnswerH2(status=200, body=answer)
+    gw = gateway(build_dir, tmp_path, early_config(peer.port), threads=1)
+    try:
+        status, _, body = request(gw, "POST", "/upload", body=b"u" * (1 << 20), timeout=10)
+        assert status == 200 and body == answer, (status, len(body))
+    finally:
+        gw.stop()
+        peer.stop()
+
+
+def test_the_rest_of_a_body_behind_an_early_answer_is_never_read_as_a_request(build_dir,
+                                                                              tmp_path):
+    # Attack on the early-answer fix: the client's keep-alive connection still carries the
+    # rest of its body (holding a whole request) when the answer comes.
+    peer = EarlyAnswerH2()
+    gw = gateway(build_dir, tmp_path, early_config(peer.port), threads=1)
+    try:
+        inner = b"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+        body = b"u" * (1 << 20) + inner
+        with socket.create_connection((gw.host, gw.port), timeout=5) as s:
+            s.sendall(b"POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                      % len(body))
+            try:
+                s.sendall(body)
+                s.sendall(b"GET /after HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            except OSError:
+                pass  # closed on us: fine, its framing could not be kept
+            data = b""
+            try:
+                while chunk := s.recv(65536):
+                    data += chunk
+            except OSError:
+                pass
+        assert data.startswith(b"HTTP/1.1 413"), data[:100]
+        assert "/smuggled" not in peer.paths, peer.paths
+    finally:
+        gw.stop()
+        peer.stop()

@@ -5,7 +5,11 @@ import time
 
 import h2.errors
 import h2.events
+import pytest
 
+from h2_raw import (CONTINUATION, Client, ENHANCE_YOUR_CALM, HEADERS, INITIAL_WINDOW_SIZE,
+                    PROTOCOL_ERROR, data, frame, ping, rst, settings)
+from h2_traffic import Shared, goaway_code
 from proxy_support import (RecordingUpstream, gateway, h2_connect, h2_events_until, one_route,
                            request_headers)
 
@@ -99,3 +103,77 @@ def test_resets_of_running_streams_are_budgeted_then_goaway_enhance_your_calm(bu
     finally:
         server.stop()
         upstream.stop()
+
+
+# ---- floods ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flood", ["settings", "empty-data", "continuation", "empty-headers",
+                                   "rst-of-reset"])
+def test_floods_end_that_connection_only(shared, flood):
+    shared.start_victim()
+    c = Client(shared.port)
+    assert c.get(1, "/bytes/1").ended
+    if flood == "settings":
+        c.send(*[settings((INITIAL_WINDOW_SIZE, 65535))] * 5000)
+    elif flood == "empty-data":
+        c.send(c.head(3, "/digest", method="POST", end=False), *[data(3, b"")] * 5000)
+    elif flood == "continuation":
+        c.send(frame(HEADERS, 0, 3, c.encode([(":method", "GET")])),
+               *[frame(CONTINUATION, 0, 3, b"\x40\x01a\x01b")] * 20000)
+    elif flood == "empty-headers":
+        c.send(frame(HEADERS, 0, 3, b""), *[frame(CONTINUATION, 0, 3, b"")] * 5000)
+    else:
+        # Streams opened and reset at once, by the thousand (Rapid Reset).
+        frames = []
+        for i in range(3000):
+            sid = 3 + 2 * i
+            frames += [c.head(sid, "/bytes/100000"), rst(sid)]
+        c.send(*frames)
+    code = goaway_code(c, 20)
+    assert code in (ENHANCE_YOUR_CALM, PROTOCOL_ERROR), (flood, c.goaway)
+    shared.check_victim()
+
+
+def test_a_ping_flood_from_a_client_that_reads_nothing_is_bounded(build_dir, tmp_path):
+    """PINGs whose answers the client never reads (CVE-2019-9512): the gateway stops reading
+    (or ends the connection once its unread output passes its bound), and ends the connection
+    by its write timeout; everyone else goes on."""
+    import socket
+    from h2_raw import PREFACE
+    shared = Shared(build_dir, tmp_path, server_extra=", timeouts: {write: 2s}")
+    try:
+        sock = socket.create_connection(("127.0.0.1", shared.port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(20)
+        sock.sendall(PREFACE + settings())
+        closed = False
+        # PINGs until the gateway ends the connection or stops reading (a send then blocks for
+        # the socket's 20 s): bounded by time, not by a count, as a slow gateway's receive
+        # buffer (up to tcp_rmem's 32 MiB) may take a whole count before it has read any.
+        end = time.monotonic() + 60
+        try:
+            while time.monotonic() < end:
+                sock.sendall(ping() * 2000)
+        except OSError:
+            closed = True  # reset by the gateway, or it stopped reading for 20 s
+        sock.close()
+        assert closed
+        shared.check_victim()
+    finally:
+        shared.stop()
+
+
+def test_rapid_reset_of_a_running_upload_costs_no_one_else(shared):
+    shared.start_victim()
+    c = Client(shared.port)
+    for wave in range(5):
+        frames = []
+        for i in range(60):
+            sid = 1 + 2 * (wave * 60 + i)
+            frames += [c.head(sid, "/digest", method="POST", end=False), data(sid, b"x" * 1000)]
+        c.send(*frames)
+        time.sleep(0.1)
+        c.send(*[rst(1 + 2 * (wave * 60 + i)) for i in range(60)])
+    time.sleep(0.5)
+    shared.check_victim()

@@ -64,6 +64,8 @@ def test_the_prefix_holds_headers_libraries_package_and_pc(prefix):
             assert (prefix / "include" / include).exists(), (header, include)
 
 
+# Compiling a consumer takes a core for 20-40 s: with the package's other tests, make test's only.
+@pytest.mark.exclusive
 def test_a_cmake_project_builds_against_the_installed_package(prefix, tmp_path):
     build = tmp_path / "build"
     run(["cmake", "-S", CONSUMER, "-B", str(build), "-G", "Ninja",
@@ -89,6 +91,7 @@ def test_the_version_rule_refuses_another_minor_version(prefix, tmp_path, asked)
     assert asked in out.stderr and "spindle" in out.stderr
 
 
+@pytest.mark.exclusive  # compiles a consumer, as above
 def test_a_program_builds_with_pkg_config(prefix, tmp_path):
     pc = next(prefix.rglob("spindle.pc"))
     env = {**os.environ, "PKG_CONFIG_PATH": str(pc.parent)}

@@ -2,8 +2,9 @@
 time on shutdown and of lines written. A stalled reader of the access log (a pipe nobody
 reads) grows no memory past the bound (lines dropped and counted); SIGTERM and an upgrade's old
 process still end within the drain time; SIGUSR1 and a reload reopen a renamed log file; the
-error log never holds a worker, limits each place's lines, and bounds what a client sent."""
-import http.client
+error log never holds a worker, limits each place's lines, and bounds what a client sent. An
+access log on /dev/full or whose folder is gone, SIGUSR1 storms and SIGTERM during them with
+stdout stalled cost no request and no exit time."""
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import threading
 import time
 
 from conftest import memory_kib
-from proxy_support import free_port, held_dead_port, wait_until
+from proxy_support import free_port, held_dead_port, metric, wait_until
 
 
 class Spindle:
@@ -66,18 +67,6 @@ def write_config(tmp_path, text):
     path = tmp_path / "spindle.yaml"
     path.write_text(text)
     return path
-
-
-def metric(admin_port, name, **labels):
-    conn = http.client.HTTPConnection("127.0.0.1", admin_port, timeout=5)
-    conn.request("GET", "/metrics")
-    text = conn.getresponse().read().decode()
-    conn.close()
-    want = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{{want}}} " if want else f"{name} "):
-            return float(line.split()[-1])
-    return None
 
 
 def hammer(port, seconds, path="/plaintext", headers=b"", connections=4, limit=50_000):
@@ -332,3 +321,103 @@ def test_an_access_log_buffer_below_a_few_batches_is_refused_with_its_line(build
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 1
     assert "spindle.yaml:3: servers[0].access_log.buffer: at least 64k" in done.stderr, done.stderr
+
+
+# ---- logs: outputs that fail --------------------------------------------------------------
+
+
+def test_an_access_log_on_dev_full_slows_no_request_and_exits_in_time(build_dir, tmp_path):
+    admin = free_port()
+    config = write_config(tmp_path, f"""
+admin: {{listen: 127.0.0.1:{admin}}}
+drain_timeout: 1s
+servers:
+  - listen: 127.0.0.1:0
+    default_site: true
+    access_log: {{path: /dev/full}}
+""")
+    server = Spindle(build_dir, config, read_stdout=True)
+    try:
+        statuses = hammer(server.port, 2, headers=b"User-Agent: " + b"u" * 2000 + b"\r\n")
+        assert set(statuses) == {"200"} and statuses["200"] > 100, statuses
+        for sig in [signal.SIGUSR1] * 20:
+            server.proc.send_signal(sig)
+        statuses = hammer(server.port, 1)
+        assert set(statuses) == {"200"}, statuses
+        assert server.proc.poll() is None
+        assert server.logged("dropped", seconds=10), server.errors[-5:]
+    finally:
+        code, took = server.stop()
+    assert code == 0 and took < 1 + 2, (code, took)
+
+
+def test_an_access_log_whose_folder_is_gone_survives_sigusr1_storms_and_keeps_its_lines(
+        build_dir, tmp_path):
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    log = folder / "access.log"
+    config = write_config(tmp_path, f"""
+drain_timeout: 1s
+servers:
+  - listen: 127.0.0.1:0
+    default_site: true
+    access_log: {{path: {log}, format: json}}
+""")
+    server = Spindle(build_dir, config, read_stdout=True)
+    try:
+        assert hammer(server.port, 30, connections=1, limit=5) == {"200": 5}
+        held = open(log)  # the file, through an open descriptor, after its folder is gone
+        os.rename(log, tmp_path / "moved.log")
+        os.rmdir(folder)
+        burst = threading.Thread(target=lambda: [
+            (server.proc.send_signal(signal.SIGUSR1), time.sleep(0.002)) for _ in range(200)])
+        burst.start()
+        statuses = hammer(server.port, 30, path="/plaintext?storm", connections=2, limit=300)
+        burst.join()
+        assert statuses == {"200": 300}
+        assert server.proc.poll() is None
+        assert server.logged("cannot open it again")
+        # The lines went on to the file it was, each whole.
+        lines = lambda: open(tmp_path / "moved.log").read().splitlines()
+        assert wait_until(lambda: sum("storm" in l for l in lines()) == 300, 10), len(lines())
+        assert all(json.loads(l)["status"] == 200 for l in lines())
+        held.close()
+        # Bounded lines: the storm of failed reopens did not log a line per signal.
+        assert sum("cannot open it again" in l for l in server.errors) <= 40, \
+            sum("cannot open it again" in l for l in server.errors)
+    finally:
+        code, took = server.stop()
+    assert code == 0 and took < 1 + 2, (code, took)
+
+
+def test_sigterm_during_a_sigusr1_storm_with_stdout_stalled_ends_in_time(build_dir, tmp_path):
+    admin = free_port()
+    config = write_config(tmp_path, f"""
+admin: {{listen: 127.0.0.1:{admin}}}
+drain_timeout: 1s
+servers:
+  - listen: 127.0.0.1:0
+    default_site: true
+    access_log: {{path: "-", buffer: 1m}}
+""")
+    server = Spindle(build_dir, config)  # nobody reads standard output
+    try:
+        hammer(server.port, 1.5, headers=b"User-Agent: " + b"u" * 8000 + b"\r\n")
+        assert metric(admin, "spindle_log_lines_dropped_total", output="standard output") > 0
+        stop = [False]
+
+        def storm():
+            while not stop[0] and server.proc.poll() is None:
+                try:
+                    server.proc.send_signal(signal.SIGUSR1)
+                except ProcessLookupError:
+                    return
+                time.sleep(0.002)
+        t = threading.Thread(target=storm)
+        t.start()
+        time.sleep(0.3)
+    finally:
+        code, took = server.stop()
+        stop[0] = True
+        t.join()
+    assert code == 0 and took < 1 + 2, (code, took)

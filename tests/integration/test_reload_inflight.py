@@ -3,20 +3,27 @@ each way through the gateway is caught in flight, the configuration is reloaded 
 snapshot it started with is then held by it alone), and it is finished. It must finish whole,
 and the gateway must exit 0 with no sanitizer report (the ASan build is what sees a snapshot
 freed under a request: run these with --build build/asan too)."""
+import http.client
 import json
 import os
+import signal
 import socket
 import threading
+import time
 
 import h2.events
+import h2.exceptions
+import h2.settings
 import pytest
 
-from proxy_support import (ScriptedUpstream, addr, free_port, h2_connect, h2_events_until,
-                           read_request, request_headers, response_head, upstream)
-from test_protocol_upgrades import EchoServer, H2WebSocket
+from proxy_support import (Auth, HostileShadow, SERVER, ScriptedUpstream, addr, free_port,
+                           h2_connect, h2_events_until, read_request, request_headers,
+                           response_head, upstream)
 from test_h2_websocket_upstream import (ended, go_ws, open_ws, send_binary, send_text,
                                         upstream as ws_upstream)
+from test_protocol_upgrades import EchoServer, H2WebSocket
 from test_reload import Gateway
+
 
 # How long a held upstream waits for the test before it goes on regardless.
 HOLD_SECONDS = 30
@@ -486,3 +493,92 @@ upstreams:
     finally:
         shadow.stop()
         site.stop()
+
+
+# ---- reloads at any moment ------------------------------------------------------------------
+
+
+def test_reloads_in_a_burst_fail_no_request_through_auth_mirror_and_limits(build_dir, tmp_path,
+                                                                           up):
+    from test_reload import Gateway
+    auth = Auth(b"HTTP/1.1 200 OK\r\nX-Auth-User: a\r\nContent-Length: 0\r\n\r\n")
+    shadow = HostileShadow("holds")
+    text = SERVER + f"""
+routes:
+  - name: api
+    match: {{path_prefix: /}}
+    middlewares:
+      - rate_limit: {{key: client_ip, rate: 100000/s, burst: 100000}}
+      - forward_auth: {{service: auth, path: /verify}}
+      - mirror: {{service: shadow, timeout: 500ms}}
+    service: a
+services:
+  a: {{url: "http://{addr(up)}"}}
+  auth: {{url: "http://127.0.0.1:{auth.port}"}}
+  shadow: {{url: "http://127.0.0.1:{shadow.port}"}}
+"""
+    gw = Gateway(build_dir, tmp_path, text)
+    statuses_seen = []
+    stop = threading.Event()
+
+    def client():
+        conn = http.client.HTTPConnection(gw.server.host, gw.server.port, timeout=5)
+        while not stop.is_set():
+            conn.request("GET", "/plaintext")
+            response = conn.getresponse()
+            response.read()
+            statuses_seen.append(response.status)
+        conn.close()
+
+    clients = [threading.Thread(target=client) for _ in range(3)]
+    try:
+        for c in clients:
+            c.start()
+        for i in range(15):
+            gw.write(text.replace("100000/s", f"{100000 + i}/s"))
+            gw.server.proc.send_signal(signal.SIGHUP)
+            time.sleep(0.06)
+        time.sleep(0.3)
+        stop.set()
+        for c in clients:
+            c.join(10)
+        assert statuses_seen and set(statuses_seen) == {200}, set(statuses_seen)
+        assert gw.server.proc.poll() is None
+    finally:
+        stop.set()
+        gw.stop()
+        auth.stop()
+        shadow.stop()
+
+
+# ---- a reload while a large body streams through -------------------------------------------
+
+
+def test_a_reload_in_the_middle_of_a_streamed_upload_loses_nothing(build_dir, tmp_path, up):
+    from test_reload import Gateway
+    text = SERVER + f"""
+routes:
+  - {{name: all, match: {{path_prefix: /}}, service: a}}
+services:
+  a: {{url: "http://{addr(up)}"}}
+"""
+    gw = Gateway(build_dir, tmp_path, text)
+    try:
+        body = os.urandom(2 << 20)
+        with socket.create_connection((gw.server.host, gw.server.port), timeout=10) as s:
+            s.sendall(b"POST /digest HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body))
+            for i in range(0, len(body), 256 << 10):
+                s.sendall(body[i:i + (256 << 10)])
+                if i == 512 << 10:
+                    gw.sighup(text.replace("name: all", "name: all2"))
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        assert data.startswith(b"HTTP/1.1 200"), data[:200]
+        h = 14695981039346656037
+        for byte in body:
+            h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+        assert data.endswith(b"%d " % len(body) + data.split()[-2] + b" %016x" % h), data[-200:]
+    finally:
+        gw.stop()

@@ -1,6 +1,7 @@
 """Clients that read slowly or not at all: pipelined requests never read hold bounded memory,
 clients that take nothing cannot keep a target from the others, and an HTTP/2 client that reads
-nothing holds up no other stream of an HTTP/2 upstream."""
+nothing holds up no other stream of an HTTP/2 upstream. Idle plain connections (a partial head,
+a bare CRLF) count against max_connections_per_worker from their accept."""
 import os
 import socket
 import time
@@ -11,7 +12,8 @@ import pytest
 
 from conftest import Server, memory_kib, san_env
 from proxy_support import (addr, gateway, h2_connect, h2_events_until, request, request_headers,
-                           upstream)
+                           spindle_bin, upstream, wait_until)
+from test_tls_faults import closed_within
 
 
 def test_pipelined_requests_that_are_never_read_hold_bounded_memory(build_dir, tmp_path):
@@ -129,3 +131,40 @@ services:
             s.close()
         server.stop()
         target.stop()
+
+
+# ---- plain connections count from accept too ---------------------------------------------
+
+
+@pytest.mark.parametrize("sends", [b"GET / HTTP/1.1\r\nHo", b"\r\n"], ids=["partial-head", "crlf"])
+def test_idle_plain_connections_count_against_the_limit_from_accept(build_dir, tmp_path, sends):
+    """(A client that sends nothing is not accepted yet: TCP_DEFER_ACCEPT keeps it in the
+    kernel for the header timeout; one byte makes it a connection of ours.)"""
+    config = tmp_path / "plain.yaml"
+    config.write_text("""
+servers:
+  - listen: 127.0.0.1:0
+    default_site: true
+    access_log: off
+    timeouts: {header: 10s, keepalive: 10s}
+    limits: {max_connections_per_worker: 8}
+""")
+    server = Server([spindle_bin(build_dir), "serve", "--config", str(config), "--threads", "1"])
+    held = []
+    try:
+        for _ in range(30):
+            s = socket.create_connection((server.host, server.port), timeout=5)
+            if sends:
+                s.sendall(sends)
+            held.append(s)
+            time.sleep(0.01)
+        closed = sum(closed_within(s, 0.1) for s in held)
+        assert closed >= 22, f"only {closed} of 30 idle connections closed at once"
+        for s in held:
+            s.close()
+        held = []
+        assert wait_until(lambda: request(server, "GET", "/plaintext")[0] == 200, 5)
+    finally:
+        for s in held:
+            s.close()
+        assert server.stop() == 0

@@ -1,10 +1,13 @@
 """TLS under faults, on the serving side: every connection counts from its accept (a stalled
 handshake holds its place in max_connections_per_worker), every read has a deadline (a TLS
 record cut short is held no longer than the keep-alive or header timeout, HTTP/2 as HTTP/1.1),
-and `http2: only` never answers in HTTP/1.1."""
+and `http2: only` never answers in HTTP/1.1 whatever ALPN offers. A handshake has a deadline as
+a whole (a ClientHello trickled a byte at a time, a client that stops after the server's
+flight), and renegotiation asked by a TLS 1.2 client is refused at no cost."""
 import os
 import socket
 import ssl
+import subprocess
 import time
 
 import h2.config
@@ -13,7 +16,7 @@ import h2.events
 import pytest
 
 from conftest import Server
-from proxy_support import free_port
+from proxy_support import spindle_bin
 
 
 def serve(build_dir, tmp_path, certs, extra="", http2="true", threads=1):
@@ -265,3 +268,134 @@ services:
     finally:
         assert server.stop() == 0
         slow.stop()
+
+
+# ---- handshakes: a deadline for the whole, ALPN odd ------------------------------------------
+
+
+def tls_server(build_dir, tmp_path, certs, handshake="1s", http2="true"):
+    config = tmp_path / "tls.yaml"
+    config.write_text(f"""
+servers:
+  - listen: 127.0.0.1:0
+    default_site: true
+    access_log: off
+    http2: {http2}
+    timeouts: {{handshake: {handshake}, keepalive: 5s, header: 5s}}
+    tls: {{cert: {certs}/localhost.pem, key: {certs}/localhost.key}}
+""")
+    return Server([spindle_bin(build_dir), "serve", "--config", str(config), "--threads", "1"])
+
+
+def client_hello():
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ctx.wrap_bio(incoming, outgoing, server_hostname="localhost")
+    try:
+        tls.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return tls, incoming, outgoing, outgoing.read()
+
+
+def test_a_client_hello_trickled_byte_by_byte_is_cut_at_the_handshake_deadline(build_dir,
+                                                                             tmp_path, certs):
+    """A byte every 200 ms (each read arrives well within any per-read timeout): the handshake
+    timeout (1 s) bounds the whole handshake, not each read."""
+    server = tls_server(build_dir, tmp_path, certs)
+    try:
+        _, _, _, hello = client_hello()
+        s = socket.create_connection((server.host, server.port), timeout=5)
+        start = time.monotonic()
+        closed_at = None
+        for byte in hello:
+            try:
+                s.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed_at = time.monotonic()
+                break
+            if closed_within(s, 0.2):
+                closed_at = time.monotonic()
+                break
+            if time.monotonic() - start > 8:
+                break
+        s.close()
+        assert closed_at is not None, "held for 8 s of a trickled handshake"
+        assert closed_at - start < 1 + 1.5, f"closed after {closed_at - start:.1f} s"
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_client_that_stops_after_the_servers_flight_is_cut_at_the_handshake_deadline(
+        build_dir, tmp_path, certs):
+    """The ClientHello whole, the server's answer read, the client's Finished never sent."""
+    server = tls_server(build_dir, tmp_path, certs)
+    try:
+        held = []
+        for _ in range(5):
+            tls, incoming, outgoing, hello = client_hello()
+            s = socket.create_connection((server.host, server.port), timeout=5)
+            s.sendall(hello)
+            incoming.write(s.recv(65536))
+            held.append(s)
+        start = time.monotonic()
+        open_ones = [s for s in held if not closed_within(s, 3 - (time.monotonic() - start))]
+        assert open_ones == [], f"{len(open_ones)} of 5 held past the handshake timeout"
+        for s in held:
+            s.close()
+    finally:
+        assert server.stop() == 0
+
+
+@pytest.mark.parametrize("alpn", [["foo"], ["http/1.0"], ["http/1.1", "foo"], ["", "h2c"]],
+                         ids=["foo", "http1.0", "http1.1+foo", "odd"])
+def test_http2_only_never_answers_http1_whatever_alpn_offers(build_dir, tmp_path, certs, alpn):
+    server = tls_server(build_dir, tmp_path, certs, handshake="5s", http2="only")
+    try:
+        try:
+            c = RawTls(server, [p for p in alpn if p])
+        except (ssl.SSLError, ConnectionError, OSError):
+            return  # refused in the handshake: never answered in HTTP/1.1
+        c.sock.sendall(c.record(b"GET /plaintext HTTP/1.1\r\nHost: localhost\r\n\r\n"))
+        try:
+            plain = c.read_until(b"\r\n\r\n", seconds=3)
+        except (ConnectionError, OSError, ssl.SSLError) as e:
+            plain = str(e).encode()
+        assert b"HTTP/1" not in plain and b"Hello" not in plain, plain
+        c.close()
+        # And still serving HTTP/2.
+        c = RawTls(server, ["h2"])
+        _, first = h2_preface_and_get()
+        c.sock.sendall(c.record(first))
+        c.read_until(b"Hello, World!")
+        c.close()
+    finally:
+        assert server.stop() == 0
+
+
+def test_renegotiation_asked_by_a_tls12_client_is_refused_and_costs_nothing(build_dir, tmp_path,
+                                                                           certs):
+    """`openssl s_client -tls1_2` asks for renegotiation (R) 20 times on one connection: the
+    server refuses (no_renegotiation or a close), never crashes, and serves other clients."""
+    server = tls_server(build_dir, tmp_path, certs, handshake="5s")
+    try:
+        script = "R\n" * 20 + "GET /plaintext HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        done = subprocess.run(["openssl", "s_client", "-connect", f"127.0.0.1:{server.port}",
+                               "-tls1_2", "-servername", "localhost", "-no_ign_eof"],
+                              input=script, capture_output=True, text=True, timeout=20)
+        assert server.proc.poll() is None
+        # A normal client still gets served.
+        ctx = ssl.create_default_context(cafile=f"{certs}/ca.pem")
+        with socket.create_connection((server.host, server.port), timeout=5) as raw:
+            with ctx.wrap_socket(raw, server_hostname="localhost") as s:
+                s.sendall(b"GET /plaintext HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                got = b""
+                while b"Hello, World!" not in got:  # the answer in as many reads as it takes
+                    more = s.recv(65536)
+                    assert more, f"closed before the answer: {got!r}"
+                    got += more
+        del done
+    finally:
+        assert server.stop() == 0
