@@ -10,7 +10,7 @@ import random
 import pytest
 
 from h2_raw import INITIAL_WINDOW_SIZE, MAX_CONCURRENT_STREAMS, Client, ScriptedUpstream, fetch
-from test_h2_review_attacks import gateway_to
+from h2_traffic import gateway_to
 
 
 def later_and_now_upstream(connection_window=1 << 20, stream_window=1 << 20):
